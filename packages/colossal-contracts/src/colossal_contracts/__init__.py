@@ -1,0 +1,34 @@
+"""colossal-contracts: the shared interfaces that let each Colossal package be adopted alone."""
+
+from ._errors import (
+    CapacityError,
+    CheckpointError,
+    ColossalError,
+    ConfigError,
+    DistributedError,
+    StateTransitionError,
+)
+from ._memory import MemoryProbe, MemorySample, MemStatsSource, TierName
+from ._placement import ChunkInfo, MemoryTier, PlacementPolicy
+from ._state import LEGAL_TRANSITIONS, TensorState, check_transition
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LEGAL_TRANSITIONS",
+    "CapacityError",
+    "CheckpointError",
+    "ChunkInfo",
+    "ColossalError",
+    "ConfigError",
+    "DistributedError",
+    "MemStatsSource",
+    "MemoryProbe",
+    "MemorySample",
+    "MemoryTier",
+    "PlacementPolicy",
+    "StateTransitionError",
+    "TensorState",
+    "TierName",
+    "check_transition",
+]

@@ -1,0 +1,4 @@
+"""colossal: the meta-package."""
+
+__version__ = "0.1.0"
+__all__: list[str] = []
