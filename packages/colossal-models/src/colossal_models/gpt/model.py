@@ -1,0 +1,106 @@
+"""GPT-2 style decoder, leaf modules first. Shapes: B batch, T time, C hidden, V vocabulary."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from colossal_contracts import ConfigError
+from torch import nn
+
+from .config import GPTConfig
+
+__all__ = ["GPT", "MLP", "Block", "CausalSelfAttention"]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # each (B, T, C)
+        q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2) for t in (q, k, v))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return F.dropout(self.proj(y), p, self.training)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.fc(x), approximate="tanh")  # (B, T, 4C); GPT-2's "gelu_new"
+        return F.dropout(self.proj(h), self.dropout, self.training)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm residual block: x + attn(ln1(x)), then + mlp(ln2(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """The model. ``forward(idx)`` gives logits (B, T, V); ``forward(idx, targets)`` the mean loss.
+
+    The output projection is tied to the token embedding ``wte`` (one parameter, counted once).
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.wpe = nn.Embedding(cfg.max_seq_len, cfg.hidden_size)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * layers)."""
+        resid_std = 0.02 / math.sqrt(2 * self.config.num_layers)
+        for name, p in self.named_parameters():
+            if p.device.type == "meta":
+                continue
+            if name.endswith("bias"):
+                p.zero_()
+            elif ".ln" in name or name.startswith("ln_f"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, resid_std if name.endswith("proj.weight") else 0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        B, T = idx.shape
+        if T > self.config.max_seq_len:
+            raise ConfigError(
+                f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}; "
+                "use a shorter --seq-len or a preset with a longer context"
+            )
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V), tied head
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
