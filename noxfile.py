@@ -1,18 +1,18 @@
 """The integration matrix. Packages are listed once, in dependency order.
 
-    nox -s ci                                   # what CI runs: lint + every test, one environment
-    nox -s "tests(package='colossal-chunk')"    # one package installed alone, its own tests
-    nox -s integration                          # integration_tests/ against the meta-package
-    nox -s build                                # every wheel, installed alone in a fresh venv
-    nox -s demo                                 # the main job: `colossal train` on the default corpus
+nox -s ci                                   # what CI runs: lint + every test, one environment
+nox -s "tests(package='colossal-chunk')"    # one package installed alone, its own tests
+nox -s integration                          # integration_tests/ against the meta-package
+nox -s build                                # every wheel, installed alone in a fresh venv
+nox -s demo                                 # the main job: `colossal train` on the default corpus
 """
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import nox
+import tomllib
 
 ROOT = Path(__file__).parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
@@ -97,19 +97,33 @@ def build(session: nox.Session) -> None:
     dist = ROOT / "dist"
     session.install("hatch>=1.12")
     for package in PACKAGES:
-        session.run("hatch", "build", "-t", "wheel", str(dist), external=False,
-                    env={"HATCH_ENV_TYPE_VIRTUAL_PATH": str(ROOT / ".nox" / "hatch")},
-                    silent=True, success_codes=[0])
+        with session.chdir(ROOT / "packages" / package):
+            session.run("hatch", "build", "-t", "wheel", str(dist))
     tmp = Path(session.create_tmp())
     for package in PACKAGES:
         venv = tmp / f"only-{package}"
         session.run("python", "-m", "venv", "--clear", str(venv))
         py = str(venv / "bin" / "python")
-        session.run(py, "-m", "pip", "install", "-q", *CONSTRAINTS, "--find-links", str(dist),
-                    package, external=True)
+        session.run(
+            py,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            *CONSTRAINTS,
+            "--find-links",
+            str(dist),
+            package,
+            external=True,
+        )
         module = "colossal" if package == "colossal-stack" else package.replace("-", "_")
-        session.run(py, "-c", f"import {module}; print({module}.__name__, {module}.__version__, "
-                    f"len({module}.__all__), 'public names')", external=True)
+        session.run(
+            py,
+            "-c",
+            f"import {module}; print({module}.__name__, {module}.__version__, "
+            f"len({module}.__all__), 'public names')",
+            external=True,
+        )
 
 
 @nox.session

@@ -57,8 +57,10 @@ def _fmt(v: Any) -> str:
 
 def to_markdown(report: Report, env: dict[str, Any], quick: bool) -> str:
     lines = [f"# {report.title}", ""]
-    lines.append(f"`python benchmarks/run.py {report.name}{' --quick' if quick else ''}` — "
-                 + ", ".join(f"{k}: {v}" for k, v in env.items()))
+    lines.append(
+        f"`python benchmarks/run.py {report.name}{' --quick' if quick else ''}` — "
+        + ", ".join(f"{k}: {v}" for k, v in env.items())
+    )
     lines.append("")
     if report.rows:
         lines.append("| " + " | ".join(report.columns) + " |")
@@ -81,9 +83,15 @@ def write(report: Report, results_dir: Path, quick: bool) -> tuple[Path, Path]:
     results_dir.mkdir(parents=True, exist_ok=True)
     env = environment()
     payload = {
-        "name": report.name, "title": report.title, "quick": quick, "environment": env,
-        "columns": report.columns, "rows": report.rows, "summary": report.summary,
-        "notes": report.notes, "figures": report.figures,
+        "name": report.name,
+        "title": report.title,
+        "quick": quick,
+        "environment": env,
+        "columns": report.columns,
+        "rows": report.rows,
+        "summary": report.summary,
+        "notes": report.notes,
+        "figures": report.figures,
     }
     js = results_dir / f"{report.name}.json"
     md = results_dir / f"{report.name}.md"

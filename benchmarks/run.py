@@ -23,7 +23,9 @@ def available() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("name", nargs="?", help="benchmark to run")
     parser.add_argument("--quick", action="store_true", help="small sizes; under a minute")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
@@ -33,11 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         print("benchmarks: " + ", ".join(names))
         return 0 if args.list else 2
     if args.name not in names:
-        print(f"error: unknown benchmark {args.name!r}; choose one of: {', '.join(names)}",
-              file=sys.stderr)
+        print(
+            f"error: unknown benchmark {args.name!r}; choose one of: {', '.join(names)}",
+            file=sys.stderr,
+        )
         return 2
     sys.path.insert(0, str(HERE))
-    from _report import to_markdown, write, environment  # noqa: PLC0415
+    from _report import environment, to_markdown, write
 
     module = importlib.import_module(f"bench_{args.name}")
     report = module.run(quick=args.quick, out_dir=RESULTS)

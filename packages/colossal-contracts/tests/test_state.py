@@ -1,6 +1,7 @@
 import itertools
 
 import pytest
+
 from colossal_contracts import (
     LEGAL_TRANSITIONS,
     ConfigError,
@@ -24,8 +25,18 @@ def test_transitions_follow_the_table(old, new):
 
 
 def test_a_training_step_is_a_legal_walk():
-    walk = ["FREE", "HOLD", "COMPUTE", "HOLD", "COMPUTE", "HOLD_AFTER_BWD", "COMPUTE",
-            "READY_FOR_REDUCE", "HOLD", "FREE"]
+    walk = [
+        "FREE",
+        "HOLD",
+        "COMPUTE",
+        "HOLD",
+        "COMPUTE",
+        "HOLD_AFTER_BWD",
+        "COMPUTE",
+        "READY_FOR_REDUCE",
+        "HOLD",
+        "FREE",
+    ]
     for a, b in itertools.pairwise(walk):
         check_transition(TensorState[a], TensorState[b])
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from colossal_contracts import ConfigError
 from colossal_models import ByteTokenizer, default_corpus_path, load_corpus
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from colossal_contracts import ConfigError
 from colossal_models import GPT, GPT_PRESETS, GPTConfig
 
@@ -18,7 +19,7 @@ def test_published_sizes():
 
 
 def test_unknown_preset_names_the_choices():
-    with pytest.raises(ConfigError, match="unknown GPT preset 'huge'.*tiny"):
+    with pytest.raises(ConfigError, match=r"unknown GPT preset 'huge'.*tiny"):
         GPTConfig.preset("huge")
 
 

@@ -1,11 +1,12 @@
 import sys
 from pathlib import Path
 
-import colossal_testing
 import pytest
 
+import colossal_testing
+
 sys.path.insert(0, str(Path(__file__).parent))
-import _checks_world as checks  # noqa: E402
+import _checks_world as checks
 
 
 def test_public_names():

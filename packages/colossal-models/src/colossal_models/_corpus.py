@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from colossal_contracts import ConfigError
 
 __all__ = ["Corpus", "default_corpus_path", "load_corpus"]
@@ -91,7 +92,9 @@ def load_corpus(path: str | Path | None = None, *, max_bytes: int = 16 << 20) ->
     default = path is None
     root = default_corpus_path() if default else Path(path).expanduser()
     if not root.exists():
-        raise ConfigError(f"corpus path {root} does not exist; give a text file or a folder of text")
+        raise ConfigError(
+            f"corpus path {root} does not exist; give a text file or a folder of text"
+        )
     files = _files(root, default)
     chunks, total = [], 0
     for f in files:

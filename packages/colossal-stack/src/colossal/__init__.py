@@ -1,4 +1,20 @@
-"""colossal: the meta-package."""
+"""Colossal: train models far larger than accelerator memory on one machine, and scale them out.
+
+The meta-package wires the micro-packages together: ``Booster`` and its plugins, the training job,
+and the ``colossal`` command.
+"""
+
+from .booster import Booster, DDPPlugin, Plugin, latest_checkpoint
+from .train import TrainConfig, TrainResult, build_plugin, train
 
 __version__ = "0.1.0"
-__all__: list[str] = []
+__all__ = [
+    "Booster",
+    "DDPPlugin",
+    "Plugin",
+    "TrainConfig",
+    "TrainResult",
+    "build_plugin",
+    "latest_checkpoint",
+    "train",
+]

@@ -114,8 +114,9 @@ class World:
                 break
         if errors:
             self.close()
-            raise RankError(f"{fn.__qualname__} failed on a {self.world_size}-rank world:\n"
-                            + "\n".join(errors))
+            raise RankError(
+                f"{fn.__qualname__} failed on a {self.world_size}-rank world:\n" + "\n".join(errors)
+            )
         return [out[r] for r in range(self.world_size)]
 
     def close(self) -> None:

@@ -64,9 +64,14 @@ class GPTConfig:
         h, f, b = self.hidden_size, self.ffn_size, int(self.bias)
         per_block = (
             2 * (h + h * b)  # ln1, ln2
-            + h * 3 * h + 3 * h * b  # qkv
-            + h * h + h * b  # attention out
-            + h * f + f * b + f * h + h * b  # mlp
+            + h * 3 * h
+            + 3 * h * b  # qkv
+            + h * h
+            + h * b  # attention out
+            + h * f
+            + f * b
+            + f * h
+            + h * b  # mlp
         )
         embed = self.vocab_size * h + self.max_seq_len * h
         return embed + self.num_layers * per_block + h + h * b
@@ -88,9 +93,15 @@ _BYTES = 256
 GPT_PRESETS: dict[str, GPTConfig] = {
     # Test and demo sizes: byte vocabulary, short context.
     "nano": GPTConfig(vocab_size=_BYTES, max_seq_len=64, num_layers=2, num_heads=2, hidden_size=64),
-    "micro": GPTConfig(vocab_size=_BYTES, max_seq_len=128, num_layers=2, num_heads=4, hidden_size=128),
-    "tiny": GPTConfig(vocab_size=_BYTES, max_seq_len=256, num_layers=4, num_heads=4, hidden_size=256),
-    "mini": GPTConfig(vocab_size=_BYTES, max_seq_len=512, num_layers=6, num_heads=8, hidden_size=512),
+    "micro": GPTConfig(
+        vocab_size=_BYTES, max_seq_len=128, num_layers=2, num_heads=4, hidden_size=128
+    ),
+    "tiny": GPTConfig(
+        vocab_size=_BYTES, max_seq_len=256, num_layers=4, num_heads=4, hidden_size=256
+    ),
+    "mini": GPTConfig(
+        vocab_size=_BYTES, max_seq_len=512, num_layers=6, num_heads=8, hidden_size=512
+    ),
     # GPT-2 (Radford et al., 2019).
     "small": GPTConfig(num_layers=12, num_heads=12, hidden_size=768),
     "medium": GPTConfig(num_layers=24, num_heads=16, hidden_size=1024),

@@ -6,8 +6,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from colossal_contracts import ConfigError
 from torch import nn
+
+from colossal_contracts import ConfigError
 
 from .config import GPTConfig
 
@@ -25,7 +26,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # each (B, T, C)
-        q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (
+            t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2) for t in (q, k, v)
+        )
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)
@@ -90,8 +93,8 @@ class GPT(nn.Module):
                 p.normal_(0.0, resid_std if name.endswith("proj.weight") else 0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        B, T = idx.shape
-        if T > self.config.max_seq_len:
+        T = idx.shape[1]
+        if self.config.max_seq_len < T:
             raise ConfigError(
                 f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}; "
                 "use a shorter --seq-len or a preset with a longer context"

@@ -1,0 +1,143 @@
+"""Whole-model checkpoints with safetensors, written atomically.
+
+[Note: atomic checkpoints] A checkpoint is a directory ``step-<N>`` beside a ``latest`` file naming
+it. It is written under a temporary name, fsynced and renamed; only then is ``latest`` replaced (also
+by rename). A save that fails at any point leaves the previous checkpoint and ``latest`` intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from colossal_contracts import CheckpointError
+
+__all__ = [
+    "latest_checkpoint",
+    "load_model_and_optimizer",
+    "save_model_and_optimizer",
+    "write_checkpoint_dir",
+]
+
+LATEST = "latest"
+
+
+def _model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """State dict with shared storages (tied embeddings) kept once under their first name."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int]] = set()
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen and t.numel() > 0:
+            continue
+        seen.add(key)
+        out[name] = t.detach().contiguous().cpu()
+    return out
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    state_meta: dict[str, dict[str, Any]] = {}
+    for pid, st in sd["state"].items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"state.{pid}.{k}"] = v.detach().contiguous().cpu()
+            else:
+                state_meta.setdefault(str(pid), {})[k] = v
+    return tensors, {"param_groups": sd["param_groups"], "scalar_state": state_meta}
+
+
+def save_model_and_optimizer(
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, meta: dict
+) -> None:
+    """Write ``model.safetensors``, ``optimizer.safetensors`` and ``meta.json`` into ``directory``."""
+    save_file(_model_tensors(model), str(directory / "model.safetensors"))
+    if optimizer is not None:
+        tensors, opt_meta = _optimizer_tensors(optimizer)
+        save_file(tensors, str(directory / "optimizer.safetensors"))
+        meta = {**meta, "optimizer": opt_meta}
+    (directory / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+
+
+def write_checkpoint_dir(root: Path, step: int, write: Any) -> Path:
+    """Call ``write(tmpdir)`` then publish it as ``root/step-<step>`` (see [Note: atomic checkpoints])."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
+    try:
+        write(tmp)
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        pointer = root / f".{LATEST}.tmp"
+        pointer.write_text(final.name + "\n")
+        os.replace(pointer, root / LATEST)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def latest_checkpoint(root: Path) -> Path:
+    """The directory ``root/latest`` names; ``CheckpointError`` if there is none."""
+    pointer = root / LATEST
+    if not pointer.is_file():
+        raise CheckpointError(f"no checkpoint under {root}: {pointer} is missing")
+    path = root / pointer.read_text().strip()
+    if not path.is_dir():
+        raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
+    return path
+
+
+def load_model_and_optimizer(
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> dict:
+    """Restore into ``model`` (and ``optimizer``); return the saved meta. Corruption is a clear error."""
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        tensors = load_file(str(directory / "model.safetensors"))
+    except (OSError, json.JSONDecodeError, SafetensorError) as err:
+        raise CheckpointError(f"checkpoint {directory} is unreadable or corrupt: {err}") from err
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {n for n in missing if _is_tied(model, n, tensors)}
+    if set(missing) - tied or unexpected:
+        raise CheckpointError(
+            f"checkpoint {directory} does not match the model: missing {sorted(set(missing) - tied)}, "
+            f"unexpected {sorted(unexpected)}; was it saved from another model or preset?"
+        )
+    if optimizer is not None and "optimizer" in meta:
+        try:
+            opt_tensors = load_file(str(directory / "optimizer.safetensors"))
+        except (OSError, SafetensorError) as err:
+            raise CheckpointError(f"optimizer state in {directory} is corrupt: {err}") from err
+        optimizer.load_state_dict(_rebuild_optimizer_state(opt_tensors, meta["optimizer"]))
+    return meta
+
+
+def _is_tied(model: nn.Module, name: str, saved: dict[str, torch.Tensor]) -> bool:
+    sd = model.state_dict()
+    ptr = sd[name].untyped_storage().data_ptr()
+    return any(sd[o].untyped_storage().data_ptr() == ptr for o in saved if o in sd and o != name)
+
+
+def _rebuild_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state: dict[int, dict[str, Any]] = {}
+    for key, t in tensors.items():
+        _, pid, name = key.split(".", 2)
+        state.setdefault(int(pid), {})[name] = t
+    for pid, scalars in meta.get("scalar_state", {}).items():
+        state.setdefault(int(pid), {}).update(scalars)
+    return {"state": state, "param_groups": meta["param_groups"]}

@@ -1,0 +1,72 @@
+"""Plain data parallelism: torch DDP across processes (gloo on CPU, NCCL on CUDA), or one process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ._checkpoint import load_model_and_optimizer, save_model_and_optimizer
+
+__all__ = ["DDPPlugin"]
+
+
+@dataclass
+class DDPPlugin:
+    """Replicates the model on every rank and all-reduces gradients (a no-op in one process).
+
+    Attributes:
+        bucket_cap_mb: DDP gradient bucket size.
+        find_unused_parameters: set when some parameters get no gradient in a step.
+    """
+
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    name: str = "ddp"
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    def configure(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        if not self.distributed:
+            return model, optimizer
+        device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
+        wrapped = DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            bucket_cap_mb=self.bucket_cap_mb,
+            find_unused_parameters=self.find_unused_parameters,
+        )
+        return wrapped, optimizer
+
+    def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        loss.backward()
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def memory_stats(self) -> dict[str, Any]:
+        return {}
+
+    def save_checkpoint(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
+    ) -> None:
+        save_model_and_optimizer(path, self.unwrap(model), optimizer, {"plugin": self.name})
+
+    def load_checkpoint(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
+    ) -> None:
+        load_model_and_optimizer(path, self.unwrap(model), optimizer)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")

@@ -1,0 +1,190 @@
+"""The training loop behind ``colossal train``."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from torch import nn
+
+from colossal_contracts import ConfigError
+from colossal_models import GPT, ByteTokenizer, GPTConfig, load_corpus
+
+from .._dist import init_from_env, rank_and_world
+from ..booster import Booster, DDPPlugin, Plugin
+from ._config import TrainConfig
+from ._display import TrainDisplay, summary_table
+from ._schedule import warmup_cosine
+
+__all__ = ["TrainResult", "build_plugin", "train"]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a run achieved. Losses are averaged over ranks."""
+
+    losses: list[float]
+    val_loss: float
+    tokens_per_s: float
+    num_params: int
+    checkpoint: Path | None
+    out: Path
+
+
+def build_plugin(name: str) -> Plugin:
+    """The plugin called ``name``; ``ConfigError`` naming the choices when unknown."""
+    plugins = {"ddp": DDPPlugin}
+    if name not in plugins:
+        raise ConfigError(f"unknown --plugin {name!r}; choose one of: {', '.join(plugins)}")
+    return plugins[name]()
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+
+
+def _mean_over_ranks(value: float) -> float:
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+@torch.no_grad()
+def _evaluate(model: nn.Module, corpus: Any, data: torch.Tensor, cfg: TrainConfig) -> float:
+    gen = torch.Generator().manual_seed(cfg.seed + 10_000)
+    model.eval()
+    losses = [model(*corpus.batch(data, cfg.batch_size, cfg.seq_len, gen)).item() for _ in range(4)]
+    model.train()
+    return _mean_over_ranks(sum(losses) / len(losses))
+
+
+def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
+    """Train ``cfg.model`` on the corpus; write ``metrics.jsonl`` and a checkpoint under ``cfg.out``."""
+    init_from_env()
+    rank, world = rank_and_world()
+    main = rank == 0
+    console = console or Console(stderr=True)
+
+    model_cfg = GPTConfig.preset(cfg.preset).with_vocab(ByteTokenizer.vocab_size)
+    if cfg.seq_len > model_cfg.max_seq_len:
+        raise ConfigError(
+            f"--seq-len {cfg.seq_len} exceeds preset {cfg.preset!r}'s context of "
+            f"{model_cfg.max_seq_len}; use a smaller --seq-len"
+        )
+    corpus = load_corpus(cfg.corpus)
+    train_data, val_data = corpus.split()
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank
+    model = GPT(model_cfg)
+    optimizer = torch.optim.AdamW(
+        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95)
+    )
+    booster = Booster(build_plugin(cfg.plugin))
+    model, optimizer = booster.boost(model, optimizer)
+
+    out = cfg.out
+    ckpt_root = out / "checkpoint"
+    start = 0
+    if cfg.resume:
+        info = booster.load(model, optimizer, ckpt_root)
+        start = int(info["step"])
+        if main:
+            console.print(f"resumed from {info['path']} at step {start}")
+    data_gen = torch.Generator()
+    extra = {
+        "train_config": {k: str(v) for k, v in asdict(cfg).items()},
+        "model_config": asdict(model_cfg),
+    }
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        console.print(
+            f"[bold]colossal train[/]: {cfg.model}-{cfg.preset} ({model_cfg.num_params():,} params), "
+            f"{world} rank(s), plugin {cfg.plugin}, corpus {corpus.source} "
+            f"({len(corpus.data):,} bytes, {corpus.num_files} files)"
+        )
+    metrics = (out / "metrics.jsonl").open("a" if cfg.resume else "w") if main else None
+    proc = psutil.Process()
+    losses: list[float] = []
+    tokens_per_step = cfg.batch_size * cfg.seq_len * world
+    checkpoint: Path | None = None
+    run_start = time.perf_counter()
+    with TrainDisplay(cfg.steps - start, enabled=main, console=console) as display:
+        for step in range(start, cfg.steps):
+            t0 = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
+            data_gen.manual_seed(_data_seed(cfg.seed, rank, step))  # resumable: no hidden state
+            x, y = corpus.batch(train_data, cfg.batch_size, cfg.seq_len, data_gen)
+            loss = model(x, y)
+            booster.backward(loss, optimizer)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value = _mean_over_ranks(loss.item())
+            dt = time.perf_counter() - t0
+            losses.append(loss_value)
+            record = {
+                "step": step + 1,
+                "loss": loss_value,
+                "tokens_per_s": tokens_per_step / dt,
+                "lr": optimizer.param_groups[0]["lr"],
+                "step_time_s": dt,
+                "host_rss_bytes": proc.memory_info().rss,
+                **booster.memory_stats(),
+            }
+            if metrics is not None:
+                metrics.write(json.dumps(record) + "\n")
+                metrics.flush()
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+                display.update(
+                    record, advance=cfg.log_every if (step + 1) % cfg.log_every == 0 else 1
+                )
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                checkpoint = booster.save(model, optimizer, ckpt_root, step=step + 1, extra=extra)
+    elapsed = time.perf_counter() - run_start
+    if metrics is not None:
+        metrics.close()
+    if not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every:
+        checkpoint = booster.save(model, optimizer, ckpt_root, step=cfg.steps, extra=extra)
+    val = _evaluate(model, corpus, val_data, cfg)
+    result = TrainResult(
+        losses=losses,
+        val_loss=val,
+        tokens_per_s=tokens_per_step * len(losses) / elapsed if losses else 0.0,
+        num_params=model_cfg.num_params(),
+        checkpoint=checkpoint,
+        out=out,
+    )
+    if main:
+        console.print(summary_table(_summary(result, cfg, world, proc)))
+    return result
+
+
+def _data_seed(seed: int, rank: int, step: int) -> int:
+    """Distinct for every (seed, rank, step) with rank < 2**16 and step < 2**24."""
+    return (seed << 40) + (rank << 24) + step
+
+
+def _summary(result: TrainResult, cfg: TrainConfig, world: int, proc: psutil.Process) -> dict:
+    first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"),) * 2
+    return {
+        "model": f"{cfg.model}-{cfg.preset} ({result.num_params:,} params)",
+        "ranks x batch x seq": f"{world} x {cfg.batch_size} x {cfg.seq_len}",
+        "steps run": len(result.losses),
+        "first loss": first,
+        "last loss": last,
+        "validation loss": result.val_loss,
+        "tokens/s": result.tokens_per_s,
+        "host RSS": f"{proc.memory_info().rss / 2**20:,.0f} MiB",
+        "checkpoint": str(result.checkpoint) if result.checkpoint else "-",
+        "metrics": str(cfg.out / "metrics.jsonl"),
+    }

@@ -1,0 +1,15 @@
+import pytest
+
+
+@pytest.fixture
+def small_corpus(tmp_path):
+    """A few hundred KB of the standard library: enough text, fast to load."""
+    from colossal_models import default_corpus_path
+
+    root = default_corpus_path()
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for name in ("argparse.py", "dataclasses.py", "textwrap.py", "json/decoder.py"):
+        src = root / name
+        (folder / src.name).write_bytes(src.read_bytes())
+    return folder
