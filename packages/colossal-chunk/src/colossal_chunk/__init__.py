@@ -1,4 +1,35 @@
-"""colossal-chunk."""
+"""colossal-chunk: Gemini chunks that move between accelerator, host and disk under a byte budget."""
+
+from ._accounting import ManagerStats, MoveStats, TierStats
+from ._auto import AutoPolicy
+from ._chunk import Chunk, TensorRecord
+from ._config import ChunkConfig
+from ._disk import DiskStore
+from ._manager import ChunkManager
+from ._policy import ChunkSummary, LruPolicy, PolicyContext, SimpleChunkInfo
+from ._search import ChunkSizeResult, pack, search_chunk_size
+from ._static import StaticPolicy
+from ._tier import UNLIMITED, Tier
 
 __version__ = "0.1.0"
-__all__: list[str] = []
+__all__ = [
+    "UNLIMITED",
+    "AutoPolicy",
+    "Chunk",
+    "ChunkConfig",
+    "ChunkManager",
+    "ChunkSizeResult",
+    "ChunkSummary",
+    "DiskStore",
+    "LruPolicy",
+    "ManagerStats",
+    "MoveStats",
+    "PolicyContext",
+    "SimpleChunkInfo",
+    "StaticPolicy",
+    "TensorRecord",
+    "Tier",
+    "TierStats",
+    "pack",
+    "search_chunk_size",
+]

@@ -1,0 +1,73 @@
+"""Read-only snapshots of a manager's accounting: per-tier bytes and peaks, moves per direction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["ManagerStats", "MoveStats", "TierStats"]
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """One tier's accounting.
+
+    Attributes:
+        name: the tier.
+        capacity_bytes: its budget.
+        used_bytes: payload bytes held now.
+        peak_bytes: highest ``used_bytes`` since the manager started or ``reset_stats``.
+        emulated: True for an accelerator emulated on the CPU.
+    """
+
+    name: str
+    capacity_bytes: int
+    used_bytes: int
+    peak_bytes: int
+    emulated: bool
+
+
+@dataclass(frozen=True)
+class MoveStats:
+    """Copies from one tier to another.
+
+    Attributes:
+        src: the tier payloads left.
+        dst: the tier they arrived on.
+        num_bytes: bytes copied.
+        count: number of payload moves.
+    """
+
+    src: str
+    dst: str
+    num_bytes: int
+    count: int
+
+
+@dataclass(frozen=True)
+class ManagerStats:
+    """A snapshot of ``ChunkManager`` accounting.
+
+    Attributes:
+        tiers: per tier name, its accounting.
+        moves: per (src, dst) pair, the copies made.
+        num_chunks: chunks registered (parallel chunks included).
+        padding_bytes: bytes of chunks that hold no tensor (over every chunk, one rank's view).
+    """
+
+    tiers: dict[str, TierStats]
+    moves: dict[tuple[str, str], MoveStats] = field(default_factory=dict)
+    num_chunks: int = 0
+    padding_bytes: int = 0
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes copied between tiers, all directions together."""
+        return sum(m.num_bytes for m in self.moves.values())
+
+    @property
+    def num_moves(self) -> int:
+        return sum(m.count for m in self.moves.values())
+
+    def moved(self, src: str, dst: str) -> MoveStats:
+        """The copies from ``src`` to ``dst`` (zeros when there were none)."""
+        return self.moves.get((src, dst), MoveStats(src, dst, 0, 0))

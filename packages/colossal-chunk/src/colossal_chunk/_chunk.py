@@ -1,0 +1,311 @@
+"""A chunk: one 1-D buffer of one dtype holding many tensors as views, sharded across ranks.
+
+[Note: chunk storage] A chunk of ``capacity`` elements is split into ``world_size`` equal shards;
+rank r owns elements ``[r * shard_numel, (r + 1) * shard_numel)``. The shard is the payload at rest
+and lives on one tier. To compute, the chunk is *gathered*: a full buffer of ``capacity`` elements on
+the compute device is all-gathered from the shards, and its tensors' states go FREE -> HOLD. It is
+*released* (full buffer dropped, HOLD -> FREE) only when every tensor is back in HOLD. With one rank
+the shard *is* the full buffer: a chunk is always gathered and gather/release do nothing.
+
+[Note: chunk gradients] A gradient chunk has the same layout as its parameter chunk. It is
+*materialised* as a zero full buffer (no communication), filled by backward, and reduce-scattered
+into each rank's shard (averaging across ranks) when every tensor is READY_FOR_REDUCE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from colossal_contracts import ConfigError, StateTransitionError, TensorState, check_transition
+
+__all__ = ["Chunk", "TensorRecord"]
+
+
+@dataclass
+class TensorRecord:
+    """Where one tensor sits in its chunk, and its state.
+
+    Attributes:
+        name: the tensor's name (for parameters, as in ``model.named_parameters()``).
+        offset: first element in the full chunk.
+        numel: number of elements.
+        shape: the tensor's shape.
+        state: its current ``TensorState``.
+    """
+
+    name: str
+    offset: int
+    numel: int
+    shape: torch.Size
+    state: TensorState
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.numel
+
+
+class Chunk:
+    """A fixed-size 1-D buffer of tensors; see [Note: chunk storage].
+
+    The chunk holds storage but does no tier accounting: ``ChunkManager`` decides where the shard
+    lives, reserves its bytes, and hands the chunk new storage through ``replace_shard``.
+    """
+
+    chunk_id: int
+    kind: str  # "param" for parameter chunks; parallel chunks: "grad", "master", ...
+    dtype: torch.dtype
+    capacity: int  # elements in the full chunk, a multiple of world_size
+    world_size: int
+    rank: int
+    group: dist.ProcessGroup | None
+    records: dict[str, TensorRecord]  # in order of offset
+    used: int  # elements filled by tensors; the rest is padding
+    shard: torch.Tensor | None  # 1-D, shard_numel, on self.tier; None before storage is given
+    full: torch.Tensor | None  # 1-D, capacity, on the compute device while gathered
+    tier: object | None  # the TierName the shard lives on (set by the manager)
+
+    def __init__(
+        self,
+        chunk_id: int,
+        capacity: int,
+        dtype: torch.dtype,
+        *,
+        kind: str = "param",
+        group: dist.ProcessGroup | None = None,
+    ):
+        self.world_size = dist.get_world_size(group) if group is not None else 1
+        self.rank = dist.get_rank(group) if group is not None else 0
+        if capacity <= 0 or capacity % self.world_size:
+            raise ConfigError(
+                f"chunk capacity {capacity} must be a positive multiple of the world size "
+                f"{self.world_size}; round chunk_numel up"
+            )
+        self.chunk_id, self.kind, self.dtype, self.capacity = chunk_id, kind, dtype, capacity
+        self.group = group
+        self.records, self.used = {}, 0
+        self.shard, self.full, self.tier = None, None, None
+
+    # ----- layout -------------------------------------------------------------------------------
+    @property
+    def shard_numel(self) -> int:
+        return self.capacity // self.world_size
+
+    @property
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def shard_bytes(self) -> int:
+        """Bytes of the payload at rest (this rank's shard)."""
+        return self.shard_numel * self.element_size
+
+    @property
+    def full_bytes(self) -> int:
+        """Bytes of the gathered buffer."""
+        return self.capacity * self.element_size
+
+    @property
+    def padding(self) -> int:
+        """Elements of the chunk no tensor uses."""
+        return self.capacity - self.used
+
+    def fits(self, numel: int) -> bool:
+        return self.used + numel <= self.capacity
+
+    def add(self, name: str, shape: torch.Size | tuple[int, ...]) -> TensorRecord:
+        """Reserve room for a tensor at the end of the chunk (layout only; no data is copied)."""
+        shape = torch.Size(shape)
+        numel = shape.numel()
+        if name in self.records:
+            raise ConfigError(f"tensor {name!r} is already in chunk {self.chunk_id}")
+        if not self.fits(numel):
+            raise ConfigError(
+                f"tensor {name!r} ({numel:,} elements) does not fit in chunk {self.chunk_id} "
+                f"({self.capacity - self.used:,} of {self.capacity:,} free); raise chunk_numel to "
+                f"at least {numel:,}"
+            )
+        first = TensorState.HOLD if self.world_size == 1 else TensorState.FREE
+        rec = TensorRecord(name, self.used, numel, shape, first)
+        self.records[name] = rec
+        self.used += numel
+        return rec
+
+    def same_layout(self, chunk_id: int, dtype: torch.dtype, kind: str) -> Chunk:
+        """A new empty chunk with this chunk's tensors at the same offsets (a parallel chunk)."""
+        twin = Chunk(chunk_id, self.capacity, dtype, kind=kind, group=self.group)
+        for rec in self.records.values():
+            twin.add(rec.name, rec.shape)
+        return twin
+
+    # ----- storage ------------------------------------------------------------------------------
+    @property
+    def is_gathered(self) -> bool:
+        return self.full is not None
+
+    def fill_shard(self, storage: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Take ``storage`` (1-D, shard_numel) as the shard and copy this rank's slice of each tensor.
+
+        ``tensors`` holds the full (unsharded) value of every tensor in the chunk; padding is zeroed.
+        """
+        if storage.numel() != self.shard_numel or storage.dtype != self.dtype:
+            raise ConfigError(f"chunk {self.chunk_id}: shard storage has the wrong size or dtype")
+        storage.zero_()
+        lo, hi = self.rank * self.shard_numel, (self.rank + 1) * self.shard_numel
+        for rec in self.records.values():
+            a, b = max(lo, rec.offset), min(hi, rec.end)
+            if a >= b:
+                continue
+            src = tensors[rec.name].detach().reshape(-1)[a - rec.offset : b - rec.offset]
+            storage[a - lo : b - lo].copy_(src)
+        self.shard = storage
+        self.full = storage if self.world_size == 1 else None
+
+    def replace_shard(self, storage: torch.Tensor, *, copy: bool = True) -> torch.Tensor:
+        """Make ``storage`` the shard and return the old shard storage.
+
+        With ``copy`` the payload is copied into ``storage`` first (a move between tiers); without,
+        the caller has already filled it (a prefetch that copied on another thread or stream).
+        """
+        if self.shard is None:
+            raise RuntimeError(f"chunk {self.chunk_id} has no shard storage yet")
+        if copy:
+            storage.copy_(self.shard)
+        old, self.shard = self.shard, storage
+        if self.world_size == 1:
+            self.full = storage
+        return old
+
+    def gather(self, full: torch.Tensor) -> None:
+        """All-gather the shards into ``full`` (1-D, capacity, on the compute device); FREE -> HOLD.
+
+        Collective: every rank of the group must call it. The shard must be on ``full``'s device.
+        """
+        if self.world_size == 1 or self.full is not None:
+            return
+        if self.shard is None or self.shard.device != full.device:
+            raise RuntimeError(f"chunk {self.chunk_id}: move the shard to the compute tier first")
+        dist.all_gather_into_tensor(full, self.shard, group=self.group)
+        self.full = full
+        for rec in self.records.values():
+            self._set(rec, TensorState.HOLD)
+
+    def materialize(self, full: torch.Tensor) -> None:
+        """Use ``full`` (zeroed here) as the gathered buffer without communicating; FREE -> HOLD."""
+        if self.world_size == 1:
+            self.full.zero_()  # type: ignore[union-attr]
+            return
+        if self.full is not None:
+            raise RuntimeError(f"chunk {self.chunk_id} is already gathered")
+        full.zero_()
+        self.full = full
+        for rec in self.records.values():
+            self._set(rec, TensorState.HOLD)
+
+    def release(self) -> torch.Tensor | None:
+        """Drop the gathered buffer (HOLD -> FREE), keeping this rank's slice in the shard.
+
+        Returns the dropped buffer (for the caller's accounting), or None when there is nothing to
+        release (one rank). Raises ``StateTransitionError`` unless every tensor is in HOLD.
+        """
+        if self.world_size == 1 or self.full is None:
+            return None
+        busy = [r.name for r in self.records.values() if r.state is not TensorState.HOLD]
+        if busy:
+            raise StateTransitionError(
+                f"chunk {self.chunk_id} cannot release its gathered storage while tensors are not "
+                f"in HOLD: {busy[:4]}; release them first"
+            )
+        lo = self.rank * self.shard_numel
+        self.shard.copy_(self.full[lo : lo + self.shard_numel])  # type: ignore[union-attr]
+        old, self.full = self.full, None
+        for rec in self.records.values():
+            self._set(rec, TensorState.FREE)
+        return old
+
+    def reduce_scatter(self, *, average: bool = True) -> torch.Tensor | None:
+        """Reduce-scatter the gathered buffer into this rank's shard and drop it.
+
+        Every tensor must be READY_FOR_REDUCE; afterwards they are HOLD (one rank) or FREE (sharded).
+        Collective. Returns the dropped buffer (None with one rank, where the shard is the buffer).
+        """
+        waiting = [
+            r.name for r in self.records.values() if r.state is not TensorState.READY_FOR_REDUCE
+        ]
+        if waiting:
+            raise StateTransitionError(
+                f"chunk {self.chunk_id} cannot reduce before every tensor is READY_FOR_REDUCE; "
+                f"still waiting on {waiting[:4]}"
+            )
+        for rec in self.records.values():
+            self._set(rec, TensorState.HOLD)
+        if self.world_size == 1:
+            return None
+        if self.shard is None or self.full is None:
+            raise RuntimeError(f"chunk {self.chunk_id} has no gathered buffer to reduce")
+        out = torch.empty_like(self.shard, device=self.full.device)
+        dist.reduce_scatter_tensor(out, self.full, group=self.group)
+        if average:
+            out.div_(self.world_size)
+        self.shard.copy_(out)
+        old, self.full = self.full, None
+        for rec in self.records.values():
+            self._set(rec, TensorState.FREE)
+        return old
+
+    # ----- tensors ------------------------------------------------------------------------------
+    def view(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` as a view into the gathered buffer (raises if not gathered)."""
+        rec = self.records[name]
+        if self.full is None:
+            raise RuntimeError(
+                f"tensor {name!r} of chunk {self.chunk_id} is not gathered; access it first"
+            )
+        return self.full[rec.offset : rec.end].view(rec.shape)
+
+    def shard_view(self, name: str) -> tuple[torch.Tensor, int, int] | None:
+        """This rank's part of tensor ``name``: (1-D view into the shard, start, end) in the
+        tensor's flattened elements, or None when the shard holds none of it."""
+        rec = self.records[name]
+        lo = self.rank * self.shard_numel
+        a, b = max(lo, rec.offset), min(lo + self.shard_numel, rec.end)
+        if a >= b or self.shard is None:
+            return None
+        return self.shard[a - lo : b - lo], a - rec.offset, b - rec.offset
+
+    def state(self, name: str) -> TensorState:
+        return self.records[name].state
+
+    def set_state(self, name: str, new: TensorState) -> None:
+        """Move tensor ``name`` to ``new`` through ``check_transition`` (raises when illegal)."""
+        self._set(self.records[name], new)
+
+    def _set(self, rec: TensorRecord, new: TensorState) -> None:
+        check_transition(rec.state, new, what=f"tensor {rec.name!r} of chunk {self.chunk_id}")
+        rec.state = new
+
+    def count(self, state: TensorState) -> int:
+        return sum(1 for r in self.records.values() if r.state is state)
+
+    @property
+    def pinned(self) -> bool:
+        """True while any tensor is in COMPUTE: the chunk may not move (ChunkInfo.pinned)."""
+        return any(r.state is TensorState.COMPUTE for r in self.records.values())
+
+    @property
+    def movable(self) -> bool:
+        """True when the chunk may leave the compute tier: every tensor is HOLD or FREE."""
+        ok = (TensorState.HOLD, TensorState.FREE)
+        return all(r.state in ok for r in self.records.values())
+
+    def __iter__(self) -> Iterator[TensorRecord]:
+        return iter(self.records.values())
+
+    def __repr__(self) -> str:
+        return (
+            f"Chunk(id={self.chunk_id}, kind={self.kind}, dtype={self.dtype}, "
+            f"used={self.used}/{self.capacity}, tier={self.tier}, gathered={self.is_gathered})"
+        )

@@ -1,0 +1,54 @@
+"""The settings of a chunk manager, in one frozen dataclass."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from colossal_contracts import ConfigError, TierName
+
+__all__ = ["ChunkConfig"]
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    """How chunks are sized and where they may live.
+
+    Attributes:
+        chunk_numel: elements per chunk (``search_chunk_size`` picks one with little padding); it is
+            rounded up to a multiple of the data-parallel world size so every rank owns an equal
+            shard. Every tensor must fit in one chunk.
+        accelerator_bytes: budget of chunk payloads on the compute tier; None means the whole device
+            on CUDA and no limit on an emulated accelerator.
+        host_bytes: budget of chunk payloads in host memory; None means no limit.
+        disk_bytes: budget of chunk payloads on disk; None means no limit, 0 disables the disk tier.
+        disk_dir: directory for disk payloads; None makes a temporary one, removed on close.
+        device: "auto" (CUDA when present, else an emulated accelerator), "cuda" or "cpu"
+            ("cpu" forces the emulated accelerator even where CUDA exists).
+        home: tier where chunks are placed at registration ("host" or "accelerator").
+        pin_memory: allocate host payloads in pinned memory when the accelerator is CUDA.
+    """
+
+    chunk_numel: int
+    accelerator_bytes: int | None = None
+    host_bytes: int | None = None
+    disk_bytes: int | None = None
+    disk_dir: str | os.PathLike[str] | None = None
+    device: str = "auto"
+    home: str = "host"
+    pin_memory: bool = True
+
+    def __post_init__(self) -> None:
+        if self.chunk_numel <= 0:
+            raise ConfigError(
+                f"chunk_numel must be positive, got {self.chunk_numel}; "
+                "use search_chunk_size() to choose one from the parameter sizes"
+            )
+        for field_name in ("accelerator_bytes", "host_bytes", "disk_bytes"):
+            value = getattr(self, field_name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{field_name} must be >= 0 or None (no limit), got {value}")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ConfigError(f"device must be 'auto', 'cuda' or 'cpu', got {self.device!r}")
+        if self.home not in (TierName.HOST.value, TierName.ACCELERATOR.value):
+            raise ConfigError(f"home must be 'host' or 'accelerator', got {self.home!r}")

@@ -1,0 +1,387 @@
+"""The chunk manager: registers tensors into chunks, makes them ready for compute, keeps the books.
+
+[Note: parameter views] After ``register``, every parameter's ``.data`` is a view into its chunk:
+into the gathered buffer when the chunk is gathered (always, with one rank), else an empty tensor.
+Whenever a payload moves or is gathered/released, the views are re-pointed, so code that holds the
+``nn.Parameter`` object always sees the current storage. Never keep ``param.data`` across an access.
+
+[Note: access protocol] ``access(params)`` puts every named tensor in COMPUTE, its chunk's shard on
+the compute tier and gathered; ``release(params, state=...)`` moves them on (HOLD after forward,
+HOLD_AFTER_BWD or READY_FOR_REDUCE after backward). A chunk with a tensor in COMPUTE never moves.
+Call ``set_moment(i)`` at each module boundary so the policy knows where the step is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from colossal_contracts import ConfigError, PlacementPolicy, TensorState, TierName
+
+from ._accounting import ManagerStats, TierStats
+from ._chunk import Chunk
+from ._config import ChunkConfig
+from ._placement import Placement, build_tiers
+from ._policy import ChunkSummary, LruPolicy, PolicyContext
+from ._tier import Tier
+
+__all__ = ["ChunkManager"]
+
+ACC = TierName.ACCELERATOR
+Tensorish = torch.Tensor | str
+
+
+class ChunkManager:
+    """Chunks of parameters (and parallel chunks of gradients / master weights) under tier budgets.
+
+    See [Note: parameter views] and [Note: access protocol]. ``group`` is the data-parallel process
+    group chunks are sharded across (None: one rank, no sharding).
+    """
+
+    config: ChunkConfig
+    policy: PlacementPolicy
+    chunks: dict[int, Chunk]  # every chunk by id, parameter chunks first
+
+    def __init__(
+        self,
+        config: ChunkConfig,
+        *,
+        policy: PlacementPolicy | None = None,
+        group: dist.ProcessGroup | None = None,
+    ):
+        self.config = config
+        self.policy = policy if policy is not None else LruPolicy()
+        self.group = group
+        self.world_size = dist.get_world_size(group) if group is not None else 1
+        self.chunks = {}
+        self._params: dict[str, torch.nn.Parameter] = {}
+        self._name_of: dict[int, str] = {}  # id(param) -> name
+        self._chunk_of: dict[str, int] = {}  # param name -> param chunk id
+        self._parallel: dict[str, dict[int, int]] = {}  # kind -> param chunk id -> twin id
+        self._moment = 0
+        self._closed = False
+        self._placement = Placement(build_tiers(config), self.policy, self._model_budget)
+
+    # ----- setup --------------------------------------------------------------------------------
+    @property
+    def chunk_numel(self) -> int:
+        """Elements per chunk: ``config.chunk_numel`` rounded up to a multiple of the world size."""
+        return -(-self.config.chunk_numel // self.world_size) * self.world_size
+
+    @property
+    def tiers(self) -> dict[TierName, Tier]:
+        return self._placement.tiers
+
+    @property
+    def compute_device(self) -> torch.device:
+        return self.tiers[ACC].device
+
+    def register(
+        self,
+        named_params: Iterable[tuple[str, torch.nn.Parameter]],
+        *,
+        order: Sequence[str] | None = None,
+    ) -> list[Chunk]:
+        """Pack parameters into new chunks and point their ``.data`` into them.
+
+        ``order`` lists names in first-use order (the compute order); names it lacks follow in the
+        given order. A parameter seen twice (tied weights) is registered once. Chunks start on
+        ``config.home`` (spilling to host, then disk). Returns the new chunks.
+        """
+        fresh: dict[str, torch.nn.Parameter] = {}
+        for name, p in named_params:
+            if (
+                id(p) in self._name_of
+                or name in self._params
+                or any(q is p for q in fresh.values())
+            ):
+                continue
+            fresh[name] = p
+        rank = {n: i for i, n in enumerate(order or ())}
+        names = sorted(fresh, key=lambda n: (rank.get(n, len(rank)), list(fresh).index(n)))
+        open_chunk: dict[torch.dtype, Chunk] = {}
+        new: list[Chunk] = []
+        for name in names:
+            p = fresh[name]
+            c = open_chunk.get(p.dtype)
+            if c is None or not c.fits(p.numel()):
+                c = Chunk(self._next_id(), self.chunk_numel, p.dtype, group=self.group)
+                self.chunks[c.chunk_id] = c
+                open_chunk[p.dtype] = c
+                new.append(c)
+            c.add(name, p.shape)
+            self._params[name], self._name_of[id(p)] = p, name
+            self._chunk_of[name] = c.chunk_id
+        for c in new:
+            tensors = {n: fresh[n].data for n in c.records}
+            storage = self._placement.place_new(c, TierName(self.config.home))
+            c.fill_shard(storage, tensors)
+            self._bind(c)
+        self._bind_policy()
+        return new
+
+    def add_parallel(
+        self, kind: str, dtype: torch.dtype, *, copy_params: bool = False
+    ) -> list[Chunk]:
+        """A chunk of ``dtype`` with the same layout beside every parameter chunk (gradients, fp32
+        master weights, optimizer states). Zeros, or with ``copy_params`` the parameters' values
+        cast to ``dtype``. They start on ``config.home`` like parameter chunks."""
+        if kind == "param" or kind in self._parallel:
+            raise ConfigError(f"parallel chunk kind {kind!r} is taken; pick another name")
+        twins = {}
+        for cid in [c.chunk_id for c in self.chunks.values() if c.kind == "param"]:
+            src = self.chunks[cid]
+            twin = src.same_layout(self._next_id(), dtype, kind)
+            self.chunks[twin.chunk_id] = twin
+            storage = self._placement.place_new(twin, TierName(self.config.home))
+            if copy_params:
+                vals = {n: self._full_value(src, n) for n in src.records}
+            else:
+                vals = {n: torch.zeros(r.shape, dtype=dtype) for n, r in src.records.items()}
+            twin.fill_shard(storage, vals)
+            twins[cid] = twin.chunk_id
+        self._parallel[kind] = twins
+        self._bind_policy()
+        return [self.chunks[i] for i in twins.values()]
+
+    def _full_value(self, chunk: Chunk, name: str) -> torch.Tensor:
+        # Only this rank's slice is needed by fill_shard; others are zero-filled placeholders.
+        rec = chunk.records[name]
+        out = torch.zeros(rec.numel, dtype=chunk.dtype)
+        part = chunk.shard_view(name)
+        if part is not None:
+            view, a, b = part
+            out[a:b] = view.cpu()
+        return out.view(rec.shape)
+
+    def _next_id(self) -> int:
+        return len(self.chunks)
+
+    def _bind_policy(self) -> None:
+        bind = getattr(self.policy, "bind", None)
+        if bind is not None:
+            summaries = tuple(
+                ChunkSummary(c.chunk_id, c.kind, c.shard_bytes) for c in self.chunks.values()
+            )
+            bind(PolicyContext(summaries, dict(self._chunk_of), self.tiers[ACC].capacity_bytes))
+
+    # ----- lookup -------------------------------------------------------------------------------
+    def chunk_of(self, item: Tensorish) -> Chunk:
+        """The parameter chunk holding ``item`` (a registered parameter or its name)."""
+        return self.chunks[self._chunk_of[self._name(item)]]
+
+    def parallel_chunk(self, kind: str, chunk: Chunk | int) -> Chunk:
+        """The ``kind`` twin of parameter chunk ``chunk``."""
+        cid = chunk.chunk_id if isinstance(chunk, Chunk) else chunk
+        return self.chunks[self._parallel[kind][cid]]
+
+    def param_chunks(self) -> list[Chunk]:
+        return [c for c in self.chunks.values() if c.kind == "param"]
+
+    def _name(self, item: Tensorish) -> str:
+        if isinstance(item, str):
+            if item not in self._params:
+                raise ConfigError(f"no registered parameter is named {item!r}; register it first")
+            return item
+        name = self._name_of.get(id(item))
+        if name is None:
+            raise ConfigError(
+                f"a tensor of shape {tuple(item.shape)} is not a registered parameter; pass the "
+                "nn.Parameter objects given to register() (or their names)"
+            )
+        return name
+
+    # ----- the step -----------------------------------------------------------------------------
+    @property
+    def moment(self) -> int:
+        return self._moment
+
+    def set_moment(self, moment: int, *, prefetch: int = 0) -> None:
+        """Tell the policy the step reached ``moment``; with ``prefetch > 0`` also start copying
+        the chunks of the next ``prefetch`` moments to the compute tier (within the budget)."""
+        self._moment = moment
+        hook = getattr(self.policy, "on_moment", None)
+        if hook is not None:
+            hook(moment)
+        if prefetch > 0:
+            self.prefetch(prefetch)
+
+    def access(self, items: Iterable[Tensorish]) -> None:
+        """Make parameters ready for compute (on the compute tier, gathered, COMPUTE)."""
+        by_chunk: dict[int, list[str]] = {}
+        for item in items:
+            name = self._name(item)
+            by_chunk.setdefault(self._chunk_of[name], []).append(name)
+        self._access(by_chunk, zero=False)
+
+    def access_chunks(self, chunks: Iterable[Chunk | int], *, zero: bool = False) -> None:
+        """Put every tensor of ``chunks`` in COMPUTE on the compute tier. Gathers sharded chunks, or
+        with ``zero`` gives them a zero full buffer without communicating (gradient chunks)."""
+        by_chunk = {}
+        for c in chunks:
+            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            by_chunk[chunk.chunk_id] = list(chunk.records)
+        self._access(by_chunk, zero=zero)
+
+    def _access(self, by_chunk: dict[int, list[str]], *, zero: bool) -> None:
+        chunks = [self.chunks[i] for i in by_chunk]
+        pl = self._placement
+        for c in chunks:
+            pl.settle(c)
+        needed = sum(pl.need_for_access(c, gather=True) for c in chunks)
+        pl.make_room(
+            needed,
+            self.chunks.values(),
+            exclude=by_chunk,
+            moment=self._moment,
+            what=f"accessing chunks {list(by_chunk)}",
+        )
+        for c in chunks:
+            pl.move(c, ACC)
+            pl.gather(c, zero=zero)
+            for name in by_chunk[c.chunk_id]:
+                c.set_state(name, TensorState.COMPUTE)
+            self._bind(c)
+        hook = getattr(self.policy, "on_access", None)
+        if hook is not None:
+            hook(list(by_chunk), self._moment)
+
+    def release(
+        self,
+        items: Iterable[Tensorish],
+        *,
+        state: TensorState = TensorState.HOLD,
+        reshard: bool = True,
+    ) -> None:
+        """Move parameters out of COMPUTE to ``state`` (through ``check_transition``).
+
+        With ``reshard`` a sharded chunk whose tensors are all HOLD drops its gathered buffer.
+        """
+        touched: dict[int, None] = {}
+        for item in items:
+            name = self._name(item)
+            c = self.chunks[self._chunk_of[name]]
+            c.set_state(name, state)
+            touched[c.chunk_id] = None
+        self._after_release([self.chunks[i] for i in touched], reshard)
+
+    def release_chunks(
+        self,
+        chunks: Iterable[Chunk | int],
+        *,
+        state: TensorState = TensorState.HOLD,
+        reshard: bool = True,
+    ) -> None:
+        """``release`` for every tensor of ``chunks``."""
+        done = []
+        for c in chunks:
+            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            for name in chunk.records:
+                chunk.set_state(name, state)
+            done.append(chunk)
+        self._after_release(done, reshard)
+
+    def _after_release(self, chunks: list[Chunk], reshard: bool) -> None:
+        evict_after = getattr(self.policy, "evict_after_use", None)
+        for c in chunks:
+            if reshard and c.world_size > 1 and c.count(TensorState.HOLD) == len(c.records):
+                self._placement.drop_gathered(c, c.release())
+            if evict_after is not None and c.movable and evict_after(c.chunk_id):
+                self._placement.offload(c)
+            self._bind(c)
+
+    def reduce(self, chunk: Chunk | int, *, average: bool = True) -> None:
+        """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard
+        (averaged over ranks); collective over the manager's group. Tensors end in HOLD/FREE."""
+        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
+        self._placement.drop_gathered(c, c.reduce_scatter(average=average))
+        self._bind(c)
+
+    def move(self, chunk: Chunk | int, tier: TierName | str) -> None:
+        """Move a chunk's shard to ``tier`` (releasing its gathered buffer if it leaves the compute
+        tier). Raises ``CapacityError`` if ``tier`` is full or a tensor is in COMPUTE."""
+        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
+        tier = TierName(tier)
+        if tier is not ACC and c.world_size > 1 and c.is_gathered:
+            self._placement.drop_gathered(c, c.release())
+        if tier is ACC:
+            self._placement.make_room(
+                self._placement.need_for_access(c, gather=False),
+                self.chunks.values(),
+                exclude={c.chunk_id},
+                moment=self._moment,
+                what=f"moving chunk {c.chunk_id}",
+            )
+        self._placement.move(c, tier)
+        self._bind(c)
+
+    def prefetch(self, horizon: int = 1) -> int:
+        """Start copying chunks the policy says the next ``horizon`` moments need; returns how many.
+
+        Needs a policy with ``upcoming`` (``AutoPolicy`` after warmup); never breaks the budget and
+        evicts only chunks needed later than the one fetched.
+        """
+        upcoming = getattr(self.policy, "upcoming", None)
+        next_use = getattr(self.policy, "next_use", None)
+        if upcoming is None or next_use is None:
+            return 0
+        issued = 0
+        for cid in upcoming(self._moment, horizon):
+            c = self.chunks[cid]
+            if self._placement.prefetch(
+                c,
+                moment=self._moment,
+                chunks=self.chunks.values(),
+                target_use=next_use(cid, self._moment),
+            ):
+                issued += 1
+        return issued
+
+    # ----- views and books ----------------------------------------------------------------------
+    def _bind(self, chunk: Chunk) -> None:
+        """Re-point the ``.data`` of ``chunk``'s parameters ([Note: parameter views])."""
+        if chunk.kind != "param":
+            return
+        for name in chunk.records:
+            p = self._params[name]
+            if chunk.is_gathered:
+                p.data = chunk.view(name)
+            else:
+                p.data = torch.empty(0, dtype=chunk.dtype, device=chunk.shard.device)  # type: ignore[union-attr]
+
+    def _model_budget(self, moment: int) -> int:
+        budget = getattr(self.policy, "model_budget", None)
+        cap = self.tiers[ACC].capacity_bytes
+        return cap if budget is None else budget(cap, moment)
+
+    def stats(self) -> ManagerStats:
+        """Per-tier bytes in use and peak, and bytes/count of moves per direction."""
+        self._placement.settle_all(self.chunks)
+        tiers = {
+            n.value: TierStats(n.value, t.capacity_bytes, t.used_bytes, t.peak_bytes, t.emulated)
+            for n, t in self.tiers.items()
+        }
+        padding = sum(c.padding * c.element_size for c in self.chunks.values())
+        return ManagerStats(tiers, self._placement.move_stats(), len(self.chunks), padding)
+
+    def reset_stats(self) -> None:
+        """Zero the move counters and start new peak windows (say, at the start of an iteration)."""
+        self._placement.settle_all(self.chunks)
+        self._placement.moves.clear()
+        for t in self.tiers.values():
+            t.reset_peak()
+
+    def close(self) -> None:
+        """Finish copies in flight and remove disk files. The manager is unusable afterwards."""
+        if not self._closed:
+            self._placement.settle_all(self.chunks)
+            self._placement.close()
+            self._closed = True
+
+    def __enter__(self) -> ChunkManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

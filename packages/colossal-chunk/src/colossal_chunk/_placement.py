@@ -1,0 +1,279 @@
+"""Where chunk payloads live: the tiers, moves between them, eviction and prefetch.
+
+This is the half of the chunk manager that owns bytes. Every payload change goes through
+``Placement`` so that tier accounting ([Note: tier accounting]) and the move counters are exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+from contextlib import suppress
+
+import torch
+
+from colossal_contracts import CapacityError, ConfigError, PlacementPolicy, TierName
+
+from ._accounting import MoveStats
+from ._chunk import Chunk
+from ._config import ChunkConfig
+from ._disk import DiskStore
+from ._policy import SimpleChunkInfo
+from ._prefetch import PendingCopy, Prefetcher
+from ._tier import UNLIMITED, Tier
+
+__all__ = ["Placement", "build_tiers"]
+
+ACC, HOST, DISK = TierName.ACCELERATOR, TierName.HOST, TierName.DISK
+
+
+def build_tiers(config: ChunkConfig) -> dict[TierName, Tier]:
+    """The accelerator, host and (unless ``disk_bytes == 0``) disk tiers ``config`` describes."""
+    cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but torch sees no CUDA device; use 'auto' or 'cpu'")
+    if cuda:
+        dev = torch.device("cuda", torch.cuda.current_device())
+        acc_cap = config.accelerator_bytes
+        if acc_cap is None:
+            acc_cap = torch.cuda.mem_get_info(dev)[1]
+    else:
+        dev = torch.device("cpu")
+        acc_cap = UNLIMITED if config.accelerator_bytes is None else config.accelerator_bytes
+    tiers = {
+        ACC: Tier(ACC, dev, acc_cap, emulated=not cuda),
+        HOST: Tier(
+            HOST,
+            torch.device("cpu"),
+            UNLIMITED if config.host_bytes is None else config.host_bytes,
+            pin_memory=cuda and config.pin_memory,
+        ),
+    }
+    if config.disk_bytes != 0:
+        cap = UNLIMITED if config.disk_bytes is None else config.disk_bytes
+        tiers[DISK] = Tier(DISK, torch.device("cpu"), cap, store=DiskStore(config.disk_dir))
+    return tiers
+
+
+def _key(chunk: Chunk, tier: TierName) -> str:
+    """The name of ``chunk``'s payload on ``tier`` (a file name on disk)."""
+    return f"{chunk.kind}-{chunk.chunk_id}@{tier.value}"
+
+
+class Placement:
+    """Moves chunk payloads between tiers under their budgets; see the module docstring."""
+
+    tiers: dict[TierName, Tier]
+    moves: dict[tuple[str, str], list[int]]  # (src, dst) -> [bytes, count]
+
+    def __init__(
+        self, tiers: dict[TierName, Tier], policy: PlacementPolicy, budget: Callable[[int], int]
+    ):
+        self.tiers, self.policy, self._budget = tiers, policy, budget
+        self.moves = {}
+        self._pending: dict[int, tuple[PendingCopy, Tier]] = {}  # chunk id -> copy to the acc
+        self._prefetcher: Prefetcher | None = None
+
+    # ----- accounting ---------------------------------------------------------------------------
+    def acc_bytes(self, chunk: Chunk) -> int:
+        """Bytes ``chunk`` holds on the compute tier now (shard there, plus a gathered buffer)."""
+        n = chunk.shard_bytes if chunk.tier is ACC or chunk.chunk_id in self._pending else 0
+        if chunk.world_size > 1 and chunk.is_gathered:
+            n += chunk.full_bytes
+        return n
+
+    def need_for_access(self, chunk: Chunk, *, gather: bool) -> int:
+        """Bytes to add on the compute tier to make ``chunk`` ready for compute."""
+        n = 0 if chunk.tier is ACC or chunk.chunk_id in self._pending else chunk.shard_bytes
+        if gather and chunk.world_size > 1 and not chunk.is_gathered:
+            n += chunk.full_bytes
+        return n
+
+    def _count(self, src: TierName, dst: TierName, nbytes: int) -> None:
+        row = self.moves.setdefault((src.value, dst.value), [0, 0])
+        row[0] += nbytes
+        row[1] += 1
+
+    def move_stats(self) -> dict[tuple[str, str], MoveStats]:
+        return {k: MoveStats(k[0], k[1], v[0], v[1]) for k, v in self.moves.items()}
+
+    # ----- payloads -----------------------------------------------------------------------------
+    def place_new(self, chunk: Chunk, tier: TierName) -> torch.Tensor:
+        """Reserve and allocate a first shard for ``chunk`` on ``tier``, spilling host -> disk."""
+        order = [tier] + [t for t in (HOST, DISK) if t is not tier and t in self.tiers]
+        for name in order:
+            t = self.tiers[name]
+            if t.free_bytes >= chunk.shard_bytes:
+                t.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
+                chunk.tier = name
+                return t.allocate(_key(chunk, name), chunk.shard_numel, chunk.dtype)
+        raise self._no_room_anywhere(chunk)
+
+    def move(self, chunk: Chunk, dst: TierName) -> None:
+        """Copy ``chunk``'s shard to ``dst`` (reserving there first) and free it where it was."""
+        self.settle(chunk)
+        src = chunk.tier
+        if src is dst:
+            return
+        if chunk.pinned:
+            raise CapacityError(
+                f"chunk {chunk.chunk_id} cannot move while a tensor is in COMPUTE; release it first"
+            )
+        d = self.tiers[dst]
+        d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
+        chunk.replace_shard(d.allocate(_key(chunk, dst), chunk.shard_numel, chunk.dtype))
+        s = self.tiers[src]  # type: ignore[index]
+        s.free(chunk.shard_bytes)
+        s.discard(_key(chunk, src))  # type: ignore[arg-type]
+        chunk.tier = dst
+        self._count(src, dst, chunk.shard_bytes)  # type: ignore[arg-type]
+
+    def offload(self, chunk: Chunk) -> int:
+        """Release ``chunk``'s gathered buffer and move its shard off the compute tier.
+
+        Goes to the host, or to disk when the host is full. Returns the compute-tier bytes freed.
+        """
+        freed = 0
+        if chunk.world_size > 1 and chunk.is_gathered and chunk.release() is not None:
+            self.tiers[ACC].free(chunk.full_bytes)
+            freed += chunk.full_bytes
+        self.settle(chunk)
+        if chunk.tier is ACC:
+            for dst in (HOST, DISK):
+                if dst in self.tiers and self.tiers[dst].free_bytes >= chunk.shard_bytes:
+                    self.move(chunk, dst)
+                    return freed + chunk.shard_bytes
+            raise self._no_room_anywhere(chunk)
+        return freed
+
+    def gather(self, chunk: Chunk, *, zero: bool) -> None:
+        """Gather (or, with ``zero``, materialise zeros for) ``chunk`` on the compute tier."""
+        if chunk.world_size == 1:
+            if zero:
+                chunk.materialize(chunk.shard)  # type: ignore[arg-type]
+            return
+        if chunk.is_gathered:
+            return
+        acc = self.tiers[ACC]
+        acc.reserve(chunk.full_bytes, what=f"gathered chunk {chunk.chunk_id}")
+        full = acc.allocate(_key(chunk, ACC) + "-full", chunk.capacity, chunk.dtype)
+        if zero:
+            chunk.materialize(full)
+        else:
+            chunk.gather(full)
+
+    def drop_gathered(self, chunk: Chunk, dropped: torch.Tensor | None) -> None:
+        """Account for a gathered buffer ``chunk`` gave up (from ``release``/``reduce_scatter``)."""
+        if dropped is not None:
+            self.tiers[ACC].free(chunk.full_bytes)
+
+    # ----- room on the compute tier -------------------------------------------------------------
+    def limit(self, moment: int) -> int:
+        return min(self.tiers[ACC].capacity_bytes, self._budget(moment))
+
+    def make_room(
+        self,
+        needed: int,
+        chunks: Iterable[Chunk],
+        *,
+        exclude: Collection[int],
+        moment: int,
+        what: str,
+    ) -> None:
+        """Evict chunks the policy picks until ``needed`` more bytes fit on the compute tier."""
+        acc = self.tiers[ACC]
+        limit = self.limit(moment)
+        short = acc.used_bytes + needed - limit
+        if short <= 0:
+            return
+        cands = {
+            c.chunk_id: c
+            for c in chunks
+            if c.chunk_id not in exclude and c.movable and self.acc_bytes(c) > 0
+        }
+        infos = [SimpleChunkInfo(i, self.acc_bytes(c), ACC, False) for i, c in cands.items()]
+        for cid in self.policy.choose_evictions(infos, short, moment=moment):
+            if cid not in cands:
+                raise RuntimeError(
+                    f"policy {self.policy.name!r} chose chunk {cid}, which is not an eviction "
+                    "candidate; a policy must return ids from the candidates it is given"
+                )
+            short -= self.offload(cands.pop(cid))
+            if short <= 0:
+                return
+        pinned = acc.used_bytes - sum(self.acc_bytes(c) for c in cands.values())
+        raise CapacityError(
+            f"{what} needs {needed:,} bytes on the {acc.name.value} tier"
+            f"{' (emulated)' if acc.emulated else ''}, but only {limit - acc.used_bytes + 0:,} of "
+            f"its model-data budget {limit:,} (capacity {acc.capacity_bytes:,}) can be made free: "
+            f"{pinned:,} bytes are held by chunks in use or awaiting reduction. Raise "
+            "accelerator_bytes (at least the working set plus what is held), use a smaller "
+            "chunk_numel, or release tensors before accessing more."
+        )
+
+    # ----- prefetch -----------------------------------------------------------------------------
+    def prefetch(
+        self, chunk: Chunk, *, moment: int, target_use: float, chunks: Iterable[Chunk]
+    ) -> bool:
+        """Start copying ``chunk``'s shard to the compute tier if it fits without evicting anything
+        needed before ``target_use``. Returns True when a copy was issued."""
+        if chunk.tier is ACC or chunk.chunk_id in self._pending or chunk.pinned:
+            return False
+        acc = self.tiers[ACC]
+        short = acc.used_bytes + chunk.shard_bytes - self.limit(moment)
+        if short > 0:
+            next_use = getattr(self.policy, "next_use", None)
+            if next_use is None:
+                return False
+            later = [
+                c
+                for c in chunks
+                if c.chunk_id != chunk.chunk_id
+                and c.movable
+                and self.acc_bytes(c) > 0
+                and next_use(c.chunk_id, moment) > target_use
+            ]
+            later.sort(key=lambda c: -next_use(c.chunk_id, moment))
+            if sum(self.acc_bytes(c) for c in later) < short:
+                return False
+            for c in later:
+                if short <= 0:
+                    break
+                short -= self.offload(c)
+        acc.reserve(chunk.shard_bytes, what=f"prefetch of chunk {chunk.chunk_id}")
+        dst = acc.allocate(_key(chunk, ACC), chunk.shard_numel, chunk.dtype)
+        if self._prefetcher is None:
+            self._prefetcher = Prefetcher(acc.device)
+        src_tier = self.tiers[chunk.tier]  # type: ignore[index]
+        self._pending[chunk.chunk_id] = (self._prefetcher.copy(dst, chunk.shard), src_tier)
+        return True
+
+    def settle(self, chunk: Chunk) -> None:
+        """Finish a prefetch of ``chunk`` if one is in flight (the shard then lives on the acc)."""
+        entry = self._pending.pop(chunk.chunk_id, None)
+        if entry is None:
+            return
+        pending, src = entry
+        chunk.replace_shard(pending.wait(), copy=False)
+        src.free(chunk.shard_bytes)
+        src.discard(_key(chunk, src.name))
+        self._count(src.name, ACC, chunk.shard_bytes)
+        chunk.tier = ACC
+
+    def settle_all(self, chunks: dict[int, Chunk]) -> None:
+        for cid in list(self._pending):
+            self.settle(chunks[cid])
+
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+        for t in self.tiers.values():
+            if t.store is not None:
+                with suppress(Exception):
+                    t.store.close()
+
+    def _no_room_anywhere(self, chunk: Chunk) -> CapacityError:
+        room = ", ".join(f"{n.value} {t.free_bytes:,}" for n, t in self.tiers.items())
+        return CapacityError(
+            f"chunk {chunk.chunk_id} ({chunk.shard_bytes:,} bytes) fits on no tier (free bytes: "
+            f"{room}); raise host_bytes or disk_bytes, or enable the disk tier (disk_bytes=None)"
+        )

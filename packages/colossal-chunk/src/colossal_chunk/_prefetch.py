@@ -1,0 +1,61 @@
+"""Copies issued ahead of use, off the critical path.
+
+On CUDA a side stream carries the copy and an event orders the compute stream after it; on an
+emulated accelerator a single worker thread runs the copy (torch releases the GIL while copying).
+The caller reserves the destination's bytes before issuing a copy, so prefetching never breaks a
+tier's budget; it waits on the returned handle before it uses or frees either tensor.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+__all__ = ["PendingCopy", "Prefetcher"]
+
+
+class PendingCopy:
+    """A copy in flight; ``wait()`` makes its result visible to the caller's stream or thread."""
+
+    def __init__(
+        self,
+        dst: torch.Tensor,
+        src: torch.Tensor,
+        *,
+        future: Future[object] | None = None,
+        event: torch.cuda.Event | None = None,
+    ):
+        self.dst, self.src = dst, src  # both kept alive until the copy is done
+        self._future, self._event = future, event
+
+    def wait(self) -> torch.Tensor:
+        if self._future is not None:
+            self._future.result()
+        if self._event is not None:
+            torch.cuda.current_stream(self.dst.device).wait_event(self._event)
+        return self.dst
+
+
+class Prefetcher:
+    """Issues ``dst.copy_(src)`` asynchronously: a CUDA side stream, or a worker thread."""
+
+    def __init__(self, device: torch.device):
+        self._cuda = device.type == "cuda"
+        self._stream = torch.cuda.Stream(device) if self._cuda else None
+        self._pool = None if self._cuda else ThreadPoolExecutor(1, "colossal-prefetch")
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> PendingCopy:
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(dst.device))
+            with torch.cuda.stream(self._stream):
+                dst.copy_(src, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            return PendingCopy(dst, src, event=event)
+        assert self._pool is not None
+        return PendingCopy(dst, src, future=self._pool.submit(dst.copy_, src))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

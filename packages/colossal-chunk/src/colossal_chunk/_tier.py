@@ -1,0 +1,93 @@
+"""Memory tiers: a name, a torch device and a byte capacity, with the accounting that enforces it.
+
+[Note: tier accounting] The owner (the chunk manager) calls ``reserve`` before it allocates a
+payload on a tier and ``free`` after it drops one, so ``used_bytes <= capacity_bytes`` holds at every
+moment, also on an emulated accelerator where nothing else would stop an overrun.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from colossal_contracts import CapacityError, TierName
+
+from ._disk import DiskStore
+
+__all__ = ["UNLIMITED", "Tier"]
+
+UNLIMITED = sys.maxsize
+"""Capacity of a tier without a budget."""
+
+
+@dataclass(eq=False)
+class Tier:
+    """One place chunk payloads can live; satisfies ``colossal_contracts.MemoryTier``.
+
+    Attributes:
+        name: accelerator, host or disk.
+        device: where payloads are allocated (``cpu`` for host, disk and an emulated accelerator).
+        capacity_bytes: the most payload bytes it may hold (``UNLIMITED`` for no budget).
+        emulated: True for an accelerator emulated on the CPU (figures must say so).
+        pin_memory: allocate pinned host memory (only where CUDA exists).
+        store: the files behind the disk tier; None for the others.
+    """
+
+    name: TierName
+    device: torch.device
+    capacity_bytes: int = UNLIMITED
+    emulated: bool = False
+    pin_memory: bool = False
+    store: DiskStore | None = None
+    _used: int = field(default=0, repr=False)
+    _peak: int = field(default=0, repr=False)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of payloads held now."""
+        return self._used
+
+    @property
+    def peak_bytes(self) -> int:
+        """Highest ``used_bytes`` since creation or the last ``reset_peak``."""
+        return self._peak
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - self._used
+
+    def reserve(self, nbytes: int, *, what: str) -> None:
+        """Count ``nbytes`` more as used; raise ``CapacityError`` (changing nothing) if they do not fit."""
+        if self._used + nbytes > self.capacity_bytes:
+            raise CapacityError(
+                f"{self.name.value} tier cannot hold {what} ({nbytes:,} bytes): "
+                f"{self._used:,} of {self.capacity_bytes:,} bytes are in use; raise its capacity "
+                "or move payloads off it first"
+            )
+        self._used += nbytes
+        self._peak = max(self._peak, self._used)
+
+    def free(self, nbytes: int) -> None:
+        """Count ``nbytes`` as no longer used."""
+        if nbytes > self._used:
+            raise RuntimeError(
+                f"{self.name.value} tier accounting went negative: freeing {nbytes:,} bytes with "
+                f"{self._used:,} in use (a payload was freed twice); this is a bug in colossal-chunk"
+            )
+        self._used -= nbytes
+
+    def reset_peak(self) -> None:
+        self._peak = self._used
+
+    def allocate(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A new uninitialised 1-D payload on this tier (a file for disk). Does not reserve."""
+        if self.store is not None:
+            return self.store.allocate(key, numel, dtype)
+        return torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
+
+    def discard(self, key: str) -> None:
+        """Forget the payload of ``key`` (removes its file on disk; no-op elsewhere)."""
+        if self.store is not None:
+            self.store.discard(key)
