@@ -11,6 +11,7 @@ from ._autograd import (
 from ._comm import CountedComm
 from ._config import TP_MODES, MeshConfig, TpMode, divide
 from ._counter import COMM_OPS, CommCounter, CommStat
+from ._launch import LaunchInfo, launch_from_torch, seed_everything
 from ._mesh import ProcessMesh
 
 __version__ = "0.1.0"
@@ -21,15 +22,18 @@ __all__ = [
     "CommCounter",
     "CommStat",
     "CountedComm",
+    "LaunchInfo",
     "MeshConfig",
     "ProcessMesh",
     "TpMode",
     "copy_to_axis",
     "divide",
     "gather_along",
+    "launch_from_torch",
     "local_chunk",
     "reduce_from_axis",
     "reduce_scatter_along",
+    "seed_everything",
     "split_along",
 ]
 
