@@ -1,4 +1,36 @@
-"""colossal-memtrace."""
+"""colossal-memtrace: know where every byte goes while a model trains.
+
+Probes (host, CUDA + NVML, live tensors), tracers (sampling, hooks), ``MemStats`` (satisfies
+``colossal_contracts.MemStatsSource``), a static meta-device estimate, and reports.
+"""
+
+from ._cuda import CudaMemoryDetail, CudaProbe
+from ._estimate import estimate_step, run_step, trace_step
+from ._hooks import HookTracer, TraceConfig
+from ._host import HostProbe
+from ._live import LiveTensorProbe, LiveTensorTracker, WindowPeak
+from ._sampler import SampledWindow, SamplingTracer
+from ._sources import ModelDataSource
+from ._stats import MemStats, Moment, StepSummary
 
 __version__ = "0.1.0"
-__all__: list[str] = []
+
+__all__ = [
+    "CudaMemoryDetail",
+    "CudaProbe",
+    "HookTracer",
+    "HostProbe",
+    "LiveTensorProbe",
+    "LiveTensorTracker",
+    "MemStats",
+    "ModelDataSource",
+    "Moment",
+    "SampledWindow",
+    "SamplingTracer",
+    "StepSummary",
+    "TraceConfig",
+    "WindowPeak",
+    "estimate_step",
+    "run_step",
+    "trace_step",
+]
