@@ -117,8 +117,10 @@ class AutoPolicy(LruPolicy):
 
     def model_budget(self, capacity: int, moment: int) -> int:
         """See [Note: auto budget]."""
-        if self.stats is None or self._schedule is None:
+        if self._schedule is None:
             return int(capacity * self.warmup_share)
+        if self.stats is None or self.stats.num_moments() == 0:
+            return capacity  # a schedule given directly, without non-model figures
         n = self.stats.num_moments()
         peak = max(
             self.stats.non_model_peak((moment + k) % n, self.tier)
