@@ -13,30 +13,123 @@ from ._config import TP_MODES, MeshConfig, TpMode, divide
 from ._counter import COMM_OPS, CommCounter, CommStat
 from ._launch import LaunchInfo, launch_from_torch, seed_everything
 from ._mesh import ProcessMesh
+from ._tp1d import (
+    ColumnParallelLinear,
+    LayerNorm1D,
+    ParallelEmbedding,
+    RowParallelLinear,
+    VocabParallelCrossEntropy,
+    VocabParallelEmbedding,
+    VocabParallelLMHead,
+    gather_sequence,
+    split_sequence,
+    vocab_parallel_cross_entropy,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "COMM_OPS",
     "TP_MODES",
+    "ColumnParallelLinear",
     "CommCounter",
     "CommStat",
     "CountedComm",
     "LaunchInfo",
+    "LayerNorm1D",
     "MeshConfig",
+    "ParallelEmbedding",
     "ProcessMesh",
+    "RowParallelLinear",
     "TpMode",
+    "VocabParallelCrossEntropy",
+    "VocabParallelEmbedding",
+    "VocabParallelLMHead",
     "copy_to_axis",
     "divide",
     "gather_along",
+    "gather_sequence",
     "launch_from_torch",
     "local_chunk",
     "reduce_from_axis",
     "reduce_scatter_along",
     "seed_everything",
     "split_along",
+    "split_sequence",
+    "vocab_parallel_cross_entropy",
 ]
 
 # --- multi-dimensional tensor parallelism (2D / 2.5D / 3D): names exported by that work ---
 # (keep additions to this block; extend __all__ here with `__all__ += [...]`)
+from ._tp2d import (
+    LAYOUT_2D,
+    Classifier2D,
+    Embedding2D,
+    LayerNorm2D,
+    Linear2D,
+    VocabParallelEmbedding2D,
+    cross_entropy_2d,
+)
+from ._tp2p5d import (
+    LAYOUT_2P5D,
+    Classifier2p5D,
+    Embedding2p5D,
+    LayerNorm2p5D,
+    Linear2p5D,
+    VocabParallelEmbedding2p5D,
+    cross_entropy_2p5d,
+)
+from ._tp3d import (
+    LAYOUT_3D,
+    LAYOUT_3D_T,
+    Classifier3D,
+    Embedding3D,
+    LayerNorm3D,
+    Linear3D,
+    VocabParallelEmbedding3D,
+    cross_entropy_3d,
+)
+from ._tpnd._cost import (
+    CommCost,
+    cross_entropy_comm_bytes,
+    embedding_comm_bytes,
+    layernorm_comm_bytes,
+    linear_comm_bytes,
+    vocab_embedding_comm_bytes,
+)
+from ._tpnd._layout import TpLayout, gather_from_layout, split_to_layout
+
+__all__ += [
+    "LAYOUT_2D",
+    "LAYOUT_2P5D",
+    "LAYOUT_3D",
+    "LAYOUT_3D_T",
+    "Classifier2D",
+    "Classifier2p5D",
+    "Classifier3D",
+    "CommCost",
+    "Embedding2D",
+    "Embedding2p5D",
+    "Embedding3D",
+    "LayerNorm2D",
+    "LayerNorm2p5D",
+    "LayerNorm3D",
+    "Linear2D",
+    "Linear2p5D",
+    "Linear3D",
+    "TpLayout",
+    "VocabParallelEmbedding2D",
+    "VocabParallelEmbedding2p5D",
+    "VocabParallelEmbedding3D",
+    "cross_entropy_2d",
+    "cross_entropy_2p5d",
+    "cross_entropy_3d",
+    "cross_entropy_comm_bytes",
+    "embedding_comm_bytes",
+    "gather_from_layout",
+    "layernorm_comm_bytes",
+    "linear_comm_bytes",
+    "split_to_layout",
+    "vocab_embedding_comm_bytes",
+]
 # --- end multi-dimensional block ---

@@ -1,0 +1,76 @@
+"""The 2D (SUMMA, ``q x q``) layers: every activation has layout ``LAYOUT_2D``.
+
+A block ``(b, ..., h / q)`` on grid rank ``(i, j)`` is batch chunk ``i`` of ``q`` and hidden block
+``j`` of ``q`` ([Note: SUMMA blocks], [Note: activation layout]).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._mesh import ProcessMesh
+from .._tpnd._common import check_mode
+from .._tpnd._embedding import GridEmbedding, GridVocabEmbedding
+from .._tpnd._layout import TpLayout
+from .._tpnd._loss import grid_cross_entropy
+from .._tpnd._norm import GridLayerNorm
+from ._linear import SummaLinear
+from ._summa import COL_PEERS, ROW_PEERS
+
+__all__ = [
+    "LAYOUT_2D",
+    "Classifier2D",
+    "Embedding2D",
+    "LayerNorm2D",
+    "Linear2D",
+    "VocabParallelEmbedding2D",
+    "cross_entropy_2d",
+]
+
+LAYOUT_2D = TpLayout(row_axes=(COL_PEERS,), hidden_axis=ROW_PEERS)
+
+
+class _Mode2D:
+    MODE = "2d"
+    LAYOUTS = (LAYOUT_2D,)
+
+
+class Linear2D(_Mode2D, SummaLinear):
+    """SUMMA Linear: weight in ``q x q`` blocks, bias in ``q*q`` chunks; ``from_linear`` shards."""
+
+
+class Classifier2D(_Mode2D, SummaLinear):
+    """The LM head ``hidden -> vocab`` (no bias by default); logits come vocabulary-parallel."""
+
+    def __init__(
+        self,
+        hidden: int,
+        vocab: int,
+        mesh: ProcessMesh,
+        *,
+        bias: bool = False,
+        layout: TpLayout | None = None,
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(hidden, vocab, mesh, bias=bias, layout=layout, dtype=dtype, seed=seed)
+
+
+class LayerNorm2D(_Mode2D, GridLayerNorm):
+    """LayerNorm over hidden blocks split along ``tp_col``; affine chunks gathered along ``tp_row``."""
+
+
+class Embedding2D(_Mode2D, GridEmbedding):
+    """Embedding with the whole vocabulary; columns split over the ``q*q`` ranks."""
+
+
+class VocabParallelEmbedding2D(_Mode2D, GridVocabEmbedding):
+    """Embedding with vocabulary block ``i`` and hidden block ``j`` on rank ``(i, j)``."""
+
+
+def cross_entropy_2d(
+    logits: torch.Tensor, targets: torch.Tensor, mesh: ProcessMesh
+) -> torch.Tensor:
+    """Mean cross-entropy of vocabulary-parallel 2D logits (e.g. from ``Classifier2D``)."""
+    check_mode(mesh, "2d", "cross_entropy_2d")
+    return grid_cross_entropy(logits, targets, mesh, LAYOUT_2D)
