@@ -6,8 +6,10 @@ from ._chunk import Chunk, TensorRecord
 from ._config import ChunkConfig
 from ._disk import DiskStore
 from ._manager import ChunkManager
+from ._order import OrderStats, module_order, trace_order
 from ._policy import ChunkSummary, LruPolicy, PolicyContext, SimpleChunkInfo
 from ._search import ChunkSizeResult, pack, search_chunk_size
+from ._simulate import SimResult, simulate, simulate_policy
 from ._static import StaticPolicy
 from ._tier import UNLIMITED, Tier
 
@@ -24,12 +26,18 @@ __all__ = [
     "LruPolicy",
     "ManagerStats",
     "MoveStats",
+    "OrderStats",
     "PolicyContext",
+    "SimResult",
     "SimpleChunkInfo",
     "StaticPolicy",
     "TensorRecord",
     "Tier",
     "TierStats",
+    "module_order",
     "pack",
     "search_chunk_size",
+    "simulate",
+    "simulate_policy",
+    "trace_order",
 ]
