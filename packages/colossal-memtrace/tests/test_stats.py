@@ -18,7 +18,7 @@ def _stats() -> MemStats:
             {"accelerator": 100, "host": 7},
             {"accelerator": 10 * (i + 1)},
             {"accelerator": 100 + 10 * (i + 1)},
-        )  # fmt: skip
+        )
         for i in range(3)
     )
     step = StepSummary(0, 3, {"accelerator": 130}, {"accelerator": 30}, {"accelerator": 100})

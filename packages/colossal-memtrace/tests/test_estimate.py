@@ -1,0 +1,80 @@
+"""The static (meta-device) estimate against the exact live-tensor measurement."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from colossal_contracts import ConfigError, TierName
+from colossal_memtrace import estimate_step, trace_step
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _models_memtrace import TinyLM
+
+CASES = [  # (vocab, hidden, heads, layers, batch, seq)
+    (64, 32, 2, 1, 2, 16),
+    (128, 64, 4, 2, 3, 32),
+    (96, 48, 4, 3, 2, 64),
+]
+
+
+@pytest.mark.parametrize(("vocab", "hidden", "heads", "layers", "batch", "seq"), CASES)
+def test_estimate_matches_live_peak(vocab, hidden, heads, layers, batch, seq):
+    def build():
+        return TinyLM(vocab, hidden, heads, layers)
+
+    def inputs(device):
+        idx = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+        return idx.to(device), idx.roll(1, 1).to(device)
+
+    torch.manual_seed(0)
+    model = build()
+    measured = trace_step(
+        model, inputs(torch.device("cpu")), optimizer=torch.optim.Adam(model.parameters())
+    )
+    est = estimate_step(build, inputs, build_optimizer=torch.optim.Adam)
+    assert est.source == "static-estimate" and est.device == "meta"
+    assert [m.label for m in est.moments] == [m.label for m in measured.moments]
+    assert est.compute_order() == measured.compute_order()
+    ratio = est.peak_bytes() / measured.peak_bytes()
+    assert abs(ratio - 1) < 0.10, ratio
+    # Per moment too: every non-model peak within 10% (or a few bytes) of the measured one.
+    for i in range(est.num_moments()):
+        a, b = (
+            est.non_model_peak(i, TierName.ACCELERATOR),
+            measured.non_model_peak(i, "accelerator"),
+        )
+        assert abs(a - b) <= max(0.10 * b, 64), (est.moments[i].label, a, b)
+
+
+def test_attention_kernel_matters_and_target_picks_it():
+    """On meta, plain SDPA would materialise (B, H, T, T) scores; the CPU target avoids that."""
+
+    def build():
+        return TinyLM(64, 32, 4, 1)
+
+    def inputs(device):
+        idx = torch.zeros(2, 256, dtype=torch.long, device=device)
+        return idx, idx
+
+    model = build()
+    measured = trace_step(model, inputs(torch.device("cpu")))
+    est = estimate_step(build, inputs)
+    assert abs(est.peak_bytes() / measured.peak_bytes() - 1) < 0.02
+    with pytest.raises(ConfigError, match="target"):
+        estimate_step(build, inputs, target="tpu")
+
+
+def test_estimate_allocates_nothing_for_a_large_model():
+    def build():
+        return TinyLM(vocab=50_000, hidden=2048, heads=16, num_layers=4)  # ~1.2 GB of fp32 params
+
+    def inputs(device):
+        idx = torch.zeros(8, 512, dtype=torch.long, device=device)
+        return idx, idx
+
+    est = estimate_step(build, inputs, build_optimizer=torch.optim.Adam)
+    params = 50_000 * 2048 + 4 * (12 * 2048 * 2048 + 13 * 2048) + 2 * 2048
+    assert est.model_bytes(est.num_moments() - 1, "accelerator") >= 3 * 4 * params
+    assert est.peak_bytes() > 4 * 4 * params  # params + grads + two Adam states + activations
