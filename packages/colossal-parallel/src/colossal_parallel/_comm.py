@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 __all__ = ["CountedComm"]
 
 ReduceOp = dist.ReduceOp
+# torch >= 2.13 renames the flat-tensor collectives; older releases only have the old names.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -75,7 +78,7 @@ class CountedComm:
         x = t.detach().movedim(dim, 0).contiguous()
         out = x.new_empty((p * x.shape[0], *x.shape[1:]))
         self.counter.record(axis, "all_gather", _nbytes(out))
-        dist.all_gather_into_tensor(out, x, group=group)
+        _all_gather_flat(out, x, group=group)
         return out.movedim(0, dim).contiguous()
 
     def reduce_scatter(
@@ -97,7 +100,7 @@ class CountedComm:
         x = t.detach().movedim(dim, 0).contiguous()
         out = x.new_empty((x.shape[0] // p, *x.shape[1:]))
         self.counter.record(axis, "reduce_scatter", _nbytes(x))
-        dist.reduce_scatter_tensor(out, x, op=op, group=group)
+        _reduce_scatter_flat(out, x, op=op, group=group)
         return out.movedim(0, dim).contiguous()
 
     def broadcast(self, t: torch.Tensor, axis: str, src: int = 0) -> torch.Tensor:
