@@ -1,16 +1,29 @@
-"""colossal-models: GPT and friends built for Colossal, a byte tokenizer and corpus loaders."""
+"""colossal-models: GPT and PaLM built for Colossal, their tensor-parallel plans, Hugging Face
+state-dict adapters, a byte tokenizer and corpus loaders.
 
+Every model folder has the same shape: ``config`` (dataclass and presets), ``model``,
+``parallelize`` (tensor-parallel plan) and ``state_dict`` (Hugging Face adapter).
+"""
+
+from ._checkpointing import apply_activation_checkpointing
 from ._corpus import Corpus, default_corpus_path, load_corpus
+from ._io import LMIO
 from ._tokenizer import ByteTokenizer
 from .gpt import GPT, GPT_PRESETS, GPTConfig
+from .palm import PALM_PRESETS, PaLM, PaLMConfig
 
 __version__ = "0.1.0"
 __all__ = [
     "GPT",
     "GPT_PRESETS",
+    "LMIO",
+    "PALM_PRESETS",
     "ByteTokenizer",
     "Corpus",
     "GPTConfig",
+    "PaLM",
+    "PaLMConfig",
+    "apply_activation_checkpointing",
     "default_corpus_path",
     "load_corpus",
 ]

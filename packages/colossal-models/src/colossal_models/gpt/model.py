@@ -1,4 +1,8 @@
-"""GPT-2 style decoder, leaf modules first. Shapes: B batch, T time, C hidden, V vocabulary."""
+"""GPT-2 style decoder, leaf modules first. Shapes: B batch, T time, C hidden, V vocabulary.
+
+Head counts and widths are read from tensor shapes in ``forward``, so a tensor-parallel plan that
+gives a rank a slice of the heads (``parallelize.py``) needs no change here.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from torch import nn
 
 from colossal_contracts import ConfigError
 
+from .._checkpointing import CheckpointedBlock
+from .._io import LMIO
 from .config import GPTConfig
 
 __all__ = ["GPT", "MLP", "Block", "CausalSelfAttention"]
@@ -18,20 +24,18 @@ __all__ = ["GPT", "MLP", "Block", "CausalSelfAttention"]
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.head_dim
         self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.bias)
         self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)  # each (B, T, C)
-        q, k, v = (
-            t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2) for t in (q, k, v)
-        )
+        B, T = x.shape[:2]
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # each (B, T, C)
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D)
-        y = y.transpose(1, 2).reshape(B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, -1)
         return F.dropout(self.proj(y), p, self.training)
 
 
@@ -47,7 +51,7 @@ class MLP(nn.Module):
         return F.dropout(self.proj(h), self.dropout, self.training)
 
 
-class Block(nn.Module):
+class Block(CheckpointedBlock):
     """Pre-LayerNorm residual block: x + attn(ln1(x)), then + mlp(ln2(x))."""
 
     def __init__(self, cfg: GPTConfig):
@@ -57,7 +61,7 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -71,6 +75,7 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.config = cfg
+        self.io = LMIO()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.hidden_size)
         self.drop = nn.Dropout(cfg.dropout)
@@ -99,11 +104,9 @@ class GPT(nn.Module):
                 f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}; "
                 "use a shorter --seq-len or a preset with a longer context"
             )
+        idx, targets = self.io.tokens(idx, targets)
         pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self.io.enter(self.drop(self.wte(idx) + self.wpe(pos)))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V), tied head
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return self.io(self.ln_f(x), self.wte.weight, targets)  # tied head: logits or loss

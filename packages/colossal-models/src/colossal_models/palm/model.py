@@ -1,0 +1,141 @@
+"""PaLM-family decoder, leaf modules first. Shapes: B batch, T time, C hidden, H query heads,
+K key/value heads, D head width, F SwiGLU width, V vocabulary.
+
+Head counts are read from tensor shapes in ``forward`` (``view(B, T, -1, D)``), so a
+tensor-parallel plan that gives a rank a slice of the heads needs no change here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from colossal_contracts import ConfigError
+
+from .._checkpointing import CheckpointedBlock
+from .._io import LMIO
+from .._rotary import apply_rotary, rotary_tables
+from .config import PaLMConfig
+
+__all__ = ["PaLM", "PaLMAttention", "PaLMBlock", "SwiGLU", "build_norm"]
+
+
+def build_norm(cfg: PaLMConfig) -> nn.Module:
+    """The config's norm over ``hidden_size``, without bias (PaLM has none; Llama's RMSNorm neither)."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=False)
+
+
+class PaLMAttention(nn.Module):
+    """Causal attention with rotary positions and ``K`` shared key/value heads (K=1: multi-query)."""
+
+    def __init__(self, cfg: PaLMConfig):
+        super().__init__()
+        c, d = cfg.hidden_size, cfg.head_size
+        self.head_dim = d
+        self.q = nn.Linear(c, cfg.num_heads * d, bias=False)
+        self.k = nn.Linear(c, cfg.num_kv_heads * d, bias=False)
+        self.v = nn.Linear(c, cfg.num_kv_heads * d, bias=False)
+        self.proj = nn.Linear(cfg.num_heads * d, c, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T = x.shape[:2]
+        d = self.head_dim
+        q = self.q(x).view(B, T, -1, d).transpose(1, 2)  # (B, H, T, D)
+        k = self.k(x).view(B, T, -1, d).transpose(1, 2)  # (B, K, T, D)
+        v = self.v(x).view(B, T, -1, d).transpose(1, 2)  # (B, K, T, D)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        rep = q.shape[1] // k.shape[1]  # query head h reads key/value head h // rep
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SwiGLU(nn.Module):
+    """``proj(silu(gate(x)) * up(x))`` (Shazeer, 2020)."""
+
+    def __init__(self, cfg: PaLMConfig):
+        super().__init__()
+        self.gate = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
+        self.up = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
+        self.proj = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.silu(self.gate(x)) * self.up(x))  # (B, T, F) inside
+
+
+class PaLMBlock(CheckpointedBlock):
+    """Parallel: ``x + attn(ln1(x)) + mlp(ln1(x))`` (``ln2`` is None). Sequential (Llama):
+    ``x + attn(ln1(x))``, then ``+ mlp(ln2(.))``."""
+
+    def __init__(self, cfg: PaLMConfig):
+        super().__init__()
+        self.parallel = cfg.parallel_block
+        self.ln1 = build_norm(cfg)
+        self.attn = PaLMAttention(cfg)
+        self.ln2 = None if cfg.parallel_block else build_norm(cfg)
+        self.mlp = SwiGLU(cfg)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.ln2 is None:
+            h = self.ln1(x)
+            return x + self.attn(h, cos, sin) + self.mlp(h)
+        x = x + self.attn(self.ln1(x), cos, sin)
+        return x + self.mlp(self.ln2(x))
+
+
+class PaLM(nn.Module):
+    """The model. ``forward(idx)`` gives logits (B, T, V); ``forward(idx, targets)`` the mean loss.
+
+    With ``tie_embeddings`` the output matrix is ``wte.weight`` and ``lm_head`` is None.
+    """
+
+    def __init__(self, cfg: PaLMConfig):
+        super().__init__()
+        self.config = cfg
+        self.io = LMIO()
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.blocks = nn.ModuleList(PaLMBlock(cfg) for _ in range(cfg.num_layers))
+        self.ln_f = build_norm(cfg)
+        self.lm_head = (
+            None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        )
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """N(0, 0.02) for matrices, output projections scaled by 1/sqrt(2 * layers); norms 1."""
+        resid_std = 0.02 / math.sqrt(2 * self.config.num_layers)
+        for name, p in self.named_parameters():
+            if p.device.type == "meta":
+                continue
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, resid_std if name.endswith("proj.weight") else 0.02)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The ``(V, C)`` matrix of the output head (the embedding when tied)."""
+        return self.wte.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        T = idx.shape[1]
+        if self.config.max_seq_len < T:
+            raise ConfigError(
+                f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}; "
+                "use a shorter --seq-len or a preset with a longer context"
+            )
+        idx, targets = self.io.tokens(idx, targets)
+        x = self.io.enter(self.wte(idx))  # (B, T, C)
+        cos, sin = rotary_tables(
+            T, self.config.head_size, theta=self.config.rope_theta, device=x.device, dtype=x.dtype
+        )
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.io(self.ln_f(x), self.output_weight, targets)
