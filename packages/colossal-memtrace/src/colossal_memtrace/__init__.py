@@ -9,6 +9,7 @@ from ._estimate import estimate_step, run_step, trace_step
 from ._hooks import HookTracer, TraceConfig
 from ._host import HostProbe
 from ._live import LiveTensorProbe, LiveTensorTracker, WindowPeak
+from ._report import plot_timeline, print_report, stats_table
 from ._sampler import SampledWindow, SamplingTracer
 from ._sources import ModelDataSource
 from ._stats import MemStats, Moment, StepSummary
@@ -31,6 +32,9 @@ __all__ = [
     "TraceConfig",
     "WindowPeak",
     "estimate_step",
+    "plot_timeline",
+    "print_report",
     "run_step",
+    "stats_table",
     "trace_step",
 ]

@@ -1,0 +1,119 @@
+"""memtrace: hook-tracer overhead on a training step, and static-estimate error per GPT preset.
+
+Overhead: the same GPT step (forward, backward, AdamW) timed plain and under the hook tracer with
+the live-tensor tracker, alternating side by side in one run; the ratio of the medians is reported.
+Estimate: the peak of a training step predicted on the meta device vs the exact live-tensor peak of
+the same step run on the CPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from _report import Report
+from colossal_memtrace import HookTracer, estimate_step, plot_timeline, run_step, trace_step
+from colossal_models import GPT, GPTConfig
+
+MIB = 1024 * 1024
+
+
+def _inputs(cfg: GPTConfig, batch: int, seq: int):
+    def make(device: torch.device):
+        g = torch.Generator().manual_seed(0)
+        idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+        return idx.to(device), idx.roll(-1, 1).to(device)
+
+    return make
+
+
+def _overhead(preset: str, batch: int, seq: int, reps: int) -> dict:
+    cfg = GPTConfig.preset(preset)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters())
+    inputs = _inputs(cfg, batch, seq)(torch.device("cpu"))
+    run_step(model, inputs, optimizer=opt)  # warm the allocator and the optimizer state
+    plain, traced = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run_step(model, inputs, optimizer=opt)
+        plain.append(time.perf_counter() - t0)
+        tracer = HookTracer(model, optimizer=opt)
+        t0 = time.perf_counter()
+        with tracer.step():
+            run_step(model, inputs, optimizer=opt)
+        traced.append(time.perf_counter() - t0)
+    p, t = statistics.median(plain), statistics.median(traced)
+    return {
+        "what": "overhead", "preset": preset, "batch": batch, "seq_len": seq,
+        "plain_ms": 1e3 * p, "traced_ms": 1e3 * t, "overhead_ratio": t / p,
+        "moments": tracer.stats.num_moments(),
+    }  # fmt: skip
+
+
+def _estimate(name: str, cfg: GPTConfig, batch: int, seq: int, out_dir: Path | None) -> dict:
+    make = _inputs(cfg, batch, seq)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters())
+    measured = trace_step(model, make(torch.device("cpu")), optimizer=opt)
+    est = estimate_step(lambda: GPT(cfg), make, build_optimizer=torch.optim.AdamW)
+    row = {
+        "what": "estimate", "preset": name, "batch": batch, "seq_len": seq,
+        "layers": cfg.num_layers, "hidden": cfg.hidden_size,
+        "measured_peak_MiB": measured.peak_bytes() / MIB, "estimated_peak_MiB": est.peak_bytes() / MIB,
+        "estimate_ratio": est.peak_bytes() / measured.peak_bytes(),
+        "nonmodel_ratio": est.peak_non_model() / max(1, measured.peak_non_model()),
+        "moments": measured.num_moments(),
+    }  # fmt: skip
+    if out_dir is not None:
+        plot_timeline(measured, out_dir / "memtrace_timeline.png")
+    return row
+
+
+def run(quick: bool, out_dir: Path) -> Report:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = Report(
+        name="memtrace",
+        title="memtrace: hook-tracer overhead and static-estimate error",
+        columns=["what", "preset", "layers", "hidden", "batch", "seq_len", "plain_ms", "traced_ms",
+                 "overhead_ratio", "measured_peak_MiB", "estimated_peak_MiB", "estimate_ratio",
+                 "nonmodel_ratio", "moments"],
+    )  # fmt: skip
+    cases = [("nano", 4, 64), ("micro", 4, 128), ("tiny", 4, 256)]
+    if not quick:
+        cases += [("mini", 4, 256), ("tiny-wide", 2, 256)]
+    for name, batch, seq in cases:
+        cfg = GPTConfig.preset(name.split("-")[0])
+        if name == "tiny-wide":
+            cfg = replace(cfg, num_layers=2, hidden_size=512, num_heads=8)
+        report.rows.append(_estimate(name, cfg, batch, seq, out_dir if name == "tiny" else None))
+    over = [("tiny", 8, 256, 5 if quick else 15)]
+    if not quick:
+        over.append(("micro", 8, 128, 15))
+    for preset, batch, seq, reps in over:
+        report.rows.append(_overhead(preset, batch, seq, reps))
+    est = [r["estimate_ratio"] for r in report.rows if r["what"] == "estimate"]
+    ovh = [r["overhead_ratio"] for r in report.rows if r["what"] == "overhead"]
+    report.summary = {
+        "overhead_ratio (tiny, traced/plain)": ovh[0],
+        "overhead aim <= 1.10 met": all(o <= 1.10 for o in ovh),
+        "worst |estimate/measured - 1|": max(abs(e - 1) for e in est),
+        "estimate within 10% on every preset": all(abs(e - 1) <= 0.10 for e in est),
+    }
+    report.notes = [
+        "Accelerator tier emulated: compute on the CPU, bytes counted exactly by the live-tensor "
+        "tracker (a torch dispatch mode with storage finalizers), so measured peaks are exact "
+        "tensor bytes, not RSS.",
+        "Each traced step installs the hooks and the dispatch mode afresh (what a warmup step "
+        "costs); steady-state steps after warmup run untraced and cost nothing extra.",
+        "Static estimate: the same step on the meta device through the same tracer; attention "
+        "calls the fused CPU kernel on meta so both hold the same tensors.",
+        "Peaks include the AdamW step (params + grads + states + update temporaries).",
+    ]
+    report.figures = ["memtrace_timeline.png"]
+    return report
