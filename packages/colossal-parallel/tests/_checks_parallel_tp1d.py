@@ -233,3 +233,47 @@ def bad_sizes() -> dict[str, str]:
     msgs["world"] = str(int(t.item()))
     mesh.close()
     return msgs
+
+
+def train_transformer(seq_parallel: bool, steps: int = 5) -> dict:
+    """Train the two-block GPT unsharded and 1D-parallel from the same weights and data."""
+    import _model_parallel_tp1d as gpt
+
+    p = torch.distributed.get_world_size()
+    mesh = ProcessMesh(MeshConfig(tp=p))
+    c = mesh.coord("tp")
+    torch.manual_seed(0)
+    ref = gpt.GPT()
+    par = gpt.GPT1D(ref, mesh, seq_parallel)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt_par = torch.optim.SGD(par.parameters(), lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(1)
+    losses_ref, losses_par, per_step_bytes = [], [], []
+    for _ in range(steps):
+        ids = torch.randint(0, gpt.V, (2, gpt.T), generator=gen)
+        target = torch.roll(ids, -1, dims=1)
+        for model, opt, losses in ((ref, opt_ref, losses_ref), (par, opt_par, losses_par)):
+            opt.zero_grad()
+            mesh.comm.counter.reset()
+            loss = model(ids, target)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        per_step_bytes.append(mesh.comm.counter.snapshot())
+    # every trained parameter against the matching slice of the reference
+    ref_p = dict(ref.named_parameters())
+    errs = {}
+    for name, prm in par.named_parameters():
+        want = ref_p["pos.weight"] if name == "pos" else ref_p[name]
+        if want.shape != prm.shape:  # sharded: find the split dim
+            dim = next(d for d in range(want.dim()) if want.shape[d] != prm.shape[d])
+            want = _shard(want, p, c, dim)
+        errs[name] = rel_err(prm.detach(), want.detach())
+    mesh.close()
+    return {
+        "losses_ref": losses_ref,
+        "losses_par": losses_par,
+        "param_errs": errs,
+        "num_ref_params": len(ref_p),
+        "bytes": per_step_bytes,
+    }
