@@ -57,7 +57,7 @@ class Classifier2D(_Mode2D, SummaLinear):
 
 
 class LayerNorm2D(_Mode2D, GridLayerNorm):
-    """LayerNorm over hidden blocks split along ``tp_col``; affine chunks gathered along ``tp_row``."""
+    """LayerNorm over hidden blocks split along ``tp_row``; affine chunks gathered along ``tp_col``."""
 
 
 class Embedding2D(_Mode2D, GridEmbedding):

@@ -1,18 +1,18 @@
 """SUMMA: ``Y = X W`` on a ``q x q`` grid of ranks, as one autograd function.
 
-[Note: SUMMA blocks] The rank at grid row ``i = coord("tp_row")``, column ``j = coord("tp_col")``
+[Note: SUMMA blocks] The rank at grid row ``i = coord("tp_col")``, column ``j = coord("tp_row")``
 holds ``X[i, j]`` (batch chunk ``i``, input-feature block ``j``), ``W[i, j]`` (input block ``i``,
 output block ``j``) and produces ``Y[i, j]`` (batch chunk ``i``, output block ``j``), so outputs
 have the layout of inputs and layers chain without reshuffling. The ranks of grid row ``i`` form
-the group along axis ``tp_col`` (their column coordinate varies); those of grid column ``j`` the
-group along ``tp_row``.
+the group along axis ``tp_row`` (their column coordinate ``j`` varies); those of grid column ``j``
+the group along ``tp_col`` (see docs/parallel/mesh.md).
 
-    forward    Y[i,j]  = sum_k X[i,k] W[k,j]       k-th step: X[i,k] broadcast along tp_col,
-                                                               W[k,j] broadcast along tp_row
-    backward   dX[i,k] = sum_j dY[i,j] W[k,j]^T    W[k,j] broadcast along tp_row, products
-                                                               reduced along tp_col to column k
-               dW[k,j] = sum_i X[i,k]^T dY[i,j]    X[i,k] broadcast along tp_col, products
-                                                               reduced along tp_row to row k
+    forward    Y[i,j]  = sum_k X[i,k] W[k,j]       k-th step: X[i,k] broadcast along tp_row,
+                                                               W[k,j] broadcast along tp_col
+    backward   dX[i,k] = sum_j dY[i,j] W[k,j]^T    W[k,j] broadcast along tp_col, products
+                                                               reduced along tp_row to column k
+               dW[k,j] = sum_i X[i,k]^T dY[i,j]    X[i,k] broadcast along tp_row, products
+                                                               reduced along tp_col to row k
 
 Only one ``q``-th of X or W is ever held beyond a rank's own blocks. 2.5D runs the same function
 on each depth layer.
@@ -28,8 +28,8 @@ from .._comm import CountedComm
 
 __all__ = ["COL_PEERS", "ROW_PEERS", "summa_matmul"]
 
-ROW_PEERS = "tp_col"  # the ranks of one grid row (column coordinate varies)
-COL_PEERS = "tp_row"  # the ranks of one grid column (row coordinate varies)
+ROW_PEERS = "tp_row"  # the ranks of one grid row (column coordinate j varies)
+COL_PEERS = "tp_col"  # the ranks of one grid column (row coordinate i varies)
 
 
 class _Summa(torch.autograd.Function):

@@ -60,7 +60,7 @@ class Classifier2p5D(_Mode2p5D, SummaLinear):
 
 
 class LayerNorm2p5D(_Mode2p5D, GridLayerNorm):
-    """LayerNorm over hidden blocks split along ``tp_col``."""
+    """LayerNorm over hidden blocks split along ``tp_row``."""
 
 
 class Embedding2p5D(_Mode2p5D, GridEmbedding):
