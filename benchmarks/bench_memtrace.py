@@ -14,9 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from _report import Report
+
 from colossal_memtrace import HookTracer, estimate_step, plot_timeline, run_step, trace_step
 from colossal_models import GPT, GPTConfig
+
+from _report import Report
 
 MIB = 1024 * 1024
 
@@ -92,9 +94,9 @@ def run(quick: bool, out_dir: Path) -> Report:
         if name == "tiny-wide":
             cfg = replace(cfg, num_layers=2, hidden_size=512, num_heads=8)
         report.rows.append(_estimate(name, cfg, batch, seq, out_dir if name == "tiny" else None))
-    over = [("tiny", 8, 256, 5 if quick else 15)]
+    over = [("tiny", 8, 256, 5 if quick else 9)]
     if not quick:
-        over.append(("micro", 8, 128, 15))
+        over.append(("micro", 8, 128, 9))
     for preset, batch, seq, reps in over:
         report.rows.append(_overhead(preset, batch, seq, reps))
     est = [r["estimate_ratio"] for r in report.rows if r["what"] == "estimate"]

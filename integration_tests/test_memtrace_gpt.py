@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+
 from colossal_contracts import MemStatsSource, TierName
 from colossal_memtrace import estimate_step, trace_step
 from colossal_models import GPT, GPTConfig
@@ -21,7 +22,9 @@ def test_static_estimate_within_ten_percent(preset, overrides, batch, seq):
     cfg = replace(GPTConfig.preset(preset), **overrides)
 
     def inputs(device):
-        idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+        idx = torch.randint(
+            0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)
+        )
         return idx.to(device), idx.roll(-1, 1).to(device)
 
     torch.manual_seed(0)
