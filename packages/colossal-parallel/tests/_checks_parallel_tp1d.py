@@ -219,6 +219,11 @@ def bad_sizes() -> dict[str, str]:
         "embedding": lambda: ParallelEmbedding(10, 4 * p + 1, mesh),
         "sequence": lambda: split_sequence(torch.zeros(2, 4 * p + 1, 3), mesh),
         "axis": lambda: ColumnParallelLinear(8, 8, mesh, axis="tp_row"),
+        "reduce_scatter": lambda: mesh.comm.reduce_scatter(torch.zeros(4 * p + 1), "tp"),
+        "all_to_all": lambda: mesh.comm.all_to_all(torch.zeros(3, 4 * p + 1), "tp", 1, 0),
+        "cross_entropy": lambda: vocab_parallel_cross_entropy(
+            torch.zeros(2, 3, V // p), torch.zeros(2, 4, dtype=torch.long), mesh
+        ),
     }
     before = mesh.comm.counter.calls()
     for name, make in cases.items():

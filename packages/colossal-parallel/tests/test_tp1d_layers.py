@@ -88,3 +88,5 @@ def test_bad_sizes_raise_before_communication(world):
         assert "embedding_dim" in msgs["embedding"]
         assert "sequence length" in msgs["sequence"]
         assert "unknown mesh axis" in msgs["axis"]
+        assert "divisible by 2" in msgs["reduce_scatter"] and "divisible by 2" in msgs["all_to_all"]
+        assert "disagree" in msgs["cross_entropy"]
