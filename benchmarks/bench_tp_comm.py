@@ -198,9 +198,11 @@ def run(quick: bool, out_dir: Path) -> Report:
             "Each mode runs a pair of hidden->hidden Linears with bias (1D: column then row); the "
             "table gives per-Linear figures (pair / 2). 1d rows are the baseline at the same "
             "number of devices.",
-            "2.5d uses q=2, d=2 and 3d q=2 on 8 devices; at q=2 the multi-dimensional modes move "
-            "about as much as 1D: their advantage grows with the device count (rows at 64 devices "
-            "are closed-form, not measured).",
+            "2.5d uses q=2, d=2 and 3d q=2 on 8 devices. Counted (logical) bytes of the "
+            "multi-dimensional modes exceed 1D's at q=2, but their collectives run in groups of q, "
+            "where a device sends (q-1)/q of the counted bytes, while 1D all-reduces over all p "
+            "devices (2(p-1)/p): per-device wire bytes are already below 1D and fall further "
+            "with p (rows at 64 devices are closed-form, not measured).",
             "Wire figures of the 64-device formula rows apply (g-1)/g to every collective of a "
             "mode (twice for 1D's all-reduces); the small depth and bias all-reduces of 2.5D/3D are "
             "not doubled there, so those two ratios are slightly optimistic.",
