@@ -1,4 +1,33 @@
-"""colossal-zero."""
+"""colossal-zero: Gemini (ZeRO-3 over chunks), hybrid CPU/accelerator Adam, mixed precision and
+sharded checkpoints.
+
+    model = apply_gemini(model, GeminiConfig(precision="bf16", accelerator_bytes=512 << 20))
+    optimizer = GeminiOptimizer(model, model.parameters(), lr=3e-4)
+    optimizer.backward(model(x, y)); optimizer.step(); optimizer.zero_grad()
+"""
+
+from ._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
+from ._config import PLACEMENTS, GeminiConfig
+from ._module import GeminiModule, apply_gemini
+from ._optimizer import GeminiOptimizer
+from ._precision import PRECISIONS, Precision
+from ._scaler import DynamicLossScaler, LossScalerConfig
+from ._setup import GeminiTrace
 
 __version__ = "0.1.0"
-__all__: list[str] = []
+__all__ = [
+    "PLACEMENTS",
+    "PRECISIONS",
+    "AdamHyper",
+    "DynamicLossScaler",
+    "GeminiConfig",
+    "GeminiModule",
+    "GeminiOptimizer",
+    "GeminiTrace",
+    "HybridAdam",
+    "LossScalerConfig",
+    "Precision",
+    "adamw_update",
+    "apply_gemini",
+    "global_grad_norm",
+]

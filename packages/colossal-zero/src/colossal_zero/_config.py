@@ -1,0 +1,65 @@
+"""The settings of Gemini, in one frozen dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from colossal_contracts import ConfigError
+
+from ._precision import Precision
+from ._scaler import LossScalerConfig
+
+__all__ = ["PLACEMENTS", "GeminiConfig"]
+
+PLACEMENTS = ("auto", "static")
+
+
+@dataclass(frozen=True)
+class GeminiConfig:
+    """How Gemini places, shards and computes a model.
+
+    Attributes:
+        precision: "fp32" (exact), "bf16" or "fp16" (low-precision params, fp32 masters).
+        placement: "auto" (trace the first step, then Belady eviction and prefetch) or "static"
+            (a fixed share of parameter chunks lives on the accelerator, the rest streams in).
+        accelerator_bytes: byte budget of chunk payloads on the compute tier (None: the whole
+            device; no limit on an emulated accelerator). It must hold the largest chunk.
+        host_bytes: byte budget of chunk payloads in host memory (None: no limit).
+        disk_bytes: byte budget on disk (0: no disk tier; None: no limit).
+        chunk_numel: elements per chunk; None searches for the size with least padding.
+        device: "auto", "cuda" or "cpu" (an emulated accelerator), as ``ChunkConfig.device``.
+        non_model_bytes: bytes of the compute tier to keep free for activations when the auto
+            policy plans (a traced non-model peak); 0 when unknown.
+        prefetch: moments ahead whose chunks are copied early once the compute order is known.
+        loss_scaler: dynamic loss scaling settings (used with fp16 only).
+    """
+
+    precision: str = "fp32"
+    placement: str = "auto"
+    accelerator_bytes: int | None = None
+    host_bytes: int | None = None
+    disk_bytes: int | None = 0
+    chunk_numel: int | None = None
+    device: str = "auto"
+    non_model_bytes: int = 0
+    prefetch: int = 0
+    loss_scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
+
+    def __post_init__(self) -> None:
+        Precision.parse(self.precision)
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(
+                f"unknown placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}"
+            )
+        for name in ("accelerator_bytes", "host_bytes", "disk_bytes", "chunk_numel"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name} must be >= 0 or None, got {value}")
+        if self.chunk_numel == 0:
+            raise ConfigError("chunk_numel must be positive (or None to search for one)")
+        if self.non_model_bytes < 0 or self.prefetch < 0:
+            raise ConfigError("non_model_bytes and prefetch must be >= 0")
+
+    @property
+    def precision_spec(self) -> Precision:
+        return Precision.parse(self.precision)

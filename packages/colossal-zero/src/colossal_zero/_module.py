@@ -1,0 +1,99 @@
+"""``apply_gemini``: the one verb that puts a module's parameters into Gemini chunks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from colossal_chunk import ManagerStats
+
+from ._config import GeminiConfig
+from ._runtime import GeminiRuntime
+
+__all__ = ["GeminiModule", "apply_gemini", "default_group"]
+
+
+def default_group() -> dist.ProcessGroup | None:
+    """The world group when torch.distributed is initialised with more than one rank, else None."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.group.WORLD
+    return None
+
+
+class GeminiModule(nn.Module):
+    """A module whose parameters live in Gemini chunks; call it like the module it wraps.
+
+    ``module`` is the user's module (its parameters' ``.data`` are views into chunks: see
+    [Note: parameter views] in colossal-chunk). Use ``full_state_dict`` for real values.
+    """
+
+    def __init__(self, module: nn.Module, runtime: GeminiRuntime):
+        super().__init__()
+        self.module = module
+        self.runtime = runtime
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        dev = self.runtime.manager.compute_device
+        if dev.type != "cpu":
+            args, kwargs = tree_map(lambda t: _to(t, dev), (args, kwargs))
+        self.runtime.begin_forward()
+        with self.runtime.mode:
+            return self.module(*args, **kwargs)
+
+    def memory_stats(self) -> ManagerStats:
+        """Per-tier bytes and bytes moved by the chunk manager."""
+        return self.runtime.manager.stats()
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter (fp32: the masters when they exist) and buffer of the module, full and
+        on the CPU, under the module's own names (tied names included). Collective."""
+        rt = self.runtime
+        values: dict[str, torch.Tensor] = {}
+        for c in rt.manager.param_chunks():
+            src = rt.manager.parallel_chunk("master", c) if rt.precision.master else c
+            full = gather_shard(src.shard, rt.group)  # type: ignore[arg-type]
+            for name, rec in c.records.items():
+                values[name] = full[rec.offset : rec.end].view(rec.shape).float().clone()
+        out = {n: values[canon] for n, canon in rt.aliases.items()}
+        for n, b in self.module.named_buffers():
+            out[n] = b.detach().cpu().clone()
+        return out
+
+
+def gather_shard(shard: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """The full 1-D chunk from every rank's shard (a CPU copy)."""
+    world = dist.get_world_size(group) if group is not None else 1
+    local = shard.detach().cpu()
+    if world == 1:
+        return local
+    full = torch.empty(local.numel() * world, dtype=local.dtype)
+    dist.all_gather_into_tensor(full, local.contiguous(), group=group)
+    return full
+
+
+def _to(t: Any, dev: torch.device) -> Any:
+    return t.to(dev, non_blocking=True) if isinstance(t, torch.Tensor) else t
+
+
+def apply_gemini(
+    module: nn.Module,
+    config: GeminiConfig | None = None,
+    *,
+    group: dist.ProcessGroup | str | None = "default",
+) -> GeminiModule:
+    """Put ``module``'s parameters into Gemini chunks and return it wrapped.
+
+    ``group`` is the data-parallel group chunks are sharded across ("default": the world when
+    more than one rank is running; None: no sharding). Parameters are cast to the precision's
+    dtype (fp32 masters keep their original values). Raises ``ConfigError`` before any training
+    when the budget cannot hold one chunk in use, or the placement or precision is unknown.
+    """
+    config = config or GeminiConfig()
+    pg = default_group() if group == "default" else group
+    runtime = GeminiRuntime(module, config, pg)  # type: ignore[arg-type]
+    return GeminiModule(module, runtime)

@@ -1,0 +1,337 @@
+"""Gemini's runtime: brings chunks to the compute tier around every operator that reads a
+parameter, collects gradients into chunk memory and reduce-scatters them.
+
+[Note: operator hooks] While the wrapped module runs forward, a ``TorchFunctionMode`` sees every
+torch call. A call that reads registered parameters is one *moment*: the parameters are accessed
+(COMPUTE, on the compute tier, gathered) before it and released to HOLD after it, and its tensor
+outputs pass through ``_PreBackward``, whose backward accesses the same parameters again before
+the operator's backward runs. Catching operators rather than modules also covers parameters used
+outside their module (a tied output head).
+
+[Note: gradients in chunks] A parameter's post-accumulate-grad hook copies its gradient into chunk
+memory and drops ``.grad``: with fp32 masters into the parameter's own slot (its value is no
+longer needed in this backward; the master restores it), else into a parallel fp32 "grad" chunk.
+When every tensor of that chunk is READY_FOR_REDUCE the chunk is reduce-scattered (averaged over
+data-parallel ranks) into this rank's shard. At the end of backward, tensors that got no gradient
+(unused or frozen parameters) count as zeros so that every touched chunk is reduced, in chunk id
+order on every rank. After the first backward, a chunk whose only missing tensors are trainable
+parameters that no operator read (then or now) is reduced as soon as the others arrive, so an
+unused parameter does not pin its chunk. Every rank must use the same parameters in a step.
+
+[Note: accumulation] Reduced gradients wait in the working buffer until the optimizer step. If
+the chunk is needed again first (the next micro-batch), they are added into a lazily created
+fp32 "acc" chunk and, with masters, the parameters are restored from the masters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from colossal_chunk import Chunk, ChunkManager
+from colossal_contracts import ConfigError, TensorState
+
+from ._config import GeminiConfig
+from ._setup import GeminiTrace, build_manager
+
+__all__ = ["GeminiRuntime"]
+
+_S = TensorState
+
+
+class _PreBackward(torch.autograd.Function):
+    """Identity in forward; in backward, accesses the operator's parameters first."""
+
+    @staticmethod
+    def forward(ctx: Any, rt: GeminiRuntime, names: tuple[str, ...], *outs: torch.Tensor) -> Any:
+        ctx.rt, ctx.names = rt, names
+        return outs if len(outs) > 1 else outs[0]
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        ctx.rt.pre_backward(ctx.names)
+        return (None, None, *grads)
+
+
+class _AccessMode(TorchFunctionMode):
+    """See [Note: operator hooks]."""
+
+    def __init__(self, rt: GeminiRuntime):
+        super().__init__()
+        self.rt = rt
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        names = self.rt.params_in(args, kwargs)
+        if not names:
+            return func(*args, **kwargs)
+        self.rt.pre_op(names)
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.rt.post_op(names)
+        return _wrap_outputs(self.rt, names, out)
+
+
+def _wrap_outputs(rt: GeminiRuntime, names: tuple[str, ...], out: Any) -> Any:
+    if not torch.is_grad_enabled():
+        return out
+    if isinstance(out, torch.Tensor):
+        return _PreBackward.apply(rt, names, out) if out.requires_grad else out
+    if isinstance(out, tuple) and out and all(isinstance(t, torch.Tensor) for t in out):
+        idx = [i for i, t in enumerate(out) if t.requires_grad]
+        if not idx:
+            return out
+        wrapped = _PreBackward.apply(rt, names, *(out[i] for i in idx))
+        wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
+        res = list(out)
+        for i, t in zip(idx, wrapped, strict=True):
+            res[i] = t
+        return type(out)(res) if type(out) is tuple else out
+    return out
+
+
+class GeminiRuntime:
+    """The state behind one Gemini-managed module; see the notes of this module."""
+
+    manager: ChunkManager
+    names: dict[int, str]  # id(param) -> registered name
+    params: dict[str, nn.Parameter]  # registered name -> parameter
+    aliases: dict[str, str]  # every name in module.named_parameters(remove_duplicate=False)
+
+    def __init__(self, module: nn.Module, config: GeminiConfig, group: dist.ProcessGroup | None):
+        self.config, self.precision, self.group = config, config.precision_spec, group
+        named = list(module.named_parameters())
+        ids = {id(p): n for n, p in named}
+        self.aliases = {n: ids[id(p)] for n, p in module.named_parameters(remove_duplicate=False)}
+        self.params = dict(named)
+        self.names = {id(p): n for n, p in named}
+        originals = {n: p.data for n, p in named}
+        dtype = self.precision.param_dtype
+        for n, p in named:
+            if not p.is_floating_point():
+                raise ConfigError(
+                    f"parameter {n!r} is {p.dtype}; Gemini manages floating-point parameters "
+                    "only: make it a buffer instead"
+                )
+            p.data = p.data.to(dtype)
+        self.manager = build_manager(named, config, group)
+        self.manager.register(named)
+        if self.precision.master:
+            self.manager.add_parallel("master", torch.float32)
+            for c in self.manager.param_chunks():
+                master = self.manager.parallel_chunk("master", c)
+                for name in c.records:
+                    part = master.shard_view(name)
+                    if part is not None:
+                        view, a, b = part
+                        view.copy_(originals[name].reshape(-1)[a:b])
+        else:
+            self.manager.add_parallel("grad", torch.float32)
+        del originals
+        dev = self.manager.compute_device
+        for buf_owner in module.modules():
+            for bname, buf in buf_owner.named_buffers(recurse=False):
+                setattr(buf_owner, bname, buf.to(dev))
+        for n, p in named:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._grad_hook(n))
+        self.mode = _AccessMode(self)
+        self._moment = 0
+        self._order: list[tuple[str, ...]] = []
+        self._recording = True
+        self._in_backward = False
+        self._grad_done: set[str] = set()  # names whose gradient this backward collected
+        self._open: set[int] = set()  # param chunk ids whose fp32 grad chunk is accessed
+        self.got_grad: set[str] = set()  # names with a gradient since the last step/zero_grad
+        self.pending: set[int] = set()  # param chunk ids whose working buffer holds grads
+        self.accumulated: set[int] = set()  # param chunk ids whose "acc" chunk holds grads
+        self._used: set[str] = set()  # names an operator read since the forward began
+        self._unused: dict[int, set[str]] = {}  # chunk id -> trainable names warmup never read
+
+    # ----- forward ------------------------------------------------------------------------------
+    def params_in(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, ...]:
+        found: dict[str, None] = {}
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, nn.Parameter):
+                n = self.names.get(id(a))
+                if n is not None:
+                    found[n] = None
+            elif isinstance(a, list | tuple):
+                for b in a:
+                    if isinstance(b, nn.Parameter) and id(b) in self.names:
+                        found[self.names[id(b)]] = None
+        return tuple(found)
+
+    def begin_forward(self) -> None:
+        self._moment = 0
+        self._used.clear()
+
+    def pre_op(self, names: tuple[str, ...]) -> None:
+        self._used.update(names)
+        self._advance(names)
+        for cid in {self.manager.chunk_of(n).chunk_id for n in names}:
+            self.stash(cid)
+        self.manager.access(names)
+
+    def post_op(self, names: tuple[str, ...]) -> None:
+        busy = [n for n in names if self.manager.chunk_of(n).state(n) is _S.COMPUTE]
+        if busy:
+            self.manager.release(busy, state=_S.HOLD)
+
+    def _advance(self, names: tuple[str, ...]) -> None:
+        self._moment += 1
+        if self._recording:
+            self._order.append(names)
+        warm = not self._recording
+        self.manager.set_moment(self._moment, prefetch=self.config.prefetch if warm else 0)
+
+    # ----- backward -----------------------------------------------------------------------------
+    def _start_backward(self) -> None:
+        if not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def pre_backward(self, names: tuple[str, ...]) -> None:
+        self._start_backward()
+        self._advance(names)
+        todo = [n for n in names if n not in self._grad_done]
+        for cid in {self.manager.chunk_of(n).chunk_id for n in todo}:
+            if cid not in self._open:
+                self.stash(cid)
+        if todo:
+            self.manager.access(todo)
+
+    def _grad_hook(self, name: str):  # type: ignore[no-untyped-def]
+        def hook(p: nn.Parameter) -> None:
+            self._start_backward()
+            grad, p.grad = p.grad, None
+            if grad is not None:
+                self._collect(name, grad)
+
+        return hook
+
+    def _collect(self, name: str, grad: torch.Tensor) -> None:
+        c = self.manager.chunk_of(name)
+        if c.state(name) is not _S.COMPUTE:
+            self.stash(c.chunk_id)
+            self.manager.access([name])
+        if self.precision.master:
+            self.params[name].data.copy_(grad)
+            self.manager.release([name], state=_S.READY_FOR_REDUCE, reshard=False)
+            target = c
+        else:
+            target = self._grad_chunk(c)
+            target.view(name).copy_(grad)
+            target.set_state(name, _S.READY_FOR_REDUCE)
+            self.manager.release([name], state=_S.HOLD)
+        self._grad_done.add(name)
+        self.got_grad.add(name)
+        if target.count(_S.READY_FOR_REDUCE) == len(target.records):
+            self._reduce(c, target)
+            return
+        unused = self._unused.get(c.chunk_id)
+        if unused and not unused & self._used:
+            rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
+            if set(rest) <= unused:  # only parameters no operator reads are left: zeros
+                self._fill_and_reduce(c, rest)
+
+    def _fill_and_reduce(self, c: Chunk, rest: list[str]) -> None:
+        """Count ``rest`` (tensors of chunk ``c`` with no gradient) as zeros, then reduce."""
+        if self.precision.master:
+            self.manager.access(rest)
+            for n in rest:
+                c.view(n).zero_()
+            self.manager.release(rest, state=_S.READY_FOR_REDUCE, reshard=False)
+            self._reduce(c, c)
+        else:
+            g = self.manager.parallel_chunk("grad", c)
+            for n in rest:
+                g.set_state(n, _S.READY_FOR_REDUCE)  # still the zeros it was materialised with
+            self._reduce(c, g)
+
+    def _grad_chunk(self, c: Chunk) -> Chunk:
+        g = self.manager.parallel_chunk("grad", c)
+        if c.chunk_id not in self._open:
+            self.stash(c.chunk_id)
+            self.manager.access_chunks([g], zero=True)
+            self._open.add(c.chunk_id)
+        return g
+
+    def _reduce(self, c: Chunk, target: Chunk) -> None:
+        self.manager.reduce(target)
+        self._open.discard(c.chunk_id)
+        self.pending.add(c.chunk_id)
+
+    def _finish_backward(self) -> None:
+        """End of backward: release what is still in COMPUTE, reduce partly filled chunks."""
+        m = self.manager
+        for c in m.param_chunks():
+            busy = [n for n, r in c.records.items() if r.state is _S.COMPUTE]
+            if busy:
+                m.release(busy, state=_S.HOLD)
+        for c in m.param_chunks():
+            if self.precision.master:
+                if c.count(_S.READY_FOR_REDUCE) == 0:
+                    continue
+                target = c
+            elif c.chunk_id in self._open:
+                target = m.parallel_chunk("grad", c)
+            else:
+                continue
+            rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
+            self._fill_and_reduce(c, rest)
+        self._in_backward = False
+        self._grad_done.clear()
+        if self._recording:
+            self._recording = False
+            for c in m.param_chunks():  # trainable parameters no operator of the step read
+                unused = {n for n in c.records if n not in self.got_grad}
+                if all(self.params[n].requires_grad for n in unused) and unused:
+                    self._unused[c.chunk_id] = unused
+            update = getattr(m.policy, "update", None)
+            if update is not None and self._order:
+                update(GeminiTrace(self._order, self.config.non_model_bytes))
+
+    # ----- gradients between backward and step --------------------------------------------------
+    def working(self, c: Chunk) -> Chunk:
+        """The chunk whose shard holds ``c``'s reduced gradients (itself with masters)."""
+        return c if self.precision.master else self.manager.parallel_chunk("grad", c)
+
+    def stash(self, cid: int) -> None:
+        """See [Note: accumulation]: move pending gradients of chunk ``cid`` into its fp32 "acc"
+        chunk so that the working buffer can be reused."""
+        if cid not in self.pending:
+            return
+        m = self.manager
+        if not any(ch.kind == "acc" for ch in m.chunks.values()):
+            m.add_parallel("acc", torch.float32)
+        c = m.chunks[cid]
+        acc = m.parallel_chunk("acc", c)
+        src = self.working(c).shard
+        acc.shard.add_(src.to(acc.shard.device, torch.float32))  # type: ignore[union-attr]
+        self.pending.discard(cid)
+        self.accumulated.add(cid)
+        if self.precision.master:
+            self.restore_params(c)
+
+    def restore_params(self, c: Chunk) -> None:
+        """Copy the fp32 masters into the low-precision parameter shard of chunk ``c``."""
+        master = self.manager.parallel_chunk("master", c).shard
+        c.shard.copy_(master)  # type: ignore[union-attr]
+
+    def clear_grads(self) -> None:
+        """Forget every gradient (after a step, or ``zero_grad``)."""
+        for cid in sorted(self.pending):
+            if self.precision.master:
+                self.restore_params(self.manager.chunks[cid])
+        for cid in self.accumulated:
+            self.manager.parallel_chunk("acc", cid).shard.zero_()  # type: ignore[union-attr]
+        self.pending.clear()
+        self.accumulated.clear()
+        self.got_grad.clear()

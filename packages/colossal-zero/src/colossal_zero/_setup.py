@@ -1,0 +1,134 @@
+"""Building a Gemini chunk manager for a module: chunk size, budget checks, placement policy.
+
+Everything here runs before the first step, so a budget that cannot work, an unknown placement
+or precision is a ``ConfigError`` before any training starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from colossal_chunk import (
+    AutoPolicy,
+    ChunkConfig,
+    ChunkManager,
+    StaticPolicy,
+    search_chunk_size,
+)
+from colossal_contracts import ConfigError, PlacementPolicy, TierName
+
+from ._config import GeminiConfig
+from ._precision import Precision
+
+__all__ = ["GeminiTrace", "build_manager", "working_set_bytes"]
+
+_MAX_DEFAULT_CHUNK = 1 << 25  # elements per chunk when no budget bounds it (64 MiB in bf16)
+
+
+class GeminiTrace:
+    """What the warmup iteration learned, as a ``colossal_contracts.MemStatsSource``.
+
+    Moment ``i`` is the ``i``-th parameter access of an iteration (an operator in forward, or the
+    backward of one); ``non_model_bytes`` is reserved for activations at every moment.
+    """
+
+    def __init__(self, order: Sequence[tuple[str, ...]], non_model_bytes: int):
+        self._order = [tuple(m) for m in order]
+        self._non_model = non_model_bytes
+
+    def num_moments(self) -> int:
+        return len(self._order)
+
+    def non_model_peak(self, moment: int, tier: TierName | str) -> int:
+        return self._non_model if TierName(tier) is TierName.ACCELERATOR else 0
+
+    def compute_order(self) -> Sequence[tuple[str, ...]]:
+        return self._order
+
+
+def working_set_bytes(chunk_numel: int, precision: Precision, world_size: int) -> int:
+    """Compute-tier bytes one chunk needs while in use: its shard and gathered buffer, and the
+    same for its gradient chunk when gradients cannot reuse the parameter storage (fp32)."""
+    elem = torch.empty((), dtype=precision.param_dtype).element_size()
+    one = chunk_numel * elem + (chunk_numel // world_size * elem if world_size > 1 else 0)
+    return one * (1 if precision.master else 2)
+
+
+def _chunk_numel(
+    numels: Sequence[int], config: GeminiConfig, precision: Precision, world_size: int
+) -> int:
+    elem = torch.empty((), dtype=precision.param_dtype).element_size()
+    largest = max(numels)
+    unit = 1024 * world_size
+    if config.chunk_numel is not None:
+        n = -(-config.chunk_numel // world_size) * world_size
+        if n < largest:
+            raise ConfigError(
+                f"chunk_numel={config.chunk_numel:,} is smaller than the largest parameter "
+                f"({largest:,} elements); raise chunk_numel or leave it None to search"
+            )
+        return n
+    cap = sum(numels) if config.accelerator_bytes is None else config.accelerator_bytes
+    # several chunks should fit in the budget at once: a quarter of it per working set
+    per_set = working_set_bytes(1, precision, 1)
+    limit = max(min(cap // (4 * per_set), _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
+    result = search_chunk_size(
+        numels, max_numel=max(limit, unit), element_size=elem, world_size=world_size
+    )
+    return result.chunk_numel
+
+
+def _policy(config: GeminiConfig, total_param_bytes: int, working: int) -> PlacementPolicy:
+    cap = config.accelerator_bytes
+    if config.placement == "auto":
+        share = 0.8
+        if cap is not None and cap > 0:
+            share = min(1.0, max(0.05, 1.0 - config.non_model_bytes / cap))
+        return AutoPolicy(warmup_share=share)
+    if cap is None or total_param_bytes == 0:
+        return StaticPolicy(0.0, 1.0)
+    room = max(0, cap - config.non_model_bytes - 2 * working)
+    frac = min(1.0, max(0.0, 1.0 - room / total_param_bytes))
+    return StaticPolicy(offload_param_frac=frac, offload_optim_frac=1.0)
+
+
+def build_manager(
+    named: Sequence[tuple[str, torch.nn.Parameter]],
+    config: GeminiConfig,
+    group: dist.ProcessGroup | None,
+) -> ChunkManager:
+    """A chunk manager sized for ``named`` (parameters already in the compute dtype), with the
+    budget checked against the working set of one chunk. Registers nothing yet."""
+    precision = config.precision_spec
+    world_size = dist.get_world_size(group) if group is not None else 1
+    numels = [p.numel() for _, p in named]
+    if not numels:
+        raise ConfigError("the model has no parameters; Gemini has nothing to manage")
+    chunk_numel = _chunk_numel(numels, config, precision, world_size)
+    working = working_set_bytes(chunk_numel, precision, world_size)
+    cap = config.accelerator_bytes
+    usable = None if cap is None else cap - config.non_model_bytes
+    if usable is not None and usable < working:
+        raise ConfigError(
+            f"accelerator budget of {cap:,} bytes (minus {config.non_model_bytes:,} reserved for "
+            f"activations) cannot hold one chunk in use: a chunk of {chunk_numel:,} "
+            f"{precision.name} elements needs {working:,} bytes"
+            f"{' with its fp32 gradient chunk' if not precision.master else ''}. Raise the "
+            "accelerator budget, or lower chunk_numel (not below the largest parameter)"
+        )
+    elem = torch.empty((), dtype=precision.param_dtype).element_size()
+    num_chunks = -(-sum(numels) // chunk_numel)
+    param_bytes = num_chunks * chunk_numel * elem * (1 if precision.master else 2) // world_size
+    chunk_cfg = ChunkConfig(
+        chunk_numel=chunk_numel,
+        accelerator_bytes=cap,
+        host_bytes=config.host_bytes,
+        disk_bytes=config.disk_bytes,
+        device=config.device,
+        home=TierName.HOST.value,
+    )
+    policy = _policy(config, param_bytes, working)
+    return ChunkManager(chunk_cfg, policy=policy, group=group)

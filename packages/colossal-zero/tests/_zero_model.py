@@ -1,0 +1,90 @@
+"""A small GPT-like transformer for colossal-zero's tests (tied head, pre-LayerNorm blocks)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, DIM, LAYERS, SEQ = 64, 32, 3, 16
+
+
+class Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d)  # k-bias: zero grad
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, 2, c // 2).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, layers: int = LAYERS, dim: int = DIM, unused: bool = False):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, dim), nn.Embedding(SEQ, dim)
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.spare = nn.Linear(dim, dim) if unused else None  # never used in forward
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1])
+        x = self.wte(idx) + self.wpe(pos)
+        for blk in self.blocks:
+            x = blk(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # tied head
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def build(seed: int = 0, **kw: object) -> TinyGPT:
+    torch.manual_seed(seed)
+    return TinyGPT(**kw)  # type: ignore[arg-type]
+
+
+def batches(steps: int, batch: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randint(0, VOCAB, (batch, SEQ), generator=g),
+         torch.randint(0, VOCAB, (batch, SEQ), generator=g))
+        for _ in range(steps)
+    ]  # fmt: skip
+
+
+def param_groups(model: nn.Module, wd: float = 0.1) -> list[dict]:
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": wd}, {"params": other, "weight_decay": 0.0}]
+
+
+def reference(
+    steps: int,
+    batch: int,
+    *,
+    accum: int = 1,
+    clip: float = 0.0,
+    autocast: bool = False,
+    lr: float = 1e-2,
+    **kw: object,
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Plain PyTorch AdamW on one process: losses per step and final weights."""
+    model = build(**kw)
+    opt = torch.optim.AdamW(param_groups(model), lr=lr)
+    losses = []
+    for x, y in batches(steps * accum, batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(x, y) / accum
+        loss.backward()
+        losses.append(loss.item() * accum)
+        if len(losses) % accum == 0:
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            opt.zero_grad()
+    return losses, copy.deepcopy(model.state_dict())

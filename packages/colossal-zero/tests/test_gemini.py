@@ -1,0 +1,126 @@
+"""Gemini against plain PyTorch AdamW on one process: same losses and weights (fp32), within
+autocast's tolerance (bf16), under budgets that force chunk moves every step."""
+
+from __future__ import annotations
+
+import _checks_zero as checks
+import pytest
+import torch
+from _zero_model import reference
+
+from colossal_contracts import ConfigError
+from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
+
+STEPS, BATCH = 20, 8
+TIGHT = GeminiConfig(precision="fp32", accelerator_bytes=160_000, chunk_numel=8192)
+
+
+def rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).norm() / b[k].float().norm()) for k in b)
+
+
+def assert_losses_close(got: list[float], want: list[float], rel: float) -> None:
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert abs(g - w) <= rel * abs(w), f"step {i}: {g} vs {w}"
+
+
+@pytest.mark.parametrize("placement", ["auto", "static"])
+def test_fp32_matches_adamw_with_evictions_every_step(placement):
+    cfg = GeminiConfig(
+        precision="fp32", placement=placement, accelerator_bytes=160_000, chunk_numel=8192
+    )
+    losses, weights, moved = checks.run_gemini(cfg, STEPS, BATCH)
+    ref_losses, ref_weights = reference(STEPS, BATCH)
+    assert_losses_close(losses, ref_losses, 1e-5)
+    assert rel_err(weights, ref_weights) <= 1e-5
+    assert all(m > 0 for m in moved), moved  # the budget forced chunk moves in every step
+
+
+def test_bf16_within_autocast_tolerance():
+    cfg = GeminiConfig(precision="bf16", accelerator_bytes=60_000, chunk_numel=8192)
+    losses, weights, moved = checks.run_gemini(cfg, STEPS, BATCH)
+    ref_losses, ref_weights = reference(STEPS, BATCH, autocast=True)
+    assert_losses_close(losses, ref_losses, 3e-2)
+    assert rel_err(weights, ref_weights) <= 5e-2
+    assert losses[-1] < losses[0]
+    assert all(m > 0 for m in moved), moved
+
+
+def test_gradient_accumulation_and_clipping_match():
+    losses, weights, _ = checks.run_gemini(TIGHT, 8, BATCH, accum=3, clip=0.5)
+    ref_losses, ref_weights = reference(8, BATCH, accum=3, clip=0.5)
+    assert_losses_close(losses, ref_losses, 1e-5)
+    assert rel_err(weights, ref_weights) <= 1e-5
+
+
+def test_bf16_gradient_accumulation_reuses_storage_and_restores_params():
+    cfg = GeminiConfig(precision="bf16", chunk_numel=8192)
+    losses, weights, _ = checks.run_gemini(cfg, 6, BATCH, accum=2)
+    ref_losses, ref_weights = reference(6, BATCH, accum=2, autocast=True)
+    assert_losses_close(losses, ref_losses, 3e-2)
+    assert rel_err(weights, ref_weights) <= 5e-2
+
+
+def test_unused_parameter_is_left_alone_like_torch():
+    # the first backward cannot know the parameter is unused: its chunk waits until the end
+    cfg = GeminiConfig(precision="fp32", accelerator_bytes=200_000, chunk_numel=8192)
+    losses, weights, _ = checks.run_gemini(cfg, 5, BATCH, unused=True)
+    ref_losses, ref_weights = reference(5, BATCH, unused=True)
+    assert_losses_close(losses, ref_losses, 1e-5)
+    assert rel_err(weights, ref_weights) <= 1e-5
+    assert torch.equal(weights["spare.weight"], ref_weights["spare.weight"])
+
+
+def test_frozen_parameters_keep_their_values():
+    model = apply_gemini(checks.build(), TIGHT)
+    inner = model.module
+    frozen = {n: p.detach().clone() for n, p in inner.named_parameters() if n.startswith("wpe")}
+    for p in inner.wpe.parameters():
+        p.requires_grad_(False)
+    opt = GeminiOptimizer(model, [p for p in inner.parameters() if p.requires_grad], lr=1e-2)
+    losses = checks.train(model, opt, 5, BATCH)
+    sd = model.full_state_dict()
+    for n, v in frozen.items():
+        assert torch.equal(sd[n], v)
+    assert losses[-1] < losses[0]
+
+
+def test_fp16_loss_scaling_skips_overflow_and_backs_off():
+    model, opt = checks.make(GeminiConfig(precision="fp16", chunk_numel=8192))
+    x, y = checks.batches(1, BATCH)[0]
+    before = model.full_state_dict()
+    scale = opt.loss_scale
+    loss = model(x, y)
+    opt.backward(loss * float("inf"))
+    opt.step()
+    opt.zero_grad()
+    assert opt.skipped_last and opt.loss_scale == scale / 2
+    after = model.full_state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    losses = checks.train(model, opt, 10, BATCH)
+    assert not opt.skipped_last and losses[-1] < losses[0]
+
+
+def test_budget_smaller_than_a_chunk_is_a_clear_error_before_training():
+    with pytest.raises(ConfigError, match="cannot hold one chunk"):
+        apply_gemini(checks.build(), GeminiConfig(accelerator_bytes=10_000, chunk_numel=8192))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [("placement", "dynamic", "unknown placement"), ("precision", "fp8", "unknown precision")],
+)
+def test_unknown_placement_or_precision_is_a_config_error(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        GeminiConfig(**{field: value})
+
+
+def test_stats_report_tiers_and_moves():
+    model, opt = checks.make(TIGHT)
+    checks.train(model, opt, 2, BATCH)
+    stats = model.memory_stats()
+    acc = stats.tiers["accelerator"]
+    assert acc.emulated and 0 < acc.peak_bytes <= 160_000
+    assert stats.moved("host", "accelerator").num_bytes > 0
