@@ -9,6 +9,7 @@ nox -s demo                                 # the main job: `colossal train` on 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import nox
@@ -95,6 +96,7 @@ def lint(session: nox.Session) -> None:
 def build(session: nox.Session) -> None:
     """Build every wheel, then install each alone (with only the wheels it declares) and import it."""
     dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)  # no stale wheel of the same version
     session.install("hatch>=1.12")
     for package in PACKAGES:
         with session.chdir(ROOT / "packages" / package):
