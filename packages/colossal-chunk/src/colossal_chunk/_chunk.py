@@ -24,6 +24,9 @@ from colossal_contracts import ConfigError, StateTransitionError, TensorState, c
 
 __all__ = ["Chunk", "TensorRecord"]
 
+# torch 2.13 renamed reduce_scatter_tensor (deprecated) to reduce_scatter_single.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 @dataclass
 class TensorRecord:
@@ -247,7 +250,7 @@ class Chunk:
         if self.shard is None or self.full is None:
             raise RuntimeError(f"chunk {self.chunk_id} has no gathered buffer to reduce")
         out = torch.empty_like(self.shard, device=self.full.device)
-        dist.reduce_scatter_tensor(out, self.full, group=self.group)
+        _reduce_scatter(out, self.full, group=self.group)
         if average:
             out.div_(self.world_size)
         self.shard.copy_(out)

@@ -1,0 +1,90 @@
+"""Functions run on every rank of a gloo world by test_distributed.py."""
+
+import torch
+import torch.distributed as dist
+
+from colossal_chunk import ChunkConfig, ChunkManager
+from colossal_contracts import TensorState, TierName
+
+SHAPES = [(7, 5), (13,), (3, 3, 3), (40,), (6,), (11, 2)]
+
+
+def _params(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (f"p{i}", torch.nn.Parameter(torch.randn(s, generator=g))) for i, s in enumerate(SHAPES)
+    ]
+
+
+def gathered_chunks_equal_unsharded(seed, chunk_numel):
+    params = _params(seed)  # the same on every rank
+    ref = {n: p.detach().clone() for n, p in params}
+    ws, rank = dist.get_world_size(), dist.get_rank()
+    one_chunk = -(-chunk_numel // ws) * ws * 4
+    cfg = ChunkConfig(chunk_numel, accelerator_bytes=3 * one_chunk, device="cpu")
+    with ChunkManager(cfg, group=dist.group.WORLD) as mgr:
+        mgr.register(params)
+        shard_total = sum(c.shard_bytes for c in mgr.chunks.values())
+        assert mgr.stats().tiers["host"].used_bytes == shard_total
+        for name, p in params:
+            assert p.data.numel() == 0  # sharded and not gathered: no full payload
+            assert mgr.chunk_of(p).state(name) is TensorState.FREE
+        for name, p in params:
+            mgr.access([p])
+            assert torch.equal(p.data, ref[name]), (rank, name)
+            assert mgr.chunk_of(p).state(name) is TensorState.COMPUTE
+            mgr.release([p])
+        assert mgr.stats().tiers["accelerator"].peak_bytes <= 3 * one_chunk
+        # every chunk's shard is this rank's slice of the flat chunk
+        for c in mgr.param_chunks():
+            full = torch.zeros(c.capacity)
+            for r in c:
+                full[r.offset : r.end] = ref[r.name].reshape(-1)
+            s = c.shard_numel
+            assert torch.equal(c.shard.cpu(), full[rank * s : (rank + 1) * s])
+            mgr.move(c, TierName.DISK)
+        for name, p in params:  # gather from shards on disk
+            mgr.access([p])
+            assert torch.equal(p.data, ref[name])
+            mgr.release([p])
+        return len(mgr.param_chunks())
+
+
+def reduce_scattered_grads_equal_all_reduced_slices(seed, chunk_numel):
+    params = _params(seed)
+    ref = {n: p.detach().clone() for n, p in params}
+    ws, rank = dist.get_world_size(), dist.get_rank()
+    cfg = ChunkConfig(chunk_numel, device="cpu")
+    with ChunkManager(cfg, group=dist.group.WORLD) as mgr:
+        mgr.register(params)
+        masters = mgr.add_parallel("master", torch.float64, copy_params=True)
+        grads = mgr.add_parallel("grad", torch.float32)
+        g = torch.Generator().manual_seed(1000 + rank)
+        for pc, gc, mc in zip(mgr.param_chunks(), grads, masters):
+            mgr.access_chunks([gc], zero=True)  # a zero full buffer, no communication
+            mine = torch.zeros(gc.capacity)
+            for r in gc:
+                val = torch.randint(-50, 50, r.shape, generator=g).float()  # exact sums
+                gc.view(r.name).copy_(val)
+                mine[r.offset : r.end] = val.reshape(-1)
+            mgr.release_chunks([gc], state=TensorState.READY_FOR_REDUCE)
+            mgr.reduce(gc)
+            dist.all_reduce(mine)
+            mine /= ws
+            s = gc.shard_numel
+            assert torch.equal(gc.shard.cpu(), mine[rank * s : (rank + 1) * s]), rank
+            assert all(r.state is TensorState.FREE for r in gc)
+            assert not gc.is_gathered
+            # the fp64 master shard holds this rank's slice of the parameters
+            for r in mc:
+                part = mc.shard_view(r.name)
+                if part is not None:
+                    view, a, b = part
+                    expect = ref[r.name].reshape(-1)[a:b].double()
+                    assert torch.equal(view, expect)
+            del pc
+        acc = mgr.stats().tiers["accelerator"]
+        assert acc.used_bytes == sum(
+            c.shard_bytes for c in mgr.chunks.values() if c.tier is TierName.ACCELERATOR
+        )
+        return True
