@@ -18,8 +18,10 @@ def rank_world() -> tuple[int, int]:
 
 
 def make(config: GeminiConfig, *, lr: float = 1e-2, clip: float = 0.0, **kw: object):  # type: ignore[no-untyped-def]
-    model = apply_gemini(build(**kw), config)
-    opt = GeminiOptimizer(model, param_groups(model.module), lr=lr, max_grad_norm=clip)
+    plain = build(**kw)
+    groups = param_groups(plain)  # before apply_gemini: sharded parameters show no shape after
+    model = apply_gemini(plain, config)
+    opt = GeminiOptimizer(model, groups, lr=lr, max_grad_norm=clip)
     return model, opt
 
 

@@ -7,6 +7,7 @@ sharded checkpoints.
 """
 
 from ._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
+from ._checkpoint import INDEX_FILE, consolidate, load_sharded, save_sharded
 from ._config import PLACEMENTS, GeminiConfig
 from ._module import GeminiModule, apply_gemini
 from ._optimizer import GeminiOptimizer
@@ -16,6 +17,7 @@ from ._setup import GeminiTrace
 
 __version__ = "0.1.0"
 __all__ = [
+    "INDEX_FILE",
     "PLACEMENTS",
     "PRECISIONS",
     "AdamHyper",
@@ -29,5 +31,8 @@ __all__ = [
     "Precision",
     "adamw_update",
     "apply_gemini",
+    "consolidate",
     "global_grad_norm",
+    "load_sharded",
+    "save_sharded",
 ]

@@ -1,0 +1,203 @@
+"""Sharded checkpoints: every rank writes its shard of the fp32 weights and Adam states with
+safetensors, rank 0 writes an index; loads into any data-parallel size; consolidates offline.
+
+[Note: sharded checkpoint layout] A directory holds ``gemini-rank<R>-of-<W>.safetensors`` per
+rank, with 1-D tensors ``param/<name>``, ``exp_avg/<name>``, ``exp_avg_sq/<name>`` and
+``step/<name>`` for the elements of each parameter that rank's shard holds, and
+``gemini_index.json``: per parameter its shape and the ``[rank, start, end]`` element ranges of
+its flattened value in each file, the aliases of tied parameters, and the loss scaler. Buffers are
+in ``gemini-buffers.safetensors``. Values are fp32 (the masters), whatever the precision.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from colossal_contracts import CheckpointError
+
+from ._module import GeminiModule
+from ._optimizer import STATE_KINDS, GeminiOptimizer
+
+__all__ = ["INDEX_FILE", "consolidate", "load_sharded", "save_sharded"]
+
+INDEX_FILE = "gemini_index.json"
+BUFFERS_FILE = "gemini-buffers.safetensors"
+FORMAT = 1
+
+
+def _shard_file(rank: int, world: int) -> str:
+    return f"gemini-rank{rank:05d}-of-{world:05d}.safetensors"
+
+
+def _rank_world(model: GeminiModule) -> tuple[int, int]:
+    g = model.runtime.group
+    return (dist.get_rank(g), dist.get_world_size(g)) if g is not None else (0, 1)
+
+
+def _fp32_chunk(model: GeminiModule, c: Any) -> Any:
+    rt = model.runtime
+    return rt.manager.parallel_chunk("master", c) if rt.precision.master else c
+
+
+@torch.no_grad()
+def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directory: Path) -> None:
+    """Write this rank's shard (and, on rank 0, the index and buffers) into ``directory``, which
+    must exist. Every rank of the model's group calls it; see [Note: sharded checkpoint layout]."""
+    rt, m = model.runtime, model.runtime.manager
+    rank, world = _rank_world(model)
+    tensors: dict[str, torch.Tensor] = {}
+    params: dict[str, Any] = {}
+    for c in m.param_chunks():
+        fp32 = _fp32_chunk(model, c)
+        states = [m.parallel_chunk(k, c) for k in STATE_KINDS] if optimizer is not None else []
+        for name, rec in c.records.items():
+            ranges = []
+            for r in range(world):
+                lo = r * c.shard_numel
+                a, b = max(lo, rec.offset), min(lo + c.shard_numel, rec.end)
+                if a < b:
+                    ranges.append([r, a - rec.offset, b - rec.offset])
+            params[name] = {"shape": list(rec.shape), "ranges": ranges}
+            part = fp32.shard_view(name)
+            if part is None:
+                continue
+            tensors[f"param/{name}"] = part[0].float().cpu().clone()
+            for kind, chunk in zip(STATE_KINDS, states, strict=True):
+                tensors[f"{kind}/{name}"] = chunk.shard_view(name)[0].cpu().clone()
+            if optimizer is not None and name in optimizer.steps:
+                tensors[f"step/{name}"] = optimizer.steps[name].reshape(1).cpu().clone()
+    save_file(tensors, str(directory / _shard_file(rank, world)))
+    if rank == 0:
+        buffers = {n: b.detach().cpu().contiguous() for n, b in model.module.named_buffers()}
+        save_file(buffers, str(directory / BUFFERS_FILE))
+        index = {
+            "format": FORMAT,
+            "world_size": world,
+            "precision": rt.precision.name,
+            "params": params,
+            "aliases": rt.aliases,
+            "optimizer": optimizer is not None,
+            "scaler": optimizer.scaler.state_dict() if optimizer and optimizer.scaler else None,
+        }
+        (directory / INDEX_FILE).write_text(json.dumps(index, indent=1))
+
+
+class _Reader:
+    """Reads element ranges of saved tensors from the shard files of a checkpoint."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        try:
+            self.index = json.loads((directory / INDEX_FILE).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise CheckpointError(
+                f"{directory} has no readable {INDEX_FILE}: {err}; is it a Gemini checkpoint?"
+            ) from err
+        if self.index.get("format") != FORMAT:
+            raise CheckpointError(f"{directory}: unknown Gemini checkpoint format")
+        self._files: dict[int, Any] = {}
+
+    def _file(self, rank: int) -> Any:
+        if rank not in self._files:
+            path = self.directory / _shard_file(rank, self.index["world_size"])
+            try:
+                self._files[rank] = safe_open(str(path), framework="pt")
+            except (OSError, SafetensorError) as err:
+                raise CheckpointError(f"shard file {path} is missing or corrupt: {err}") from err
+        return self._files[rank]
+
+    def read(self, kind: str, name: str, start: int, end: int) -> torch.Tensor | None:
+        """Elements ``[start, end)`` of the flattened ``kind/name``; None if it was not saved."""
+        meta = self.index["params"].get(name)
+        if meta is None:
+            raise CheckpointError(
+                f"{self.directory} has no parameter {name!r}; was it saved from another model?"
+            )
+        out = torch.empty(end - start, dtype=torch.float32)
+        for rank, a, b in meta["ranges"]:
+            lo, hi = max(a, start), min(b, end)
+            if lo >= hi:
+                continue
+            f = self._file(rank)
+            key = f"{kind}/{name}"
+            if key not in f.keys():
+                return None
+            out[lo - start : hi - start] = f.get_slice(key)[lo - a : hi - a]
+        return out
+
+    def step(self, name: str) -> float | None:
+        for rank, _, _ in self.index["params"][name]["ranges"]:
+            f = self._file(rank)
+            if f"step/{name}" in f.keys():
+                return float(f.get_tensor(f"step/{name}")[0])
+        return None
+
+
+@torch.no_grad()
+def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directory: Path) -> None:
+    """Restore what ``save_sharded`` wrote, from any data-parallel size, into this rank's shards.
+    ``CheckpointError`` when files are missing or do not match the model."""
+    reader = _Reader(directory)
+    rt, m = model.runtime, model.runtime.manager
+    index = reader.index
+    for c in m.param_chunks():
+        fp32 = _fp32_chunk(model, c)
+        for name, rec in c.records.items():
+            saved = index["params"].get(name)
+            if saved is None or list(rec.shape) != saved["shape"]:
+                raise CheckpointError(
+                    f"parameter {name!r} of shape {list(rec.shape)} does not match the checkpoint "
+                    f"{directory} ({saved['shape'] if saved else 'absent'}); same model and preset?"
+                )
+            part = fp32.shard_view(name)
+            if part is None:
+                continue
+            view, a, b = part
+            view.copy_(reader.read("param", name, a, b))  # type: ignore[arg-type]
+            if optimizer is None or not index["optimizer"]:
+                continue
+            for kind in STATE_KINDS:
+                value = reader.read(kind, name, a, b)
+                if value is not None:
+                    m.parallel_chunk(kind, c).shard_view(name)[0].copy_(value)  # type: ignore[index]
+            step = reader.step(name)
+            if step is not None:
+                optimizer.steps[name] = torch.tensor(step, dtype=torch.float32)
+        if rt.precision.master:
+            rt.restore_params(c)
+    rt.clear_grads()
+    if optimizer is not None and optimizer.scaler is not None and index.get("scaler"):
+        optimizer.scaler.load_state_dict(index["scaler"])
+    buffers = reader.directory / BUFFERS_FILE
+    if buffers.exists():
+        with safe_open(str(buffers), framework="pt") as f:
+            own = dict(model.module.named_buffers())
+            for n in f.keys():
+                if n in own:
+                    own[n].copy_(f.get_tensor(n))
+
+
+def consolidate(directory: Path) -> dict[str, torch.Tensor]:
+    """The full fp32 state dict (every name, tied ones included, and buffers) of a sharded
+    checkpoint, loadable by ``module.load_state_dict``. Needs no process group."""
+    reader = _Reader(directory)
+    full: dict[str, torch.Tensor] = {}
+    for name, meta in reader.index["params"].items():
+        numel = 1
+        for d in meta["shape"]:
+            numel *= d
+        value = reader.read("param", name, 0, numel)
+        full[name] = value.view(meta["shape"])  # type: ignore[union-attr]
+    out = {alias: full[canon].clone() for alias, canon in reader.index["aliases"].items()}
+    buffers = directory / BUFFERS_FILE
+    if buffers.exists():
+        with safe_open(str(buffers), framework="pt") as f:
+            out.update({n: f.get_tensor(n) for n in f.keys()})
+    return out
