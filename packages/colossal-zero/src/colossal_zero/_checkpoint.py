@@ -127,7 +127,7 @@ class _Reader:
                 continue
             f = self._file(rank)
             key = f"{kind}/{name}"
-            if key not in f.keys():
+            if key not in set(f.keys()):
                 return None
             out[lo - start : hi - start] = f.get_slice(key)[lo - a : hi - a]
         return out
@@ -135,7 +135,7 @@ class _Reader:
     def step(self, name: str) -> float | None:
         for rank, _, _ in self.index["params"][name]["ranges"]:
             f = self._file(rank)
-            if f"step/{name}" in f.keys():
+            if f"step/{name}" in set(f.keys()):
                 return float(f.get_tensor(f"step/{name}")[0])
         return None
 
@@ -179,7 +179,7 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     if buffers.exists():
         with safe_open(str(buffers), framework="pt") as f:
             own = dict(model.module.named_buffers())
-            for n in f.keys():
+            for n in list(f.keys()):
                 if n in own:
                     own[n].copy_(f.get_tensor(n))
 
@@ -199,5 +199,5 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     buffers = directory / BUFFERS_FILE
     if buffers.exists():
         with safe_open(str(buffers), framework="pt") as f:
-            out.update({n: f.get_tensor(n) for n in f.keys()})
+            out.update({n: f.get_tensor(n) for n in list(f.keys())})
     return out
