@@ -8,9 +8,10 @@ Every model folder has the same shape: ``config`` (dataclass and presets), ``mod
 from ._checkpointing import apply_activation_checkpointing
 from ._corpus import Corpus, default_corpus_path, load_corpus
 from ._io import LMIO
+from ._parallelize import parallelize
 from ._tokenizer import ByteTokenizer
-from .gpt import GPT, GPT_PRESETS, GPTConfig
-from .palm import PALM_PRESETS, PaLM, PaLMConfig
+from .gpt import GPT, GPT_PRESETS, GPT2StateDictAdapter, GPTConfig
+from .palm import PALM_PRESETS, LlamaStateDictAdapter, PaLM, PaLMConfig
 
 __version__ = "0.1.0"
 __all__ = [
@@ -20,10 +21,13 @@ __all__ = [
     "PALM_PRESETS",
     "ByteTokenizer",
     "Corpus",
+    "GPT2StateDictAdapter",
     "GPTConfig",
+    "LlamaStateDictAdapter",
     "PaLM",
     "PaLMConfig",
     "apply_activation_checkpointing",
     "default_corpus_path",
     "load_corpus",
+    "parallelize",
 ]

@@ -30,9 +30,10 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T = x.shape[:2]
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # each (B, T, C)
-        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        qkv = self.qkv(x)  # (B, T, 3C); T is the whole sequence even when x holds a slice of it
+        B, T = qkv.shape[:2]
+        q, k, v = qkv.chunk(3, dim=-1)  # each (B, T, C)
+        q, k, v = (t.reshape(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, -1)

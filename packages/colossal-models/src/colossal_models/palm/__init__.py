@@ -1,7 +1,18 @@
-"""PaLM family (PaLM, and Llama-shaped members): config and presets, model, parallelize plan,
-Hugging Face Llama state-dict adapter."""
+"""PaLM family (PaLM, and Llama-shaped members): config and presets, model, tensor-parallel
+plan, Hugging Face Llama state-dict adapter."""
 
 from .config import PALM_PRESETS, PaLMConfig
 from .model import PaLM, PaLMAttention, PaLMBlock, SwiGLU
+from .parallelize import parallelize_palm
+from .state_dict import LlamaStateDictAdapter
 
-__all__ = ["PALM_PRESETS", "PaLM", "PaLMAttention", "PaLMBlock", "PaLMConfig", "SwiGLU"]
+__all__ = [
+    "PALM_PRESETS",
+    "LlamaStateDictAdapter",
+    "PaLM",
+    "PaLMAttention",
+    "PaLMBlock",
+    "PaLMConfig",
+    "SwiGLU",
+    "parallelize_palm",
+]

@@ -43,11 +43,12 @@ class PaLMAttention(nn.Module):
         self.proj = nn.Linear(cfg.num_heads * d, c, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, T = x.shape[:2]
         d = self.head_dim
-        q = self.q(x).view(B, T, -1, d).transpose(1, 2)  # (B, H, T, D)
-        k = self.k(x).view(B, T, -1, d).transpose(1, 2)  # (B, K, T, D)
-        v = self.v(x).view(B, T, -1, d).transpose(1, 2)  # (B, K, T, D)
+        q, k, v = self.q(x), self.k(x), self.v(x)  # whole sequence even when x holds a slice
+        B, T = q.shape[:2]
+        q = q.reshape(B, T, -1, d).transpose(1, 2)  # (B, H, T, D)
+        k = k.reshape(B, T, -1, d).transpose(1, 2)  # (B, K, T, D)
+        v = v.reshape(B, T, -1, d).transpose(1, 2)  # (B, K, T, D)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         rep = q.shape[1] // k.shape[1]  # query head h reads key/value head h // rep
         if rep > 1:

@@ -1,0 +1,161 @@
+"""Rank-side checks of the model tensor-parallel plans (run inside a colossal_testing World).
+
+[Note: sharded reference gradients] Sharding is a pure function of the weights, so the expected
+gradient shard of every parameter is obtained by copying the unsharded model's gradients into a
+copy of it and parallelizing that copy with the same plan: its parameters are then exactly the
+shards of the reference gradients, under the same names as the sharded model's parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig, parallelize
+from colossal_parallel import MeshConfig, ProcessMesh
+
+B, T, STEPS = 4, 16, 5
+
+MODELS = {
+    "gpt": lambda: GPT(
+        GPTConfig(vocab_size=256, max_seq_len=32, num_layers=2, num_heads=4, hidden_size=64)
+    ),
+    "palm": lambda: PaLM(
+        PaLMConfig(vocab_size=256, max_seq_len=32, num_layers=2, num_heads=4, hidden_size=64)
+    ),
+    # sequential blocks, two key/value heads, untied head: the Llama-shaped switches
+    "palm-seq": lambda: PaLM(
+        PaLMConfig(
+            vocab_size=256,
+            max_seq_len=32,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            hidden_size=64,
+            parallel_block=False,
+            tie_embeddings=False,
+        )
+    ),
+    "llama": lambda: PaLM(
+        PaLMConfig(
+            vocab_size=256,
+            max_seq_len=32,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            hidden_size=64,
+            parallel_block=False,
+            norm="rmsnorm",
+            tie_embeddings=False,
+        )
+    ),
+}
+
+
+def _mesh(mode: str, world: int) -> ProcessMesh:
+    depth = 2 if mode == "2.5d" else 1
+    return ProcessMesh(MeshConfig(tp=world, tp_mode=mode, tp_depth=depth))
+
+
+def _shard_of_grads(ref: torch.nn.Module, mesh: ProcessMesh, opts: dict) -> dict:
+    grads = copy.deepcopy(ref)
+    with torch.no_grad():
+        for p, g in zip(grads.parameters(), ref.parameters()):
+            p.copy_(g.grad)
+    parallelize(grads, mesh, **opts)
+    return dict(grads.named_parameters())
+
+
+def run_case(model: str, mode: str, sp: bool = False, ac: bool = False) -> dict:
+    """Loss, logits, gradients and 5 AdamW steps of the sharded model vs the unsharded one."""
+    import torch.distributed as dist
+
+    mesh = _mesh(mode, dist.get_world_size())
+    opts = {"mode": mode, "sequence_parallel": sp, "activation_checkpointing": ac}
+    torch.manual_seed(0)
+    ref = MODELS[model]()
+    par = parallelize(copy.deepcopy(ref), mesh, **opts)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 256, (2, B, T), generator=g)
+    batch = torch.randint(0, 256, (B, T + 1), generator=g)  # trained on: the loss must fall
+
+    with torch.no_grad():
+        logits_err = (par.eval()(x) - ref.eval()(x)).abs().max().item()
+    par.train(), ref.train()
+    loss_ref, loss_par = ref(x, y), par(x, y)
+    loss_ref.backward()
+    loss_par.backward()
+    expected = _shard_of_grads(ref, mesh, opts)
+    grad_err, checked = 0.0, 0
+    for name, p in par.named_parameters():
+        if not p.requires_grad:
+            continue
+        e = expected[name]
+        grad_err = max(grad_err, ((p.grad - e).abs().max() / e.abs().max().clamp(min=1e-12)).item())
+        checked += 1
+
+    losses = {}
+    for tag, m in (("ref", ref), ("par", par)):
+        m.zero_grad(set_to_none=True)
+        opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=3e-3)
+        out = []
+        for _ in range(STEPS):
+            loss = m(batch[:, :-1], batch[:, 1:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        losses[tag] = out
+    mesh.close()
+    return {
+        "sp_layers": sum(bool(getattr(m, "sequence_parallel", False)) for m in par.modules()),
+        "ac_blocks": sum(
+            bool(getattr(m, "activation_checkpointing", False)) for m in par.modules()
+        ),
+        "numel": (
+            sum(p.numel() for p in ref.parameters()),
+            sum(p.numel() for p in par.parameters()),
+        ),
+        "loss": (loss_ref.item(), loss_par.item()),
+        "logits_err": logits_err,
+        "grad_err": grad_err,
+        "num_params_checked": checked,
+        "losses": losses,
+    }
+
+
+def run_cases(cases: list[tuple]) -> list[dict]:
+    """``run_case`` for each ``(model, mode, sp, ac)``, in one world."""
+    return [run_case(*c) for c in cases]
+
+
+def plan_errors() -> dict[str, str]:
+    """The ``ConfigError`` message of each misuse, raised before any collective."""
+    import torch.distributed as dist
+
+    from colossal_contracts import ConfigError
+
+    world = dist.get_world_size()
+    mesh = _mesh("1d" if world == 2 else "2d", world)
+    other = "2d" if world == 2 else "1d"
+    tiny = dict(vocab_size=256, max_seq_len=32, num_layers=1)
+    attempts = {
+        "mode": lambda: parallelize(MODELS["gpt"](), mesh, other),
+        "model": lambda: parallelize(torch.nn.Linear(2, 2), mesh),
+        "heads": lambda: parallelize(GPT(GPTConfig(**tiny, num_heads=3, hidden_size=96)), mesh),
+        "kv": lambda: parallelize(
+            PaLM(PaLMConfig(**tiny, num_heads=6, num_kv_heads=3, hidden_size=96)), mesh
+        ),
+        "sp": lambda: parallelize(MODELS["palm"](), mesh, sequence_parallel=True),
+        "rmsnorm": lambda: parallelize(MODELS["llama"](), mesh),
+    }
+    messages = {}
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+            messages[name] = "no error"
+        except ConfigError as exc:
+            messages[name] = str(exc)
+    mesh.close()
+    return messages
