@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from colossal_contracts import ConfigError, TierName
 
@@ -65,32 +66,39 @@ def module_order(model: torch.nn.Module) -> list[tuple[str, ...]]:
     return fwd + fwd[::-1]
 
 
-def trace_order(model: torch.nn.Module, step: Callable[[], torch.Tensor]) -> list[tuple[str, ...]]:
-    """Run ``step()`` (forward, returns the loss) and its backward once, and record the order:
-    a moment each time a module owning parameters starts forward, and each time a module's
-    parameters receive their gradients in backward. Leaves gradients in ``.grad``."""
-    owners = _owners(model)
-    order: list[tuple[str, ...]] = []
-    handles = []
-    name_of = {id(p): n for n, p in model.named_parameters()}
-    for _, mod, names in owners:
-        handles.append(mod.register_forward_pre_hook(lambda m, a, names=names: order.append(names)))
-    owner_of = {n: names for _, _, names in owners for n in names}
-    for p in model.parameters():
-        if p.requires_grad:
+class _ParamUses(TorchFunctionMode):
+    """Records, for every torch function called, the registered parameters among its arguments."""
 
-            def on_grad(p: torch.Tensor) -> None:
-                names = owner_of[name_of[id(p)]]
-                if not order or order[-1] != names or not bwd_started[0]:
-                    order.append(names)
-                bwd_started[0] = True
+    def __init__(self, owner_of: dict[int, tuple[str, str]]):
+        super().__init__()
+        self.owner_of = owner_of  # id(param) -> (owning module name, parameter name)
+        self.moments: list[tuple[str, list[str]]] = []  # (owner, names used), merged by owner
 
-            handles.append(p.register_post_accumulate_grad_hook(on_grad))
-    bwd_started = [False]
-    try:
-        loss = step()
-        loss.backward()
-    finally:
-        for h in handles:
-            h.remove()
-    return order
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        used = [
+            self.owner_of[id(a)]
+            for a in (*args, *(kwargs or {}).values())
+            if isinstance(a, torch.Tensor) and id(a) in self.owner_of
+        ]
+        for owner, name in used:
+            if not self.moments or self.moments[-1][0] != owner:
+                self.moments.append((owner, []))
+            if name not in self.moments[-1][1]:
+                self.moments[-1][1].append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def trace_order(model: torch.nn.Module, forward: Callable[[], object]) -> list[tuple[str, ...]]:
+    """Run ``forward()`` once and record which parameters each step touches: one moment per run of
+    operations on the parameters of one module (a tied weight used again later gets a new moment),
+    then the backward moments as the forward ones reversed. Works on the meta device."""
+    owner_of = {}
+    for mod_name, mod, names in _owners(model):
+        for local, p in mod.named_parameters(recurse=False):
+            full = f"{mod_name}.{local}" if mod_name else local
+            if full in names:
+                owner_of[id(p)] = (mod_name, full)
+    with torch.no_grad(), _ParamUses(owner_of) as mode:
+        forward()
+    fwd = [tuple(names) for _, names in mode.moments]
+    return fwd + fwd[::-1]
