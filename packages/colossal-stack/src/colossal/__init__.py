@@ -4,13 +4,14 @@ The meta-package wires the micro-packages together: ``Booster`` and its plugins,
 and the ``colossal`` command.
 """
 
-from .booster import Booster, DDPPlugin, Plugin, latest_checkpoint
+from .booster import Booster, DDPPlugin, GeminiPlugin, Plugin, latest_checkpoint
 from .train import TrainConfig, TrainResult, build_plugin, train
 
 __version__ = "0.1.0"
 __all__ = [
     "Booster",
     "DDPPlugin",
+    "GeminiPlugin",
     "Plugin",
     "TrainConfig",
     "TrainResult",

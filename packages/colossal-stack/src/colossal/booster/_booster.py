@@ -12,7 +12,7 @@ from torch import nn
 
 from colossal_contracts import CheckpointError
 
-from ._checkpoint import latest_checkpoint, write_checkpoint_dir
+from ._checkpoint import latest_checkpoint, write_checkpoint_dir, write_checkpoint_dir_all_ranks
 from ._ddp import DDPPlugin
 from ._plugin import Plugin
 
@@ -59,9 +59,12 @@ class Booster:
 
         def write(directory: Path) -> None:
             self.plugin.save_checkpoint(model, optimizer, directory)
-            info = {"step": step, **(extra or {})}
-            (directory / TRAINER_FILE).write_text(json.dumps(info, indent=2, default=str))
+            if rank == 0:
+                info = {"step": step, **(extra or {})}
+                (directory / TRAINER_FILE).write_text(json.dumps(info, indent=2, default=str))
 
+        if getattr(self.plugin, "sharded_checkpoint", False):  # every rank writes its shard
+            return write_checkpoint_dir_all_ranks(root, step, write, rank=rank)
         path = write_checkpoint_dir(root, step, write) if rank == 0 else None
         if dist.is_available() and dist.is_initialized():
             dist.barrier()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -26,6 +27,7 @@ __all__ = [
     "load_model_and_optimizer",
     "save_model_and_optimizer",
     "write_checkpoint_dir",
+    "write_checkpoint_dir_all_ranks",
 ]
 
 LATEST = "latest"
@@ -89,6 +91,31 @@ def write_checkpoint_dir(root: Path, step: int, write: Any) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def write_checkpoint_dir_all_ranks(root: Path, step: int, write: Any, *, rank: int) -> Path | None:
+    """``write_checkpoint_dir`` for plugins whose every rank writes a shard: rank 0 makes the
+    temporary directory and tells the others its name; all call ``write(tmpdir)``; after a barrier
+    rank 0 alone fsyncs and publishes it ([Note: atomic checkpoints] holds). Collective."""
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not distributed:
+        return write_checkpoint_dir(root, step, write)
+
+    def publish_after_all(tmp: Path) -> None:
+        dist.broadcast_object_list([str(tmp)], src=0)
+        write(tmp)
+        dist.barrier()
+
+    if rank == 0:
+        path = write_checkpoint_dir(root, step, publish_after_all)
+    else:
+        name: list[Any] = [None]
+        dist.broadcast_object_list(name, src=0)
+        write(Path(name[0]))
+        dist.barrier()
+        path = None
+    dist.barrier()  # the checkpoint is published before anyone goes on
+    return path
 
 
 def latest_checkpoint(root: Path) -> Path:

@@ -1,0 +1,162 @@
+"""The Gemini plugin: ZeRO-3 over chunks with a memory budget, from colossal-zero."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from torch import nn
+
+from colossal_contracts import ConfigError
+from colossal_zero import (
+    PLACEMENTS,
+    PRECISIONS,
+    GeminiConfig,
+    GeminiModule,
+    GeminiOptimizer,
+    apply_gemini,
+    load_sharded,
+    save_sharded,
+)
+
+__all__ = ["FULL_MODEL_FILE", "GeminiPlugin", "parse_bytes"]
+
+FULL_MODEL_FILE = "model.safetensors"
+_UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_UNITS.update({"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40})
+
+
+def parse_bytes(value: int | str | None) -> int | None:
+    """``512MiB``, ``2GB``, ``1.5G``, ``4096`` -> bytes; None stays None."""
+    if value is None or isinstance(value, int):
+        if isinstance(value, int) and value < 0:
+            raise ConfigError(f"a byte budget must be >= 0, got {value}")
+        return value
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?)?b?\s*", value.lower())
+    if not m:
+        raise ConfigError(
+            f"cannot read {value!r} as a size; write bytes or a unit: 512MiB, 2GiB, 1.5GB"
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+
+
+@dataclass
+class GeminiPlugin:
+    """Gemini: parameters, gradients and Adam states in chunks that move between the accelerator
+    (within ``accelerator_budget``) and the host, sharded across data-parallel ranks.
+
+    Attributes:
+        placement: "auto" (traced, Belady eviction) or "static" (fixed resident share).
+        accelerator_budget: bytes of chunks on the accelerator ("512MiB", an int, or None: all).
+        precision: "fp32", "bf16" or "fp16" (fp32 masters and, for fp16, loss scaling).
+        host_budget: bytes of chunks in host memory (None: no limit).
+        max_grad_norm: clip the global gradient norm (0: no clipping).
+        export_full_model: also write a consolidated ``model.safetensors`` (fp32) beside the
+            shards of every checkpoint, loadable by plain PyTorch.
+        sharded_checkpoint: every rank writes its shard into the checkpoint directory.
+    """
+
+    placement: str = "auto"
+    accelerator_budget: int | str | None = None
+    precision: str = "fp32"
+    host_budget: int | str | None = None
+    max_grad_norm: float = 0.0
+    export_full_model: bool = True
+    name: str = "gemini"
+    sharded_checkpoint: bool = True
+    _model: GeminiModule | None = field(default=None, repr=False)
+    _moved: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(
+                f"unknown placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}"
+            )
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"unknown precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}"
+            )
+        self.config = GeminiConfig(
+            precision=self.precision,
+            placement=self.placement,
+            accelerator_bytes=parse_bytes(self.accelerator_budget),
+            host_bytes=parse_bytes(self.host_budget),
+        )
+
+    def configure(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Apply Gemini to ``model`` and turn ``optimizer`` (Adam/AdamW, built on the plain
+        model's parameters) into a ``GeminiOptimizer`` with the same groups."""
+        gm = apply_gemini(model, self.config)
+        opt = GeminiOptimizer.from_torch(gm, optimizer, max_grad_norm=self.max_grad_norm)
+        self._model = gm
+        return gm, opt
+
+    def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        if isinstance(optimizer, GeminiOptimizer):
+            optimizer.backward(loss)
+        else:
+            loss.backward()
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, GeminiModule) else model
+
+    def memory_stats(self) -> dict[str, Any]:
+        """Per-tier bytes (now and peak), and bytes moved since the previous call and in total."""
+        if self._model is None:
+            return {}
+        stats = self._model.memory_stats()
+        out: dict[str, Any] = {}
+        for name, t in stats.tiers.items():
+            out[f"{name}_bytes"] = t.used_bytes
+            out[f"{name}_peak_bytes"] = t.peak_bytes
+        out["accelerator_emulated"] = stats.tiers["accelerator"].emulated
+        total = stats.bytes_moved
+        out["bytes_moved"], self._moved = total - self._moved, total
+        out["bytes_moved_total"] = total
+        return out
+
+    def save_checkpoint(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
+    ) -> None:
+        """Every rank writes its shard (see colossal-zero's sharded layout); rank 0 also writes
+        the consolidated fp32 ``model.safetensors`` when ``export_full_model``. Collective."""
+        gm = _gemini_module(model)
+        save_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, path)
+        if self.export_full_model:
+            full = gm.full_state_dict()  # collective
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            if rank == 0:
+                save_file(
+                    {k: v.contiguous() for k, v in _untie(full).items()},
+                    str(path / FULL_MODEL_FILE),
+                )
+
+    def load_checkpoint(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
+    ) -> None:
+        gm = _gemini_module(model)
+        load_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, path)
+
+
+def _gemini_module(model: nn.Module) -> GeminiModule:
+    if not isinstance(model, GeminiModule):
+        raise ConfigError("GeminiPlugin checkpoints need the model that Booster.boost returned")
+    return model
+
+
+def _untie(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses shared storages: give every name its own tensor."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in state.items():
+        ptr = v.untyped_storage().data_ptr()
+        out[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    return out
