@@ -37,6 +37,7 @@ class SimResult:
         evictions: number of chunk evictions.
         peak_bytes: most bytes resident at once (never above the capacity).
         per_iteration: bytes moved (in + out) in each repetition of the trace.
+        prefetched_loads: loads issued ahead of the step that needs them.
     """
 
     bytes_in: int
@@ -45,6 +46,7 @@ class SimResult:
     evictions: int
     peak_bytes: int
     per_iteration: tuple[int, ...]
+    prefetched_loads: int = 0
 
     @property
     def bytes_moved(self) -> int:
@@ -67,6 +69,7 @@ class _Tally:
         self.b_in = self.b_out = self.loads = self.evictions = 0
         self.per_iter = [0] * n_iter
         self.it = 0
+        self.prefetched = 0
 
     def load(self, cid: int) -> None:
         self.resident[cid] = None
@@ -87,7 +90,13 @@ class _Tally:
 
     def result(self) -> SimResult:
         return SimResult(
-            self.b_in, self.b_out, self.loads, self.evictions, self.peak, tuple(self.per_iter)
+            self.b_in,
+            self.b_out,
+            self.loads,
+            self.evictions,
+            self.peak,
+            tuple(self.per_iter),
+            self.prefetched,
         )
 
 
@@ -240,3 +249,4 @@ def _prefetch(tally: _Tally, hook: dict, m: int, horizon: int, limit: int) -> No
                 tally.evict(r)
                 short -= tally.size[r]
         tally.load(c)
+        tally.prefetched += 1
