@@ -31,6 +31,20 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t``, detached: the collectives never touch their argument."""
+    return t.detach().clone(memory_format=torch.contiguous_format)
+
+
+def _check_split(t: torch.Tensor, axis: str, p: int, dim: int, op: str) -> None:
+    """``ConfigError`` (before any communication) unless dim ``dim`` of ``t`` splits in ``p``."""
+    if t.dim() == 0 or t.shape[dim] % p != 0:
+        raise ConfigError(
+            f"{op} along axis {axis!r} of size {p} needs dim {dim} of shape "
+            f"{tuple(t.shape)} to be divisible by {p}; pad the tensor or change the split"
+        )
+
+
 class CountedComm:
     """Collectives over the axes of one ``ProcessMesh``; ``counter`` records every call."""
 
@@ -63,7 +77,7 @@ class CountedComm:
     ) -> torch.Tensor:
         """Element-wise reduction of ``t`` over the ranks along ``axis``."""
         p, group = self._setup(t, axis)
-        out = t.detach().clone(memory_format=torch.contiguous_format)
+        out = _fresh(t)
         if p == 1:
             return out
         self.counter.record(axis, "all_reduce", _nbytes(out))
@@ -74,7 +88,7 @@ class CountedComm:
         """Every rank's ``t`` concatenated along ``dim`` in coordinate order."""
         p, group = self._setup(t, axis)
         if p == 1:
-            return t.detach().clone(memory_format=torch.contiguous_format)
+            return _fresh(t)
         x = t.detach().movedim(dim, 0).contiguous()
         out = x.new_empty((p * x.shape[0], *x.shape[1:]))
         self.counter.record(axis, "all_gather", _nbytes(out))
@@ -90,13 +104,9 @@ class CountedComm:
     ) -> torch.Tensor:
         """Reduce ``t`` over ``axis`` and keep the ``coord``-th of ``size`` chunks along ``dim``."""
         p, group = self._setup(t, axis)
-        if t.dim() == 0 or t.shape[dim] % p != 0:
-            raise ConfigError(
-                f"reduce_scatter along axis {axis!r} of size {p} needs dim {dim} of shape "
-                f"{tuple(t.shape)} to be divisible by {p}; pad the tensor or change the split"
-            )
+        _check_split(t, axis, p, dim, "reduce_scatter")
         if p == 1:
-            return t.detach().clone(memory_format=torch.contiguous_format)
+            return _fresh(t)
         x = t.detach().movedim(dim, 0).contiguous()
         out = x.new_empty((x.shape[0] // p, *x.shape[1:]))
         self.counter.record(axis, "reduce_scatter", _nbytes(x))
@@ -106,7 +116,7 @@ class CountedComm:
     def broadcast(self, t: torch.Tensor, axis: str, src: int = 0) -> torch.Tensor:
         """The ``t`` of the rank at coordinate ``src`` along ``axis``, on every rank."""
         p, group = self._setup(t, axis)
-        out = t.detach().clone(memory_format=torch.contiguous_format)
+        out = _fresh(t)
         if p == 1:
             return out
         self.counter.record(axis, "broadcast", _nbytes(out))
@@ -125,7 +135,7 @@ class CountedComm:
         On other ranks the result's values are unspecified (torch.distributed semantics).
         """
         p, group = self._setup(t, axis)
-        out = t.detach().clone(memory_format=torch.contiguous_format)
+        out = _fresh(t)
         if p == 1:
             return out
         self.counter.record(axis, "reduce", _nbytes(out))
@@ -136,13 +146,9 @@ class CountedComm:
         """Split ``t`` in ``size`` chunks along ``split_dim``, send chunk i to coordinate i, and
         concatenate the chunks received (in coordinate order) along ``cat_dim``."""
         p, group = self._setup(t, axis)
-        if t.dim() == 0 or t.shape[split_dim] % p != 0:
-            raise ConfigError(
-                f"all_to_all along axis {axis!r} of size {p} needs dim {split_dim} of shape "
-                f"{tuple(t.shape)} to be divisible by {p}; pad the tensor or change the split"
-            )
+        _check_split(t, axis, p, split_dim, "all_to_all")
         if p == 1:
-            return t.detach().clone(memory_format=torch.contiguous_format)
+            return _fresh(t)
         x = t.detach().movedim(split_dim, 0).contiguous()
         out = torch.empty_like(x)
         self.counter.record(axis, "all_to_all", _nbytes(x))
