@@ -8,19 +8,21 @@ token replace an all-gather of ``V`` values per token. The gradient ``softmax - 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from colossal_contracts import ConfigError
 
 from .._comm import CountedComm
 from .._mesh import ProcessMesh
+from ._base import Layer1D
 from ._embedding import VocabParallelEmbedding
 from ._linear import ColumnParallelLinear
 
 __all__ = ["VocabParallelCrossEntropy", "VocabParallelLMHead", "vocab_parallel_cross_entropy"]
+
+Reduction = Literal["mean", "sum", "none"]
 
 
 class _VocabParallelCE(torch.autograd.Function):
@@ -65,7 +67,7 @@ def vocab_parallel_cross_entropy(
     *,
     axis: str = "tp",
     ignore_index: int = -100,
-    reduction: str = "mean",
+    reduction: Reduction = "mean",
 ) -> torch.Tensor:
     """Cross-entropy of vocabulary-split ``logits (..., V/p)`` against global ``target (...)``.
 
@@ -91,7 +93,7 @@ def vocab_parallel_cross_entropy(
     return loss.sum() / valid.sum().clamp(min=1)
 
 
-class VocabParallelCrossEntropy(nn.Module):
+class VocabParallelCrossEntropy(Layer1D):
     """Module form of ``vocab_parallel_cross_entropy``."""
 
     def __init__(
@@ -100,16 +102,10 @@ class VocabParallelCrossEntropy(nn.Module):
         *,
         axis: str = "tp",
         ignore_index: int = -100,
-        reduction: str = "mean",
+        reduction: Reduction = "mean",
     ) -> None:
-        super().__init__()
-        mesh.size(axis)
-        self.mesh, self.axis, self.ignore_index, self.reduction = (
-            mesh,
-            axis,
-            ignore_index,
-            reduction,
-        )
+        super().__init__(mesh, axis)
+        self.ignore_index, self.reduction = ignore_index, reduction
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_cross_entropy(

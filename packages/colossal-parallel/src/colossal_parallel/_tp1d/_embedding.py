@@ -9,7 +9,7 @@ vocabulary-parallel LM head and cross-entropy use, so the table can be tied to t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -18,21 +18,48 @@ from torch import nn
 from colossal_contracts import ConfigError
 
 from .._autograd import gather_along, reduce_from_axis, reduce_scatter_along
-from .._config import divide
 from .._mesh import ProcessMesh
+from ._base import Layer1D
 
 __all__ = ["ParallelEmbedding", "VocabParallelEmbedding"]
 
+_E = TypeVar("_E", bound="_Embedding1D")
 
-def _check_plain(emb: nn.Embedding, cls: str) -> None:
-    if emb.padding_idx is not None or emb.max_norm is not None or emb.sparse:
-        raise ConfigError(
-            f"{cls}.from_embedding supports plain nn.Embedding only (no padding_idx, max_norm "
-            "or sparse); mask padding tokens in the loss instead"
+
+class _Embedding1D(Layer1D):
+    """What the two embeddings share: ``from_embedding``; subclasses say which shard they keep."""
+
+    weight: nn.Parameter
+
+    def _weight_shard(self, weight: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def from_embedding(cls: type[_E], emb: nn.Embedding, mesh: ProcessMesh, **kwargs: Any) -> _E:
+        """This rank's shard of an unsharded ``nn.Embedding`` (same on every rank).
+
+        Only a plain table converts: ``padding_idx``, ``max_norm`` and ``sparse`` raise
+        ``ConfigError``.
+        """
+        if emb.padding_idx is not None or emb.max_norm is not None or emb.sparse:
+            raise ConfigError(
+                f"{cls.__name__}.from_embedding supports plain nn.Embedding only (no padding_idx, "
+                "max_norm or sparse); mask padding tokens in the loss instead"
+            )
+        layer = cls(
+            emb.num_embeddings,
+            emb.embedding_dim,
+            mesh,
+            dtype=emb.weight.dtype,
+            device=emb.weight.device,
+            **kwargs,
         )
+        with torch.no_grad():
+            layer.weight.copy_(layer._weight_shard(emb.weight))
+        return layer
 
 
-class ParallelEmbedding(nn.Module):
+class ParallelEmbedding(_Embedding1D):
     """Embedding table split along the embedding dim; output ``(..., D)`` replicated."""
 
     weight: nn.Parameter  # (V, D/p)
@@ -47,42 +74,22 @@ class ParallelEmbedding(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        super().__init__()
-        p = mesh.size(axis)
+        super().__init__(mesh, axis)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.dim_per_rank = divide(
-            embedding_dim, p, what=f"ParallelEmbedding embedding_dim ({axis})"
-        )
-        self.mesh, self.axis = mesh, axis
+        self.dim_per_rank = self._per_rank(embedding_dim, "embedding_dim")
         self.weight = nn.Parameter(
             torch.randn(num_embeddings, self.dim_per_rank, dtype=dtype, device=device)
         )
 
-    @classmethod
-    def from_embedding(
-        cls, emb: nn.Embedding, mesh: ProcessMesh, **kwargs: Any
-    ) -> ParallelEmbedding:
-        """This rank's shard of an unsharded ``nn.Embedding`` (same on every rank)."""
-        _check_plain(emb, cls.__name__)
-        layer = cls(
-            emb.num_embeddings,
-            emb.embedding_dim,
-            mesh,
-            dtype=emb.weight.dtype,
-            device=emb.weight.device,
-            **kwargs,
-        )
-        c, n = mesh.coord(layer.axis), layer.dim_per_rank
-        with torch.no_grad():
-            layer.weight.copy_(emb.weight[:, c * n : (c + 1) * n])
-        return layer
+    def _weight_shard(self, weight: torch.Tensor) -> torch.Tensor:
+        return self._own_chunk(weight, 1)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = F.embedding(ids, self.weight)  # (..., D/p)
         return gather_along(out, self.mesh.comm, self.axis, -1)  # (..., D)
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(_Embedding1D):
     """Embedding table split along the vocabulary; output replicated (or sequence-split)."""
 
     weight: nn.Parameter  # (V/p, D): rows [vocab_start, vocab_end)
@@ -99,37 +106,18 @@ class VocabParallelEmbedding(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        super().__init__()
-        p = mesh.size(axis)
+        super().__init__(mesh, axis)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.vocab_per_rank = divide(
-            num_embeddings, p, what=f"VocabParallelEmbedding num_embeddings ({axis})"
-        )
+        self.vocab_per_rank = self._per_rank(num_embeddings, "num_embeddings")
         self.vocab_start = mesh.coord(axis) * self.vocab_per_rank
         self.vocab_end = self.vocab_start + self.vocab_per_rank
-        self.mesh, self.axis = mesh, axis
         self.sequence_parallel, self.seq_dim = sequence_parallel, seq_dim
         self.weight = nn.Parameter(
             torch.randn(self.vocab_per_rank, embedding_dim, dtype=dtype, device=device)
         )
 
-    @classmethod
-    def from_embedding(
-        cls, emb: nn.Embedding, mesh: ProcessMesh, **kwargs: Any
-    ) -> VocabParallelEmbedding:
-        """This rank's rows of an unsharded ``nn.Embedding`` (same on every rank)."""
-        _check_plain(emb, cls.__name__)
-        layer = cls(
-            emb.num_embeddings,
-            emb.embedding_dim,
-            mesh,
-            dtype=emb.weight.dtype,
-            device=emb.weight.device,
-            **kwargs,
-        )
-        with torch.no_grad():
-            layer.weight.copy_(emb.weight[layer.vocab_start : layer.vocab_end])
-        return layer
+    def _weight_shard(self, weight: torch.Tensor) -> torch.Tensor:
+        return self._own_chunk(weight, 0)  # rows [vocab_start, vocab_end)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)

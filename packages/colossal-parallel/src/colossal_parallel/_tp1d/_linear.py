@@ -13,7 +13,7 @@ the gradient); the bytes are the same, the activations outside the block are ``p
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -26,17 +26,64 @@ from .._autograd import (
     reduce_scatter_along,
     split_along,
 )
-from .._config import divide
 from .._mesh import ProcessMesh
+from ._base import Layer1D
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear"]
 
-
-def _factory(linear: nn.Linear) -> dict[str, Any]:
-    return {"dtype": linear.weight.dtype, "device": linear.weight.device}
+_L = TypeVar("_L", bound="_Linear1D")
 
 
-class ColumnParallelLinear(nn.Module):
+class _Linear1D(Layer1D):
+    """What the column and the row layer share: parameter creation and ``from_linear``.
+
+    Subclasses say which shard of the full weight and bias they keep (``_weight_shard``,
+    ``_bias_shard``, see [Note: 1D shards]).
+    """
+
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
+    def _init_parameters(
+        self,
+        weight_shape: tuple[int, int],
+        bias_size: int,
+        bias: bool,
+        dtype: torch.dtype | None,
+        device: torch.device | str | None,
+    ) -> None:
+        """``nn.Linear``'s init (Kaiming-uniform weight) of this rank's shard; zero bias."""
+        kw = {"dtype": dtype, "device": device}
+        self.weight = nn.Parameter(torch.empty(*weight_shape, **kw))
+        self.bias = nn.Parameter(torch.zeros(bias_size, **kw)) if bias else None
+        nn.init.kaiming_uniform_(self.weight, a=5**0.5)
+
+    def _weight_shard(self, weight: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _bias_shard(self, bias: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def from_linear(cls: type[_L], linear: nn.Linear, mesh: ProcessMesh, **kwargs: Any) -> _L:
+        """This rank's shard of an unsharded ``nn.Linear`` (same on every rank)."""
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            mesh,
+            bias=linear.bias is not None,
+            dtype=linear.weight.dtype,
+            device=linear.weight.device,
+            **kwargs,
+        )
+        with torch.no_grad():
+            layer.weight.copy_(layer._weight_shard(linear.weight))
+            if layer.bias is not None:
+                layer.bias.copy_(layer._bias_shard(linear.bias))
+        return layer
+
+
+class ColumnParallelLinear(_Linear1D):
     """``y = x W^T + b`` with ``W`` split along the output dim (see [Note: 1D linear pair]).
 
     Input: replicated ``(..., in)``, or with ``sequence_parallel`` split along ``seq_dim``.
@@ -60,42 +107,20 @@ class ColumnParallelLinear(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        super().__init__()
-        p = mesh.size(axis)
+        super().__init__(mesh, axis)
         self.in_features, self.out_features = in_features, out_features
-        self.out_per_rank = divide(
-            out_features, p, what=f"ColumnParallelLinear out_features ({axis})"
+        self.out_per_rank = self._per_rank(out_features, "out_features")
+        self.gather_output = gather_output
+        self.sequence_parallel, self.seq_dim = sequence_parallel, seq_dim
+        self._init_parameters(
+            (self.out_per_rank, in_features), self.out_per_rank, bias, dtype, device
         )
-        self.mesh, self.axis = mesh, axis
-        self.gather_output, self.sequence_parallel, self.seq_dim = (
-            gather_output,
-            sequence_parallel,
-            seq_dim,
-        )
-        kw = {"dtype": dtype, "device": device}
-        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features, **kw))
-        self.bias = nn.Parameter(torch.zeros(self.out_per_rank, **kw)) if bias else None
-        nn.init.kaiming_uniform_(self.weight, a=5**0.5)
 
-    @classmethod
-    def from_linear(
-        cls, linear: nn.Linear, mesh: ProcessMesh, **kwargs: Any
-    ) -> ColumnParallelLinear:
-        """This rank's shard of an unsharded ``nn.Linear`` (same on every rank)."""
-        layer = cls(
-            linear.in_features,
-            linear.out_features,
-            mesh,
-            bias=linear.bias is not None,
-            **_factory(linear),
-            **kwargs,
-        )
-        c, n = mesh.coord(layer.axis), layer.out_per_rank
-        with torch.no_grad():
-            layer.weight.copy_(linear.weight[c * n : (c + 1) * n])
-            if layer.bias is not None:
-                layer.bias.copy_(linear.bias[c * n : (c + 1) * n])
-        return layer
+    def _weight_shard(self, weight: torch.Tensor) -> torch.Tensor:
+        return self._own_chunk(weight, 0)
+
+    def _bias_shard(self, bias: torch.Tensor) -> torch.Tensor:
+        return self._own_chunk(bias, 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         comm = self.mesh.comm
@@ -115,7 +140,7 @@ class ColumnParallelLinear(nn.Module):
         )
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Linear1D):
     """``y = x W^T + b`` with ``W`` split along the input dim (see [Note: 1D linear pair]).
 
     Input: ``(..., in/p)`` (``input_is_parallel``) or the full ``(..., in)``, which is split here.
@@ -139,38 +164,18 @@ class RowParallelLinear(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        super().__init__()
-        p = mesh.size(axis)
+        super().__init__(mesh, axis)
         self.in_features, self.out_features = in_features, out_features
-        self.in_per_rank = divide(in_features, p, what=f"RowParallelLinear in_features ({axis})")
-        self.mesh, self.axis = mesh, axis
-        self.input_is_parallel, self.sequence_parallel, self.seq_dim = (
-            input_is_parallel,
-            sequence_parallel,
-            seq_dim,
-        )
-        kw = {"dtype": dtype, "device": device}
-        self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank, **kw))
-        self.bias = nn.Parameter(torch.zeros(out_features, **kw)) if bias else None
-        nn.init.kaiming_uniform_(self.weight, a=5**0.5)
+        self.in_per_rank = self._per_rank(in_features, "in_features")
+        self.input_is_parallel = input_is_parallel
+        self.sequence_parallel, self.seq_dim = sequence_parallel, seq_dim
+        self._init_parameters((out_features, self.in_per_rank), out_features, bias, dtype, device)
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, mesh: ProcessMesh, **kwargs: Any) -> RowParallelLinear:
-        """This rank's shard of an unsharded ``nn.Linear`` (same on every rank)."""
-        layer = cls(
-            linear.in_features,
-            linear.out_features,
-            mesh,
-            bias=linear.bias is not None,
-            **_factory(linear),
-            **kwargs,
-        )
-        c, n = mesh.coord(layer.axis), layer.in_per_rank
-        with torch.no_grad():
-            layer.weight.copy_(linear.weight[:, c * n : (c + 1) * n])
-            if layer.bias is not None:
-                layer.bias.copy_(linear.bias)
-        return layer
+    def _weight_shard(self, weight: torch.Tensor) -> torch.Tensor:
+        return self._own_chunk(weight, 1)
+
+    def _bias_shard(self, bias: torch.Tensor) -> torch.Tensor:
+        return bias  # replicated
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         comm = self.mesh.comm

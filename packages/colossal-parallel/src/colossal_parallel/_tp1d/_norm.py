@@ -13,13 +13,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from colossal_contracts import ConfigError
+
 from .._autograd import copy_to_axis
 from .._mesh import ProcessMesh
+from ._base import Layer1D
 
 __all__ = ["LayerNorm1D"]
 
 
-class LayerNorm1D(nn.Module):
+class LayerNorm1D(Layer1D):
     """``nn.LayerNorm`` over the last dim, tensor-parallel aware (see module docstring)."""
 
     weight: nn.Parameter  # (hidden,), replicated
@@ -37,10 +40,8 @@ class LayerNorm1D(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        super().__init__()
-        mesh.size(axis)  # unknown axis: ConfigError now, not at the first forward
-        self.hidden, self.eps = hidden, eps
-        self.mesh, self.axis, self.sequence_parallel = mesh, axis, sequence_parallel
+        super().__init__(mesh, axis)
+        self.hidden, self.eps, self.sequence_parallel = hidden, eps, sequence_parallel
         kw = {"dtype": dtype, "device": device}
         self.weight = nn.Parameter(torch.ones(hidden, **kw))
         self.bias = nn.Parameter(torch.zeros(hidden, **kw)) if bias else None
@@ -48,8 +49,6 @@ class LayerNorm1D(nn.Module):
     @classmethod
     def from_layernorm(cls, norm: nn.LayerNorm, mesh: ProcessMesh, **kwargs: Any) -> LayerNorm1D:
         """A copy of an unsharded ``nn.LayerNorm`` with a 1-dim ``normalized_shape``."""
-        from colossal_contracts import ConfigError
-
         if len(norm.normalized_shape) != 1 or norm.weight is None:
             raise ConfigError(
                 "LayerNorm1D.from_layernorm needs an affine nn.LayerNorm over the last dim only, "
