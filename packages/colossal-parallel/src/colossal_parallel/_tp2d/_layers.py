@@ -12,10 +12,10 @@ from .._mesh import ProcessMesh
 from .._tpnd._common import check_mode
 from .._tpnd._embedding import GridEmbedding, GridVocabEmbedding
 from .._tpnd._layout import TpLayout
+from .._tpnd._linear import GridHead
 from .._tpnd._loss import grid_cross_entropy
 from .._tpnd._norm import GridLayerNorm
-from ._linear import SummaLinear
-from ._summa import COL_PEERS, ROW_PEERS
+from ._linear import COL_PEERS, ROW_PEERS, SummaLinear
 
 __all__ = [
     "LAYOUT_2D",
@@ -39,21 +39,8 @@ class Linear2D(_Mode2D, SummaLinear):
     """SUMMA Linear: weight in ``q x q`` blocks, bias in ``q*q`` chunks; ``from_linear`` shards."""
 
 
-class Classifier2D(_Mode2D, SummaLinear):
+class Classifier2D(_Mode2D, GridHead, SummaLinear):
     """The LM head ``hidden -> vocab`` (no bias by default); logits come vocabulary-parallel."""
-
-    def __init__(
-        self,
-        hidden: int,
-        vocab: int,
-        mesh: ProcessMesh,
-        *,
-        bias: bool = False,
-        layout: TpLayout | None = None,
-        dtype: torch.dtype | None = None,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(hidden, vocab, mesh, bias=bias, layout=layout, dtype=dtype, seed=seed)
 
 
 class LayerNorm2D(_Mode2D, GridLayerNorm):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 
 from .._mesh import ProcessMesh
-from .._tp2d._linear import SummaLinear
-from .._tp2d._summa import COL_PEERS, ROW_PEERS
+from .._tp2d._linear import COL_PEERS, ROW_PEERS, SummaLinear
 from .._tpnd._common import check_mode
 from .._tpnd._embedding import GridEmbedding, GridVocabEmbedding
 from .._tpnd._layout import TpLayout
+from .._tpnd._linear import GridHead
 from .._tpnd._loss import grid_cross_entropy
 from .._tpnd._norm import GridLayerNorm
 
@@ -42,21 +42,8 @@ class Linear2p5D(_Mode2p5D, SummaLinear):
     """Tesseract Linear: SUMMA per depth layer, weight gradients all-reduced along ``tp_dep``."""
 
 
-class Classifier2p5D(_Mode2p5D, SummaLinear):
+class Classifier2p5D(_Mode2p5D, GridHead, SummaLinear):
     """The LM head ``hidden -> vocab`` (no bias by default); logits come vocabulary-parallel."""
-
-    def __init__(
-        self,
-        hidden: int,
-        vocab: int,
-        mesh: ProcessMesh,
-        *,
-        bias: bool = False,
-        layout: TpLayout | None = None,
-        dtype: torch.dtype | None = None,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(hidden, vocab, mesh, bias=bias, layout=layout, dtype=dtype, seed=seed)
 
 
 class LayerNorm2p5D(_Mode2p5D, GridLayerNorm):

@@ -13,6 +13,7 @@ from .._mesh import ProcessMesh
 from .._tpnd._common import check_mode
 from .._tpnd._embedding import GridEmbedding, GridVocabEmbedding
 from .._tpnd._layout import TpLayout
+from .._tpnd._linear import GridHead
 from .._tpnd._loss import grid_cross_entropy
 from .._tpnd._norm import GridLayerNorm
 from ._linear import LAYOUT_3D, LAYOUT_3D_T, CubeLinear
@@ -34,25 +35,12 @@ class _Mode3D:
     LAYOUTS = (LAYOUT_3D, LAYOUT_3D_T)
 
 
-class Linear3D(CubeLinear):
+class Linear3D(_Mode3D, CubeLinear):
     """Cube Linear: every weight element stored once over the ``q**3`` ranks."""
 
 
-class Classifier3D(CubeLinear):
+class Classifier3D(_Mode3D, GridHead, CubeLinear):
     """The LM head ``hidden -> vocab`` (no bias by default); logits come in the swapped layout."""
-
-    def __init__(
-        self,
-        hidden: int,
-        vocab: int,
-        mesh: ProcessMesh,
-        *,
-        bias: bool = False,
-        layout: TpLayout | None = None,
-        dtype: torch.dtype | None = None,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(hidden, vocab, mesh, bias=bias, layout=layout, dtype=dtype, seed=seed)
 
 
 class LayerNorm3D(_Mode3D, GridLayerNorm):

@@ -22,17 +22,14 @@ between ``LAYOUT_3D`` (rows ``tp_wt, tp_in``; hidden ``tp_out``) and ``LAYOUT_3D
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
 
 from .._comm import CountedComm
-from .._mesh import ProcessMesh
-from .._tpnd._common import block_generator, check_last_dim, divide
-from .._tpnd._layout import TpLayout, materialize_vector, vector_chunk
-from .._tpnd._mode import ModeLayer
+from .._tpnd._layout import TpLayout
+from .._tpnd._linear import GridLinear
 
 __all__ = ["LAYOUT_3D", "LAYOUT_3D_T", "CubeLinear", "cube_matmul"]
 
@@ -73,75 +70,29 @@ def cube_matmul(
     return _Cube.apply(x, w, comm, layout.chunk_axis, layout.hidden_axis)
 
 
-class CubeLinear(ModeLayer):
+class CubeLinear(GridLinear):
     """``y = x W + b`` on the cube; the output layout is the input layout swapped."""
 
-    MODE = "3d"
-    LAYOUTS = (LAYOUT_3D, LAYOUT_3D_T)
+    _INIT_TAG = 4
     weight: nn.Parameter  # (in / q**2, out / q): piece coord(tp_wt) of block W[l, c], (in, out)
     bias: nn.Parameter | None  # (out / q**2,): vector parameter of the output layout
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        mesh: ProcessMesh,
-        *,
-        bias: bool = True,
-        layout: TpLayout | None = None,
-        dtype: torch.dtype | None = None,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(mesh, layout)
-        name, q = type(self).__name__, mesh.size(WEIGHT)
-        k = divide(in_features, q * q, what=f"{name} in_features")
-        n = divide(out_features, q, what=f"{name} out_features")
-        self.in_features, self.out_features = in_features, out_features
-        bound = 1.0 / math.sqrt(in_features)
-        axes = (self.layout.hidden_axis, self.layout.chunk_axis, WEIGHT)
-        g = block_generator(mesh, seed, axes, tag=4)
-        self.weight = nn.Parameter(
-            torch.empty(k, n, dtype=dtype).uniform_(-bound, bound, generator=g)
-        )
-        if bias:
-            nb = divide(out_features, q * q, what=f"{name} out_features (bias)")
-            b = torch.empty(nb, dtype=dtype).uniform_(-bound, bound, generator=g)
-            self.bias = nn.Parameter(b)
-        else:
-            self.register_parameter("bias", None)
 
     @property
     def out_layout(self) -> TpLayout:
         """The input layout with its inner row axis and hidden axis swapped."""
         return _swap(self.layout)
 
-    @classmethod
-    def from_linear(
-        cls, linear: nn.Linear, mesh: ProcessMesh, *, layout: TpLayout | None = None
-    ) -> CubeLinear:
-        """This rank's piece of an unsharded ``nn.Linear`` (weight ``(out, in)``)."""
-        out = cls(
-            linear.in_features,
-            linear.out_features,
-            mesh,
-            bias=linear.bias is not None,
-            layout=layout,
-            dtype=linear.weight.dtype,
-        )
-        lay, q = out.layout, mesh.size(WEIGHT)
-        w = linear.weight.detach().t()  # (in, out)
-        block = w.chunk(q, 0)[mesh.coord(lay.hidden_axis)].chunk(q, 1)[mesh.coord(lay.chunk_axis)]
-        with torch.no_grad():
-            out.weight.copy_(block.chunk(q, 0)[mesh.coord(WEIGHT)])
-            if out.bias is not None:
-                out.bias.copy_(vector_chunk(linear.bias.detach(), mesh, out.out_layout))
-        return out
+    def _weight_parts(self) -> tuple[int, int]:
+        q = self.mesh.size(WEIGHT)
+        return q * q, q
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k_local = self.in_features // self.mesh.size(WEIGHT)
-        check_last_dim(x, k_local, type(self).__name__)
-        y = cube_matmul(x.reshape(-1, k_local), self.weight, self.mesh.comm, self.layout)
-        y = y.reshape(-1, *x.shape[1:-1], y.shape[-1])
-        if self.bias is not None:
-            y = y + materialize_vector(self.bias, self.mesh, self.out_layout)
-        return y
+    def _weight_axes(self) -> tuple[str, ...]:
+        return (self.layout.hidden_axis, self.layout.chunk_axis, WEIGHT)
+
+    def _weight_piece(self, w: torch.Tensor) -> torch.Tensor:
+        mesh, lay, q = self.mesh, self.layout, self.mesh.size(WEIGHT)
+        block = w.chunk(q, 0)[mesh.coord(lay.hidden_axis)].chunk(q, 1)[mesh.coord(lay.chunk_axis)]
+        return block.chunk(q, 0)[mesh.coord(WEIGHT)]
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return cube_matmul(x, self.weight, self.mesh.comm, self.layout)
