@@ -6,10 +6,9 @@ import torch
 
 from colossal_contracts import ConfigError
 
-from .._config import divide
 from .._mesh import ProcessMesh
 
-__all__ = ["block_generator", "check_last_dim", "check_mode", "divide"]
+__all__ = ["block_generator", "check_last_dim", "check_mode"]
 
 
 def check_mode(mesh: ProcessMesh, mode: str, what: str) -> None:

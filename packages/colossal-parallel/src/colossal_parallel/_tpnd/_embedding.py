@@ -9,6 +9,8 @@ embeddings back to batch chunks, so the weight is stored once per (vocabulary, h
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,12 +18,15 @@ from torch import nn
 from colossal_contracts import ConfigError
 
 from .._autograd import copy_to_axis, reduce_scatter_along
+from .._config import divide
 from .._mesh import ProcessMesh
-from ._common import block_generator, divide
+from ._common import block_generator
 from ._layout import TpLayout, materialize_vector, vector_chunk
 from ._mode import ModeLayer
 
 __all__ = ["GridEmbedding", "GridVocabEmbedding"]
+
+_E = TypeVar("_E", bound="_GridTable")
 
 
 def _check_ids(ids: torch.Tensor, what: str) -> None:
@@ -32,7 +37,27 @@ def _check_ids(ids: torch.Tensor, what: str) -> None:
         )
 
 
-class GridEmbedding(ModeLayer):
+class _GridTable(ModeLayer):
+    """What the two embeddings share: ``from_embedding``; subclasses say which piece they keep."""
+
+    weight: nn.Parameter
+
+    def _weight_piece(self, w: torch.Tensor) -> torch.Tensor:
+        """This rank's piece of the full table ``w (num_embeddings, embedding_dim)``."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_embedding(
+        cls: type[_E], emb: nn.Embedding, mesh: ProcessMesh, *, layout: TpLayout | None = None
+    ) -> _E:
+        """This rank's piece of an unsharded ``nn.Embedding``."""
+        out = cls(*emb.weight.shape, mesh, layout=layout, dtype=emb.weight.dtype)
+        with torch.no_grad():
+            out.weight.copy_(out._weight_piece(emb.weight.detach()))
+        return out
+
+
+class GridEmbedding(_GridTable):
     """Embedding of ``num_embeddings`` rows; output block ``(..., dim / size(hidden_axis))``."""
 
     weight: nn.Parameter  # (num_embeddings, dim / (q_hidden * q_chunk))
@@ -55,15 +80,8 @@ class GridEmbedding(ModeLayer):
         g = block_generator(mesh, seed, (lay.hidden_axis, lay.chunk_axis), tag=1)
         self.weight = nn.Parameter(torch.randn(num_embeddings, n, generator=g, dtype=dtype))
 
-    @classmethod
-    def from_embedding(
-        cls, emb: nn.Embedding, mesh: ProcessMesh, *, layout: TpLayout | None = None
-    ) -> GridEmbedding:
-        """This rank's shard of an unsharded ``nn.Embedding``."""
-        out = cls(*emb.weight.shape, mesh, layout=layout, dtype=emb.weight.dtype)
-        with torch.no_grad():
-            out.weight.copy_(vector_chunk(emb.weight.detach(), mesh, out.layout, dim=1))
-        return out
+    def _weight_piece(self, w: torch.Tensor) -> torch.Tensor:
+        return vector_chunk(w, self.mesh, self.layout, dim=1)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         _check_ids(ids, type(self).__name__)
@@ -71,7 +89,7 @@ class GridEmbedding(ModeLayer):
         return F.embedding(ids, w)
 
 
-class GridVocabEmbedding(ModeLayer):
+class GridVocabEmbedding(_GridTable):
     """Vocabulary-parallel embedding; output block ``(..., dim / size(hidden_axis))``."""
 
     weight: nn.Parameter  # (num_embeddings / q_chunk, dim / q_hidden), replicated on replica axes
@@ -95,19 +113,11 @@ class GridVocabEmbedding(ModeLayer):
         g = block_generator(mesh, seed, (lay.chunk_axis, lay.hidden_axis), tag=2)
         self.weight = nn.Parameter(torch.randn(v, h, generator=g, dtype=dtype))
 
-    @classmethod
-    def from_embedding(
-        cls, emb: nn.Embedding, mesh: ProcessMesh, *, layout: TpLayout | None = None
-    ) -> GridVocabEmbedding:
-        """This rank's (vocabulary, hidden) block of an unsharded ``nn.Embedding``."""
-        out = cls(*emb.weight.shape, mesh, layout=layout, dtype=emb.weight.dtype)
-        lay = out.layout
-        w = emb.weight.detach()
+    def _weight_piece(self, w: torch.Tensor) -> torch.Tensor:
+        """The (vocabulary, hidden) block of this rank."""
+        mesh, lay = self.mesh, self.layout
         w = w.chunk(mesh.size(lay.chunk_axis), 0)[mesh.coord(lay.chunk_axis)]
-        w = w.chunk(mesh.size(lay.hidden_axis), 1)[mesh.coord(lay.hidden_axis)]
-        with torch.no_grad():
-            out.weight.copy_(w)
-        return out
+        return w.chunk(mesh.size(lay.hidden_axis), 1)[mesh.coord(lay.hidden_axis)]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         _check_ids(ids, type(self).__name__)

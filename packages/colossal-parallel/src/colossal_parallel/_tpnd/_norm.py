@@ -10,9 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from colossal_contracts import ConfigError
+
 from .._autograd import copy_to_axis, reduce_from_axis
+from .._config import divide
 from .._mesh import ProcessMesh
-from ._common import check_last_dim, divide
+from ._common import check_last_dim
 from ._layout import TpLayout, materialize_vector, vector_chunk
 from ._mode import ModeLayer
 
@@ -48,7 +51,14 @@ class GridLayerNorm(ModeLayer):
     def from_layernorm(
         cls, ln: nn.LayerNorm, mesh: ProcessMesh, *, layout: TpLayout | None = None
     ) -> GridLayerNorm:
-        """This rank's shard of an unsharded ``nn.LayerNorm`` over the last dim."""
+        """This rank's shard of an affine ``nn.LayerNorm`` (with bias) over the last dim."""
+        if len(ln.normalized_shape) != 1 or ln.weight is None or ln.bias is None:
+            raise ConfigError(
+                f"{cls.__name__}.from_layernorm needs an nn.LayerNorm over the last dim only with "
+                f"weight and bias, got normalized_shape={tuple(ln.normalized_shape)}, "
+                f"weight={ln.weight is not None}, bias={ln.bias is not None}; build it with "
+                "elementwise_affine=True and bias=True (a frozen zero bias is equivalent)"
+            )
         (h,) = ln.normalized_shape
         out = cls(h, mesh, layout=layout, eps=ln.eps, dtype=ln.weight.dtype)
         with torch.no_grad():
