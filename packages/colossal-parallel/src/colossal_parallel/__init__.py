@@ -13,55 +13,16 @@ from ._config import TP_MODES, MeshConfig, TpMode, divide
 from ._counter import COMM_OPS, CommCounter, CommStat
 from ._launch import LaunchInfo, launch_from_torch, seed_everything
 from ._mesh import ProcessMesh
-from ._tp1d import (
-    ColumnParallelLinear,
-    LayerNorm1D,
-    ParallelEmbedding,
-    RowParallelLinear,
+from ._tp1d._cross_entropy import (
     VocabParallelCrossEntropy,
-    VocabParallelEmbedding,
     VocabParallelLMHead,
-    gather_sequence,
-    split_sequence,
     vocab_parallel_cross_entropy,
 )
-
-__version__ = "0.1.0"
-
-__all__ = [
-    "COMM_OPS",
-    "TP_MODES",
-    "ColumnParallelLinear",
-    "CommCounter",
-    "CommStat",
-    "CountedComm",
-    "LaunchInfo",
-    "LayerNorm1D",
-    "MeshConfig",
-    "ParallelEmbedding",
-    "ProcessMesh",
-    "RowParallelLinear",
-    "TpMode",
-    "VocabParallelCrossEntropy",
-    "VocabParallelEmbedding",
-    "VocabParallelLMHead",
-    "copy_to_axis",
-    "divide",
-    "gather_along",
-    "gather_sequence",
-    "launch_from_torch",
-    "local_chunk",
-    "reduce_from_axis",
-    "reduce_scatter_along",
-    "seed_everything",
-    "split_along",
-    "split_sequence",
-    "vocab_parallel_cross_entropy",
-]
-
-# --- multi-dimensional tensor parallelism (2D / 2.5D / 3D): names exported by that work ---
-# (keep additions to this block; extend __all__ here with `__all__ += [...]`)
-from ._tp2d import (
+from ._tp1d._embedding import ParallelEmbedding, VocabParallelEmbedding
+from ._tp1d._linear import ColumnParallelLinear, RowParallelLinear
+from ._tp1d._norm import LayerNorm1D
+from ._tp1d._sequence import gather_sequence, split_sequence
+from ._tp2d._layers import (
     LAYOUT_2D,
     Classifier2D,
     Embedding2D,
@@ -70,7 +31,7 @@ from ._tp2d import (
     VocabParallelEmbedding2D,
     cross_entropy_2d,
 )
-from ._tp2p5d import (
+from ._tp2p5d._layers import (
     LAYOUT_2P5D,
     Classifier2p5D,
     Embedding2p5D,
@@ -79,7 +40,7 @@ from ._tp2p5d import (
     VocabParallelEmbedding2p5D,
     cross_entropy_2p5d,
 )
-from ._tp3d import (
+from ._tp3d._layers import (
     LAYOUT_3D,
     LAYOUT_3D_T,
     Classifier3D,
@@ -99,37 +60,66 @@ from ._tpnd._cost import (
 )
 from ._tpnd._layout import TpLayout, gather_from_layout, split_to_layout
 
-__all__ += [
+__version__ = "0.1.0"
+
+__all__ = [
+    "COMM_OPS",
     "LAYOUT_2D",
     "LAYOUT_2P5D",
     "LAYOUT_3D",
     "LAYOUT_3D_T",
+    "TP_MODES",
     "Classifier2D",
     "Classifier2p5D",
     "Classifier3D",
+    "ColumnParallelLinear",
     "CommCost",
+    "CommCounter",
+    "CommStat",
+    "CountedComm",
     "Embedding2D",
     "Embedding2p5D",
     "Embedding3D",
+    "LaunchInfo",
+    "LayerNorm1D",
     "LayerNorm2D",
     "LayerNorm2p5D",
     "LayerNorm3D",
     "Linear2D",
     "Linear2p5D",
     "Linear3D",
+    "MeshConfig",
+    "ParallelEmbedding",
+    "ProcessMesh",
+    "RowParallelLinear",
     "TpLayout",
+    "TpMode",
+    "VocabParallelCrossEntropy",
+    "VocabParallelEmbedding",
     "VocabParallelEmbedding2D",
     "VocabParallelEmbedding2p5D",
     "VocabParallelEmbedding3D",
+    "VocabParallelLMHead",
+    "copy_to_axis",
     "cross_entropy_2d",
     "cross_entropy_2p5d",
     "cross_entropy_3d",
     "cross_entropy_comm_bytes",
+    "divide",
     "embedding_comm_bytes",
+    "gather_along",
     "gather_from_layout",
+    "gather_sequence",
+    "launch_from_torch",
     "layernorm_comm_bytes",
     "linear_comm_bytes",
+    "local_chunk",
+    "reduce_from_axis",
+    "reduce_scatter_along",
+    "seed_everything",
+    "split_along",
+    "split_sequence",
     "split_to_layout",
     "vocab_embedding_comm_bytes",
+    "vocab_parallel_cross_entropy",
 ]
-# --- end multi-dimensional block ---
