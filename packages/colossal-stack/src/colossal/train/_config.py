@@ -15,8 +15,9 @@ class TrainConfig:
     """A training run.
 
     Attributes:
-        model: model family ("gpt").
-        preset: named size of that family (``GPTConfig.preset``); vocab is the byte tokenizer's.
+        model: model family ("gpt" or "palm").
+        preset: named size of that family (``GPTConfig.preset``, ``PaLMConfig.preset``); vocab is
+            the byte tokenizer's.
         steps: optimizer steps.
         batch_size: sequences per step on each rank (global batch = batch_size * ranks).
         seq_len: tokens per sequence.
@@ -56,5 +57,5 @@ class TrainConfig:
             raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if not self.lr > 0:
             raise ConfigError(f"--lr must be positive, got {self.lr}")
-        if self.model not in ("gpt",):
-            raise ConfigError(f"unknown --model {self.model!r}; choose one of: gpt")
+        if self.model not in ("gpt", "palm"):
+            raise ConfigError(f"unknown --model {self.model!r}; choose one of: gpt, palm")

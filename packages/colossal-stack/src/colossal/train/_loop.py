@@ -15,7 +15,7 @@ from rich.console import Console
 from torch import nn
 
 from colossal_contracts import ConfigError
-from colossal_models import GPT, ByteTokenizer, GPTConfig, load_corpus
+from colossal_models import GPT, ByteTokenizer, GPTConfig, PaLM, PaLMConfig, load_corpus
 
 from .._dist import init_from_env, rank_and_world
 from ..booster import Booster, DDPPlugin, Plugin
@@ -36,6 +36,13 @@ class TrainResult:
     num_params: int
     checkpoint: Path | None
     out: Path
+
+
+# --model name -> (model class, config class with presets)
+_MODELS: dict[str, tuple[type[nn.Module], Any]] = {
+    "gpt": (GPT, GPTConfig),
+    "palm": (PaLM, PaLMConfig),
+}
 
 
 def build_plugin(name: str) -> Plugin:
@@ -76,7 +83,8 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     main = rank == 0
     console = console or Console(stderr=True)
 
-    model_cfg = GPTConfig.preset(cfg.preset).with_vocab(ByteTokenizer.vocab_size)
+    family, config_cls = _MODELS[cfg.model]
+    model_cfg = config_cls.preset(cfg.preset).with_vocab(ByteTokenizer.vocab_size)
     if cfg.seq_len > model_cfg.max_seq_len:
         raise ConfigError(
             f"--seq-len {cfg.seq_len} exceeds preset {cfg.preset!r}'s context of "
@@ -85,7 +93,7 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     corpus = load_corpus(cfg.corpus)
     train_data, val_data = corpus.split()
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    model = GPT(model_cfg)
+    model = family(model_cfg)
     optimizer = torch.optim.AdamW(
         _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95)
     )
