@@ -18,19 +18,24 @@ from colossal_parallel import MeshConfig, ProcessMesh
 B, S, K, N, V = 4, 3, 8, 12, 16  # batch, seq, in/out features, vocabulary
 
 
+# mode: (class-name suffix, mesh config, activation layouts (first: default), q, depth);
+# sizes this machine can host
+KITS = {
+    "2d": ("2D", MeshConfig(tp=4, tp_mode="2d"), (cp.LAYOUT_2D,), 2, 1),
+    "2.5d": ("2p5D", MeshConfig(tp=8, tp_mode="2.5d", tp_depth=2), (cp.LAYOUT_2P5D,), 2, 2),
+    "3d": ("3D", MeshConfig(tp=8, tp_mode="3d"), (cp.LAYOUT_3D, cp.LAYOUT_3D_T), 2, 1),
+}
+
+
+def num_ranks(mode: str) -> int:
+    """The world size the mode's checks run on."""
+    return KITS[mode][1].world_size
+
+
 def kit(mode: str) -> dict:
-    """The layers, layout and mesh config of a mode (sizes this machine can host)."""
-    if mode == "2d":
-        names, cfg = ("2D", "2d"), MeshConfig(tp=4, tp_mode="2d")
-        layouts, q, d = (cp.LAYOUT_2D,), 2, 1
-    elif mode == "2.5d":
-        names, cfg = ("2p5D", "2p5d"), MeshConfig(tp=8, tp_mode="2.5d", tp_depth=2)
-        layouts, q, d = (cp.LAYOUT_2P5D,), 2, 2
-    else:
-        names, cfg = ("3D", "3d"), MeshConfig(tp=8, tp_mode="3d")
-        layouts, q, d = (cp.LAYOUT_3D, cp.LAYOUT_3D_T), 2, 1
-    up, low = names
-    ce = getattr(cp, f"cross_entropy_{low}")
+    """The layers, layouts and mesh config of a mode."""
+    up, cfg, layouts, q, d = KITS[mode]
+    ce = getattr(cp, f"cross_entropy_{up.lower()}")
     return {
         "cfg": cfg,
         "q": q,
@@ -42,7 +47,7 @@ def kit(mode: str) -> dict:
             for k in ("Linear", "Classifier", "LayerNorm", "Embedding", "VocabParallelEmbedding")
         },
         "cross_entropy": (lambda lg, t, m, lay: ce(lg, t, m, layout=lay))
-        if low == "3d"
+        if mode == "3d"
         else (lambda lg, t, m, lay: ce(lg, t, m)),
     }
 
