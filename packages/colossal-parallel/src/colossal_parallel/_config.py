@@ -109,7 +109,10 @@ class MeshConfig:
 
     @property
     def tp_shape(self) -> tuple[int, ...]:
-        """Sizes of ``tp_layout`` (all equal to q except 2.5d's depth d); raises ``ConfigError`` when ``tp`` does not fit the mode."""
+        """Sizes of ``tp_layout`` (all equal to q except 2.5d's depth d).
+
+        Raises ``ConfigError`` when ``tp`` does not fit the mode.
+        """
         self._check_tp()
         if self.tp_mode == "1d":
             return (self.tp,)
@@ -130,6 +133,7 @@ class MeshConfig:
 
     @property
     def world_size(self) -> int:
+        """``dp * pp * tp``: the number of ranks this config needs."""
         return self.dp * self.pp * self.tp
 
     def _check_tp(self) -> None:

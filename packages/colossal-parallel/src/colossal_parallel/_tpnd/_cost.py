@@ -37,6 +37,7 @@ class CommCost:
 
     @property
     def total(self) -> int:
+        """Bytes of forward and backward together."""
         return self.forward + self.backward
 
 
