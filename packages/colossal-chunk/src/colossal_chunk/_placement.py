@@ -200,14 +200,20 @@ class Placement:
             short -= self.offload(cands.pop(cid))
             if short <= 0:
                 return
-        pinned = acc.used_bytes - sum(self.acc_bytes(c) for c in cands.values())
+        for c in list(cands.values()):  # the policy chose too little: take the rest in order
+            short -= self.offload(c)
+            if short <= 0:
+                return
+        held = acc.used_bytes
+        reserve = acc.capacity_bytes - limit
         raise CapacityError(
             f"{what} needs {needed:,} bytes on the {acc.name.value} tier"
-            f"{' (emulated)' if acc.emulated else ''}, but only {limit - acc.used_bytes + 0:,} of "
-            f"its model-data budget {limit:,} (capacity {acc.capacity_bytes:,}) can be made free: "
-            f"{pinned:,} bytes are held by chunks in use or awaiting reduction. Raise "
-            "accelerator_bytes (at least the working set plus what is held), use a smaller "
-            "chunk_numel, or release tensors before accessing more."
+            f"{' (emulated)' if acc.emulated else ''}, whose model-data budget is {limit:,} bytes "
+            f"(capacity {acc.capacity_bytes:,} minus {reserve:,} reserved for non-model data), "
+            f"but {held:,} bytes are held by chunks in use or awaiting reduction, so at most "
+            f"{max(0, limit - held):,} can be freed. Raise accelerator_bytes to at least "
+            f"{held + needed + reserve:,}, use a smaller chunk_numel, or release tensors before "
+            "accessing more."
         )
 
     # ----- prefetch -----------------------------------------------------------------------------

@@ -197,7 +197,12 @@ def simulate_policy(
         if short <= 0:
             return
         cands = [SimpleChunkInfo(c, size[c]) for c in tally.resident if c not in keep]
-        for c in policy.choose_evictions(cands, short, moment=m):
+        chosen = policy.choose_evictions(cands, short, moment=m)
+        rest = [c.chunk_id for c in cands if c.chunk_id not in chosen]
+        for c in [
+            *chosen,
+            *rest,
+        ]:  # as the manager: the rest in order if the policy chose too little
             tally.evict(c)
             short -= size[c]
             if short <= 0:
