@@ -18,7 +18,7 @@ from colossal_chunk import (
     simulate,
     simulate_policy,
 )
-from colossal_contracts import CapacityError
+from colossal_contracts import CapacityError, ConfigError
 
 
 def _brute_force_min(steps, size, cap):
@@ -152,3 +152,14 @@ def test_the_manager_moves_exactly_what_the_simulator_predicts(seed, kind):
         p.set_schedule(steps)
     sim = simulate_policy(p, steps, [numel * 4] * k, cap, iterations=3, prefetch=prefetch)
     assert measured == list(sim.per_iteration)
+
+
+def test_per_step_capacity_evicts_where_room_shrinks():
+    steps = [0, 1, 2, 0, 1, 2]
+    flat = simulate(steps, [10] * 3, 30)
+    assert simulate(steps, [10] * 3, [30] * 6) == flat
+    assert flat.bytes_moved == 30  # everything fits: three cold loads
+    squeezed = simulate(steps, [10] * 3, [30, 30, 30, 10, 30, 30])
+    assert squeezed.evictions == 2 and squeezed.loads == 5  # step 3 leaves room for one chunk
+    with pytest.raises(ConfigError, match="one each"):
+        simulate(steps, [10] * 3, [30, 30])

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from colossal_contracts import CapacityError, PlacementPolicy
+from colossal_contracts import CapacityError, ConfigError, PlacementPolicy
 
 from ._policy import ChunkSummary, PolicyContext, SimpleChunkInfo
 
@@ -112,14 +112,21 @@ def _too_big(step: tuple[int, ...], size: Mapping[int, int], capacity: int, t: i
 def simulate(
     accesses: Sequence[Step],
     sizes: Mapping[int, int] | Sequence[int],
-    capacity: int,
+    capacity: int | Sequence[int],
     *,
     iterations: int = 1,
 ) -> SimResult:
     """Belady's MIN over ``accesses`` repeated ``iterations`` times, starting cold ([Note:
-    optimality]). ``sizes`` gives each chunk id's bytes."""
+    optimality]). ``sizes`` gives each chunk id's bytes. ``capacity`` is one figure, or one per
+    step of an iteration (what model data may use while that step runs)."""
     size = _size_of(sizes)
     steps = _steps(accesses) * iterations
+    caps = [capacity] * len(accesses) if isinstance(capacity, int) else list(capacity)
+    if len(caps) != len(accesses):
+        raise ConfigError(
+            f"capacity has {len(caps)} entries for {len(accesses)} steps; give one each"
+        )
+    caps = caps * iterations
     n = max(1, len(accesses))
     nxt: list[dict[int, float]] = [{} for _ in steps]  # per step: next use of its chunks after it
     later: dict[int, float] = {}
@@ -129,17 +136,18 @@ def simulate(
         for c in steps[t]:
             later[c] = t
     next_use: dict[int, float] = {}  # resident chunk -> next step that needs it
-    tally = _Tally(iterations, capacity, size)
+    tally = _Tally(iterations, max(caps, default=0), size)
     for t, step in enumerate(steps):
         tally.it = t // n
-        _too_big(step, size, capacity, t)
+        cap = caps[t]
+        _too_big(step, size, cap, t)
         need = sum(size[c] for c in step if c not in tally.resident)
-        if tally.used + need > capacity:
+        if tally.used + need > cap:
             victims = sorted(
                 (c for c in tally.resident if c not in step), key=lambda c: (-next_use[c], c)
             )
             for c in victims:
-                if tally.used + need <= capacity:
+                if tally.used + need <= cap:
                     break
                 tally.evict(c)
         for c in step:
