@@ -88,3 +88,36 @@ def reduce_scattered_grads_equal_all_reduced_slices(seed, chunk_numel):
             c.shard_bytes for c in mgr.chunks.values() if c.tier is TierName.ACCELERATOR
         )
         return True
+
+
+def random_accesses_under_budget(seed, n_accesses):
+    """The same random access sequence on every rank (collectives stay in step): sharded chunks
+    gather correctly under a budget of ~two gathered chunks, evicting shards to host and disk."""
+    import random
+
+    rng = random.Random(seed)  # same on every rank
+    params = _params(seed)
+    ref = {n: p.detach().clone() for n, p in params}
+    ws = dist.get_world_size()
+    chunk_numel = 48
+    full = -(-chunk_numel // ws) * ws * 4
+    cap = full + 2 * full // ws  # one gathered chunk and two shards
+    cfg = ChunkConfig(chunk_numel, accelerator_bytes=cap, host_bytes=full // ws, device="cpu")
+    with ChunkManager(cfg, group=dist.group.WORLD) as mgr:
+        mgr.register(params)
+        for _ in range(n_accesses):
+            name, p = params[rng.randrange(len(params))]
+            mgr.access([p])
+            assert torch.equal(p.data, ref[name])
+            if rng.random() < 0.5:
+                p.data.add_(1.0)  # every rank writes the same update
+                ref[name] = ref[name] + 1.0
+            mgr.release([p])
+            for t in mgr.stats().tiers.values():
+                assert t.peak_bytes <= t.capacity_bytes
+        moved = mgr.stats()
+        for name, p in params:
+            mgr.access([p])
+            assert torch.equal(p.data, ref[name])
+            mgr.release([p])
+        return moved.moved("accelerator", "disk").count + moved.moved("accelerator", "host").count

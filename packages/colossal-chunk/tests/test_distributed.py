@@ -19,3 +19,9 @@ def test_gathered_chunks_equal_unsharded_tensors(world, n, chunk_numel):
 @pytest.mark.parametrize("n", [2, 4])
 def test_reduce_scattered_grads_equal_all_reduced_slices(world, n):
     assert world(n).run(checks.reduce_scattered_grads_equal_all_reduced_slices, 3, 50) == [True] * n
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_random_accesses_keep_values_and_budgets(world, n):
+    evictions = world(n).run(checks.random_accesses_under_budget, 11, 40)
+    assert min(evictions) > 0
