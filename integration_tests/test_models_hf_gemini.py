@@ -11,7 +11,6 @@ from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 transformers = pytest.importorskip("transformers")
 
 
-
 def _gpt2():
     cfg = transformers.GPT2Config(
         n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64, bos_token_id=0,
