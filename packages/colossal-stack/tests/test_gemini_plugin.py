@@ -87,3 +87,40 @@ def test_bad_settings_are_clear_errors(kw, match):
 def test_budget_below_one_chunk_fails_before_training():
     with pytest.raises(ConfigError, match="cannot hold one chunk"):
         _setup(GeminiPlugin(accelerator_budget="16KiB"))
+
+
+def test_train_job_with_gemini_flags_logs_tiers_and_moves(tmp_path, small_corpus):
+    import json
+
+    from colossal import TrainConfig, train
+
+    cfg = TrainConfig(
+        preset="nano",
+        steps=6,
+        batch_size=4,
+        seq_len=32,
+        corpus=small_corpus,
+        out=tmp_path / "run",
+        plugin="gemini",
+        placement="static",
+        accelerator_budget="512KiB",
+        precision="bf16",
+    )
+    result = train(cfg)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 6 and all(r["bytes_moved"] > 0 for r in lines)
+    assert all(0 < r["accelerator_peak_bytes"] <= 512 * 1024 for r in lines)
+    assert all(r["host_peak_bytes"] > 0 for r in lines)
+    assert (tmp_path / "run" / "memory_timeline.png").stat().st_size > 0
+    assert result.losses[-1] < result.losses[0]
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [({"placement": "lazy"}, "unknown --placement 'lazy'"), ({"precision": "fp8"}, "--precision")],
+)
+def test_train_config_rejects_unknown_gemini_settings(kw, match):
+    from colossal import TrainConfig
+
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(**kw)

@@ -72,9 +72,9 @@ def _chunk_numel(
             )
         return n
     cap = sum(numels) if config.accelerator_bytes is None else config.accelerator_bytes
-    # several chunks should fit in the budget at once: a quarter of it per working set
+    # two working sets (an operator may read tensors of two chunks) should fit in the budget
     per_set = working_set_bytes(1, precision, 1)
-    limit = max(min(cap // (4 * per_set), _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
+    limit = max(min(cap // (2 * per_set), _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
     result = search_chunk_size(
         numels, max_numel=max(limit, unit), element_size=elem, world_size=world_size
     )

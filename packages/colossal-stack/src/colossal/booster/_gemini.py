@@ -108,7 +108,8 @@ class GeminiPlugin:
         return model.module if isinstance(model, GeminiModule) else model
 
     def memory_stats(self) -> dict[str, Any]:
-        """Per-tier bytes (now and peak), and bytes moved since the previous call and in total."""
+        """Per-tier bytes (now, and peak since the previous call) and bytes moved since the
+        previous call and in total."""
         if self._model is None:
             return {}
         stats = self._model.memory_stats()
@@ -120,6 +121,8 @@ class GeminiPlugin:
         total = stats.bytes_moved
         out["bytes_moved"], self._moved = total - self._moved, total
         out["bytes_moved_total"] = total
+        for tier in self._model.runtime.manager.tiers.values():
+            tier.reset_peak()  # the next call reports the peaks of the next step
         return out
 
     def save_checkpoint(

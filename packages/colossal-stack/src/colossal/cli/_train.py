@@ -37,7 +37,24 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out", type=Path, default=d.out, help="output directory (default: %(default)s)"
     )
-    p.add_argument("--plugin", default=d.plugin, help="training strategy (default: %(default)s)")
+    p.add_argument(
+        "--plugin", default=d.plugin, help="training strategy: gemini or ddp (default: %(default)s)"
+    )
+    p.add_argument(
+        "--placement",
+        default=d.placement,
+        help="gemini chunk placement: auto or static (default: %(default)s)",
+    )
+    p.add_argument(
+        "--accelerator-budget",
+        default=d.accelerator_budget,
+        help="gemini byte budget on the accelerator, e.g. 512MiB (default: all of it)",
+    )
+    p.add_argument(
+        "--precision",
+        default=d.precision,
+        help="gemini precision: fp32, bf16 or fp16 (default: %(default)s)",
+    )
     p.add_argument(
         "--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)"
     )
@@ -62,6 +79,9 @@ def _run(args: argparse.Namespace) -> int:
         corpus=args.corpus,
         out=args.out,
         plugin=args.plugin,
+        placement=args.placement,
+        accelerator_budget=args.accelerator_budget,
+        precision=args.precision,
         lr=args.lr,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,

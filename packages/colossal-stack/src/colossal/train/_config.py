@@ -24,7 +24,11 @@ class TrainConfig:
         seed: seeds model init (same on every rank) and data (offset per rank).
         corpus: text file or folder; None is the embedded default (Python's standard library).
         out: directory for metrics.jsonl, the checkpoint and plots.
-        plugin: training strategy ("ddp").
+        plugin: training strategy ("gemini": ZeRO-3 over chunks under a memory budget, or "ddp").
+        placement: Gemini chunk placement, "auto" (traced, Belady eviction) or "static".
+        accelerator_budget: Gemini's byte budget on the accelerator ("512MiB", "2GiB"); None: all
+            of it (on an emulated accelerator: no limit).
+        precision: Gemini's training precision: "fp32", "bf16" or "fp16" (fp32 masters).
         lr: peak learning rate (linear warmup over 10% of steps, cosine decay to 10% of it).
         weight_decay: AdamW decay, applied to matrices only.
         checkpoint_every: save every N steps (0: only at the end).
@@ -40,7 +44,10 @@ class TrainConfig:
     seed: int = 0
     corpus: Path | None = None
     out: Path = Path("runs/latest")
-    plugin: str = "ddp"
+    plugin: str = "gemini"
+    placement: str = "auto"
+    accelerator_budget: str | None = None
+    precision: str = "fp32"
     lr: float = 2e-3
     weight_decay: float = 0.1
     checkpoint_every: int = 0
@@ -57,5 +64,13 @@ class TrainConfig:
             raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if not self.lr > 0:
             raise ConfigError(f"--lr must be positive, got {self.lr}")
+        if self.placement not in ("auto", "static"):
+            raise ConfigError(
+                f"unknown --placement {self.placement!r}; choose one of: auto, static"
+            )
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ConfigError(
+                f"unknown --precision {self.precision!r}; choose one of: fp32, bf16, fp16"
+            )
         if self.model not in ("gpt", "palm"):
             raise ConfigError(f"unknown --model {self.model!r}; choose one of: gpt, palm")

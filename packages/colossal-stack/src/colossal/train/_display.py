@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-__all__ = ["TrainDisplay", "summary_table"]
+__all__ = ["TrainDisplay", "memory_summary", "plot_memory_timeline", "summary_table"]
 
 
 def _mib(n: float) -> str:
@@ -41,7 +42,11 @@ class TrainDisplay:
 
     def update(self, record: dict[str, Any], *, advance: int = 1) -> None:
         stats = f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s  mem {_mib(record['host_rss_bytes'])}"
-        if "accelerator_bytes" in record:
+        if "accelerator_peak_bytes" in record:
+            emulated = " (emulated)" if record.get("accelerator_emulated") else ""
+            stats += f"  acc{emulated} {_mib(record['accelerator_peak_bytes'])}"
+            stats += f"  host {_mib(record.get('host_peak_bytes', 0))}"
+        elif "accelerator_bytes" in record:
             stats += f"  acc {_mib(record['accelerator_bytes'])}"
         if "bytes_moved" in record:
             stats += f"  moved {_mib(record['bytes_moved'])}"
@@ -55,3 +60,52 @@ def summary_table(summary: dict[str, Any]) -> Table:
     for k, v in summary.items():
         table.add_row(k, f"{v:,.4g}" if isinstance(v, float) else str(v))
     return table
+
+
+def memory_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-tier peaks and bytes moved over a run, from its metrics records (empty without them)."""
+    if not records or "bytes_moved" not in records[-1]:
+        return {}
+    out: dict[str, Any] = {}
+    for tier in ("accelerator", "host", "disk"):
+        key = f"{tier}_peak_bytes"
+        if key in records[-1]:
+            label = f"{tier} peak" + (
+                " (emulated)"
+                if tier == "accelerator" and records[-1].get("accelerator_emulated")
+                else ""
+            )
+            out[label] = _mib(max(r.get(key, 0) for r in records))
+    out["bytes moved"] = _mib(sum(r["bytes_moved"] for r in records))
+    return out
+
+
+def plot_memory_timeline(records: list[dict[str, Any]], out: Path) -> Path:
+    """``out/memory_timeline.png``: per step, each tier's peak bytes and the bytes moved."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in records]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    for tier in ("accelerator", "host", "disk"):
+        key = f"{tier}_peak_bytes"
+        if key in records[-1]:
+            label = tier + (
+                " (emulated)"
+                if tier == "accelerator" and records[-1].get("accelerator_emulated")
+                else ""
+            )
+            ax1.plot(steps, [r.get(key, 0) / 2**20 for r in records], label=label)
+    ax1.set_ylabel("peak chunk bytes (MiB)")
+    ax1.legend(loc="upper right")
+    ax1.set_title("Gemini memory per step")
+    ax2.bar(steps, [r["bytes_moved"] / 2**20 for r in records], color="#dd8452")
+    ax2.set_ylabel("bytes moved (MiB)")
+    ax2.set_xlabel("step")
+    fig.tight_layout()
+    path = out / "memory_timeline.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -18,9 +18,9 @@ from colossal_contracts import ConfigError
 from colossal_models import GPT, ByteTokenizer, GPTConfig, PaLM, PaLMConfig, load_corpus
 
 from .._dist import init_from_env, rank_and_world
-from ..booster import Booster, DDPPlugin, Plugin
+from ..booster import Booster, DDPPlugin, GeminiPlugin, Plugin
 from ._config import TrainConfig
-from ._display import TrainDisplay, summary_table
+from ._display import TrainDisplay, memory_summary, plot_memory_timeline, summary_table
 from ._schedule import warmup_cosine
 
 __all__ = ["TrainResult", "build_plugin", "train"]
@@ -45,12 +45,20 @@ _MODELS: dict[str, tuple[type[nn.Module], Any]] = {
 }
 
 
-def build_plugin(name: str) -> Plugin:
-    """The plugin called ``name``; ``ConfigError`` naming the choices when unknown."""
-    plugins = {"ddp": DDPPlugin}
-    if name not in plugins:
-        raise ConfigError(f"unknown --plugin {name!r}; choose one of: {', '.join(plugins)}")
-    return plugins[name]()
+def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
+    """The plugin called ``name`` (Gemini set up from ``cfg``'s placement, budget and
+    precision); ``ConfigError`` naming the choices when unknown."""
+    plugins = ("gemini", "ddp")
+    if name == "ddp":
+        return DDPPlugin()
+    if name == "gemini":
+        cfg = cfg or TrainConfig()
+        return GeminiPlugin(
+            placement=cfg.placement,
+            accelerator_budget=cfg.accelerator_budget,
+            precision=cfg.precision,
+        )
+    raise ConfigError(f"unknown --plugin {name!r}; choose one of: {', '.join(plugins)}")
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -97,7 +105,7 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     optimizer = torch.optim.AdamW(
         _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95)
     )
-    booster = Booster(build_plugin(cfg.plugin))
+    booster = Booster(build_plugin(cfg.plugin, cfg))
     model, optimizer = booster.boost(model, optimizer)
 
     out = cfg.out
@@ -117,7 +125,7 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
         out.mkdir(parents=True, exist_ok=True)
         console.print(
             f"[bold]colossal train[/]: {cfg.model}-{cfg.preset} ({model_cfg.num_params():,} params), "
-            f"{world} rank(s), plugin {cfg.plugin}, corpus {corpus.source} "
+            f"{world} rank(s), plugin {_plugin_label(cfg)}, corpus {corpus.source} "
             f"({len(corpus.data):,} bytes, {corpus.num_files} files)"
         )
     metrics = (out / "metrics.jsonl").open("a" if cfg.resume else "w") if main else None
@@ -125,6 +133,7 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     losses: list[float] = []
     tokens_per_step = cfg.batch_size * cfg.seq_len * world
     checkpoint: Path | None = None
+    records: list[dict[str, Any]] = []
     run_start = time.perf_counter()
     with TrainDisplay(cfg.steps - start, enabled=main, console=console) as display:
         for step in range(start, cfg.steps):
@@ -149,6 +158,7 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
                 "host_rss_bytes": proc.memory_info().rss,
                 **booster.memory_stats(),
             }
+            records.append(record)
             if metrics is not None:
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
@@ -173,8 +183,18 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
         out=out,
     )
     if main:
-        console.print(summary_table(_summary(result, cfg, world, proc)))
+        summary = {**_summary(result, cfg, world, proc), **memory_summary(records)}
+        if records and "bytes_moved" in records[-1]:
+            summary["memory timeline"] = str(plot_memory_timeline(records, out))
+        console.print(summary_table(summary))
     return result
+
+
+def _plugin_label(cfg: TrainConfig) -> str:
+    if cfg.plugin != "gemini":
+        return cfg.plugin
+    budget = cfg.accelerator_budget or "whole accelerator"
+    return f"gemini ({cfg.placement}, {cfg.precision}, budget {budget})"
 
 
 def _data_seed(seed: int, rank: int, step: int) -> int:
