@@ -357,8 +357,8 @@ class ChunkManager:
         return cap if budget is None else budget(cap, moment)
 
     def stats(self) -> ManagerStats:
-        """Per-tier bytes in use and peak, and bytes/count of moves per direction."""
-        self._placement.settle_all(self.chunks)
+        """Per-tier bytes in use and peak, and bytes/count of moves per direction (a prefetch is
+        counted when issued; until it completes both its source and destination hold bytes)."""
         tiers = {
             n.value: TierStats(n.value, t.capacity_bytes, t.used_bytes, t.peak_bytes, t.emulated)
             for n, t in self.tiers.items()
@@ -368,7 +368,6 @@ class ChunkManager:
 
     def reset_stats(self) -> None:
         """Zero the move counters and start new peak windows (say, at the start of an iteration)."""
-        self._placement.settle_all(self.chunks)
         self._placement.moves.clear()
         for t in self.tiers.values():
             t.reset_peak()

@@ -251,6 +251,7 @@ class Placement:
             self._prefetcher = Prefetcher(acc.device)
         src_tier = self.tiers[chunk.tier]  # type: ignore[index]
         self._pending[chunk.chunk_id] = (self._prefetcher.copy(dst, chunk.shard), src_tier)
+        self._count(src_tier.name, ACC, chunk.shard_bytes)  # counted when issued
         return True
 
     def settle(self, chunk: Chunk) -> None:
@@ -262,7 +263,6 @@ class Placement:
         chunk.replace_shard(pending.wait(), copy=False)
         src.free(chunk.shard_bytes)
         src.discard(_key(chunk, src.name))
-        self._count(src.name, ACC, chunk.shard_bytes)
         chunk.tier = ACC
 
     def settle_all(self, chunks: dict[int, Chunk]) -> None:
