@@ -112,3 +112,14 @@ def test_module_order_and_traced_order_agree_on_a_sequential_model():
     traced = trace_order(m, lambda: m(torch.randn(3, 4)).sum())
     assert traced == module_order(m)
     assert traced[0] == ("0.weight", "0.bias") and len(traced) == 4
+
+
+def test_manager_reports_model_data_per_tier():
+    params = [(f"p{i}", torch.nn.Parameter(torch.ones(16))) for i in range(3)]
+    with ChunkManager(ChunkConfig(16, accelerator_bytes=128, host_bytes=64, device="cpu")) as mgr:
+        mgr.register(params)
+        assert mgr.model_data_bytes("host") == 64
+        assert mgr.model_data_bytes(TierName.DISK) == 128
+        mgr.access(["p2"])
+        assert mgr.model_data_bytes("accelerator") == 64
+        assert sum(mgr.model_data_bytes(t) for t in TierName) == 3 * 64

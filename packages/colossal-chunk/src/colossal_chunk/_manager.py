@@ -366,6 +366,11 @@ class ChunkManager:
         padding = sum(c.padding * c.element_size for c in self.chunks.values())
         return ManagerStats(tiers, self._placement.move_stats(), len(self.chunks), padding)
 
+    def model_data_bytes(self, tier: TierName | str) -> int:
+        """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data)."""
+        t = self.tiers.get(TierName(tier))
+        return 0 if t is None else t.used_bytes
+
     def reset_stats(self) -> None:
         """Zero the move counters and start new peak windows (say, at the start of an iteration)."""
         self._placement.moves.clear()
