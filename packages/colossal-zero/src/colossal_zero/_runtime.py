@@ -252,14 +252,17 @@ class GeminiRuntime:
         else:
             g = self.manager.parallel_chunk("grad", c)
             for n in rest:
-                g.set_state(n, _S.READY_FOR_REDUCE)  # still the zeros it was materialised with
+                g.view(n).zero_()
+                g.set_state(n, _S.READY_FOR_REDUCE)
             self._reduce(c, g)
 
     def _grad_chunk(self, c: Chunk) -> Chunk:
         g = self.manager.parallel_chunk("grad", c)
         if c.chunk_id not in self._open:
             self.stash(c.chunk_id)
-            self.manager.access_chunks([g], zero=True)
+            # One rank: the buffer is the shard; every slot is overwritten by its gradient or
+            # zeroed in _fill_and_reduce, and padding stays zero, so skip zeroing it all.
+            self.manager.access_chunks([g], zero=g.world_size > 1)
             self._open.add(c.chunk_id)
         return g
 
