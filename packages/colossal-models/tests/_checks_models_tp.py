@@ -159,3 +159,29 @@ def plan_errors() -> dict[str, str]:
             messages[name] = str(exc)
     mesh.close()
     return messages
+
+
+def hf_llama_under_tp(sequence_parallel: bool) -> float:
+    """Max |logits| difference between a random HF Llama and our converted copy under 1d."""
+    import torch.distributed as dist
+    import transformers
+
+    from colossal_models import LlamaStateDictAdapter
+
+    torch.manual_seed(0)
+    hf_cfg = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=1,
+        intermediate_size=96, vocab_size=256, max_position_embeddings=64, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    adapter = LlamaStateDictAdapter(LlamaStateDictAdapter.config_from_hf(hf.config))
+    ours = PaLM(adapter.config)
+    ours.load_state_dict(adapter.from_hf(hf.state_dict()))
+    mesh = _mesh("1d", dist.get_world_size())
+    parallelize(ours, mesh, sequence_parallel=sequence_parallel).eval()
+    idx = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        err = (ours(idx) - hf(idx).logits).abs().max().item()
+    mesh.close()
+    return err

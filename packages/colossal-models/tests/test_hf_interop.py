@@ -1,5 +1,8 @@
 """Hugging Face interop: random HF models built from configs (no download), logits within 1e-5."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,6 +12,9 @@ from colossal_models.gpt.state_dict import GPT2StateDictAdapter
 from colossal_models.palm.state_dict import LlamaStateDictAdapter
 
 transformers = pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _checks_models_tp as checks  # noqa: E402
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
@@ -136,3 +142,9 @@ def test_palm_proper_is_not_llama_shaped():
         LlamaStateDictAdapter(PaLMConfig.preset("nano"))
     with pytest.raises(ConfigError, match="silu"):
         LlamaStateDictAdapter.config_from_hf(transformers.LlamaConfig(hidden_act="gelu"))
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_hf_llama_converted_then_tensor_parallel_gives_hf_logits(world, sequence_parallel):
+    errors = world(2).run(checks.hf_llama_under_tp, sequence_parallel)
+    assert max(errors) < 1e-5, errors

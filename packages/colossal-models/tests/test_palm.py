@@ -112,6 +112,30 @@ def test_activation_checkpointing_gives_identical_gradients():
         torch.testing.assert_close(pa.grad, pb.grad, msg=n)
 
 
+def _saved_bytes(model, x):
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x, x)
+    loss.backward()
+    return total
+
+
+def test_activation_checkpointing_saves_fewer_activations():
+    torch.manual_seed(0)
+    model = PaLM(PaLMConfig.preset("micro"))
+    x = torch.randint(0, 256, (4, 64))
+    plain = _saved_bytes(model, x)
+    apply_activation_checkpointing(model)
+    checkpointed = _saved_bytes(model, x)
+    assert checkpointed < plain / 2, (checkpointed, plain)
+
+
 def test_too_long_input_is_a_clear_error():
     with pytest.raises(ConfigError, match="exceeds max_seq_len 64"):
         PaLM(PaLMConfig.preset("nano"))(torch.zeros(1, 65, dtype=torch.long))
