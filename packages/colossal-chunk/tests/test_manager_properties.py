@@ -168,5 +168,5 @@ def test_release_without_access_is_illegal():
         with pytest.raises(StateTransitionError, match="HOLD -> READY_FOR_REDUCE"):
             mgr.release([p], state=TensorState.READY_FOR_REDUCE)
         mgr.access([p])
-        with pytest.raises(CapacityError, match="COMPUTE"):
+        with pytest.raises(StateTransitionError, match="COMPUTE"):
             mgr.move(mgr.chunk_of(p), TierName.HOST)

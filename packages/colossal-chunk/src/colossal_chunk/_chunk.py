@@ -20,7 +20,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from colossal_contracts import ConfigError, StateTransitionError, TensorState, check_transition
+from colossal_contracts import (
+    ConfigError,
+    StateTransitionError,
+    TensorState,
+    TierName,
+    check_transition,
+)
 
 __all__ = ["Chunk", "TensorRecord"]
 
@@ -69,7 +75,7 @@ class Chunk:
     used: int  # elements filled by tensors; the rest is padding
     shard: torch.Tensor | None  # 1-D, shard_numel, on self.tier; None before storage is given
     full: torch.Tensor | None  # 1-D, capacity, on the compute device while gathered
-    tier: object | None  # the TierName the shard lives on (set by the manager)
+    tier: TierName | None  # where the shard lives (set by the manager)
 
     def __init__(
         self,

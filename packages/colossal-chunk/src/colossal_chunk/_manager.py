@@ -100,7 +100,8 @@ class ChunkManager:
                 continue
             fresh[name] = p
         rank = {n: i for i, n in enumerate(order or ())}
-        names = sorted(fresh, key=lambda n: (rank.get(n, len(rank)), list(fresh).index(n)))
+        given = {n: i for i, n in enumerate(fresh)}
+        names = sorted(fresh, key=lambda n: (rank.get(n, len(rank)), given[n]))
         open_chunk: dict[torch.dtype, Chunk] = {}
         new: list[Chunk] = []
         for name in names:
@@ -301,7 +302,8 @@ class ChunkManager:
 
     def move(self, chunk: Chunk | int, tier: TierName | str) -> None:
         """Move a chunk's shard to ``tier`` (releasing its gathered buffer if it leaves the compute
-        tier). Raises ``CapacityError`` if ``tier`` is full or a tensor is in COMPUTE."""
+        tier). Raises ``CapacityError`` if ``tier`` is full, ``StateTransitionError`` if a tensor
+        is in COMPUTE."""
         c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
         tier = TierName(tier)
         if tier is not ACC and c.world_size > 1 and c.is_gathered:

@@ -11,7 +11,13 @@ from contextlib import suppress
 
 import torch
 
-from colossal_contracts import CapacityError, ConfigError, PlacementPolicy, TierName
+from colossal_contracts import (
+    CapacityError,
+    ConfigError,
+    PlacementPolicy,
+    StateTransitionError,
+    TierName,
+)
 
 from ._accounting import MoveStats
 from ._chunk import Chunk
@@ -115,7 +121,7 @@ class Placement:
         if src is dst:
             return
         if chunk.pinned:
-            raise CapacityError(
+            raise StateTransitionError(
                 f"chunk {chunk.chunk_id} cannot move while a tensor is in COMPUTE; release it first"
             )
         d = self.tiers[dst]
