@@ -34,7 +34,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from colossal_chunk import Chunk, ChunkManager
-from colossal_contracts import ConfigError, TensorState
+from colossal_contracts import ConfigError, TensorState, TierName
 
 from ._config import GeminiConfig
 from ._setup import GeminiTrace, build_manager
@@ -42,6 +42,7 @@ from ._setup import GeminiTrace, build_manager
 __all__ = ["GeminiRuntime"]
 
 _S = TensorState
+_ACC = TierName.ACCELERATOR
 
 
 class _PreBackward(torch.autograd.Function):
@@ -177,12 +178,36 @@ class GeminiRuntime:
         self._advance(names)
         for cid in {self.manager.chunk_of(n).chunk_id for n in names}:
             self.stash(cid)
-        self.manager.access(names)
+        self._access(names)
 
     def post_op(self, names: tuple[str, ...]) -> None:
-        busy = [n for n in names if self.manager.chunk_of(n).state(n) is _S.COMPUTE]
-        if busy:
-            self.manager.release(busy, state=_S.HOLD)
+        m = self.manager
+        busy = [n for n in names if m.chunk_of(n).state(n) is _S.COMPUTE]
+        if not busy:
+            return
+        evict_after = getattr(m.policy, "evict_after_use", None)
+        chunks = {m.chunk_of(n).chunk_id: m.chunk_of(n) for n in busy}
+        if all(c.world_size == 1 for c in chunks.values()) and (
+            evict_after is None or not any(evict_after(cid) for cid in chunks)
+        ):  # fast path: nothing to reshard or offload, only states change
+            for n in busy:
+                m.chunk_of(n).set_state(n, _S.HOLD)
+        else:
+            m.release(busy, state=_S.HOLD)
+
+    def _access(self, names: Sequence[str]) -> None:
+        """``manager.access``, with a fast path when every chunk is already resident and
+        gathered: then only states change (and the policy hears of the use)."""
+        m = self.manager
+        chunks = {m.chunk_of(n).chunk_id: m.chunk_of(n) for n in names}
+        if all(c.tier is _ACC and c.is_gathered for c in chunks.values()):
+            for n in names:
+                m.chunk_of(n).set_state(n, _S.COMPUTE)
+            hook = getattr(m.policy, "on_access", None)
+            if hook is not None:
+                hook(list(chunks), m.moment)
+        else:
+            m.access(names)
 
     def _advance(self, names: tuple[str, ...]) -> None:
         self._moment += 1
@@ -205,7 +230,7 @@ class GeminiRuntime:
             if cid not in self._open:
                 self.stash(cid)
         if todo:
-            self.manager.access(todo)
+            self._access(todo)
 
     def _grad_hook(self, name: str):  # type: ignore[no-untyped-def]
         def hook(p: nn.Parameter) -> None:
