@@ -35,7 +35,7 @@ class TinyGPT(nn.Module):
         self.spare = nn.Linear(dim, dim) if unused else None  # never used in forward
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1])
+        pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for blk in self.blocks:
             x = blk(x)
