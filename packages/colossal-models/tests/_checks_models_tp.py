@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig, parallelize
+from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig, gather_full_state_dict, parallelize
 from colossal_parallel import MeshConfig, ProcessMesh
 
 B, T, STEPS = 4, 16, 5
@@ -76,6 +76,10 @@ def run_case(model: str, mode: str, sp: bool = False, ac: bool = False) -> dict:
     torch.manual_seed(0)
     ref = MODELS[model]()
     par = parallelize(copy.deepcopy(ref), mesh, **opts)
+    gathered = gather_full_state_dict(par, mesh)
+    gather_exact = gathered.keys() == ref.state_dict().keys() and all(
+        torch.equal(gathered[k], v) for k, v in ref.state_dict().items()
+    )
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 256, (2, B, T), generator=g)
     batch = torch.randint(0, 256, (B, T + 1), generator=g)  # trained on: the loss must fall
@@ -107,6 +111,13 @@ def run_case(model: str, mode: str, sp: bool = False, ac: bool = False) -> dict:
             opt.step()
             out.append(loss.item())
         losses[tag] = out
+    # the trained shards put back together make an unsharded model computing the same loss
+    full = gather_full_state_dict(par, mesh)
+    merged = MODELS[model]()
+    merged.load_state_dict(full)
+    with torch.no_grad():
+        xb, yb = batch[:, :-1], batch[:, 1:]
+        merged_err = abs(merged.eval()(xb, yb).item() - par.eval()(xb, yb).item())
     mesh.close()
     return {
         "sp_layers": sum(bool(getattr(m, "sequence_parallel", False)) for m in par.modules()),
@@ -120,6 +131,8 @@ def run_case(model: str, mode: str, sp: bool = False, ac: bool = False) -> dict:
         "loss": (loss_ref.item(), loss_par.item()),
         "logits_err": logits_err,
         "grad_err": grad_err,
+        "gather_exact": gather_exact,
+        "merged_err": merged_err,
         "num_params_checked": checked,
         "losses": losses,
     }
@@ -161,8 +174,9 @@ def plan_errors() -> dict[str, str]:
     return messages
 
 
-def hf_llama_under_tp(sequence_parallel: bool) -> float:
-    """Max |logits| difference between a random HF Llama and our converted copy under 1d."""
+def hf_llama_under_tp(sequence_parallel: bool) -> tuple[float, bool]:
+    """Max |logits| difference between a random HF Llama and our converted copy under 1d, and
+    whether the shards gathered and converted back are HF's state dict exactly."""
     import torch.distributed as dist
     import transformers
 
@@ -183,5 +197,9 @@ def hf_llama_under_tp(sequence_parallel: bool) -> float:
     idx = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         err = (ours(idx) - hf(idx).logits).abs().max().item()
+    back = adapter.to_hf(gather_full_state_dict(ours, mesh))
+    exact = back.keys() == hf.state_dict().keys() and all(
+        torch.equal(v, hf.state_dict()[k]) for k, v in back.items()
+    )
     mesh.close()
-    return err
+    return err, exact

@@ -56,6 +56,13 @@ def test_sharded_models_match_the_unsharded_one(world, size):
         for a, b in zip(r["losses"]["ref"], r["losses"]["par"]):
             assert math.isclose(a, b, rel_tol=1e-4), (name, r["losses"])
         assert r["losses"]["ref"][-1] < r["losses"]["ref"][0]  # it trained
+        # gathering the shards gives back the unsharded weights exactly, and after training a
+        # model that computes the sharded model's loss
+        assert all(o["gather_exact"] for o in others), name
+        assert max(o["merged_err"] for o in others) < 1e-5, (
+            name,
+            [o["merged_err"] for o in others],
+        )
 
 
 def test_plan_misuse_is_a_clear_error(world):

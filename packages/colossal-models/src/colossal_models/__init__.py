@@ -7,6 +7,7 @@ Every model folder has the same shape: ``config`` (dataclass and presets), ``mod
 
 from ._checkpointing import apply_activation_checkpointing
 from ._corpus import Corpus, default_corpus_path, load_corpus
+from ._gather import gather_full_state_dict
 from ._io import LMIO
 from ._parallelize import parallelize
 from ._tokenizer import ByteTokenizer
@@ -28,6 +29,7 @@ __all__ = [
     "PaLMConfig",
     "apply_activation_checkpointing",
     "default_corpus_path",
+    "gather_full_state_dict",
     "load_corpus",
     "parallelize",
 ]
