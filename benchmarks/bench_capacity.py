@@ -11,6 +11,7 @@ AdamW states, activations) is within B.
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def _gemini_fits(
     chunk_budget = budget - non_model
     if chunk_budget <= 0:
         return None
+    gc.collect()  # the previous trial's chunks (held in reference cycles) must not crowd this one
     torch.manual_seed(0)
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -90,6 +92,7 @@ def _gemini_fits(
     except (CapacityError, ConfigError):
         return None
     stats = gm.memory_stats()
+    gm.runtime.manager.close()
     acc, hst = stats.tiers["accelerator"], stats.tiers["host"]
     assert acc.peak_bytes + non_model <= budget and hst.peak_bytes <= host
     return {

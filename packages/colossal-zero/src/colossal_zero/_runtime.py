@@ -25,6 +25,7 @@ fp32 "acc" chunk and, with masters, the parameters are restored from the masters
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -233,11 +234,18 @@ class GeminiRuntime:
             self._access(todo)
 
     def _grad_hook(self, name: str):  # type: ignore[no-untyped-def]
+        # A weak reference: the hook lives in the parameter's C++ hook list, which the garbage
+        # collector cannot see, so a strong one would keep the runtime (and its chunks) alive.
+        ref = weakref.ref(self)
+
         def hook(p: nn.Parameter) -> None:
-            self._start_backward()
+            rt = ref()
+            if rt is None:
+                return
+            rt._start_backward()
             grad, p.grad = p.grad, None
             if grad is not None:
-                self._collect(name, grad)
+                rt._collect(name, grad)
 
         return hook
 
