@@ -71,7 +71,10 @@ def _chunk_numel(
                 f"({largest:,} elements); raise chunk_numel or leave it None to search"
             )
         return n
-    cap = sum(numels) if config.accelerator_bytes is None else config.accelerator_bytes
+    if config.accelerator_bytes is None:
+        cap = sum(numels)
+    else:  # the part of the budget chunks may use
+        cap = max(0, config.accelerator_bytes - config.non_model_bytes)
     # two working sets (an operator may read tensors of two chunks) should fit in the budget
     per_set = working_set_bytes(1, precision, 1)
     limit = max(min(cap // (2 * per_set), _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)

@@ -56,6 +56,9 @@ class GeminiPlugin:
         precision: "fp32", "bf16" or "fp16" (fp32 masters and, for fp16, loss scaling).
         host_budget: bytes of chunks in host memory (None: no limit).
         max_grad_norm: clip the global gradient norm (0: no clipping).
+        non_model_bytes: accelerator bytes kept free for activations (the auto policy plans
+            chunks into the budget minus this); ``colossal train`` fills it from memtrace's
+            static estimate of one step when a budget is given. None: 0.
         export_full_model: also write a consolidated ``model.safetensors`` (fp32) beside the
             shards of every checkpoint, loadable by plain PyTorch.
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
@@ -66,6 +69,7 @@ class GeminiPlugin:
     precision: str = "fp32"
     host_budget: int | str | None = None
     max_grad_norm: float = 0.0
+    non_model_bytes: int | str | None = None
     export_full_model: bool = True
     name: str = "gemini"
     sharded_checkpoint: bool = True
@@ -81,11 +85,16 @@ class GeminiPlugin:
             raise ConfigError(
                 f"unknown precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}"
             )
-        self.config = GeminiConfig(
+        self.gemini_config()  # validates the budgets
+
+    def gemini_config(self) -> GeminiConfig:
+        """The ``GeminiConfig`` these settings stand for."""
+        return GeminiConfig(
             precision=self.precision,
             placement=self.placement,
             accelerator_bytes=parse_bytes(self.accelerator_budget),
             host_bytes=parse_bytes(self.host_budget),
+            non_model_bytes=parse_bytes(self.non_model_bytes) or 0,
         )
 
     def configure(
@@ -93,7 +102,7 @@ class GeminiPlugin:
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Apply Gemini to ``model`` and turn ``optimizer`` (Adam/AdamW, built on the plain
         model's parameters) into a ``GeminiOptimizer`` with the same groups."""
-        gm = apply_gemini(model, self.config)
+        gm = apply_gemini(model, self.gemini_config())
         opt = GeminiOptimizer.from_torch(gm, optimizer, max_grad_norm=self.max_grad_norm)
         self._model = gm
         return gm, opt
@@ -118,6 +127,7 @@ class GeminiPlugin:
             out[f"{name}_bytes"] = t.used_bytes
             out[f"{name}_peak_bytes"] = t.peak_bytes
         out["accelerator_emulated"] = stats.tiers["accelerator"].emulated
+        out["non_model_reserved_bytes"] = parse_bytes(self.non_model_bytes) or 0
         total = stats.bytes_moved
         out["bytes_moved"], self._moved = total - self._moved, total
         out["bytes_moved_total"] = total

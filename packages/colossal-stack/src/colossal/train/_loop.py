@@ -15,6 +15,7 @@ from rich.console import Console
 from torch import nn
 
 from colossal_contracts import ConfigError
+from colossal_memtrace import estimate_step
 from colossal_models import GPT, ByteTokenizer, GPTConfig, PaLM, PaLMConfig, load_corpus
 
 from .._dist import init_from_env, rank_and_world
@@ -105,7 +106,10 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     optimizer = torch.optim.AdamW(
         _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95)
     )
-    booster = Booster(build_plugin(cfg.plugin, cfg))
+    plugin = build_plugin(cfg.plugin, cfg)
+    if isinstance(plugin, GeminiPlugin) and cfg.accelerator_budget is not None:
+        plugin.non_model_bytes = _activation_bytes(family, model_cfg, cfg)
+    booster = Booster(plugin)
     model, optimizer = booster.boost(model, optimizer)
 
     out = cfg.out
@@ -125,7 +129,7 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
         out.mkdir(parents=True, exist_ok=True)
         console.print(
             f"[bold]colossal train[/]: {cfg.model}-{cfg.preset} ({model_cfg.num_params():,} params), "
-            f"{world} rank(s), plugin {_plugin_label(cfg)}, corpus {corpus.source} "
+            f"{world} rank(s), plugin {_plugin_label(cfg, plugin)}, corpus {corpus.source} "
             f"({len(corpus.data):,} bytes, {corpus.num_files} files)"
         )
     metrics = (out / "metrics.jsonl").open("a" if cfg.resume else "w") if main else None
@@ -190,11 +194,26 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     return result
 
 
-def _plugin_label(cfg: TrainConfig) -> str:
-    if cfg.plugin != "gemini":
+def _activation_bytes(family: Any, model_cfg: Any, cfg: TrainConfig) -> int:
+    """Peak non-model (activation) bytes of one step on the accelerator, from memtrace's static
+    estimate on the meta device: what Gemini keeps free of chunks under ``--accelerator-budget``."""
+    shape = (cfg.batch_size, cfg.seq_len)
+    stats = estimate_step(
+        lambda: family(model_cfg),
+        lambda dev: (torch.zeros(shape, dtype=torch.long, device=dev),) * 2,
+        target="cuda" if torch.cuda.is_available() else "cpu",
+    )
+    return stats.peak_non_model("accelerator")
+
+
+def _plugin_label(cfg: TrainConfig, plugin: Plugin) -> str:
+    if not isinstance(plugin, GeminiPlugin):
         return cfg.plugin
     budget = cfg.accelerator_budget or "whole accelerator"
-    return f"gemini ({cfg.placement}, {cfg.precision}, budget {budget})"
+    label = f"gemini ({cfg.placement}, {cfg.precision}, budget {budget}"
+    if plugin.non_model_bytes:
+        label += f", {int(plugin.non_model_bytes) / 2**20:,.1f} MiB kept for activations"
+    return label + ")"
 
 
 def _data_seed(seed: int, rank: int, step: int) -> int:
