@@ -53,9 +53,9 @@ MODELS = {
 }
 
 
-def _mesh(mode: str, world: int) -> ProcessMesh:
+def _mesh(mode: str, world: int, dp: int = 1) -> ProcessMesh:
     depth = 2 if mode == "2.5d" else 1
-    return ProcessMesh(MeshConfig(tp=world, tp_mode=mode, tp_depth=depth))
+    return ProcessMesh(MeshConfig(dp=dp, tp=world // dp, tp_mode=mode, tp_depth=depth))
 
 
 def _shard_of_grads(ref: torch.nn.Module, mesh: ProcessMesh, opts: dict) -> dict:
@@ -136,6 +136,38 @@ def run_case(model: str, mode: str, sp: bool = False, ac: bool = False) -> dict:
         "num_params_checked": checked,
         "losses": losses,
     }
+
+
+def run_dp_case(model: str, mode: str) -> dict:
+    """Two data-parallel replicas of a tensor-parallel model, each on half the batch, with
+    gradients averaged over ``dp``: the unsharded model's loss and gradient shards."""
+    import torch.distributed as dist
+
+    mesh = _mesh(mode, dist.get_world_size(), dp=2)
+    torch.manual_seed(0)
+    ref = MODELS[model]()
+    par = parallelize(copy.deepcopy(ref), mesh, mode)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 256, (2, 2 * B, T), generator=g)
+    loss_ref = ref(x, y)
+    loss_ref.backward()
+    half = slice(mesh.coord("dp") * B, (mesh.coord("dp") + 1) * B)
+    loss = par(x[half], y[half])
+    loss.backward()
+    group = mesh.group("dp")
+    mean_loss = loss.detach().clone()
+    dist.all_reduce(mean_loss, group=group)
+    grad_err = 0.0
+    expected = _shard_of_grads(ref, mesh, {"mode": mode})
+    for name, p in par.named_parameters():
+        if p.requires_grad:
+            dist.all_reduce(p.grad, group=group)
+            p.grad /= 2
+            e = expected[name]
+            err = (p.grad - e).abs().max() / e.abs().max().clamp(min=1e-12)
+            grad_err = max(grad_err, err.item())
+    mesh.close()
+    return {"loss": (loss_ref.item(), mean_loss.item() / 2), "grad_err": grad_err}
 
 
 def run_cases(cases: list[tuple]) -> list[dict]:

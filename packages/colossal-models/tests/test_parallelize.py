@@ -65,6 +65,15 @@ def test_sharded_models_match_the_unsharded_one(world, size):
         )
 
 
+@pytest.mark.parametrize(("size", "model", "mode"), [(4, "palm", "1d"), (8, "gpt", "2d")])
+def test_data_parallel_replicas_of_a_sharded_model(world, size, model, mode):
+    results = world(size).run(checks.run_dp_case, model, mode)
+    for r in results:
+        ref, par = r["loss"]
+        assert math.isclose(ref, par, rel_tol=1e-5), r
+        assert r["grad_err"] < 1e-4, r
+
+
 def test_plan_misuse_is_a_clear_error(world):
     one_d = world(2).run(checks.plan_errors)[0]
     assert "does not match the mesh's tp_mode '1d'" in one_d["mode"]
