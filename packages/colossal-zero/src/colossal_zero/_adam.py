@@ -131,7 +131,10 @@ def global_grad_norm(
     for g in grads:
         total += torch.linalg.vector_norm(g, 2, dtype=torch.float32).double().square().cpu()
     if group is not None and torch.distributed.get_world_size(group) > 1:
+        if torch.distributed.get_backend(group) == "nccl":  # NCCL reduces CUDA tensors only
+            total = total.cuda()
         torch.distributed.all_reduce(total, group=group)
+        total = total.cpu()
     return math.sqrt(float(total)) if math.isfinite(float(total)) else float(total)
 
 

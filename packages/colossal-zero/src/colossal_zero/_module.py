@@ -68,12 +68,20 @@ class GeminiModule(nn.Module):
 def gather_shard(shard: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """The full 1-D chunk from every rank's shard (a CPU copy)."""
     world = dist.get_world_size(group) if group is not None else 1
-    local = shard.detach().cpu()
     if world == 1:
-        return local
-    full = torch.empty(local.numel() * world, dtype=local.dtype)
-    dist.all_gather_into_tensor(full, local.contiguous(), group=group)
-    return full
+        return shard.detach().cpu()
+    dev = _comm_device(group)
+    local = shard.detach().to(dev).contiguous()
+    full = torch.empty(local.numel() * world, dtype=local.dtype, device=dev)
+    dist.all_gather_into_tensor(full, local, group=group)
+    return full.cpu()
+
+
+def _comm_device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where tensors must be for collectives on ``group``: the current CUDA device under NCCL."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _to(t: Any, dev: torch.device) -> Any:
