@@ -71,10 +71,15 @@ def reference(
     clip: float = 0.0,
     autocast: bool = False,
     lr: float = 1e-2,
+    freeze: tuple[str, ...] = (),
     **kw: object,
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Plain PyTorch AdamW on one process: losses per step and final weights."""
+    """Plain PyTorch AdamW on one process: losses per step and final weights. Parameters whose
+    names start with one of ``freeze`` get ``requires_grad=False``."""
     model = build(**kw)
+    for n, p in model.named_parameters():
+        if n.startswith(freeze):
+            p.requires_grad_(False)
     opt = torch.optim.AdamW(param_groups(model), lr=lr)
     losses = []
     for x, y in batches(steps * accum, batch):

@@ -60,6 +60,21 @@ class _PreBackward(torch.autograd.Function):
         return (None, None, *grads)
 
 
+class _PostBackward(torch.autograd.Function):
+    """Identity on an operator's input; in backward (after the operator's), releases the frozen
+    parameters it read, which no gradient hook would release."""
+
+    @staticmethod
+    def forward(ctx: Any, rt: GeminiRuntime, names: tuple[str, ...], x: torch.Tensor) -> Any:
+        ctx.rt, ctx.names = rt, names
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        ctx.rt.post_backward(ctx.names)
+        return None, None, grad
+
+
 class _AccessMode(TorchFunctionMode):
     """See [Note: operator hooks]."""
 
@@ -73,6 +88,14 @@ class _AccessMode(TorchFunctionMode):
         if not names:
             return func(*args, **kwargs)
         self.rt.pre_op(names)
+        frozen = tuple(n for n in names if not self.rt.params[n].requires_grad)
+        if frozen and torch.is_grad_enabled():
+            args = tuple(
+                _PostBackward.apply(self.rt, frozen, a)
+                if isinstance(a, torch.Tensor) and a.requires_grad and id(a) not in self.rt.names
+                else a
+                for a in args
+            )
         try:
             out = func(*args, **kwargs)
         finally:
@@ -232,6 +255,12 @@ class GeminiRuntime:
                 self.stash(cid)
         if todo:
             self._access(todo)
+
+    def post_backward(self, names: tuple[str, ...]) -> None:
+        """After an operator's backward: frozen parameters it read go back to HOLD."""
+        busy = [n for n in names if self.manager.chunk_of(n).state(n) is _S.COMPUTE]
+        if busy:
+            self.manager.release(busy, state=_S.HOLD)
 
     def _grad_hook(self, name: str):  # type: ignore[no-untyped-def]
         # A weak reference: the hook lives in the parameter's C++ hook list, which the garbage
