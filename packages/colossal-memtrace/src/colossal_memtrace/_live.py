@@ -3,8 +3,8 @@
 [Note: live-tensor accounting] While a ``LiveTensorTracker`` is active (it is a torch dispatch
 mode), every tensor an operator reads or returns is looked up by its storage (the address of the
 C++ ``StorageImpl``). A storage is counted once, with ``nbytes()``, the first time it is seen, and
-uncounted by a ``weakref.finalize`` on the Python storage object, which torch keeps alive exactly as
-long as the storage itself. Views share their base's storage and cost nothing; a storage resized in
+uncounted by the callback of a weak reference to the Python storage object, which torch keeps
+alive exactly as long as the storage itself. Views share their base's storage and cost nothing; a storage resized in
 place is re-measured the next time an operator returns it. Scratch memory a kernel allocates and
 frees inside itself is not visible: the figures are the bytes operators hold between calls, which
 is what a caching allocator is asked for. Storages made before the tracker started are counted from
@@ -19,12 +19,12 @@ the non-model part are kept per tier since the last ``cut``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from colossal_contracts import MemorySample, TierName
 
@@ -48,14 +48,24 @@ class WindowPeak:
     model_at_end: int
 
 
-class _Entry:
-    __slots__ = ("finalizer", "model", "nbytes", "tier")
+def _tensors(container: Any) -> Iterator[torch.Tensor]:
+    """The tensors in (nested) lists, tuples and dict values: all an aten operator takes or
+    returns (its schema allows ``Tensor[]``, ``Tensor?[]`` and tuples of returns)."""
+    for x in container.values() if isinstance(container, dict) else container:
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, (list, tuple, dict)):
+            yield from _tensors(x)
 
-    def __init__(self, nbytes: int, tier: TierName, model: bool):
-        self.nbytes = nbytes
-        self.tier = tier
-        self.model = model
-        self.finalizer: weakref.finalize | None = None
+
+class _Entry(weakref.ref):
+    """One counted storage: a weak reference to its Python object whose callback uncounts it."""
+
+    __slots__ = ("key", "model", "nbytes", "tier")
+    key: int  # the StorageImpl address
+    model: bool
+    nbytes: int
+    tier: int  # index into _TIERS
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -64,7 +74,7 @@ class LiveTensorTracker(TorchDispatchMode):
     Use as a context manager around the code to measure. ``compute_device`` is the device whose
     tensors count as the accelerator tier (the meta device always does too); other devices count
     as host. When the compute device is the CPU, the accelerator is emulated and every CPU byte is
-    accelerator data. See [Note: live-tensor accounting].
+    accelerator data. See [Note: live-tensor accounting] and [Note: tracker fast path].
 
     ``model_bytes_fn``, when given, replaces the model/non-model split by storage: model bytes on a
     tier are what it returns, and non-model = live bytes - that (clamped at 0). ``on_param_use`` is
@@ -81,12 +91,14 @@ class LiveTensorTracker(TorchDispatchMode):
         self.compute_device = torch.device(compute_device)
         self.model_bytes_fn = model_bytes_fn
         self.on_param_use: Callable[[str], None] | None = None
-        self._entries: dict[int, _Entry] = {}
+        self._entries: dict[int, _Entry] = {}  # storage key -> entry
         self._params: dict[int, str] = {}  # storage key -> parameter name
-        self._used = {t: [0, 0] for t in _TIERS}  # tier -> [non-model bytes, model bytes]
-        self._win_total = dict.fromkeys(_TIERS, 0)
-        self._win_non_model = dict.fromkeys(_TIERS, 0)
-        self._peak_total = dict.fromkeys(_TIERS, 0)
+        # Per tier index (see _TIERS): [non-model bytes, model bytes] held now, and the peaks.
+        self._used = [[0, 0] for _ in _TIERS]
+        self._win_total = [0] * len(_TIERS)
+        self._win_non_model = [0] * len(_TIERS)
+        self._peak_total = [0] * len(_TIERS)
+        self._tier_index: dict[torch.device, int] = {}
         self.num_storages_seen = 0
 
     # -- accounting -------------------------------------------------------------------------
@@ -96,10 +108,30 @@ class LiveTensorTracker(TorchDispatchMode):
             return TierName.ACCELERATOR
         return TierName.HOST if device.type == "cpu" else TierName.ACCELERATOR
 
-    def _release(self, key: int) -> None:
-        e = self._entries.pop(key, None)
-        if e is not None:
+    def _tier_index_of(self, device: torch.device) -> int:
+        i = self._tier_index.get(device)
+        if i is None:
+            i = self._tier_index[device] = _TIERS.index(self.tier_of(device))
+        return i
+
+    def _on_free(self, e: _Entry) -> None:
+        # Weakref callback: the storage died. The identity check keeps a late callback from
+        # uncounting a newer storage at the same address.
+        if self._entries.get(e.key) is e:
+            del self._entries[e.key]
             self._used[e.tier][e.model] -= e.nbytes
+
+    def _add(self, s: torch.UntypedStorage, key: int, device: torch.device) -> _Entry:
+        e = _Entry(s, self._on_free)
+        e.key = key
+        e.model = False
+        e.nbytes = n = s.nbytes()
+        e.tier = i = self._tier_index_of(device)
+        self._entries[key] = e
+        self.num_storages_seen += 1
+        self._used[i][0] += n
+        self._bump(i)
+        return e
 
     def _see(self, t: torch.Tensor, *, output: bool) -> None:
         try:
@@ -109,50 +141,101 @@ class LiveTensorTracker(TorchDispatchMode):
         key = s._cdata
         e = self._entries.get(key)
         if e is None:
-            e = _Entry(s.nbytes(), self.tier_of(t.device), False)
-            e.finalizer = weakref.finalize(s, self._release, key)
-            e.finalizer.atexit = False
-            self._entries[key] = e
-            self._used[e.tier][0] += e.nbytes
-            self.num_storages_seen += 1
-            self._bump(e.tier)
+            self._add(s, key, t.device)
         elif output:
-            n = s.nbytes()
-            if n != e.nbytes:
-                self._used[e.tier][e.model] += n - e.nbytes
-                e.nbytes = n
-                self._bump(e.tier)
+            self._resized(e, s)
         if self._params and self.on_param_use is not None:
             name = self._params.get(key)
             if name is not None:
                 self.on_param_use(name)
 
-    def _non_model(self, tier: TierName) -> int:
-        used = self._used[tier]
+    def _resized(self, e: _Entry, s: torch.UntypedStorage) -> None:
+        n = s.nbytes()
+        if n != e.nbytes:
+            self._used[e.tier][e.model] += n - e.nbytes
+            e.nbytes = n
+            self._bump(e.tier)
+
+    def _non_model(self, i: int) -> int:
+        used = self._used[i]
         if self.model_bytes_fn is None:
             return used[0]
-        return max(0, used[0] + used[1] - self.model_bytes_fn(tier))
+        return max(0, used[0] + used[1] - self.model_bytes_fn(_TIERS[i]))
 
-    def _bump(self, tier: TierName) -> None:
-        used = self._used[tier]
+    def _bump(self, i: int) -> None:
+        used = self._used[i]
         total = used[0] + used[1]
-        if total > self._win_total[tier]:
-            self._win_total[tier] = total
-            if total > self._peak_total[tier]:
-                self._peak_total[tier] = total
-        nm = self._non_model(tier)
-        if nm > self._win_non_model[tier]:
-            self._win_non_model[tier] = nm
+        if total > self._win_total[i]:
+            self._win_total[i] = total
+            if total > self._peak_total[i]:
+                self._peak_total[i] = total
+        nm = used[0] if self.model_bytes_fn is None else self._non_model(i)
+        if nm > self._win_non_model[i]:
+            self._win_non_model[i] = nm
 
+    # [Note: tracker fast path] Every operator goes through __torch_dispatch__, so it does only
+    # what the accounting needs: aten arguments are tensors, (nested) lists/tuples of them or
+    # scalars, so they are walked directly instead of through a pytree; an input whose storage is
+    # known costs one dict lookup (plus one for the parameter-use mark); outputs of view operators
+    # share a storage their inputs already counted and are skipped (``OpOverload.is_view``, an
+    # attribute read, cheaper than a dict keyed by operator); other outputs are counted if new, else re-measured
+    # (an ``out=`` or ``resize_`` may have grown them). Parameter-use marks come from inputs only:
+    # an operator that returns a parameter's storage also read it. Storages are uncounted by a
+    # weak reference's callback (an ``_Entry``), not ``weakref.finalize`` and its registry.
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        for t in tree_flatten((args, kwargs))[0]:
-            if isinstance(t, torch.Tensor):
-                self._see(t, output=False)
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self._see(t, output=True)
+        entries = self._entries
+        params = self._params if self.on_param_use is not None else None
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                self._see_input(a, entries, params)
+            elif isinstance(a, (list, tuple, dict)):
+                self._see_nested(a, entries, params)
+        if kwargs:
+            for a in kwargs.values():
+                if isinstance(a, torch.Tensor):
+                    self._see_input(a, entries, params)
+                elif isinstance(a, (list, tuple, dict)):
+                    self._see_nested(a, entries, params)
+            out = func(*args, **kwargs)
+        else:
+            out = func(*args)
+        if getattr(func, "is_view", False):
+            return out
+        if isinstance(out, torch.Tensor):
+            self._see_output(out, entries)
+        elif isinstance(out, (list, tuple)):
+            for t in _tensors(out):
+                self._see_output(t, entries)
         return out
+
+    def _see_input(self, t: torch.Tensor, entries: dict, params: dict | None) -> None:
+        try:
+            s = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse, nested, some subclasses
+            return
+        key = s._cdata
+        if key not in entries:
+            self._add(s, key, t.device)
+        if params:
+            name = params.get(key)
+            if name is not None:
+                self.on_param_use(name)  # type: ignore[misc]
+
+    def _see_output(self, t: torch.Tensor, entries: dict) -> None:
+        try:
+            s = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = s._cdata
+        e = entries.get(key)
+        if e is None:
+            self._add(s, key, t.device)
+        elif s.nbytes() != e.nbytes:
+            self._resized(e, s)
+
+    def _see_nested(self, a: Any, entries: dict, params: dict | None) -> None:
+        for t in _tensors(a):
+            self._see_input(t, entries, params)
 
     # -- public -----------------------------------------------------------------------------
     def track(self, tensors: Iterable[torch.Tensor], *, model: bool = False) -> None:
@@ -177,44 +260,44 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def used_bytes(self, tier: TierName, *, model: bool | None = None) -> int:
         """Live bytes on ``tier``: all of them, or only model (``True``) / non-model (``False``)."""
-        used = self._used[TierName(tier)]
+        used = self._used[_TIERS.index(TierName(tier))]
         return used[0] + used[1] if model is None else used[int(model)]
 
     def non_model_bytes(self, tier: TierName) -> int:
         """Live non-model bytes on ``tier`` now (through ``model_bytes_fn`` when set)."""
-        return self._non_model(TierName(tier))
+        return self._non_model(_TIERS.index(TierName(tier)))
 
     def peak_bytes(self, tier: TierName) -> int:
         """Highest total on ``tier`` since the tracker was made or ``reset_peak``."""
-        return self._peak_total[TierName(tier)]
+        return self._peak_total[_TIERS.index(TierName(tier))]
 
     def reset_peak(self) -> None:
-        for tier in _TIERS:
-            self._peak_total[tier] = self.used_bytes(tier)
+        for i, used in enumerate(self._used):
+            self._peak_total[i] = used[0] + used[1]
 
     def cut(self) -> dict[TierName, WindowPeak]:
         """Close the current window: its peaks per tier; the next window starts at current usage."""
         out = {}
-        for tier in _TIERS:
-            model = self.used_bytes(tier) - self._non_model(tier)
-            out[tier] = WindowPeak(self._win_total[tier], self._win_non_model[tier], model)
-            self._win_total[tier] = self.used_bytes(tier)
-            self._win_non_model[tier] = self._non_model(tier)
+        for i, tier in enumerate(_TIERS):
+            used = self._used[i]
+            total = used[0] + used[1]
+            non_model = self._non_model(i)
+            out[tier] = WindowPeak(self._win_total[i], self._win_non_model[i], total - non_model)
+            self._win_total[i] = total
+            self._win_non_model[i] = non_model
         return out
 
     def discount_window(self, tier: TierName, nbytes: int) -> None:
         """Take ``nbytes`` off the open window's non-model peak: bytes just reclassified as model
         data that had been model data since they were allocated."""
-        tier = TierName(tier)
-        self._win_non_model[tier] = max(self._non_model(tier), self._win_non_model[tier] - nbytes)
+        i = _TIERS.index(TierName(tier))
+        self._win_non_model[i] = max(self._non_model(i), self._win_non_model[i] - nbytes)
 
     def close(self) -> None:
-        """Stop accounting for storages still alive (their finalizers are detached)."""
-        for e in self._entries.values():
-            if e.finalizer is not None:
-                e.finalizer.detach()
+        """Stop accounting for storages still alive (dropping their weak references drops their
+        callbacks)."""
         self._entries.clear()
-        self._used = {t: [0, 0] for t in _TIERS}
+        self._used = [[0, 0] for _ in _TIERS]
 
 
 class LiveTensorProbe:
