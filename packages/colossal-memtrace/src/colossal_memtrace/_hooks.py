@@ -184,9 +184,13 @@ class HookTracer:
     def _install_hooks(self, named: list[tuple[str, nn.Parameter]]) -> None:
         h = self._handles
         for mod_name, module in self.model.named_modules():
+            # What module.named_parameters(recurse=False) yields (None and repeats skipped),
+            # read from the registry directly: this runs every traced step.
+            seen: set[int] = set()
             own = tuple(
                 f"{mod_name}.{n}" if mod_name else n
-                for n, _ in module.named_parameters(recurse=False)
+                for n, p in module._parameters.items()
+                if p is not None and not (id(p) in seen or seen.add(id(p)))
             )
             if not own:
                 continue
@@ -201,18 +205,23 @@ class HookTracer:
             h.append(self.optimizer.register_step_post_hook(self._opt_post))
 
     def _fwd_pre(self, label: str, own: tuple[str, ...]) -> Any:
+        label = f"fwd:{label}"
+
         def hook(module: nn.Module, args: Any) -> None:
-            self._begin(f"fwd:{label}", "forward", own)
+            self._begin(label, "forward", own)
 
         return hook
 
     def _fwd_post(self, label: str, own: tuple[str, ...]) -> Any:
+        label = f"bwd:{label}"
+
         def on_grad(grad: torch.Tensor) -> None:
             if self._tracker is not None:
-                self._begin(f"bwd:{label}", "backward", own)
+                self._begin(label, "backward", own)
 
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            for t in tree_flatten(output)[0]:
+            outs = (output,) if isinstance(output, torch.Tensor) else tree_flatten(output)[0]
+            for t in outs:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     t.register_hook(on_grad)
                     break
@@ -309,7 +318,9 @@ class HookTracer:
         last = self._steps[-1]
         extra: dict[str, Any] = {"warmup_steps": len(self._steps)}
         same = all([m.label for m in s] == [m.label for m in last] for s in self._steps)
-        if same:
+        if len(self._steps) == 1:  # nothing to take the maximum over
+            moments = tuple(last)
+        elif same:
             moments = tuple(
                 Moment(
                     index=m.index,

@@ -133,7 +133,9 @@ class LiveTensorTracker(TorchDispatchMode):
         self._bump(i)
         return e
 
-    def _see(self, t: torch.Tensor, *, output: bool) -> None:
+    def _see(self, t: torch.Tensor, *, model: bool = False) -> None:
+        """Count ``t``'s storage if new (else re-measure it), report a parameter read, and with
+        ``model`` reclassify the storage as model data."""
         try:
             s = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested, some subclasses
@@ -141,13 +143,18 @@ class LiveTensorTracker(TorchDispatchMode):
         key = s._cdata
         e = self._entries.get(key)
         if e is None:
-            self._add(s, key, t.device)
-        elif output:
+            e = self._add(s, key, t.device)
+        else:
             self._resized(e, s)
         if self._params and self.on_param_use is not None:
             name = self._params.get(key)
             if name is not None:
                 self.on_param_use(name)
+        if model and not e.model:
+            used = self._used[e.tier]
+            used[0] -= e.nbytes
+            used[1] += e.nbytes
+            e.model = True
 
     def _resized(self, e: _Entry, s: torch.UntypedStorage) -> None:
         n = s.nbytes()
@@ -241,18 +248,11 @@ class LiveTensorTracker(TorchDispatchMode):
     def track(self, tensors: Iterable[torch.Tensor], *, model: bool = False) -> None:
         """Count ``tensors`` now (if not yet counted); with ``model=True`` mark them model data."""
         for t in tensors:
-            self._see(t, output=True)
-            if model:
-                self.mark_model(t)
+            self._see(t, model=model)
 
     def mark_model(self, t: torch.Tensor) -> None:
         """Reclassify the storage of ``t`` (counted if new) as model data."""
-        self._see(t, output=True)
-        e = self._entries.get(t.untyped_storage()._cdata)
-        if e is not None and not e.model:
-            self._used[e.tier][0] -= e.nbytes
-            self._used[e.tier][1] += e.nbytes
-            e.model = True
+        self._see(t, model=True)
 
     def watch_parameters(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Report reads of these parameters to ``on_param_use`` (by storage: views count too)."""
