@@ -4,8 +4,8 @@
 mode), every tensor an operator reads or returns is looked up by its storage (the address of the
 C++ ``StorageImpl``). A storage is counted once, with ``nbytes()``, the first time it is seen, and
 uncounted by the callback of a weak reference to the Python storage object, which torch keeps
-alive exactly as long as the storage itself. Views share their base's storage and cost nothing; a storage resized in
-place is re-measured the next time an operator returns it. Scratch memory a kernel allocates and
+alive exactly as long as the storage itself. Views share their base's storage and cost nothing;
+a storage resized in place is re-measured the next time an operator returns it. Scratch memory a kernel allocates and
 frees inside itself is not visible: the figures are the bytes operators hold between calls, which
 is what a caching allocator is asked for. Storages made before the tracker started are counted from
 their first use (or from ``track``). Works on any device, the meta device included, so the same
@@ -185,10 +185,11 @@ class LiveTensorTracker(TorchDispatchMode):
     # scalars, so they are walked directly instead of through a pytree; an input whose storage is
     # known costs one dict lookup (plus one for the parameter-use mark); outputs of view operators
     # share a storage their inputs already counted and are skipped (``OpOverload.is_view``, an
-    # attribute read, cheaper than a dict keyed by operator); other outputs are counted if new, else re-measured
-    # (an ``out=`` or ``resize_`` may have grown them). Parameter-use marks come from inputs only:
-    # an operator that returns a parameter's storage also read it. Storages are uncounted by a
-    # weak reference's callback (an ``_Entry``), not ``weakref.finalize`` and its registry.
+    # attribute read, cheaper than a dict keyed by operator); other outputs are counted if new,
+    # else re-measured (an ``out=`` or ``resize_`` may have grown them). Parameter-use marks come
+    # from inputs only: an operator that returns a parameter's storage also read it. Storages are
+    # uncounted by a weak reference's callback (an ``_Entry``), not ``weakref.finalize`` and its
+    # registry.
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         entries = self._entries
         params = self._params if self.on_param_use is not None else None
