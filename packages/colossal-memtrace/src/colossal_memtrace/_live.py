@@ -1,15 +1,15 @@
 """Exact, device-independent accounting of the bytes held by live tensor storages.
 
 [Note: live-tensor accounting] While a ``LiveTensorTracker`` is active (it is a torch dispatch
-mode), every tensor an operator reads or returns is looked up by its storage (the address of the
-C++ ``StorageImpl``). A storage is counted once, with ``nbytes()``, the first time it is seen, and
-uncounted by the callback of a weak reference to the Python storage object, which torch keeps
-alive exactly as long as the storage itself. Views share their base's storage and cost nothing;
-a storage resized in place is re-measured the next time an operator returns it. Scratch memory a kernel allocates and
-frees inside itself is not visible: the figures are the bytes operators hold between calls, which
-is what a caching allocator is asked for. Storages made before the tracker started are counted from
-their first use (or from ``track``). Works on any device, the meta device included, so the same
-code gives exact figures on the CPU and predictions on meta.
+mode), every tensor an operator reads or returns is looked up by its storage (the address of the C++
+``StorageImpl``). A storage is counted once, with ``nbytes()``, the first time it is seen, and
+uncounted by the callback of a weak reference to the Python storage object, which torch keeps alive
+exactly as long as the storage itself. Views share their base's storage and cost nothing; a storage
+resized in place is re-measured the next time an operator returns it. Scratch memory a kernel
+allocates and frees inside itself is not visible: the figures are the bytes operators hold between
+calls, which is what a caching allocator is asked for. Storages made before the tracker started are
+counted from their first use (or from ``track``). Works on any device, the meta device included, so
+the same code gives exact figures on the CPU and predictions on meta.
 
 Each storage is either *model data* (parameters, gradients, optimizer states: whatever was passed to
 ``mark_model``) or *non-model data* (activations, temporaries, buffers). Peaks of the total and of
