@@ -38,17 +38,30 @@ def _overhead(preset: str, batch: int, seq: int, reps: int) -> dict:
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters())
     inputs = _inputs(cfg, batch, seq)(torch.device("cpu"))
-    run_step(model, inputs, optimizer=opt)  # warm the allocator and the optimizer state
-    plain, traced = [], []
-    for _ in range(reps):
+
+    def plain_step() -> float:
         t0 = time.perf_counter()
         run_step(model, inputs, optimizer=opt)
-        plain.append(time.perf_counter() - t0)
-        tracer = HookTracer(model, optimizer=opt)
+        return time.perf_counter() - t0
+
+    def traced_step() -> tuple[float, HookTracer]:
+        tracer = HookTracer(model, optimizer=opt)  # made once per run by a user: not timed
         t0 = time.perf_counter()
-        with tracer.step():
+        with tracer.step():  # hooks, dispatch mode, tracking, moments: all a warmup step does
             run_step(model, inputs, optimizer=opt)
-        traced.append(time.perf_counter() - t0)
+        return time.perf_counter() - t0, tracer
+
+    plain_step()  # warm both sides: allocator, optimizer state, first-call paths
+    traced_step()
+    plain, traced = [], []
+    for i in range(reps):
+        if i % 2:  # alternate which side goes first, so neither always follows the other
+            t, tracer = traced_step()
+            plain.append(plain_step())
+        else:
+            plain.append(plain_step())
+            t, tracer = traced_step()
+        traced.append(t)
     p, t = statistics.median(plain), statistics.median(traced)
     return {
         "what": "overhead", "preset": preset, "batch": batch, "seq_len": seq,
@@ -96,23 +109,33 @@ def run(quick: bool, out_dir: Path) -> Report:
         report.rows.append(_estimate(name, cfg, batch, seq, out_dir if name == "tiny" else None))
     over = [("tiny", 8, 256, 5 if quick else 9)]
     if not quick:
-        over.append(("micro", 8, 128, 9))
+        over += [("micro", 8, 128, 15), ("mini", 4, 256, 7)]
     for preset, batch, seq, reps in over:
         report.rows.append(_overhead(preset, batch, seq, reps))
     est = [r["estimate_ratio"] for r in report.rows if r["what"] == "estimate"]
-    ovh = [r["overhead_ratio"] for r in report.rows if r["what"] == "overhead"]
+    ovh = {r["preset"]: r["overhead_ratio"] for r in report.rows if r["what"] == "overhead"}
     report.summary = {
-        "overhead_ratio (tiny, traced/plain)": ovh[0],
-        "overhead aim <= 1.10 met": all(o <= 1.10 for o in ovh),
+        **{f"overhead_ratio ({k}, traced/plain)": v for k, v in ovh.items()},
+        "overhead aim <= 1.10 met (tiny)": ovh["tiny"] <= 1.10,
+        "overhead aim <= 1.10 met on every preset": all(o <= 1.10 for o in ovh.values()),
         "worst |estimate/measured - 1|": max(abs(e - 1) for e in est),
         "estimate within 10% on every preset": all(abs(e - 1) <= 0.10 for e in est),
     }
     report.notes = [
         "Accelerator tier emulated: compute on the CPU, bytes counted exactly by the live-tensor "
-        "tracker (a torch dispatch mode with storage finalizers), so measured peaks are exact "
+        "tracker (a torch dispatch mode with weak-reference callbacks on storages), so measured peaks are exact "
         "tensor bytes, not RSS.",
         "Each traced step installs the hooks and the dispatch mode afresh (what a warmup step "
-        "costs); steady-state steps after warmup run untraced and cost nothing extra.",
+        "costs); steady-state steps after warmup run untraced and cost nothing extra. Only "
+        "HookTracer(...) itself (a few attribute assignments, made once per run) is outside the "
+        "timed region.",
+        "Overhead method: one untimed plain step and one untimed traced step first (both sides "
+        "warmed; before 2026-11-29 only the plain side was), then reps alternating which side "
+        "runs first; ratio of the medians. micro (about 500 operators in ~30 ms) shows the per-"
+        "operator cost of any Python dispatch mode: a dispatch mode that does nothing already "
+        "costs about 1.1-1.3x there; tiny and mini amortise it.",
+        "The shared 2-core machine is noisy (single steps vary by 2x under others' load), so "
+        "compare ratios of one run, not milliseconds across runs.",
         "Static estimate: the same step on the meta device through the same tracer; attention "
         "calls the fused CPU kernel on meta so both hold the same tensors.",
         "Peaks include the AdamW step (params + grads + states + update temporaries).",
