@@ -61,11 +61,16 @@ def local_closure(package: str, *, extras: tuple[str, ...] = ()) -> list[str]:
     return seen
 
 
-def _install_local(session: nox.Session, package: str, *, editable: bool = False) -> None:
-    """Install ``package[test]`` and exactly the workspace packages it declares, from local paths."""
+def _install_local(
+    session: nox.Session, package: str, *, editable: bool = False, all_tests: bool = False
+) -> None:
+    """Install ``package[test]`` and exactly the workspace packages it declares, from local paths.
+
+    ``all_tests`` installs every one of them with its own ``test`` extra (to run all their tests).
+    """
     paths = []
     for name in local_closure(package, extras=("test",)):
-        path = f"packages/{name}" + ("[test]" if name == package else "")
+        path = f"packages/{name}" + ("[test]" if name == package or all_tests else "")
         paths += ["-e", path] if editable else [path]
     session.install(*CONSTRAINTS, *paths)
 
@@ -81,7 +86,7 @@ def tests(session: nox.Session, package: str) -> None:
 @nox.session
 def integration(session: nox.Session) -> None:
     """Cross-package behaviour, against the meta-package."""
-    _install_local(session, "colossal-stack")
+    _install_local(session, "colossal-stack", all_tests=True)
     session.run("pytest", "-q", "integration_tests", *session.posargs)
 
 
@@ -141,7 +146,7 @@ def ci(session: nox.Session) -> None:
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    _install_local(session, "colossal-stack", editable=True)
+    _install_local(session, "colossal-stack", editable=True, all_tests=True)
     for package in PACKAGES:
         session.run("pytest", "-q", f"packages/{package}/tests", *session.posargs)
     session.run("pytest", "-q", "integration_tests", *session.posargs)
