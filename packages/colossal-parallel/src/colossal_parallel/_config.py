@@ -28,7 +28,7 @@ from typing import Literal
 
 from colossal_contracts import ConfigError
 
-__all__ = ["TP_MODES", "MeshConfig", "TpMode", "divide"]
+__all__ = ["TP_MODES", "MeshConfig", "TpMode", "divide", "require_plain_embedding"]
 
 TpMode = Literal["1d", "2d", "2.5d", "3d"]
 TP_MODES: tuple[str, ...] = ("1d", "2d", "2.5d", "3d")
@@ -65,6 +65,20 @@ def divide(size: int, parts: int, *, what: str = "dimension") -> int:
             f"that is a multiple of {parts} or a parallel size that divides {size}"
         )
     return size // parts
+
+
+def require_plain_embedding(emb: object, owner: str) -> None:
+    """``ConfigError`` unless ``emb`` is a plain table: ``padding_idx``, ``max_norm`` and ``sparse``
+    would make a sharded embedding's gradients differ silently from the unsharded one's."""
+    if (
+        getattr(emb, "padding_idx", None) is not None
+        or getattr(emb, "max_norm", None) is not None
+        or getattr(emb, "sparse", False)
+    ):
+        raise ConfigError(
+            f"{owner}.from_embedding supports plain nn.Embedding only (no padding_idx, "
+            "max_norm or sparse); mask padding tokens in the loss instead"
+        )
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from colossal_contracts import ConfigError
-
 from .._autograd import gather_along, reduce_from_axis, reduce_scatter_along
+from .._config import require_plain_embedding
 from .._mesh import ProcessMesh
 from ._base import Layer1D
 
@@ -41,11 +40,7 @@ class _Embedding1D(Layer1D):
         Only a plain table converts: ``padding_idx``, ``max_norm`` and ``sparse`` raise
         ``ConfigError``.
         """
-        if emb.padding_idx is not None or emb.max_norm is not None or emb.sparse:
-            raise ConfigError(
-                f"{cls.__name__}.from_embedding supports plain nn.Embedding only (no padding_idx, "
-                "max_norm or sparse); mask padding tokens in the loss instead"
-            )
+        require_plain_embedding(emb, cls.__name__)
         layer = cls(
             emb.num_embeddings,
             emb.embedding_dim,

@@ -18,7 +18,7 @@ from torch import nn
 from colossal_contracts import ConfigError
 
 from .._autograd import copy_to_axis, reduce_scatter_along
-from .._config import divide
+from .._config import divide, require_plain_embedding
 from .._mesh import ProcessMesh
 from ._common import block_generator
 from ._layout import TpLayout, materialize_vector, vector_chunk
@@ -50,7 +50,9 @@ class _GridTable(ModeLayer):
     def from_embedding(
         cls: type[_E], emb: nn.Embedding, mesh: ProcessMesh, *, layout: TpLayout | None = None
     ) -> _E:
-        """This rank's piece of an unsharded ``nn.Embedding``."""
+        """This rank's piece of an unsharded ``nn.Embedding`` (a plain table; see
+        ``require_plain_embedding``)."""
+        require_plain_embedding(emb, cls.__name__)
         out = cls(*emb.weight.shape, mesh, layout=layout, dtype=emb.weight.dtype)
         with torch.no_grad():
             out.weight.copy_(out._weight_piece(emb.weight.detach()))
