@@ -1,0 +1,128 @@
+"""Refactor guard for Gemini: a fixed-seed GPT-nano run under a budget that forces chunk moves must
+reproduce the stored losses and final weights bit for bit (where the algorithm did not change),
+and equal plain PyTorch AdamW within 1e-5 (fp32).
+
+The stored fingerprint (``gemini_fingerprint.json`` beside this file) holds, per configuration, the
+losses as exact float hex and a SHA-256 of every final weight. Regenerate it only when the
+arithmetic changes on purpose: ``COLOSSAL_WRITE_FINGERPRINT=1 pytest this_file``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from colossal_models import GPT, GPTConfig
+from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
+
+STEPS, BATCH, SEQ, LR = 10, 8, 32, 3e-3
+FILE = Path(__file__).with_name("gemini_fingerprint.json")
+# GPT-nano's fp32 parameters take ~0.6 MB; these budgets hold a fraction of them, so every step
+# moves chunks between the (emulated) accelerator and the host.
+CONFIGS = {
+    "fp32-auto": GeminiConfig(precision="fp32", accelerator_bytes=400_000, chunk_numel=16384),
+    "fp32-static": GeminiConfig(
+        precision="fp32", placement="static", accelerator_bytes=400_000, chunk_numel=16384
+    ),
+    "bf16-auto": GeminiConfig(precision="bf16", accelerator_bytes=200_000, chunk_numel=16384),
+}
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: CPU kernels then reduce in a fixed order, so bits are reproducible."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.preset("nano"))
+
+
+def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(7)
+    return [tuple(torch.randint(0, 256, (2, BATCH, SEQ), generator=g)) for _ in range(STEPS)]  # type: ignore[misc]
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().float().contiguous().numpy().tobytes()).hexdigest()
+
+
+def _gemini(config: GeminiConfig) -> tuple[list[float], dict[str, torch.Tensor], list[int]]:
+    plain = _model()
+    gm = apply_gemini(plain, config, group=None)
+    opt = GeminiOptimizer.from_torch(gm, torch.optim.AdamW(plain.parameters(), lr=LR))
+    losses, moved, last = [], [], 0
+    for x, y in _data():
+        loss = gm(x, y)
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        total = gm.memory_stats().bytes_moved
+        moved.append(total - last)
+        last = total
+    return losses, gm.full_state_dict(), moved
+
+
+def _adamw() -> tuple[list[float], dict[str, torch.Tensor]]:
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = []
+    for x, y in _data():
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, copy.deepcopy(model.state_dict())
+
+
+def _split_key_bias(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query and value thirds, key third) of a fused qkv bias. Softmax is invariant to the key
+    bias, its true gradient is zero, and Adam normalises whatever rounding noise each
+    implementation leaves there into full-size steps: it is compared absolutely."""
+    c = b.numel() // 3
+    return torch.cat([b[:c], b[2 * c :]]), b[c : 2 * c]
+
+
+def _fingerprint(losses: list[float], weights: dict[str, torch.Tensor]) -> dict[str, object]:
+    return {
+        "losses": [float(v).hex() for v in losses],
+        "weights": {k: _digest(v) for k, v in sorted(weights.items())},
+    }
+
+
+def test_gemini_fingerprint_is_unchanged_and_matches_adamw(one_thread):
+    runs = {name: _gemini(cfg) for name, cfg in CONFIGS.items()}
+    got = {name: _fingerprint(losses, weights) for name, (losses, weights, _) in runs.items()}
+    if os.environ.get("COLOSSAL_WRITE_FINGERPRINT") == "1":
+        FILE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    stored = json.loads(FILE.read_text())
+    for name in CONFIGS:
+        assert all(m > 0 for m in runs[name][2]), f"{name}: a step moved no chunk"
+        want = stored[name]
+        assert got[name]["losses"] == want["losses"], f"{name}: losses changed"
+        diff = [k for k in want["weights"] if got[name]["weights"].get(k) != want["weights"][k]]
+        assert not diff, f"{name}: final weights changed: {diff[:4]}"
+    ref_losses, ref_weights = _adamw()
+    for name in ("fp32-auto", "fp32-static"):
+        losses, weights, _ = runs[name]
+        for i, (g, w) in enumerate(zip(losses, ref_losses, strict=True)):
+            assert abs(g - w) <= 1e-5 * abs(w), f"{name} step {i}: {g} vs {w}"
+        for k, ref in ref_weights.items():
+            got_k = weights[k]
+            if k.endswith("attn.qkv.bias"):  # the key third: see _split_key_bias
+                (got_k, key_got), (ref, key_ref) = _split_key_bias(got_k), _split_key_bias(ref)
+                assert float((key_got - key_ref).abs().max()) <= 1e-3, f"{name}: {k} key part"
+            err = float((got_k - ref).norm() / ref.norm())
+            assert err <= 1e-5, f"{name}: {k} differs from AdamW by {err:.2e}"
