@@ -27,7 +27,8 @@ import _checks_parallel_mesh as checks
         ({"tp": 9, "tp_mode": "3d"}, 9, "cube"),
         ({"tp": 4, "tp_mode": "2d", "tp_depth": 2}, 4, "only applies"),
         ({"dp": 2, "tp": 2}, 8, "world size 8"),
-        ({"dp": 2, "pp": 2, "tp": 4, "tp_mode": "2d"}, 8, "2\\*2\\*4 = 16"),
+        ({"dp": 2, "pp": 2, "tp": 4, "tp_mode": "2d"}, 8, "2\\*2\\*1\\*4 = 16"),
+        ({"dp": 2, "sp": 2}, 2, "world size 2"),
     ],
 )
 def test_validate_rejects_bad_shapes(kwargs, world, match):
@@ -38,7 +39,15 @@ def test_validate_rejects_bad_shapes(kwargs, world, match):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"tp": 0}, {"dp": -1}, {"pp": 1.5}, {"tp": True}, {"tp_mode": "4d"}, {"tp_depth": 0}],
+    [
+        {"tp": 0},
+        {"dp": -1},
+        {"pp": 1.5},
+        {"tp": True},
+        {"tp_mode": "4d"},
+        {"tp_depth": 0},
+        {"sp": 0},
+    ],
 )
 def test_construction_rejects_bad_values(kwargs):
     with pytest.raises(ConfigError, match="MeshConfig"):
@@ -48,19 +57,23 @@ def test_construction_rejects_bad_values(kwargs):
 @pytest.mark.parametrize(
     ("kwargs", "shape", "axes"),
     [
-        ({"tp": 4}, (4,), ("pp", "dp", "tp")),
-        ({"tp": 4, "tp_mode": "2d"}, (2, 2), ("pp", "dp", "tp_row", "tp_col", "tp")),
+        ({"tp": 4}, (4,), ("pp", "dp", "sp", "tp")),
+        ({"tp": 4, "tp_mode": "2d"}, (2, 2), ("pp", "dp", "sp", "tp_row", "tp_col", "tp")),
         (
             {"tp": 8, "tp_mode": "2.5d", "tp_depth": 2},
             (2, 2, 2),
-            ("pp", "dp", "tp_dep", "tp_row", "tp_col", "tp"),
+            ("pp", "dp", "sp", "tp_dep", "tp_row", "tp_col", "tp"),
         ),
         (
             {"tp": 18, "tp_mode": "2.5d", "tp_depth": 2},
             (2, 3, 3),
-            ("pp", "dp", "tp_dep", "tp_row", "tp_col", "tp"),
+            ("pp", "dp", "sp", "tp_dep", "tp_row", "tp_col", "tp"),
         ),
-        ({"tp": 27, "tp_mode": "3d"}, (3, 3, 3), ("pp", "dp", "tp_in", "tp_wt", "tp_out", "tp")),
+        (
+            {"tp": 27, "tp_mode": "3d"},
+            (3, 3, 3),
+            ("pp", "dp", "sp", "tp_in", "tp_wt", "tp_out", "tp"),
+        ),
     ],
 )
 def test_valid_shapes(kwargs, shape, axes):
@@ -76,9 +89,9 @@ def test_mesh_needs_initialised_distributed():
 
 
 def _expected(cfg: MeshConfig, rank: int) -> dict[str, tuple[int, list[int]]]:
-    """Independent reference: enumerate all coordinates, row-major over (pp, dp, *tp_axes)."""
-    names = ("pp", "dp", *cfg.tp_layout)
-    shape = (cfg.pp, cfg.dp, *cfg.tp_shape)
+    """Independent reference: enumerate all coordinates, row-major over (pp, dp, sp, *tp_axes)."""
+    names = ("pp", "dp", "sp", *cfg.tp_layout)
+    shape = (cfg.pp, cfg.dp, cfg.sp, *cfg.tp_shape)
     grid = list(itertools.product(*(range(s) for s in shape)))  # index == global rank
     mine = grid[rank]
     out = {}
@@ -90,7 +103,7 @@ def _expected(cfg: MeshConfig, rank: int) -> dict[str, tuple[int, list[int]]]:
         ]
         out[name] = (mine[i], members)
     if cfg.tp_mode != "1d":
-        members = [g for g, co in enumerate(grid) if co[:2] == mine[:2]]
+        members = [g for g, co in enumerate(grid) if co[:3] == mine[:3]]
         out["tp"] = (members.index(rank), members)
     return out
 
@@ -105,6 +118,8 @@ CASES = [
     (8, MeshConfig(tp=8, tp_mode="2.5d", tp_depth=2)),
     (8, MeshConfig(tp=8, tp_mode="3d")),
     (8, MeshConfig(dp=2, pp=2, tp=2)),
+    (4, MeshConfig(dp=2, sp=2)),
+    (8, MeshConfig(pp=2, sp=2, tp=2)),
 ]
 
 
@@ -121,7 +136,7 @@ def test_mesh_layout_and_groups(world, n, cfg):
             assert got["group_rank"] == coord  # group rank order == coordinate order
             assert got["gathered"] == members  # the group really holds those ranks
     # axis sizes multiply to the world (tp counted once)
-    layout = ("pp", "dp", *cfg.tp_layout)
+    layout = ("pp", "dp", "sp", *cfg.tp_layout)
     assert math.prod(results[0][a]["size"] for a in layout) == n
 
 

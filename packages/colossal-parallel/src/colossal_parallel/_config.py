@@ -1,7 +1,8 @@
 """``MeshConfig``: the sizes of the parallel axes and the tensor-parallel mode, validated once.
 
-[Note: rank layout] Global ranks are laid out row-major over ``(pp, dp, *tp_layout)``, outermost
-first, so the ranks of one tensor-parallel block are contiguous. The group along an axis is the set
+[Note: rank layout] Global ranks are laid out row-major over ``(pp, dp, sp, *tp_layout)``,
+outermost first, so the ranks of one tensor-parallel block are contiguous (``sp`` is the
+long-sequence axis of ring attention and Ulysses; it has size 1 unless asked for). The group along an axis is the set
 of ranks that differ only in that axis' coordinate, and ``coord(axis)`` is a rank's index inside it.
 
 ======  =====================================  ==========================  =========
@@ -83,7 +84,7 @@ def require_plain_embedding(emb: object, owner: str) -> None:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    """Sizes of the data, pipeline and tensor-parallel axes.
+    """Sizes of the data, pipeline, sequence and tensor-parallel axes.
 
     Attributes:
         dp: data-parallel size (replicas of the model).
@@ -92,6 +93,7 @@ class MeshConfig:
             3d ``q**3``.
         tp_mode: how a layer is split across the ``tp`` ranks: "1d", "2d", "2.5d" or "3d".
         tp_depth: the depth ``d`` of 2.5d (number of stacked ``q x q`` layers); 1 otherwise.
+        sp: long-sequence parallel size (ranks that share one sequence: ring attention, Ulysses).
 
     Construction checks only types and the mode name; ``validate(world_size)`` checks the shape
     rules, and ``ProcessMesh`` calls it before it creates any process group.
@@ -102,9 +104,10 @@ class MeshConfig:
     tp: int = 1
     tp_mode: TpMode = "1d"
     tp_depth: int = 1
+    sp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "pp", "tp", "tp_depth"):
+        for name in ("dp", "pp", "tp", "tp_depth", "sp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"MeshConfig.{name} must be a positive int, got {value!r}")
@@ -142,13 +145,13 @@ class MeshConfig:
     @property
     def axes(self) -> tuple[str, ...]:
         """Every axis name a mesh of this config answers to, layout axes first."""
-        names = ("pp", "dp", *self.tp_axes)
+        names = ("pp", "dp", "sp", *self.tp_axes)
         return names if self.tp_mode == "1d" else (*names, "tp")
 
     @property
     def world_size(self) -> int:
-        """``dp * pp * tp``: the number of ranks this config needs."""
-        return self.dp * self.pp * self.tp
+        """``dp * pp * sp * tp``: the number of ranks this config needs."""
+        return self.dp * self.pp * self.sp * self.tp
 
     def _check_tp(self) -> None:
         tp, mode, d = self.tp, self.tp_mode, self.tp_depth
@@ -172,10 +175,11 @@ class MeshConfig:
             )
 
     def validate(self, world_size: int) -> None:
-        """Raise ``ConfigError`` unless the mode's shape rule holds and dp*pp*tp == world_size."""
+        """Raise ``ConfigError`` unless the mode's shape rule holds and dp*pp*sp*tp == world_size."""
         self._check_tp()
         if self.world_size != world_size:
             raise ConfigError(
-                f"dp*pp*tp = {self.dp}*{self.pp}*{self.tp} = {self.world_size} must equal the "
+                f"dp*pp*sp*tp = {self.dp}*{self.pp}*{self.sp}*{self.tp} = {self.world_size} "
+                "must equal the "
                 f"world size {world_size}; change the axis sizes or launch {self.world_size} ranks"
             )

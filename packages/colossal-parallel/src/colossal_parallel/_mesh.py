@@ -48,7 +48,7 @@ class ProcessMesh:
     rank: int
     world_size: int
     comm: CountedComm
-    _layout_axes: tuple[str, ...]  # ("pp", "dp", *tp_layout), outermost first
+    _layout_axes: tuple[str, ...]  # ("pp", "dp", "sp", *tp_layout), outermost first
     _layout_shape: tuple[int, ...]
     _coords: tuple[int, ...]  # this rank's coordinate per layout axis
     _groups: dict[str, dist.ProcessGroup]
@@ -67,8 +67,8 @@ class ProcessMesh:
         self.config = config
         self.rank = dist.get_rank()
         self.world_size = world_size
-        self._layout_axes = ("pp", "dp", *config.tp_layout)
-        self._layout_shape = (config.pp, config.dp, *config.tp_shape)
+        self._layout_axes = ("pp", "dp", "sp", *config.tp_layout)
+        self._layout_shape = (config.pp, config.dp, config.sp, *config.tp_shape)
         self._coords = _unravel(self.rank, self._layout_shape)
         self._groups = {}
         self._ranks = {}
@@ -81,7 +81,7 @@ class ProcessMesh:
         if axis in self._layout_axes:
             return (self._layout_axes.index(axis),)
         if axis == "tp":
-            return tuple(range(2, len(self._layout_axes)))
+            return tuple(range(3, len(self._layout_axes)))
         raise ConfigError(
             f"unknown mesh axis {axis!r}; this {self.config.tp_mode} mesh has axes "
             f"{self.config.axes}"
@@ -151,5 +151,6 @@ class ProcessMesh:
         c = self.config
         coords = ", ".join(f"{a}={self.coord(a)}" for a in self._layout_axes)
         return (
-            f"ProcessMesh(rank={self.rank}, {c.tp_mode}, dp={c.dp}, pp={c.pp}, tp={c.tp}: {coords})"
+            f"ProcessMesh(rank={self.rank}, {c.tp_mode}, dp={c.dp}, pp={c.pp}, sp={c.sp}, "
+            f"tp={c.tp}: {coords})"
         )
