@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from colossal_chunk import Chunk, ChunkManager
 from colossal_contracts import ConfigError, TensorState, TierName
@@ -104,21 +105,22 @@ class _AccessMode(TorchFunctionMode):
 
 
 def _wrap_outputs(rt: GeminiRuntime, names: tuple[str, ...], out: Any) -> Any:
+    """Pass every output tensor that needs a gradient, wherever it sits in ``out`` (a tensor, a
+    tuple with ``None`` in it such as ``nn.MultiheadAttention``'s, a named tuple, a dict),
+    through one ``_PreBackward``: any of their gradients re-accesses the parameters."""
     if not torch.is_grad_enabled():
         return out
     if isinstance(out, torch.Tensor):
         return _PreBackward.apply(rt, names, out) if out.requires_grad else out
-    if isinstance(out, tuple) and out and all(isinstance(t, torch.Tensor) for t in out):
-        idx = [i for i, t in enumerate(out) if t.requires_grad]
-        if not idx:
-            return out
-        wrapped = _PreBackward.apply(rt, names, *(out[i] for i in idx))
-        wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
-        res = list(out)
-        for i, t in zip(idx, wrapped, strict=True):
-            res[i] = t
-        return type(out)(res) if type(out) is tuple else out
-    return out
+    leaves, spec = tree_flatten(out)
+    idx = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not idx:
+        return out
+    wrapped = _PreBackward.apply(rt, names, *(leaves[i] for i in idx))
+    wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
+    for i, t in zip(idx, wrapped, strict=True):
+        leaves[i] = t
+    return tree_unflatten(leaves, spec)
 
 
 class GeminiRuntime:
