@@ -10,6 +10,7 @@ from ._errors import (
 )
 from ._memory import MemoryProbe, MemorySample, MemStatsSource, TierName
 from ._placement import ChunkInfo, MemoryTier, PlacementPolicy
+from ._sharding import ParamSharding, ShardAxis, sharding_axes
 from ._state import LEGAL_TRANSITIONS, TensorState, check_transition
 
 __version__ = "0.1.0"
@@ -26,9 +27,12 @@ __all__ = [
     "MemoryProbe",
     "MemorySample",
     "MemoryTier",
+    "ParamSharding",
     "PlacementPolicy",
+    "ShardAxis",
     "StateTransitionError",
     "TensorState",
     "TierName",
     "check_transition",
+    "sharding_axes",
 ]

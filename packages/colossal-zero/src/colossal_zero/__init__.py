@@ -9,6 +9,7 @@ sharded checkpoints.
 from ._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
 from ._checkpoint import INDEX_FILE, consolidate, load_sharded, save_sharded
 from ._config import PLACEMENTS, GeminiConfig
+from ._mesh_norm import GradNorm, mesh_grad_norm
 from ._module import GeminiModule, apply_gemini
 from ._optimizer import GeminiOptimizer
 from ._precision import PRECISIONS, Precision
@@ -26,6 +27,7 @@ __all__ = [
     "GeminiModule",
     "GeminiOptimizer",
     "GeminiTrace",
+    "GradNorm",
     "HybridAdam",
     "LossScalerConfig",
     "Precision",
@@ -34,5 +36,6 @@ __all__ = [
     "consolidate",
     "global_grad_norm",
     "load_sharded",
+    "mesh_grad_norm",
     "save_sharded",
 ]

@@ -5,19 +5,21 @@ reads the slice's reduced gradient (from the "acc" chunk after accumulation, els
 buffer: the low-precision parameter chunk with masters, the fp32 "grad" chunk without), updates
 the fp32 slice (master, or the parameter itself in fp32) with the exp_avg / exp_avg_sq chunks on
 the device where they live (``adamw_update``), then refreshes the low-precision parameters from
-the masters. Gradient clipping and fp16 overflow checks use the norm over all shards of all ranks.
+the masters. Gradient clipping and fp16 overflow checks use the norm over all shards of all ranks,
+and over the tensor-parallel axes that ``sharding`` names ([Note: mesh-wide norms]).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from colossal_contracts import ConfigError
+from colossal_contracts import ConfigError, ParamSharding
 
-from ._adam import AdamHyper, adamw_update, global_grad_norm
+from ._adam import AdamHyper, adamw_update
+from ._mesh_norm import mesh_grad_norm
 from ._module import GeminiModule
 from ._scaler import DynamicLossScaler
 
@@ -32,6 +34,8 @@ class GeminiOptimizer(torch.optim.Optimizer):
     ``params`` are the module's parameters or param groups (as for ``torch.optim.AdamW``);
     ``max_grad_norm > 0`` clips the global gradient norm. With fp16, ``backward(loss)`` scales the
     loss and ``step`` skips steps whose gradients overflow (see [Note: loss scaling]).
+    ``sharding`` (parameter name -> ``ParamSharding``) says which parameters are split along or
+    replicated over other mesh axes, so norm and overflow agree over the whole mesh.
     """
 
     def __init__(
@@ -45,6 +49,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
         *,
         max_grad_norm: float = 0.0,
         adamw: bool = True,
+        sharding: Mapping[str, ParamSharding] | None = None,
     ):
         if not isinstance(model, GeminiModule):
             raise ConfigError("GeminiOptimizer needs the GeminiModule that apply_gemini returned")
@@ -55,6 +60,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
         super().__init__(list(params) if params is not None else model.parameters(), defaults)
         self.model, self.rt = model, model.runtime
         self.adamw, self.max_grad_norm = adamw, max_grad_norm
+        self.sharding: dict[str, ParamSharding] = dict(sharding or {})
         self.group_of: dict[str, int] = {}
         for gi, group in enumerate(self.param_groups):
             for p in group["params"]:
@@ -75,7 +81,12 @@ class GeminiOptimizer(torch.optim.Optimizer):
 
     @classmethod
     def from_torch(
-        cls, model: GeminiModule, optimizer: torch.optim.Optimizer, *, max_grad_norm: float = 0.0
+        cls,
+        model: GeminiModule,
+        optimizer: torch.optim.Optimizer,
+        *,
+        max_grad_norm: float = 0.0,
+        sharding: Mapping[str, ParamSharding] | None = None,
     ) -> GeminiOptimizer:
         """The Gemini equivalent of a ``torch.optim.Adam``/``AdamW`` built on ``model``'s params."""
         if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
@@ -99,6 +110,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
             weight_decay=d["weight_decay"],
             max_grad_norm=max_grad_norm,
             adamw=isinstance(optimizer, torch.optim.AdamW),
+            sharding=sharding,
         )
 
     @property
@@ -119,7 +131,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
         rt, m = self.rt, self.rt.manager
         lists: dict[int, tuple[list, list, list, list, list]] = {}
         write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
-        norm_parts: list[torch.Tensor] = []
+        norm_parts: list[tuple[torch.Tensor, ParamSharding | None]] = []
         updated = []
         for c in m.param_chunks():
             names = [n for n in c.records if n in rt.got_grad and n in self.group_of]
@@ -151,11 +163,11 @@ class GeminiOptimizer(torch.optim.Optimizer):
                     row, (pv, gv, avg.shard_view(n)[0], sq.shard_view(n)[0], step), strict=True
                 ):  # type: ignore[index]
                     lst.append(t)
-                norm_parts.append(gv)
-        norm = global_grad_norm(norm_parts, group=rt.group)
+                norm_parts.append((gv, self.sharding.get(n)))
+        found = mesh_grad_norm(norm_parts, group=rt.group, shardings=self.sharding)
         scale = self.loss_scale
-        self.last_grad_norm = norm / scale
-        self.skipped_last = self.scaler is not None and not _finite(norm)
+        self.last_grad_norm = found.norm / scale
+        self.skipped_last = self.scaler is not None and found.overflow
         if self.skipped_last:
             self.scaler.update(True)  # type: ignore[union-attr]
             rt.clear_grads()
@@ -180,7 +192,3 @@ class GeminiOptimizer(torch.optim.Optimizer):
         if self.scaler is not None:
             self.scaler.update(False)
         return loss
-
-
-def _finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))

@@ -1,0 +1,71 @@
+"""One gradient norm and one overflow flag for the whole mesh (see [Note: mesh-wide norms] in
+colossal-contracts), shared by Gemini's optimizer and ZeRO-1/2.
+
+Each rank passes the gradient pieces it owns: its data-parallel shard of each parameter, and the
+``ParamSharding`` of that parameter (None: an ordinary parameter, replicated over nothing but
+data parallelism). Squares are summed in float64 over the pieces this rank counts; the non-finite
+flag over every piece (a replica that overflowed counts even when its norm does not). The pair is
+all-reduced over the data-parallel group, then over each named axis in name order, so every rank
+of the mesh ends with the same two numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from colossal_contracts import ParamSharding, ShardAxis, sharding_axes
+
+__all__ = ["GradNorm", "mesh_grad_norm"]
+
+
+@dataclass(frozen=True)
+class GradNorm:
+    """The global 2-norm of the gradients and whether any rank saw inf/nan.
+
+    Attributes:
+        norm: the 2-norm over every element of the unsharded model once (inf/nan on overflow).
+        overflow: True when any gradient element on any rank of the mesh is inf or nan.
+    """
+
+    norm: float
+    overflow: bool
+
+
+def mesh_grad_norm(
+    parts: Iterable[tuple[torch.Tensor, ParamSharding | None]],
+    *,
+    group: dist.ProcessGroup | None = None,
+    shardings: Mapping[str, ParamSharding] | None = None,
+) -> GradNorm:
+    """The norm of ``parts`` over ``group`` (data parallel; None: this process) and the mesh axes
+    that ``shardings`` name. Collective over all of them: every rank must call it with the same
+    ``shardings`` keys, even one that owns no piece."""
+    total = torch.zeros(2, dtype=torch.float64)  # [sum of squares, non-finite count]
+    for g, rec in parts:
+        sq = torch.linalg.vector_norm(g, 2, dtype=torch.float32).double().square().cpu()
+        if not bool(torch.isfinite(sq)):
+            total[1] += 1
+        if rec is None or rec.counted_here:
+            total[0] += sq
+    axes: list[ShardAxis] = sharding_axes(shardings) if shardings else []
+    groups = [group] if group is not None else []
+    groups += [a.group for a in axes if a.size > 1]
+    for g in groups:
+        if dist.get_world_size(g) > 1:
+            total = _all_reduce(total, g)
+    sumsq, bad = float(total[0]), float(total[1])
+    overflow = bad > 0 or not math.isfinite(sumsq)
+    norm = math.sqrt(sumsq) if math.isfinite(sumsq) else sumsq
+    return GradNorm(float("inf") if overflow and math.isfinite(norm) else norm, overflow)
+
+
+def _all_reduce(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    if dist.get_backend(group) == "nccl":  # NCCL reduces CUDA tensors only
+        t = t.cuda()
+    dist.all_reduce(t, group=group)
+    return t.cpu()
