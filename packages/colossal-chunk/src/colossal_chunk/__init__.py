@@ -2,7 +2,7 @@
 
 from ._accounting import ManagerStats, MoveStats, TierStats
 from ._auto import AutoPolicy
-from ._chunk import Chunk, TensorRecord
+from ._chunk import Chunk, PendingReduce, TensorRecord
 from ._config import ChunkConfig
 from ._disk import DiskStore
 from ._manager import ChunkManager
@@ -27,6 +27,7 @@ __all__ = [
     "ManagerStats",
     "MoveStats",
     "OrderStats",
+    "PendingReduce",
     "PolicyContext",
     "SimResult",
     "SimpleChunkInfo",

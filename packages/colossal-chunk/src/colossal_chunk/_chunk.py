@@ -28,7 +28,7 @@ from colossal_contracts import (
     check_transition,
 )
 
-__all__ = ["Chunk", "TensorRecord"]
+__all__ = ["Chunk", "PendingReduce", "TensorRecord"]
 
 # torch 2.13 renamed reduce_scatter_tensor (deprecated) to reduce_scatter_single.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -241,6 +241,15 @@ class Chunk:
         Every tensor must be READY_FOR_REDUCE; afterwards they are HOLD (one rank) or FREE (sharded).
         Collective. Returns the dropped buffer (None with one rank, where the shard is the buffer).
         """
+        return self.start_reduce_scatter(average=average).wait()
+
+    def start_reduce_scatter(
+        self, *, average: bool = True, accumulate: bool = False
+    ) -> PendingReduce:
+        """``reduce_scatter`` as an async collective: states change now, the shard when the
+        returned handle's ``wait()`` runs (call it before reading the shard or reducing again).
+        ``accumulate`` adds the result to the shard instead of overwriting it (with one rank the
+        buffer *is* the shard, so the caller accumulates into it directly)."""
         waiting = [
             r.name for r in self.records.values() if r.state is not TensorState.READY_FOR_REDUCE
         ]
@@ -252,18 +261,24 @@ class Chunk:
         for rec in self.records.values():
             self._set(rec, TensorState.HOLD)
         if self.world_size == 1:
-            return None
+            return PendingReduce(self, None, None, average=False, accumulate=False)
         if self.shard is None or self.full is None:
             raise RuntimeError(f"chunk {self.chunk_id} has no gathered buffer to reduce")
         out = torch.empty_like(self.shard, device=self.full.device)
-        _reduce_scatter(out, self.full, group=self.group)
+        work = _reduce_scatter(out, self.full, group=self.group, async_op=True)
+        return PendingReduce(self, out, work, average=average, accumulate=accumulate)
+
+    def _finish_reduce(self, out: torch.Tensor, *, average: bool, accumulate: bool) -> torch.Tensor:
         if average:
             out.div_(self.world_size)
-        self.shard.copy_(out)
+        if accumulate:
+            self.shard.add_(out)  # type: ignore[union-attr]
+        else:
+            self.shard.copy_(out)  # type: ignore[union-attr]
         old, self.full = self.full, None
         for rec in self.records.values():
             self._set(rec, TensorState.FREE)
-        return old
+        return old  # type: ignore[return-value]
 
     # ----- tensors ------------------------------------------------------------------------------
     def view(self, name: str) -> torch.Tensor:
@@ -318,3 +333,29 @@ class Chunk:
             f"Chunk(id={self.chunk_id}, kind={self.kind}, dtype={self.dtype}, "
             f"used={self.used}/{self.capacity}, tier={self.tier}, gathered={self.is_gathered})"
         )
+
+
+class PendingReduce:
+    """A reduce-scatter in flight (``Chunk.start_reduce_scatter``); ``wait()`` finishes it once
+    and returns the dropped gathered buffer (None with one rank)."""
+
+    def __init__(
+        self,
+        chunk: Chunk,
+        out: torch.Tensor | None,
+        work: object,
+        *,
+        average: bool,
+        accumulate: bool,
+    ):
+        self.chunk, self._out, self._work = chunk, out, work
+        self._average, self._accumulate = average, accumulate
+        self.done = out is None
+
+    def wait(self) -> torch.Tensor | None:
+        if self.done:
+            return None
+        self._work.wait()  # type: ignore[attr-defined]
+        self.done = True
+        out, self._out = self._out, None
+        return self.chunk._finish_reduce(out, average=self._average, accumulate=self._accumulate)  # type: ignore[arg-type]
