@@ -11,17 +11,21 @@ from ._gather import gather_full_state_dict
 from ._io import LMIO
 from ._parallelize import parallelize
 from ._tokenizer import ByteTokenizer
+from .evoformer import EVOFORMER_PRESETS, Evoformer, EvoformerConfig, parallelize_evoformer
 from .gpt import GPT, GPT_PRESETS, GPT2StateDictAdapter, GPTConfig
 from .palm import PALM_PRESETS, LlamaStateDictAdapter, PaLM, PaLMConfig
 
 __version__ = "0.1.0"
 __all__ = [
+    "EVOFORMER_PRESETS",
     "GPT",
     "GPT_PRESETS",
     "LMIO",
     "PALM_PRESETS",
     "ByteTokenizer",
     "Corpus",
+    "Evoformer",
+    "EvoformerConfig",
     "GPT2StateDictAdapter",
     "GPTConfig",
     "LlamaStateDictAdapter",
@@ -32,4 +36,5 @@ __all__ = [
     "gather_full_state_dict",
     "load_corpus",
     "parallelize",
+    "parallelize_evoformer",
 ]

@@ -8,6 +8,7 @@ from ._autograd import (
     reduce_scatter_along,
     split_along,
 )
+from ._axial import PendingSwitch, switch_shard_dim, switch_shard_dim_async
 from ._comm import CountedComm
 from ._config import TP_MODES, MeshConfig, TpMode, divide
 from ._counter import COMM_OPS, CommCounter, CommStat
@@ -90,6 +91,7 @@ __all__ = [
     "Linear3D",
     "MeshConfig",
     "ParallelEmbedding",
+    "PendingSwitch",
     "ProcessMesh",
     "RowParallelLinear",
     "TpLayout",
@@ -120,6 +122,8 @@ __all__ = [
     "split_along",
     "split_sequence",
     "split_to_layout",
+    "switch_shard_dim",
+    "switch_shard_dim_async",
     "vocab_embedding_comm_bytes",
     "vocab_parallel_cross_entropy",
 ]
