@@ -7,7 +7,7 @@ sharded checkpoints.
 """
 
 from ._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
-from ._checkpoint import INDEX_FILE, consolidate, load_sharded, save_sharded
+from ._checkpoint import INDEX_FILE, consolidate, file_digest, load_sharded, save_sharded
 from ._config import PLACEMENTS, GeminiConfig
 from ._mesh_norm import GradNorm, mesh_grad_norm
 from ._module import GeminiModule, apply_gemini
@@ -15,12 +15,15 @@ from ._optimizer import GeminiOptimizer
 from ._precision import PRECISIONS, Precision
 from ._scaler import DynamicLossScaler, LossScalerConfig
 from ._setup import GeminiTrace
+from ._zero_config import ZERO_STAGES, ZeroConfig
+from ._zero_optimizer import LowLevelZeroOptimizer
 
 __version__ = "0.1.0"
 __all__ = [
     "INDEX_FILE",
     "PLACEMENTS",
     "PRECISIONS",
+    "ZERO_STAGES",
     "AdamHyper",
     "DynamicLossScaler",
     "GeminiConfig",
@@ -30,10 +33,13 @@ __all__ = [
     "GradNorm",
     "HybridAdam",
     "LossScalerConfig",
+    "LowLevelZeroOptimizer",
     "Precision",
+    "ZeroConfig",
     "adamw_update",
     "apply_gemini",
     "consolidate",
+    "file_digest",
     "global_grad_norm",
     "load_sharded",
     "mesh_grad_norm",

@@ -5,12 +5,15 @@ safetensors, rank 0 writes an index; loads into any data-parallel size; consolid
 rank, with 1-D tensors ``param/<name>``, ``exp_avg/<name>``, ``exp_avg_sq/<name>`` and
 ``step/<name>`` for the elements of each parameter that rank's shard holds, and
 ``gemini_index.json``: per parameter its shape and the ``[rank, start, end]`` element ranges of
-its flattened value in each file, the aliases of tied parameters, and the loss scaler. Buffers are
-in ``gemini-buffers.safetensors``. Values are fp32 (the masters), whatever the precision.
+its flattened value in each file, the aliases of tied parameters, the loss scaler, and ``files``:
+the SHA-256 and size of every shard file and the buffers file, checked when a file is first read
+(a shard swapped in from another run of the same shape is named, not loaded). Buffers are in
+``gemini-buffers.safetensors``. Values are fp32 (the masters), whatever the precision.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -25,11 +28,30 @@ from colossal_contracts import CheckpointError
 from ._module import GeminiModule
 from ._optimizer import STATE_KINDS, GeminiOptimizer
 
-__all__ = ["INDEX_FILE", "consolidate", "load_sharded", "save_sharded"]
+__all__ = ["INDEX_FILE", "consolidate", "file_digest", "load_sharded", "save_sharded"]
 
 INDEX_FILE = "gemini_index.json"
 BUFFERS_FILE = "gemini-buffers.safetensors"
 FORMAT = 1
+
+
+def file_digest(path: Path) -> dict[str, Any]:
+    """``{"sha256": hex, "bytes": size}`` of a file, read in 8 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(8 << 20):
+            h.update(block)
+    return {"sha256": h.hexdigest(), "bytes": path.stat().st_size}
+
+
+def _gather_digests(model: GeminiModule, name: str, digest: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's ``{file name: digest}`` on every rank of the model's group. Collective."""
+    g = model.runtime.group
+    if g is None:
+        return {name: digest}
+    out: list[Any] = [None] * dist.get_world_size(g)
+    dist.all_gather_object(out, (name, digest), group=g)
+    return dict(out)
 
 
 def _shard_file(rank: int, world: int) -> str:
@@ -73,10 +95,13 @@ def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
                 tensors[f"{kind}/{name}"] = chunk.shard_view(name)[0].cpu().clone()
             if optimizer is not None and name in optimizer.steps:
                 tensors[f"step/{name}"] = optimizer.steps[name].reshape(1).cpu().clone()
-    save_file(tensors, str(directory / _shard_file(rank, world)))
+    shard = directory / _shard_file(rank, world)
+    save_file(tensors, str(shard))
+    files = _gather_digests(model, shard.name, file_digest(shard))
     if rank == 0:
         buffers = {n: b.detach().cpu().contiguous() for n, b in model.module.named_buffers()}
         save_file(buffers, str(directory / BUFFERS_FILE))
+        files[BUFFERS_FILE] = file_digest(directory / BUFFERS_FILE)
         index = {
             "format": FORMAT,
             "world_size": world,
@@ -85,6 +110,7 @@ def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
             "aliases": rt.aliases,
             "optimizer": optimizer is not None,
             "scaler": optimizer.scaler.state_dict() if optimizer and optimizer.scaler else None,
+            "files": files,
         }
         (directory / INDEX_FILE).write_text(json.dumps(index, indent=1))
 
@@ -100,13 +126,27 @@ class _Reader:
             raise CheckpointError(
                 f"{directory} has no readable {INDEX_FILE}: {err}; is it a Gemini checkpoint?"
             ) from err
-        if self.index.get("format") != FORMAT:
-            raise CheckpointError(f"{directory}: unknown Gemini checkpoint format")
+        _validate_index(self.index, directory / INDEX_FILE)
         self._files: dict[int, Any] = {}
+
+    def verify(self, name: str) -> Path:
+        """The path of the checkpoint file ``name``, after checking it against the index's
+        digest (indexes without ``files``, from before checksums, are not checked)."""
+        path = self.directory / name
+        want = self.index.get("files", {}).get(name)
+        if want is not None:
+            if not path.is_file():
+                raise CheckpointError(f"checkpoint file {path} is missing")
+            if file_digest(path) != want:
+                raise CheckpointError(
+                    f"checkpoint file {path} does not match the checksum in {INDEX_FILE}: it "
+                    "was changed or copied from another checkpoint; restore the original file"
+                )
+        return path
 
     def _file(self, rank: int) -> Any:
         if rank not in self._files:
-            path = self.directory / _shard_file(rank, self.index["world_size"])
+            path = self.verify(_shard_file(rank, self.index["world_size"]))
             try:
                 self._files[rank] = safe_open(str(path), framework="pt")
             except (OSError, SafetensorError) as err:
@@ -177,6 +217,7 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
         optimizer.scaler.load_state_dict(index["scaler"])
     buffers = reader.directory / BUFFERS_FILE
     if buffers.exists():
+        reader.verify(BUFFERS_FILE)
         with safe_open(str(buffers), framework="pt") as f:
             own = dict(model.module.named_buffers())
             for n in list(f.keys()):
@@ -198,6 +239,62 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     out = {alias: full[canon].clone() for alias, canon in reader.index["aliases"].items()}
     buffers = directory / BUFFERS_FILE
     if buffers.exists():
+        reader.verify(BUFFERS_FILE)
         with safe_open(str(buffers), framework="pt") as f:
             out.update({n: f.get_tensor(n) for n in list(f.keys())})
     return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _validate_index(index: Any, path: Path) -> None:
+    """``CheckpointError`` naming the first key of ``path`` that is missing or of the wrong type."""
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(
+            f"{path} is malformed: {what}; the index was edited or damaged (or is another "
+            "tool's file): restore it or resume from another checkpoint"
+        )
+
+    if not isinstance(index, dict):
+        raise bad("expected a JSON object")
+    if index.get("format") != FORMAT:
+        raise bad(f"unknown format {index.get('format')!r} (this version reads format {FORMAT})")
+    if not _is_int(index.get("world_size")) or index["world_size"] < 1:
+        raise bad("'world_size' must be a positive int")
+    params = index.get("params")
+    if not isinstance(params, dict):
+        raise bad("'params' must be an object of parameter entries")
+    for name, meta in params.items():
+        ok = (
+            isinstance(meta, dict)
+            and isinstance(meta.get("shape"), list)
+            and all(_is_int(d) and d >= 0 for d in meta["shape"])
+            and isinstance(meta.get("ranges"), list)
+            and all(
+                isinstance(r, list) and len(r) == 3 and all(_is_int(v) for v in r)
+                for r in meta["ranges"]
+            )
+        )
+        if not ok:
+            raise bad(f"entry {name!r} needs 'shape' (list of ints) and 'ranges' ([rank, a, b]s)")
+    if not isinstance(index.get("aliases"), dict) or not all(
+        isinstance(v, str) for v in index["aliases"].values()
+    ):
+        raise bad("'aliases' must map parameter names to names")
+    if not isinstance(index.get("optimizer"), bool):
+        raise bad("'optimizer' must be true or false")
+    scaler = index.get("scaler")
+    if scaler is not None and not (
+        isinstance(scaler, dict)
+        and all(isinstance(scaler.get(k), (int, float)) for k in ("scale", "num_skipped", "clean"))
+    ):
+        raise bad("'scaler' must be null or an object with numeric scale, num_skipped, clean")
+    files = index.get("files", {})
+    if not isinstance(files, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("sha256"), str) and _is_int(v.get("bytes"))
+        for v in files.values()
+    ):
+        raise bad("'files' must map file names to {sha256, bytes}")

@@ -10,15 +10,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from colossal_contracts import CheckpointError
+from colossal_contracts import CheckpointError, ConfigError
 
-from ._checkpoint import latest_checkpoint, write_checkpoint_dir, write_checkpoint_dir_all_ranks
+from ._checkpoint import write_checkpoint_dir_all_ranks
 from ._ddp import DDPPlugin
 from ._plugin import Plugin
+from ._publish import MANIFEST, latest_checkpoint, verify_manifest, write_checkpoint_dir
 
-__all__ = ["TRAINER_FILE", "Booster"]
+__all__ = ["TRAINER_FILE", "Booster", "read_trainer_file"]
 
 TRAINER_FILE = "trainer.json"
+_BOOSTED = "_colossal_boosted_by"  # set on a module once a Booster has configured it
 
 
 class Booster:
@@ -31,7 +33,25 @@ class Booster:
     def boost(
         self, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        return self.plugin.configure(model, optimizer)
+        """Configure ``model`` and ``optimizer`` for the plugin; ``ConfigError`` for wrong types
+        or a model that was boosted already (boost the original model once)."""
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"boost() needs an nn.Module as model, got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(
+                f"boost() needs a torch.optim.Optimizer built on the model's parameters, got "
+                f"{type(optimizer).__name__}"
+            )
+        done = model.__dict__.get(_BOOSTED) or self.plugin.unwrap(model).__dict__.get(_BOOSTED)
+        if done:
+            raise ConfigError(
+                f"this model was boosted already (by the {done} plugin); boost a model once and "
+                "keep using the model and optimizer that boost() returned"
+            )
+        boosted, opt = self.plugin.configure(model, optimizer)
+        for m in (model, boosted):
+            m.__dict__[_BOOSTED] = self.plugin.name
+        return boosted, opt
 
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         self.plugin.backward(loss, optimizer)
@@ -60,7 +80,7 @@ class Booster:
         def write(directory: Path) -> None:
             self.plugin.save_checkpoint(model, optimizer, directory)
             if rank == 0:
-                info = {"step": step, **(extra or {})}
+                info = {"step": step, "plugin": self.plugin.name, **(extra or {})}
                 (directory / TRAINER_FILE).write_text(json.dumps(info, indent=2, default=str))
 
         if getattr(self.plugin, "sharded_checkpoint", False):  # every rank writes its shard
@@ -73,14 +93,40 @@ class Booster:
     def load(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, root: Path
     ) -> dict[str, Any]:
-        """Restore the checkpoint ``root/latest`` names (or ``root`` itself); return its
-        ``trainer.json`` with ``path`` added."""
-        path = latest_checkpoint(root) if (root / "latest").exists() else root
-        try:
-            info = json.loads((path / TRAINER_FILE).read_text())
-        except (OSError, json.JSONDecodeError) as err:
+        """Restore the checkpoint ``root/latest`` names (else the newest complete ``step-N``
+        under ``root``, or ``root`` itself when it is one); return its ``trainer.json`` with
+        ``path`` added. Files are checked against the manifest first; metadata of the wrong
+        shape and a checkpoint of another plugin are a ``CheckpointError`` saying so."""
+        root = Path(root)
+        own = (root / TRAINER_FILE).is_file() or (root / MANIFEST).is_file()
+        path = root if own else latest_checkpoint(root)
+        verify_manifest(path)
+        info = read_trainer_file(path)
+        saved_by = info.get("plugin") or info.get("train_config", {}).get("plugin")
+        if isinstance(saved_by, str) and saved_by != self.plugin.name:
             raise CheckpointError(
-                f"checkpoint {path} has no readable {TRAINER_FILE}: {err}"
-            ) from err
+                f"checkpoint {path} was written by the {saved_by} plugin, and this run uses "
+                f"{self.plugin.name}; resume with --plugin {saved_by} (the two store weights "
+                "and optimizer state differently)"
+            )
         self.plugin.load_checkpoint(model, optimizer, path)
         return {**info, "path": path}
+
+
+def read_trainer_file(path: Path) -> dict[str, Any]:
+    """``trainer.json`` of the checkpoint ``path``: an object with a non-negative int ``step``."""
+    try:
+        info = json.loads((path / TRAINER_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"checkpoint {path} has no readable {TRAINER_FILE}: {err}") from err
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{path / TRAINER_FILE} must hold a JSON object")
+    step = info.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(
+            f"{path / TRAINER_FILE} has no valid 'step' (a non-negative int), got {step!r}; "
+            "the file was edited or damaged: resume from another step-N directory"
+        )
+    if not isinstance(info.get("train_config", {}), dict):
+        raise CheckpointError(f"{path / TRAINER_FILE}: 'train_config' must be an object")
+    return info

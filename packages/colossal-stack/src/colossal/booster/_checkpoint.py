@@ -1,16 +1,9 @@
-"""Whole-model checkpoints with safetensors, written atomically.
-
-[Note: atomic checkpoints] A checkpoint is a directory ``step-<N>`` beside a ``latest`` file naming
-it. It is written under a temporary name, fsynced and renamed; only then is ``latest`` replaced (also
-by rename). A save that fails at any point leaves the previous checkpoint and ``latest`` intact.
-"""
+"""Whole-model checkpoints with safetensors (the DDP plugin's format), written atomically
+through ``_publish`` (see [Note: atomic checkpoints] there)."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +14,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from colossal_contracts import CheckpointError
+from colossal_zero import INDEX_FILE
+
+from ._publish import write_checkpoint_dir
 
 __all__ = [
-    "latest_checkpoint",
     "load_model_and_optimizer",
     "save_model_and_optimizer",
-    "write_checkpoint_dir",
     "write_checkpoint_dir_all_ranks",
 ]
-
-LATEST = "latest"
 
 
 def _model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -71,28 +63,6 @@ def save_model_and_optimizer(
     (directory / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
 
 
-def write_checkpoint_dir(root: Path, step: int, write: Any) -> Path:
-    """Call ``write(tmpdir)`` then publish it as ``root/step-<step>`` (see [Note: atomic checkpoints])."""
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
-    try:
-        write(tmp)
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        pointer = root / f".{LATEST}.tmp"
-        pointer.write_text(final.name + "\n")
-        os.replace(pointer, root / LATEST)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
-
-
 def write_checkpoint_dir_all_ranks(root: Path, step: int, write: Any, *, rank: int) -> Path | None:
     """``write_checkpoint_dir`` for plugins whose every rank writes a shard: rank 0 makes the
     temporary directory and tells the others its name; all call ``write(tmpdir)``; after a barrier
@@ -118,26 +88,23 @@ def write_checkpoint_dir_all_ranks(root: Path, step: int, write: Any, *, rank: i
     return path
 
 
-def latest_checkpoint(root: Path) -> Path:
-    """The directory ``root/latest`` names; ``CheckpointError`` if there is none."""
-    pointer = root / LATEST
-    if not pointer.is_file():
-        raise CheckpointError(f"no checkpoint under {root}: {pointer} is missing")
-    path = root / pointer.read_text().strip()
-    if not path.is_dir():
-        raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
-    return path
-
-
 def load_model_and_optimizer(
     directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None
 ) -> dict:
-    """Restore into ``model`` (and ``optimizer``); return the saved meta. Corruption is a clear error."""
+    """Restore into ``model`` (and ``optimizer``); return the saved meta. Corruption, another
+    plugin's format and malformed metadata are a ``CheckpointError`` saying which."""
+    if not (directory / "meta.json").exists() and (directory / INDEX_FILE).exists():
+        raise CheckpointError(
+            f"{directory} is a Gemini (sharded) checkpoint, not the DDP plugin's; resume it with "
+            "--plugin gemini, or load its consolidated model.safetensors into a plain model"
+        )
     try:
         meta = json.loads((directory / "meta.json").read_text())
         tensors = load_file(str(directory / "model.safetensors"))
     except (OSError, json.JSONDecodeError, SafetensorError) as err:
         raise CheckpointError(f"checkpoint {directory} is unreadable or corrupt: {err}") from err
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{directory / 'meta.json'} must hold a JSON object")
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     tied = {n for n in missing if _is_tied(model, n, tensors)}
     if set(missing) - tied or unexpected:
@@ -150,7 +117,14 @@ def load_model_and_optimizer(
             opt_tensors = load_file(str(directory / "optimizer.safetensors"))
         except (OSError, SafetensorError) as err:
             raise CheckpointError(f"optimizer state in {directory} is corrupt: {err}") from err
-        optimizer.load_state_dict(_rebuild_optimizer_state(opt_tensors, meta["optimizer"]))
+        try:
+            state = _rebuild_optimizer_state(opt_tensors, meta["optimizer"])
+            optimizer.load_state_dict(state)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+            raise CheckpointError(
+                f"optimizer metadata in {directory / 'meta.json'} is malformed or belongs to "
+                f"another optimizer ({type(err).__name__}: {err}); resume from another step-N"
+            ) from err
     return meta
 
 

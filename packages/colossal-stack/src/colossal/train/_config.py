@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,15 +56,27 @@ class TrainConfig:
     log_every: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "seq_len", "log_every"):
-            if getattr(self, name) <= 0:
+        for name, kinds in _TYPES.items():
+            value = getattr(self, name)
+            if not isinstance(value, kinds) or isinstance(value, bool) != (kinds is bool):
+                want = " or ".join(k.__name__ for k in _as_tuple(kinds))
                 raise ConfigError(
-                    f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"
+                    f"TrainConfig.{name} must be {want}, got {type(value).__name__} {value!r}"
                 )
-        if self.checkpoint_every < 0:
-            raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
-        if not self.lr > 0:
-            raise ConfigError(f"--lr must be positive, got {self.lr}")
+        for name in ("out", "corpus"):  # str paths are fine: keep Paths from here on
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        for name, (lo, hi) in _INT_RANGES.items():
+            value = getattr(self, name)
+            if not lo <= value <= hi:
+                flag = "--" + name.replace("_", "-")
+                if lo == 1 and value < 1:
+                    raise ConfigError(f"{flag} must be positive, got {value}")
+                raise ConfigError(f"{flag} must be in [{lo}, {hi}], got {value}")
+        if not (math.isfinite(self.lr) and 0 < self.lr <= 10):
+            raise ConfigError(f"--lr must be positive and at most 10 (try 1e-3), got {self.lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
         if self.placement not in ("auto", "static"):
             raise ConfigError(
                 f"unknown --placement {self.placement!r}; choose one of: auto, static"
@@ -74,3 +87,53 @@ class TrainConfig:
             )
         if self.model not in ("gpt", "palm"):
             raise ConfigError(f"unknown --model {self.model!r}; choose one of: gpt, palm")
+        if self.plugin == "ddp":
+            given = [
+                f"--{k.replace('_', '-')} {v}"
+                for k, v in (
+                    ("placement", self.placement),
+                    ("accelerator_budget", self.accelerator_budget),
+                    ("precision", self.precision),
+                )
+                if v != _GEMINI_DEFAULTS[k]
+            ]
+            if given:
+                raise ConfigError(
+                    f"{', '.join(given)} applies to --plugin gemini only, not ddp; drop it or "
+                    "use --plugin gemini"
+                )
+
+
+def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "model": str,
+    "preset": str,
+    "steps": int,
+    "batch_size": int,
+    "seq_len": int,
+    "seed": int,
+    "corpus": (Path, str, type(None)),
+    "out": (Path, str),
+    "plugin": str,
+    "placement": str,
+    "accelerator_budget": (str, int, type(None)),
+    "precision": str,
+    "lr": (float, int),
+    "weight_decay": (float, int),
+    "checkpoint_every": int,
+    "resume": bool,
+    "log_every": int,
+}
+# (lowest, highest): steps and seed bound the per-step data seed (see _loop._data_seed)
+_INT_RANGES = {
+    "steps": (1, 2**24 - 1),
+    "batch_size": (1, 2**16),
+    "seq_len": (1, 2**20),
+    "seed": (0, 2**23 - 1),
+    "checkpoint_every": (0, 2**24 - 1),
+    "log_every": (1, 2**24 - 1),
+}
+_GEMINI_DEFAULTS = {"placement": "auto", "accelerator_budget": None, "precision": "fp32"}

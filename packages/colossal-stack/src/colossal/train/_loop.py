@@ -22,6 +22,8 @@ from .._dist import init_from_env, rank_and_world
 from ..booster import Booster, DDPPlugin, GeminiPlugin, Plugin
 from ._config import TrainConfig
 from ._display import TrainDisplay, memory_summary, plot_memory_timeline, summary_table
+from ._guard import FiniteGuard
+from ._outdir import METRICS, check_out, trim_metrics
 from ._schedule import warmup_cosine
 
 __all__ = ["TrainResult", "build_plugin", "train"]
@@ -92,6 +94,7 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     main = rank == 0
     console = console or Console(stderr=True)
 
+    resume_from = check_out(cfg.out, resume=cfg.resume)  # before any work; changes nothing
     family, config_cls = _MODELS[cfg.model]
     model_cfg = config_cls.preset(cfg.preset).with_vocab(ByteTokenizer.vocab_size)
     if cfg.seq_len > model_cfg.max_seq_len:
@@ -115,11 +118,21 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     out = cfg.out
     ckpt_root = out / "checkpoint"
     start = 0
-    if cfg.resume:
-        info = booster.load(model, optimizer, ckpt_root)
-        start = int(info["step"])
+    if resume_from is not None:
+        info = booster.load(model, optimizer, resume_from)
+        start = info["step"]
+        if start > cfg.steps:
+            raise ConfigError(
+                f"--resume: the checkpoint {info['path']} is at step {start}, past --steps "
+                f"{cfg.steps}; pass --steps above {start} to train on (the schedule follows "
+                "--steps), or a fresh --out to start over"
+            )
         if main:
             console.print(f"resumed from {info['path']} at step {start}")
+        if start == cfg.steps:
+            if main:
+                console.print(f"nothing to do: the run in {out} already reached step {start}")
+            return TrainResult([], float("nan"), 0.0, model_cfg.num_params(), info["path"], out)
     data_gen = torch.Generator()
     extra = {
         "train_config": {k: str(v) for k, v in asdict(cfg).items()},
@@ -132,7 +145,10 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
             f"{world} rank(s), plugin {_plugin_label(cfg, plugin)}, corpus {corpus.source} "
             f"({len(corpus.data):,} bytes, {corpus.num_files} files)"
         )
-    metrics = (out / "metrics.jsonl").open("a" if cfg.resume else "w") if main else None
+    if main and cfg.resume:
+        trim_metrics(out, start)
+    metrics = (out / METRICS).open("a" if cfg.resume else "w") if main else None
+    guard = FiniteGuard(precision=cfg.precision, lr=cfg.lr)
     proc = psutil.Process()
     losses: list[float] = []
     tokens_per_step = cfg.batch_size * cfg.seq_len * world
@@ -147,10 +163,13 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
             data_gen.manual_seed(_data_seed(cfg.seed, rank, step))  # resumable: no hidden state
             x, y = corpus.batch(train_data, cfg.batch_size, cfg.seq_len, data_gen)
             loss = model(x, y)
-            booster.backward(loss, optimizer)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
             loss_value = _mean_over_ranks(loss.item())
+            guard.check_loss(step + 1, loss_value)
+            booster.backward(loss, optimizer)
+            guard.check_grads(step + 1, model, optimizer)
+            optimizer.step()
+            guard.after_step(step + 1, optimizer)
+            optimizer.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
             losses.append(loss_value)
             record = {

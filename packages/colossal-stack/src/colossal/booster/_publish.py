@@ -1,0 +1,220 @@
+"""Publishing checkpoint directories atomically, finding the newest complete one, verifying it.
+
+[Note: atomic checkpoints] A checkpoint is a directory ``step-<N>`` beside a ``latest`` file naming
+it. It is written under a hidden temporary name ``.step-<N>-*``; its last file is
+``manifest.json`` (size and SHA-256 of every other file), so a directory with a manifest whose
+files all exist at their sizes is *complete*. Files and directory are fsynced, then published:
+
+1. if ``step-<N>`` does not exist yet: rename the temporary directory to it, then point ``latest``
+   at it (the pointer is replaced by rename too);
+2. if it does (re-saving a step): point ``latest`` at the complete temporary directory first,
+   only then remove the old ``step-<N>``, rename the new one in and point ``latest`` back.
+
+No step is deleted before its replacement is complete and named by ``latest``. A kill at any
+moment leaves either ``latest`` naming a complete directory or (between the rename and the
+pointer update of case 2) a complete ``step-<N>``; ``find_checkpoint`` falls back to the newest
+complete ``step-<N>`` when ``latest`` is missing or names nothing complete. The next save cleans
+up after killed ones: an incomplete hidden directory is removed, a complete one whose publish was
+cut short is published (renamed to its ``step-<N>``), never deleted unseen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from colossal_contracts import CheckpointError
+from colossal_zero import file_digest
+
+__all__ = [
+    "LATEST",
+    "MANIFEST",
+    "clean_orphans",
+    "find_checkpoint",
+    "is_complete",
+    "latest_checkpoint",
+    "publish_dir",
+    "verify_manifest",
+    "write_checkpoint_dir",
+]
+
+LATEST = "latest"
+MANIFEST = "manifest.json"
+_STEP = re.compile(r"step-(\d+)")
+_HIDDEN = re.compile(r"\.step-(\d+)-.+")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_manifest(directory: Path, step: int) -> None:
+    files = {}
+    for f in sorted(directory.iterdir()):
+        if f.is_file() and f.name != MANIFEST:
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+            files[f.name] = file_digest(f)
+    body = json.dumps({"format": 1, "step": step, "files": files}, indent=1)
+    with open(directory / MANIFEST, "w") as fh:
+        fh.write(body)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(directory)
+
+
+def _read_manifest(directory: Path) -> dict | None:
+    """The manifest's ``files`` table, or None when it is absent or malformed."""
+    try:
+        files = json.loads((directory / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ok = isinstance(files, dict) and all(
+        isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
+        for v in files.values()
+    )
+    return files if ok else None
+
+
+def is_complete(directory: Path) -> bool:
+    """A readable manifest whose every file exists with its recorded size (cheap: no hashing)."""
+    files = _read_manifest(directory)
+    if files is None:
+        return False
+    try:
+        return all((directory / n).stat().st_size == v["bytes"] for n, v in files.items())
+    except OSError:
+        return False
+
+
+def verify_manifest(directory: Path) -> None:
+    """Check every file's size and SHA-256 against ``manifest.json``; ``CheckpointError`` naming
+    the first file that differs. A directory without a manifest (older format) is not checked."""
+    if not (directory / MANIFEST).exists():
+        return
+    files = _read_manifest(directory)
+    if files is None:
+        raise CheckpointError(
+            f"{directory / MANIFEST} is malformed (expected a 'files' table of bytes and sha256); "
+            "the checkpoint was edited or damaged: resume from another step-N directory"
+        )
+    for name, want in files.items():
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} is missing (listed in {MANIFEST})")
+        if path.stat().st_size != want["bytes"] or file_digest(path)["sha256"] != want["sha256"]:
+            raise CheckpointError(
+                f"checkpoint file {path} does not match the checksum in {MANIFEST}: it was "
+                "changed or copied from another run; restore it or resume from another step-N"
+            )
+
+
+def _point_latest(root: Path, name: str) -> None:
+    pointer = root / f".{LATEST}.tmp"
+    with open(pointer, "w") as fh:
+        fh.write(name + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(pointer, root / LATEST)
+    _fsync_dir(root)
+
+
+def _latest_name(root: Path) -> str | None:
+    try:
+        return (root / LATEST).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def publish_dir(root: Path, tmp: Path, final: Path) -> None:
+    """Make the complete directory ``tmp`` the checkpoint ``final`` and ``latest`` name it,
+    following [Note: atomic checkpoints]."""
+    if final.exists():
+        _point_latest(root, tmp.name)  # the new copy is named before the old one goes
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    _point_latest(root, final.name)
+
+
+def clean_orphans(root: Path, *, keep: Path | None = None) -> None:
+    """Finish or remove what killed saves left under ``root``: incomplete hidden directories are
+    removed; complete ones are published as their ``step-<N>`` (or removed when an identical
+    step is already complete and ``latest`` does not name them). ``keep`` is left alone."""
+    if not root.is_dir():
+        return
+    latest = _latest_name(root)
+    for d in sorted(root.iterdir()):
+        m = _HIDDEN.fullmatch(d.name)
+        if not m or not d.is_dir() or d == keep:
+            continue
+        final = root / f"step-{m.group(1)}"
+        if not is_complete(d):
+            shutil.rmtree(d, ignore_errors=True)
+        elif latest == d.name or not is_complete(final):
+            publish_dir(root, d, final)  # a publish cut short: finish it
+            latest = _latest_name(root)
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+    stale = root / f".{LATEST}.tmp"
+    if stale.exists():
+        stale.unlink(missing_ok=True)
+
+
+def write_checkpoint_dir(root: Path, step: int, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmpdir)``, add the manifest, and publish it as ``root/step-<step>``.
+    A failure at any point leaves the previous checkpoints and ``latest`` as they were."""
+    root.mkdir(parents=True, exist_ok=True)
+    clean_orphans(root)
+    final = root / f"step-{step}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
+    try:
+        write(tmp)
+        _write_manifest(tmp, step)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    publish_dir(root, tmp, final)
+    return final
+
+
+def _complete_steps(root: Path) -> list[tuple[int, Path]]:
+    out = []
+    for d in root.iterdir() if root.is_dir() else ():
+        m = _STEP.fullmatch(d.name)
+        if m and d.is_dir() and is_complete(d):
+            out.append((int(m.group(1)), d))
+    return sorted(out)
+
+
+def find_checkpoint(root: Path) -> Path | None:
+    """The complete checkpoint ``root/latest`` names; else the newest complete ``step-<N>``;
+    None when there is none. Older checkpoints without a manifest count when ``latest`` names
+    them."""
+    name = _latest_name(root)
+    if name is not None and "/" not in name and name not in (".", ".."):
+        named = root / name
+        if named.is_dir() and (is_complete(named) or not (named / MANIFEST).exists()):
+            return named
+    steps = _complete_steps(root)
+    return steps[-1][1] if steps else None
+
+
+def latest_checkpoint(root: Path) -> Path:
+    """``find_checkpoint(root)``; ``CheckpointError`` saying how to start fresh when none."""
+    found = find_checkpoint(Path(root))
+    if found is None:
+        raise CheckpointError(
+            f"no checkpoint under {root} (no complete step-N directory); "
+            "start a fresh run without --resume, or point --out at the run to continue"
+        )
+    return found

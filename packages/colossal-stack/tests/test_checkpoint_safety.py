@@ -1,0 +1,174 @@
+"""Nothing completed is lost, nothing corrupt loads silently: publishing, resuming, verifying."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from colossal import Booster, DDPPlugin, GeminiPlugin, latest_checkpoint
+from colossal.booster import _publish, find_checkpoint
+from colossal_contracts import CheckpointError
+from colossal_models import GPT, GPTConfig
+from colossal_zero import INDEX_FILE, load_sharded
+
+
+def _setup(plugin=None, seed: int = 0):  # type: ignore[no-untyped-def]
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig.preset("nano"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    booster = Booster(plugin or DDPPlugin())
+    model, opt = booster.boost(model, opt)
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(seed))
+    booster.backward(model(x, x), opt)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return booster, model, opt
+
+
+def _weights(model) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+class _Killed(BaseException):
+    """Stands for a kill -9: nothing after it runs, no cleanup."""
+
+
+@pytest.mark.parametrize("kill_at", range(6))
+def test_resaving_a_step_killed_at_any_point_loses_nothing(tmp_path, monkeypatch, kill_at):
+    booster, model, opt = _setup(seed=0)
+    booster.save(model, opt, tmp_path, step=4)
+    old = _weights(model)
+    _, model_b, opt_b = _setup(seed=1)
+    calls = {"n": 0}
+    real = {"replace": os.replace, "rmtree": shutil.rmtree}
+
+    def counted(name):  # type: ignore[no-untyped-def]
+        def op(*a, **k):  # type: ignore[no-untyped-def]
+            if calls["n"] == kill_at:
+                raise _Killed
+            calls["n"] += 1
+            return real[name](*a, **k)
+
+        return op
+
+    monkeypatch.setattr(_publish.os, "replace", counted("replace"))
+    monkeypatch.setattr(_publish.shutil, "rmtree", counted("rmtree"))
+    with contextlib.suppress(_Killed):
+        booster.save(model_b, opt_b, tmp_path, step=4)  # the re-save of a finished run
+    monkeypatch.undo()
+    found = latest_checkpoint(tmp_path)
+    _, fresh, fresh_opt = _setup(seed=2)
+    Booster().load(fresh, fresh_opt, tmp_path)
+    got = _weights(fresh)
+    new = _weights(model_b)
+    assert all(torch.equal(got[k], old[k]) for k in got) or all(
+        torch.equal(got[k], new[k]) for k in got
+    ), f"{found} holds neither the old nor the new step 4"
+    # the next save finishes or cleans what the kill left: only published steps remain
+    booster.save(model_b, opt_b, tmp_path, step=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-4", "step-5"]
+    assert _publish.is_complete(tmp_path / "step-4")
+
+
+def test_orphaned_temp_dirs_are_cleaned_and_complete_ones_published(tmp_path):
+    booster, model, opt = _setup()
+    booster.save(model, opt, tmp_path, step=2)
+    shutil.copytree(tmp_path / "step-2", tmp_path / ".step-3-abc")  # complete, never renamed in
+    (tmp_path / ".step-9-xyz").mkdir()  # a save killed while writing
+    (tmp_path / ".step-9-xyz" / "model.safetensors").write_bytes(b"half")
+    booster.save(model, opt, tmp_path, step=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-2", "step-3", "step-4"]
+    assert latest_checkpoint(tmp_path).name == "step-4"
+
+
+def test_deleted_latest_finds_the_newest_complete_step(tmp_path):
+    booster, model, opt = _setup()
+    for step in (2, 4, 6):
+        booster.save(model, opt, tmp_path, step=step)
+    (tmp_path / "latest").unlink()
+    (tmp_path / "step-6" / _publish.MANIFEST).unlink()  # step 6 is incomplete now
+    assert find_checkpoint(tmp_path).name == "step-4"
+    (tmp_path / "latest").write_text("step-99\n")  # names nothing
+    assert latest_checkpoint(tmp_path).name == "step-4"
+    assert Booster().load(*_setup(seed=3)[1:], tmp_path)["step"] == 4
+
+
+def test_no_checkpoint_says_how_to_start_fresh(tmp_path):
+    with pytest.raises(CheckpointError, match="without --resume"):
+        latest_checkpoint(tmp_path / "nothing")
+
+
+def test_swapped_ddp_file_is_named(tmp_path):
+    a = Booster().save(*_setup(seed=0)[1:], tmp_path / "a", step=1)
+    b = Booster().save(*_setup(seed=1)[1:], tmp_path / "b", step=1)
+    shutil.copy(b / "optimizer.safetensors", a / "optimizer.safetensors")  # same shapes
+    with pytest.raises(CheckpointError, match=r"optimizer\.safetensors does not match"):
+        Booster().load(*_setup(seed=2)[1:], tmp_path / "a")
+
+
+def test_swapped_gemini_shard_is_named_by_the_index(tmp_path):
+    plugin = GeminiPlugin(precision="fp32")
+    paths = []
+    for seed, name in ((0, "a"), (1, "b")):
+        booster, model, opt = _setup(GeminiPlugin(precision="fp32"), seed=seed)
+        paths.append(booster.save(model, opt, tmp_path / name, step=1))
+    shard = next(paths[0].glob("gemini-rank*.safetensors"))
+    shutil.copy(paths[1] / shard.name, shard)
+    (paths[0] / _publish.MANIFEST).unlink()  # colossal-zero's own check, not the manifest's
+    booster, model, opt = _setup(plugin, seed=2)
+    with pytest.raises(CheckpointError, match=f"{shard.name} does not match the checksum"):
+        load_sharded(model, opt, paths[0])
+
+
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda d: d.update(step="4"), "no valid 'step'"),
+        (lambda d: d.pop("step"), "no valid 'step'"),
+        (lambda d: d.update(train_config=[1]), "'train_config' must be an object"),
+    ],
+)
+def test_malformed_trainer_file_is_a_clear_error(tmp_path, edit, match):
+    path = Booster().save(*_setup()[1:], tmp_path, step=1)
+    info = json.loads((path / "trainer.json").read_text())
+    edit(info)
+    (path / "trainer.json").write_text(json.dumps(info))
+    (path / _publish.MANIFEST).unlink()  # an older checkpoint: no manifest to catch the edit
+    with pytest.raises(CheckpointError, match=match):
+        Booster().load(*_setup(seed=1)[1:], tmp_path)
+
+
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda d: d.pop("params"), "'params' must be an object"),
+        (lambda d: d.update(world_size="1"), "'world_size' must be a positive int"),
+        (lambda d: d.update(params={"x": {"shape": [2], "ranges": 3}}), "entry 'x' needs"),
+        (lambda d: d.update(scaler={"scale": "big"}), "'scaler' must be null"),
+        (lambda d: d.update(format=7), "unknown format 7"),
+    ],
+)
+def test_malformed_gemini_index_is_a_clear_error(tmp_path, edit, match):
+    booster, model, opt = _setup(GeminiPlugin())
+    path = booster.save(model, opt, tmp_path, step=1)
+    index = json.loads((path / INDEX_FILE).read_text())
+    edit(index)
+    (path / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=match):
+        load_sharded(model, opt, path)
+
+
+def test_checkpoint_of_another_plugin_is_diagnosed(tmp_path):
+    booster, model, opt = _setup(GeminiPlugin())
+    booster.save(model, opt, tmp_path / "g", step=1)
+    with pytest.raises(CheckpointError, match=r"written by the gemini plugin.*--plugin gemini"):
+        Booster(DDPPlugin()).load(*_setup(seed=1)[1:], tmp_path / "g")
+    Booster().save(*_setup()[1:], tmp_path / "d", step=1)
+    b2, m2, o2 = _setup(GeminiPlugin(), seed=1)
+    with pytest.raises(CheckpointError, match=r"written by the ddp plugin.*--plugin ddp"):
+        b2.load(m2, o2, tmp_path / "d")
