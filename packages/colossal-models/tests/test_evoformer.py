@@ -102,3 +102,19 @@ def test_bad_inputs_and_config():
         EvoformerConfig(c_m=0)
     with pytest.raises(ConfigError, match="unknown Evoformer preset"):
         EvoformerConfig.preset("alphafold3")
+
+
+def test_chunk_size_for_budget_is_the_largest_that_fits():
+    from colossal_models.evoformer import chunk_bytes_per_row, chunk_size_for_budget
+
+    cfg = EvoformerConfig.preset("alphafold2")
+    shape = dict(batch=1, num_seq=128, num_res=384)
+    per_row = max(chunk_bytes_per_row(cfg, **shape).values())
+    assert per_row == 2 * 8 * 384 * 384 * 4  # MSA row attention logits and softmax, 8 heads
+    for budget in (per_row, 5 * per_row + 7, 100 * per_row):
+        c = chunk_size_for_budget(cfg, budget, **shape)
+        assert c * per_row <= budget < (c + 1) * per_row
+    assert chunk_size_for_budget(cfg, 10**12, **shape) is None  # everything fits unchunked
+    with pytest.raises(ConfigError, match=f"give at least {per_row} bytes") as e:
+        chunk_size_for_budget(cfg, per_row - 1, **shape)
+    assert "\n" not in str(e.value)
