@@ -92,9 +92,12 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6")
+    """ruff, and the package arrows of DESIGN.md (import-linter contracts in .importlinter)."""
+    session.install("ruff>=0.6", "import-linter>=2.0")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    _install_local(session, "colossal-stack")  # lint-imports reads the installed packages
+    session.run("lint-imports", "--no-cache")
 
 
 @nox.session
@@ -147,6 +150,8 @@ def ci(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     _install_local(session, "colossal-stack", editable=True, all_tests=True)
+    session.install("import-linter>=2.0")
+    session.run("lint-imports", "--no-cache")  # the package arrows (see the lint session)
     for package in PACKAGES:
         session.run("pytest", "-q", f"packages/{package}/tests", *session.posargs)
     session.run("pytest", "-q", "integration_tests", *session.posargs)

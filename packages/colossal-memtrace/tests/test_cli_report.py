@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -43,8 +44,37 @@ def test_cli_profile_model_factory(tmp_path, capsys):
     )
 
 
-def test_cli_errors_are_plain(tmp_path, capsys):
-    assert main(["profile", "--model", "no_such_module:f", "--out", str(tmp_path)]) == 2
-    assert "cannot load --model" in capsys.readouterr().out
-    assert main(["profile", "--model", "nocolon", "--out", str(tmp_path)]) == 2
-    assert "package.module:factory" in capsys.readouterr().out
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["profile", "--model", "no_such_module:f"], "cannot load --model"),
+        (["profile", "--model", "nocolon"], "package.module:factory"),
+        (["profile", "--model", ":f"], "package.module:factory"),
+        (["profile", "--model", "os:sep"], "is not callable"),
+        (["profile", "--preset", "tiny"], "colossal profile --preset tiny"),
+        (["profile"], "one of the arguments --model"),
+        (["profile", "--model", "_models_memtrace:tiny_lm", "--batch", "0"], "--batch must be"),
+        (["profile", "--model", "_models_memtrace:tiny_lm", "--batch", "x"], "invalid int"),
+        (["profile", "--model", "_models_memtrace:tiny_lm", "--seq-len", "-1"], "--seq-len"),
+        (["profile", "--model", "_models_memtrace:tiny_lm", "--vocab", "0"], "--vocab must"),
+        (["profile", "--model", "_models_memtrace:tiny_lm", "--mode", "x"], "invalid choice"),
+        (["profile", "--model", "_models_memtrace:tiny_lm", "--device", "tpu:0"], "--device"),
+        (["profile", "--model", "_models_memtrace:tiny_lm", "--device", "nope"], "--device"),
+        (["profile", "--model", "_models_memtrace:tiny_lm", "--optimizer", "lion"], "invalid"),
+        (["nope"], "invalid choice"),
+        ([], "required"),
+    ],
+)
+def test_cli_bad_arguments_are_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    assert main([*argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_out_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    argv = ["profile", "--model", "_models_memtrace:tiny_lm", "--out", str(tmp_path / "f")]
+    assert main(argv) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert (tmp_path / "f").read_text() == "x"

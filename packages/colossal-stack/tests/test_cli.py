@@ -81,3 +81,10 @@ def test_train_under_colossal_run_on_two_processes(tmp_path, small_corpus):
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]  # written once, by rank 0
     assert "2 x 4 x 32" in proc.stderr
+
+
+def test_profile_a_preset(tmp_path, capsys):
+    argv = ["profile", "--preset", "nano", "--batch", "2", "--seq-len", "16"]
+    assert main([*argv, "--mode", "estimate", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "memstats-estimate.json").is_file()
+    assert "gpt-nano" in (tmp_path / "memstats-estimate.json").read_text()

@@ -9,6 +9,7 @@ from ._estimate import estimate_step, run_step, trace_step
 from ._hooks import HookTracer, TraceConfig
 from ._host import HostProbe
 from ._live import LiveTensorProbe, LiveTensorTracker, WindowPeak
+from ._profile import ProfileRequest, profile_step
 from ._report import plot_timeline, print_report, stats_table
 from ._sampler import SampledWindow, SamplingTracer
 from ._sources import ModelDataSource
@@ -26,6 +27,7 @@ __all__ = [
     "MemStats",
     "ModelDataSource",
     "Moment",
+    "ProfileRequest",
     "SampledWindow",
     "SamplingTracer",
     "StepSummary",
@@ -34,6 +36,7 @@ __all__ = [
     "estimate_step",
     "plot_timeline",
     "print_report",
+    "profile_step",
     "run_step",
     "stats_table",
     "trace_step",

@@ -1,4 +1,4 @@
-"""The ``colossal`` command: ``train``, ``run`` and ``check``.
+"""The ``colossal`` command: ``train``, ``run``, ``profile`` and ``check``.
 
 Errors that come from bad input (``ColossalError``) are printed as one line, with exit status 2.
 """
@@ -11,6 +11,7 @@ import sys
 from colossal_contracts import ColossalError
 
 from ._check import print_check
+from ._profile import add_profile_parser
 from ._run import launch
 from ._train import add_train_parser
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="launch a command on many processes (torchrun's flags first)", add_help=False
     )
     run.set_defaults(func=None)
+    add_profile_parser(sub)
     check = sub.add_parser("check", help="print what torch, devices, backends and memory are seen")
     check.set_defaults(func=lambda _a: print_check())
     return parser

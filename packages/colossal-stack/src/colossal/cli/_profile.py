@@ -1,0 +1,51 @@
+"""``colossal profile``: memory of one training step of a model preset, traced and estimated
+(colossal-memtrace's ``profile_step`` on a colossal-models preset)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from colossal_contracts import ConfigError
+from colossal_memtrace import ProfileRequest, profile_step
+from colossal_models import ByteTokenizer
+
+from ..train._loop import _MODELS as MODELS
+
+__all__ = ["add_profile_parser"]
+
+
+def add_profile_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="memory per moment of one training step of a preset")
+    p.add_argument("--model", default="gpt", help="model family: gpt or palm (default: gpt)")
+    p.add_argument("--preset", default="tiny", help="model size preset (default: tiny)")
+    p.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sample (default 128)")
+    p.add_argument("--optimizer", default="adam", help="adam, adamw, sgd or none (default adam)")
+    p.add_argument("--mode", default="both", help="measure, estimate or both (default both)")
+    p.add_argument("--device", default="cpu", help="device of the measured step (default cpu)")
+    p.add_argument("--out", type=Path, default=Path("memtrace-out"), help="output folder")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    family, config_cls = MODELS.get(args.model, (None, None))
+    if family is None:
+        raise ConfigError(f"unknown --model {args.model!r}; choose one of: {', '.join(MODELS)}")
+    cfg = config_cls.preset(args.preset).with_vocab(ByteTokenizer.vocab_size)
+    req = ProfileRequest(
+        name=f"{args.model}-{args.preset}",
+        batch=args.batch,
+        seq_len=args.seq_len,
+        optimizer=args.optimizer,
+        mode=args.mode,
+        device=args.device,
+        out=args.out,
+    )
+    if args.seq_len > cfg.max_seq_len:
+        raise ConfigError(
+            f"--seq-len {args.seq_len} exceeds preset {args.preset!r}'s context of "
+            f"{cfg.max_seq_len}; use a smaller --seq-len"
+        )
+    profile_step(lambda: family(cfg), req)
+    return 0
