@@ -4,9 +4,10 @@ The largest temporaries of an Evoformer block are the attention weights and the 
 transition activations, and chunking bounds them: each is a fixed number of bytes per slice row
 (an MSA row, a residue row or column) times the chunk size. ``chunk_bytes_per_row`` gives that
 number for the worst of them; ``chunk_size_for_budget`` divides a budget by it. The budget is for
-the chunked temporaries only: the representations themselves (m, z and their residual updates)
-and the unchunked triangular multiplicative updates come on top (the evoformer benchmark measures
-whole peaks with the live-tensor tracer).
+the chunked temporaries only: the representations themselves (m, z, their residual updates and
+the whole-tensor projections the slices read, such as LayerNorm(z) and the triangular updates'
+other operand) come on top (the evoformer benchmark measures whole peaks with the live-tensor
+tracer).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def chunk_bytes_per_row(
 
     Attention: logits and their softmax, ``2 * heads * L * L`` per row of L keys. Transitions:
     the widened activation before and after the ReLU. Outer product mean: the (J, C, C) outer
-    products of one residue i and their flattened copy.
+    products of one residue i and their flattened copy. Triangular update: one row (or column)
+    of its own projection, the product, the normed product, the gate and output.
     """
     B, S, R, e = batch, num_seq, num_res, elem_bytes
     n = cfg.transition_n
@@ -36,6 +38,8 @@ def chunk_bytes_per_row(
         "msa_transition": 2 * B * R * n * cfg.c_m * e,  # per MSA row
         "pair_transition": 2 * B * R * n * cfg.c_z * e,  # per residue row
         "outer_product_mean": 2 * B * R * cfg.c_hidden_opm**2 * e,  # per residue i
+        # a slice, its product, normed product; gate, output and their product
+        "triangle_multiplication": B * R * (3 * cfg.c_hidden_mul + 3 * cfg.c_z) * e,
     }
 
 

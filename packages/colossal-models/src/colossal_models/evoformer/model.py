@@ -11,9 +11,10 @@ enough: ``gather(x, dim)`` (a pair bias or projection needed for every residue) 
 nothing: one process holds everything. ``parallelize_evoformer`` installs the distributed one.
 
 [Note: chunked inference] With ``chunk_size`` set, attention and transitions run on slices of
-``chunk_size`` along an axis they do not mix (MSA rows for row attention, residues otherwise) and
-the outer product mean on slices of its first residue axis; each slice is computed exactly as in
-the whole tensor, so the result equals the unchunked one up to float rounding of the matmuls.
+``chunk_size`` along an axis they do not mix (MSA rows for row attention, residues otherwise), the
+outer product mean on slices of its first residue axis and the triangular multiplicative updates
+on slices of their output rows (outgoing) or columns (incoming); each slice is computed exactly as
+in the whole tensor, so the result equals the unchunked one up to float rounding of the matmuls.
 """
 
 from __future__ import annotations
@@ -196,8 +197,9 @@ class OuterProductMean(nn.Module):
 class TriangleMultiplication(nn.Module):
     """Algorithms 11 (outgoing: z_ij += sum_k a_ik b_jk) and 12 (incoming: sum_k a_ki b_kj).
 
-    Outgoing needs whole rows (k), ``gather``s b over rows (j); incoming needs whole columns,
-    ``gather``s a over columns (i). Not chunked (its cost is the (R, R, C) projections)."""
+    Outgoing needs whole rows (k) and ``gather``s b over rows (j); incoming needs whole columns
+    and ``gather``s a over columns (i). Chunked along i (outgoing) or j (incoming): each slice
+    projects its own a (or b), contracts with the whole other projection, and gates its output."""
 
     def __init__(self, cfg: EvoformerConfig, *, outgoing: bool):
         super().__init__()
@@ -210,15 +212,33 @@ class TriangleMultiplication(nn.Module):
         self.ln_out = nn.LayerNorm(c, eps=cfg.eps)
         self.out = nn.Linear(c, cz)
 
-    def forward(self, z: torch.Tensor, gather: Gather) -> torch.Tensor:
+    def _a(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.a_gate(x)) * self.a_proj(x)
+
+    def _b(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.b_gate(x)) * self.b_proj(x)
+
+    def forward(
+        self, z: torch.Tensor, gather: Gather, chunk_size: int | None = None
+    ) -> torch.Tensor:
         x = self.ln_in(z)
-        a = torch.sigmoid(self.a_gate(x)) * self.a_proj(x)  # (B, I, K, C) or (B, K, I, C)
-        b = torch.sigmoid(self.b_gate(x)) * self.b_proj(x)
+
+        def finish(x_: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+            return torch.sigmoid(self.gate(x_)) * self.out(self.ln_out(o))
+
         if self.outgoing:
-            o = torch.einsum("bikc,bjkc->bijc", a, gather(b, -3))
-        else:
-            o = torch.einsum("bkic,bkjc->bijc", gather(a, -2), b)
-        return torch.sigmoid(self.gate(x)) * self.out(self.ln_out(o))
+            b = gather(self._b(x), -3)  # (B, J, K, C): every row j
+
+            def rows(x_: torch.Tensor) -> torch.Tensor:  # x_: (B, i-slice, K, c_z)
+                return finish(x_, torch.einsum("bikc,bjkc->bijc", self._a(x_), b))
+
+            return chunked(rows, (x,), -3, chunk_size)
+        a = gather(self._a(x), -2)  # (B, K, I, C): every column i
+
+        def cols(x_: torch.Tensor) -> torch.Tensor:  # x_: (B, K, j-slice, c_z)
+            return finish(x_, torch.einsum("bkic,bkjc->bijc", a, self._b(x_)))
+
+        return chunked(cols, (x,), -2, chunk_size)
 
 
 class TriangleAttention(nn.Module):
@@ -269,9 +289,9 @@ class EvoformerBlock(nn.Module):
         # m goes back to rows while the pair stack runs (asynchronous where axes allow).
         m_rows = ax.switch_start(m, -2, -3)
         # Pair stack. Row-wise updates on (B, R/p, R, c_z), column-wise on (B, R, R/p, c_z).
-        z = z + self.tri_mul_out(z, ax.gather)
+        z = z + self.tri_mul_out(z, ax.gather, c)
         z = ax.switch(z, -3, -2)
-        z = z + self.tri_mul_in(z, ax.gather)
+        z = z + self.tri_mul_in(z, ax.gather, c)
         z = ax.switch(z, -2, -3)
         z = z + self.tri_att_start(z, ax.gather, c)
         z = ax.switch(z, -3, -2)

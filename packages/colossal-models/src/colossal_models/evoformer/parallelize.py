@@ -123,10 +123,12 @@ def dap_comm_bytes(
     num_res: int,
     p: int,
     backward: bool = False,
+    input_grads: bool = True,
     elem_bytes: int = 4,
 ) -> dict[str, int]:
     """Counted bytes per op of one forward (and backward) of ``Evoformer(cfg)`` under DAP over p
-    ranks ([Note: DAP layout]); the entry and exit split/gather of the stack are included."""
+    ranks ([Note: DAP layout]); the entry and exit split/gather of the stack are included, and
+    with ``input_grads`` the gathering of the inputs' gradients at the entry split."""
     if p == 1:
         return {}
     B, S, R, e = batch, num_seq, num_res, elem_bytes
@@ -142,7 +144,7 @@ def dap_comm_bytes(
     if backward:
         out["all_to_all"] *= 2
         out["reduce_scatter"] = cfg.num_blocks * gathers * e
-        # the entry split's backward gathers the input gradients
-        out["all_gather"] += (B * S * R * cfg.c_m + B * R * R * cfg.c_z) * e
+        if input_grads:  # the entry split's backward gathers the input gradients
+            out["all_gather"] += (B * S * R * cfg.c_m + B * R * R * cfg.c_z) * e
         out["all_reduce"] = cfg.num_blocks * sum(cfg.block_params().values()) * e
     return out
