@@ -5,11 +5,13 @@ Every model folder has the same shape: ``config`` (dataclass and presets), ``mod
 ``parallelize`` (tensor-parallel plan) and ``state_dict`` (Hugging Face adapter).
 """
 
+from ._attention import CausalAttention
 from ._checkpointing import apply_activation_checkpointing
 from ._corpus import Corpus, default_corpus_path, load_corpus
 from ._gather import gather_full_state_dict
 from ._io import LMIO
 from ._parallelize import parallelize
+from ._stages import PipelineStages, split_into_stages
 from ._tokenizer import ByteTokenizer
 from .evoformer import EVOFORMER_PRESETS, Evoformer, EvoformerConfig, parallelize_evoformer
 from .gpt import GPT, GPT_PRESETS, GPT2StateDictAdapter, GPTConfig
@@ -23,6 +25,7 @@ __all__ = [
     "LMIO",
     "PALM_PRESETS",
     "ByteTokenizer",
+    "CausalAttention",
     "Corpus",
     "Evoformer",
     "EvoformerConfig",
@@ -31,10 +34,12 @@ __all__ = [
     "LlamaStateDictAdapter",
     "PaLM",
     "PaLMConfig",
+    "PipelineStages",
     "apply_activation_checkpointing",
     "default_corpus_path",
     "gather_full_state_dict",
     "load_corpus",
     "parallelize",
     "parallelize_evoformer",
+    "split_into_stages",
 ]

@@ -1,7 +1,8 @@
 """``LMIO``: what happens where tokens enter a language model and where logits leave it.
 
 A model calls its ``io`` three times per forward: ``tokens`` on the ids and targets (a
-tensor-parallel plan keeps this rank's batch chunk), ``enter`` on the embedded input (sequence
+tensor-parallel plan keeps this rank's batch chunk, a long-sequence plan its sequence slice, whose
+``positions`` the model then asks for), ``enter`` on the embedded input (sequence
 parallelism keeps this rank's sequence chunk) and ``forward`` on the final hidden state with the
 output matrix (vocabulary-parallel plans compute split logits and their loss without gathering
 them). ``LMIO`` itself is the unsharded behaviour. It owns no parameters, so swapping it never
@@ -25,6 +26,10 @@ class LMIO(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The ids (and targets) this rank computes on; ``(B, T)`` each."""
         return idx, targets
+
+    def positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """The positions (of ``0..seq_len-1``) of the tokens this rank holds, in its order."""
+        return torch.arange(seq_len, device=device)
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         """The embedded input ``(B, T, C)`` as the first block consumes it."""

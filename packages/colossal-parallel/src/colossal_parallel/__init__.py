@@ -12,8 +12,20 @@ from ._axial import PendingSwitch, switch_shard_dim, switch_shard_dim_async
 from ._comm import CountedComm
 from ._config import TP_MODES, MeshConfig, TpMode, divide
 from ._counter import COMM_OPS, CommCounter, CommStat
+from ._grads import all_reduce_grads
 from ._launch import LaunchInfo, launch_from_torch, seed_everything
 from ._mesh import ProcessMesh
+from ._p2p import exchange
+from ._pipeline._partition import parameter_costs, partition_layers, stage_rank
+from ._pipeline._runtime import PipelineResult, run_pipeline
+from ._pipeline._schedule import (
+    SCHEDULES,
+    Action,
+    PipelineSchedule,
+    ideal_idle_fraction,
+    idle_fractions,
+    simulate,
+)
 from ._tp1d._cross_entropy import (
     VocabParallelCrossEntropy,
     VocabParallelLMHead,
@@ -69,7 +81,9 @@ __all__ = [
     "LAYOUT_2P5D",
     "LAYOUT_3D",
     "LAYOUT_3D_T",
+    "SCHEDULES",
     "TP_MODES",
+    "Action",
     "Classifier2D",
     "Classifier2p5D",
     "Classifier3D",
@@ -92,6 +106,8 @@ __all__ = [
     "MeshConfig",
     "ParallelEmbedding",
     "PendingSwitch",
+    "PipelineResult",
+    "PipelineSchedule",
     "ProcessMesh",
     "RowParallelLinear",
     "TpLayout",
@@ -102,6 +118,7 @@ __all__ = [
     "VocabParallelEmbedding2p5D",
     "VocabParallelEmbedding3D",
     "VocabParallelLMHead",
+    "all_reduce_grads",
     "copy_to_axis",
     "cross_entropy_2d",
     "cross_entropy_2p5d",
@@ -109,19 +126,27 @@ __all__ = [
     "cross_entropy_comm_bytes",
     "divide",
     "embedding_comm_bytes",
+    "exchange",
     "gather_along",
     "gather_from_layout",
     "gather_sequence",
+    "ideal_idle_fraction",
+    "idle_fractions",
     "launch_from_torch",
     "layernorm_comm_bytes",
     "linear_comm_bytes",
     "local_chunk",
+    "parameter_costs",
+    "partition_layers",
     "reduce_from_axis",
     "reduce_scatter_along",
+    "run_pipeline",
     "seed_everything",
+    "simulate",
     "split_along",
     "split_sequence",
     "split_to_layout",
+    "stage_rank",
     "switch_shard_dim",
     "switch_shard_dim_async",
     "vocab_embedding_comm_bytes",

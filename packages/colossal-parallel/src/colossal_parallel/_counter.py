@@ -2,7 +2,8 @@
 
 [Note: counted bytes] The counted bytes of one call are the bytes of the *full* logical tensor the
 collective operates on, per device: all_reduce, broadcast and reduce count the tensor; all_gather
-counts its output; reduce_scatter and all_to_all count their input. On a ring of ``p`` ranks the
+counts its output; reduce_scatter and all_to_all count their input; point-to-point ``send`` and
+``recv`` count each message once on the rank that sends or receives it. On a ring of ``p`` ranks the
 bytes each device sends are ``counted * (p - 1) / p`` (twice that for all_reduce). A collective
 over an axis of size 1 moves nothing and is neither run nor counted.
 """
@@ -20,6 +21,8 @@ COMM_OPS: tuple[str, ...] = (
     "broadcast",
     "reduce",
     "all_to_all",
+    "send",
+    "recv",
 )
 
 

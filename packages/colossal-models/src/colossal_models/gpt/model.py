@@ -14,6 +14,7 @@ from torch import nn
 
 from colossal_contracts import ConfigError
 
+from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
 from .._io import LMIO
 from .config import GPTConfig
@@ -28,6 +29,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.bias)
         self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
         self.dropout = cfg.dropout
+        self.core = CausalAttention()  # a long-sequence plan swaps in ring attention or Ulysses
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)  # (B, T, 3C); T is the whole sequence even when x holds a slice of it
@@ -35,7 +37,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = qkv.chunk(3, dim=-1)  # each (B, T, C)
         q, k, v = (t.reshape(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D)
+        y = self.core(q, k, v, p)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, -1)
         return F.dropout(self.proj(y), p, self.training)
 
@@ -99,15 +101,27 @@ class GPT(nn.Module):
                 p.normal_(0.0, resid_std if name.endswith("proj.weight") else 0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x, targets)
+
+    # ``embed`` and ``head`` read only wte, wpe, drop, ln_f, io and config, so a pipeline stage
+    # with those attributes (``GPTStage``) runs them too.
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
         T = idx.shape[1]
         if self.config.max_seq_len < T:
             raise ConfigError(
                 f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}; "
                 "use a shorter --seq-len or a preset with a longer context"
             )
-        idx, targets = self.io.tokens(idx, targets)
-        pos = torch.arange(T, device=idx.device)
-        x = self.io.enter(self.drop(self.wte(idx) + self.wpe(pos)))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
+        idx, _ = self.io.tokens(idx, None)
+        pos = self.io.positions(T, idx.device)  # this rank's positions (all of them unless split)
+        return self.io.enter(self.drop(self.wte(idx) + self.wpe(pos)))  # (B, T, C)
+
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+        """The last block's output to logits, or to the mean loss with ``targets``."""
+        if targets is not None:
+            _, targets = self.io.tokens(targets, targets)
         return self.io(self.ln_f(x), self.wte.weight, targets)  # tied head: logits or loss

@@ -15,6 +15,7 @@ from torch import nn
 
 from colossal_contracts import ConfigError
 
+from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
 from .._io import LMIO
 from .._rotary import apply_rotary, rotary_tables
@@ -41,6 +42,7 @@ class PaLMAttention(nn.Module):
         self.k = nn.Linear(c, cfg.num_kv_heads * d, bias=False)
         self.v = nn.Linear(c, cfg.num_kv_heads * d, bias=False)
         self.proj = nn.Linear(cfg.num_heads * d, c, bias=False)
+        self.core = CausalAttention()  # a long-sequence plan swaps in ring attention or Ulysses
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         d = self.head_dim
@@ -53,7 +55,7 @@ class PaLMAttention(nn.Module):
         rep = q.shape[1] // k.shape[1]  # query head h reads key/value head h // rep
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        y = self.core(q, k, v)  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -126,17 +128,40 @@ class PaLM(nn.Module):
         return self.wte.weight if self.lm_head is None else self.lm_head.weight
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(idx)
+        cos, sin = self.rotary(idx.shape[1], x)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.head(x, targets)
+
+    # ``embed``, ``rotary`` and ``head`` read only wte, lm_head, ln_f, io and config, so a
+    # pipeline stage with those attributes (``PaLMStage``) runs them too.
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
         T = idx.shape[1]
         if self.config.max_seq_len < T:
             raise ConfigError(
                 f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}; "
                 "use a shorter --seq-len or a preset with a longer context"
             )
-        idx, targets = self.io.tokens(idx, targets)
-        x = self.io.enter(self.wte(idx))  # (B, T, C)
+        idx, _ = self.io.tokens(idx, None)
+        return self.io.enter(self.wte(idx))  # (B, T, C)
+
+    def rotary(self, seq_len: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin`` tables for the positions this rank's attention sees of ``seq_len``."""
         cos, sin = rotary_tables(
-            T, self.config.head_size, theta=self.config.rope_theta, device=x.device, dtype=x.dtype
+            seq_len,
+            self.config.head_size,
+            theta=self.config.rope_theta,
+            device=x.device,
+            dtype=x.dtype,
         )
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        return self.io(self.ln_f(x), self.output_weight, targets)
+        pos = self.io.positions(seq_len, x.device)
+        return (cos, sin) if pos.numel() == seq_len else (cos[pos], sin[pos])
+
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+        """The last block's output to logits, or to the mean loss with ``targets``."""
+        if targets is not None:
+            _, targets = self.io.tokens(targets, targets)
+        weight = self.wte.weight if self.lm_head is None else self.lm_head.weight
+        return self.io(self.ln_f(x), weight, targets)
