@@ -14,6 +14,9 @@ from ._config import TP_MODES, MeshConfig, TpMode, divide
 from ._counter import COMM_OPS, CommCounter, CommStat
 from ._grads import all_reduce_grads
 from ._launch import LaunchInfo, launch_from_torch, seed_everything
+from ._long_seq._layout import SEQ_LAYOUTS, SeqLayout, check_sequence, sequence_positions
+from ._long_seq._ring import ring_attention, ring_attention_comm_bytes
+from ._long_seq._ulysses import all_to_all_along, ulysses_attention, ulysses_comm_bytes
 from ._mesh import ProcessMesh
 from ._p2p import exchange
 from ._pipeline._partition import parameter_costs, partition_layers, stage_rank
@@ -82,6 +85,7 @@ __all__ = [
     "LAYOUT_3D",
     "LAYOUT_3D_T",
     "SCHEDULES",
+    "SEQ_LAYOUTS",
     "TP_MODES",
     "Action",
     "Classifier2D",
@@ -110,6 +114,7 @@ __all__ = [
     "PipelineSchedule",
     "ProcessMesh",
     "RowParallelLinear",
+    "SeqLayout",
     "TpLayout",
     "TpMode",
     "VocabParallelCrossEntropy",
@@ -119,6 +124,8 @@ __all__ = [
     "VocabParallelEmbedding3D",
     "VocabParallelLMHead",
     "all_reduce_grads",
+    "all_to_all_along",
+    "check_sequence",
     "copy_to_axis",
     "cross_entropy_2d",
     "cross_entropy_2p5d",
@@ -140,8 +147,11 @@ __all__ = [
     "partition_layers",
     "reduce_from_axis",
     "reduce_scatter_along",
+    "ring_attention",
+    "ring_attention_comm_bytes",
     "run_pipeline",
     "seed_everything",
+    "sequence_positions",
     "simulate",
     "split_along",
     "split_sequence",
@@ -149,6 +159,8 @@ __all__ = [
     "stage_rank",
     "switch_shard_dim",
     "switch_shard_dim_async",
+    "ulysses_attention",
+    "ulysses_comm_bytes",
     "vocab_embedding_comm_bytes",
     "vocab_parallel_cross_entropy",
 ]

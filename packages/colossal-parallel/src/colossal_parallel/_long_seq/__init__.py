@@ -1,0 +1,1 @@
+"""Long-sequence parallelism over the mesh's ``sp`` axis (private; names re-exported above)."""
