@@ -71,3 +71,35 @@ def dap_bad_shapes(p: int) -> list[str]:
     msgs.append(f"calls={mesh.comm.counter.calls()}")
     mesh.close()
     return msgs
+
+
+def dap_with_dp_rank() -> dict:
+    """dp=2 x DAP=2 on 4 ranks: each replica takes one batch element; gradients summed over dp."""
+    mesh = ProcessMesh(MeshConfig(dp=2, tp=2))
+    net = parallelize_evoformer(model(), mesh)
+    m, z, wm, wz, ws = inputs_batch2()
+    i = mesh.coord("dp")
+    sl = slice(i, i + 1)
+    om, oz, os_ = net(m[sl], z[sl])
+    ((om * wm[sl]).sum() + (oz * wz[sl]).sum() + (os_ * ws[sl]).sum()).backward()
+    grads = {}
+    for k, p in net.named_parameters():
+        grads[k] = mesh.comm.all_reduce(p.grad, "dp")
+    mesh.close()
+    return grads
+
+
+def inputs_batch2() -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(2)
+    m = torch.randn(2, S, R, CFG.c_m, generator=g)
+    z = torch.randn(2, R, R, CFG.c_z, generator=g)
+    wm, wz = torch.randn(m.shape, generator=g), torch.randn(z.shape, generator=g)
+    return m, z, wm, wz, torch.randn(2, R, CFG.c_s, generator=g)
+
+
+def reference_batch2() -> dict:
+    net = model()
+    m, z, wm, wz, ws = inputs_batch2()
+    om, oz, os_ = net(m, z)
+    ((om * wm).sum() + (oz * wz).sum() + (os_ * ws).sum()).backward()
+    return {k: p.grad for k, p in net.named_parameters()}

@@ -45,3 +45,10 @@ def test_dap_rejects_indivisible_shapes_before_communicating(world):
     assert len(msgs) == 3
     for m in msgs[:-1]:
         assert m.startswith("ConfigError") and "\n" not in m and "divisible by 4" in m
+
+
+def test_dap_composes_with_data_parallelism(world):
+    want = checks.reference_batch2()
+    for grads in world(4).run(checks.dap_with_dp_rank):
+        for name, g in want.items():
+            _close(grads[name], g, name)
