@@ -191,6 +191,7 @@ class Placement:
         short = acc.used_bytes + needed - limit
         if short <= 0:
             return
+        chunks = list(chunks)
         cands = {
             c.chunk_id: c
             for c in chunks
@@ -212,14 +213,18 @@ class Placement:
                 return
         held = acc.used_bytes
         reserve = acc.capacity_bytes - limit
+        # this access alone needs held + needed; later ones may need more, so the budget named
+        # first is one under which nothing ever waits for room: every chunk resident at once
+        whole = sum(c.shard_bytes + (c.full_bytes if c.world_size > 1 else 0) for c in chunks)
         raise CapacityError(
             f"{what} needs {needed:,} bytes on the {acc.name.value} tier"
             f"{' (emulated)' if acc.emulated else ''}, whose model-data budget is {limit:,} bytes "
             f"(capacity {acc.capacity_bytes:,} minus {reserve:,} reserved for non-model data), "
             f"but {held:,} bytes are held by chunks in use or awaiting reduction, so at most "
-            f"{max(0, limit - held):,} can be freed. Raise accelerator_bytes to at least "
-            f"{held + needed + reserve:,}, use a smaller chunk_numel, or release tensors before "
-            "accessing more."
+            f"{max(0, limit - held):,} can be freed. Raise accelerator_bytes to "
+            f"{whole + reserve:,} (every chunk fits: trains without eviction; this access alone "
+            f"needs at least {held + needed + reserve:,}), use a smaller chunk_numel, or release "
+            "tensors before accessing more."
         )
 
     # ----- prefetch -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from ._checkpointing import apply_activation_checkpointing
 from ._corpus import Corpus, default_corpus_path, load_corpus
 from ._gather import gather_full_state_dict
 from ._io import LMIO
+from ._long_seq import apply_sequence_parallel
 from ._parallelize import parallelize
 from ._stages import PipelineStages, split_into_stages
 from ._tokenizer import ByteTokenizer
@@ -36,6 +37,7 @@ __all__ = [
     "PaLMConfig",
     "PipelineStages",
     "apply_activation_checkpointing",
+    "apply_sequence_parallel",
     "default_corpus_path",
     "gather_full_state_dict",
     "load_corpus",

@@ -1,0 +1,135 @@
+"""``apply_sequence_parallel``: a GPT or PaLM whose sequences are split over the mesh's ``sp``
+axis, with ring attention or Ulysses in every attention layer.
+
+Each ``sp`` rank keeps its slice of the ids and targets ([Note: sequence layouts] in
+colossal_parallel: zigzag for ring attention, contiguous for Ulysses), embeds them at their own
+positions (learned positions, or rotary tables indexed by position), runs every block on its
+slice (only attention mixes tokens, through the swapped-in core) and takes the loss over its
+tokens. The reported loss is the mean over all tokens, the same on every ``sp`` rank; backward
+gives each rank the gradient of its own tokens' share, so replicated parameters must have their
+gradients *summed* over ``sp`` (``all_reduce_grads(..., "sp", average=False)``), and averaged
+over ``dp`` as usual.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from colossal_contracts import ConfigError
+from colossal_parallel import (
+    ProcessMesh,
+    check_sequence,
+    gather_along,
+    reduce_from_axis,
+    ring_attention,
+    sequence_positions,
+    ulysses_attention,
+)
+
+from ._io import LMIO
+from .gpt.model import GPT
+from .palm.model import PaLM
+
+__all__ = ["RingAttentionCore", "SequenceIO", "UlyssesCore", "apply_sequence_parallel"]
+
+AXIS = "sp"
+SEQ = 1  # (B, T) ids and (B, T, C) activations: the sequence dim
+
+
+def _no_dropout(dropout_p: float, what: str) -> None:
+    if dropout_p > 0.0:
+        raise ConfigError(f"{what} has no attention dropout; set the model's dropout to 0")
+
+
+class RingAttentionCore(nn.Module):
+    """Ring attention over the ``sp`` ranks (zigzag layout) in place of ``CausalAttention``."""
+
+    def __init__(self, mesh: ProcessMesh) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        _no_dropout(dropout_p, "ring attention")
+        return ring_attention(q, k, v, self.mesh.comm, axis=AXIS, layout="zigzag")
+
+
+class UlyssesCore(nn.Module):
+    """Ulysses all-to-all attention over the ``sp`` ranks in place of ``CausalAttention``."""
+
+    def __init__(self, mesh: ProcessMesh) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        return ulysses_attention(q, k, v, self.mesh.comm, axis=AXIS, dropout_p=dropout_p)
+
+
+class SequenceIO(LMIO):
+    """Ids, targets and positions of this rank's slice; the loss is the mean over every token."""
+
+    def __init__(self, mesh: ProcessMesh, layout: str) -> None:
+        super().__init__()
+        self.mesh, self.layout = mesh, layout
+
+    def _index(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        size, coord = self.mesh.size(AXIS), self.mesh.coord(AXIS)
+        return sequence_positions(seq_len, size, coord, self.layout, device)
+
+    def tokens(self, idx, targets):
+        check_sequence(idx.shape[SEQ], self.mesh.size(AXIS), self.layout)
+        index = self._index(idx.shape[SEQ], idx.device)
+        return idx[:, index], None if targets is None else targets[:, index]
+
+    def positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        return self._index(seq_len, device)
+
+    def forward(self, h, weight, targets):
+        comm, size = self.mesh.comm, self.mesh.size(AXIS)
+        logits = F.linear(h, weight)  # (B, T/sp, V)
+        if targets is None:  # whole-sequence logits, back in position order
+            full = gather_along(logits, comm, AXIS, SEQ)
+            seq_len = full.shape[SEQ]
+            order = torch.cat(
+                [
+                    sequence_positions(seq_len, size, r, self.layout, full.device)
+                    for r in range(size)
+                ]
+            )
+            return full[:, torch.argsort(order)]
+        local = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return reduce_from_axis(local, comm, AXIS) / size  # backward: 1/sp of the local loss
+
+
+def apply_sequence_parallel(
+    model: nn.Module, mesh: ProcessMesh, method: Literal["ring", "ulysses"] = "ring"
+) -> nn.Module:
+    """Split ``model``'s sequences over ``mesh``'s ``sp`` axis in place; returns it.
+
+    ``method`` "ring" (zigzag layout, any head count) or "ulysses" (contiguous layout, heads a
+    multiple of sp). ``ConfigError`` before any collective for an unknown method, a head count
+    Ulysses cannot split, or a model already sharded for tensor parallelism (long-sequence
+    parallelism composes with data parallelism here, not with tp).
+    """
+    if not isinstance(model, (GPT, PaLM)):
+        raise ConfigError(f"apply_sequence_parallel knows GPT and PaLM, got {type(model).__name__}")
+    if method not in ("ring", "ulysses"):
+        raise ConfigError(f"long-sequence method must be 'ring' or 'ulysses', got {method!r}")
+    if type(model.io) is not LMIO or mesh.size("tp") > 1:
+        raise ConfigError(
+            "apply_sequence_parallel composes with data parallelism only; apply it to an "
+            "unsharded model on a mesh with tp=1"
+        )
+    sp, heads = mesh.size(AXIS), model.config.num_heads
+    if method == "ulysses" and heads % sp:
+        raise ConfigError(
+            f"Ulysses splits the {heads} attention heads over sp={sp} ranks; use a head count "
+            f"that is a multiple of {sp}, a smaller sp, or method='ring'"
+        )
+    model.io = SequenceIO(mesh, "zigzag" if method == "ring" else "contiguous")
+    for block in model.blocks:
+        block.attn.core = RingAttentionCore(mesh) if method == "ring" else UlyssesCore(mesh)
+    return model
