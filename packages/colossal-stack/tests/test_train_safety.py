@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 
 import pytest
@@ -13,7 +14,7 @@ from safetensors.torch import load_file
 
 from colossal import TrainConfig, train
 from colossal.train import NonFiniteError
-from colossal_contracts import ConfigError
+from colossal_contracts import CapacityError, ConfigError
 from colossal_models import GPT
 
 
@@ -104,3 +105,14 @@ def test_fp16_overflowing_every_step_stops_with_the_cause(tmp_path, small_corpus
     assert not (tmp_path / "run" / "checkpoint").exists()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 24 and all(math.isfinite(json.loads(x)["loss"]) for x in lines)
+
+
+def test_capacity_hint_names_a_budget_that_trains(tmp_path, small_corpus):
+    with pytest.raises(CapacityError) as err:
+        train(_cfg(tmp_path / "a", small_corpus, accelerator_budget="650000", steps=2))
+    assert not (tmp_path / "a" / "run" / "metrics.jsonl").exists()  # failed in step 1: no trace
+    hint = re.search(r"Raise accelerator_bytes to ([\d,]+)", str(err.value))
+    assert hint, str(err.value)
+    budget = hint.group(1).replace(",", "")
+    result = train(_cfg(tmp_path / "b", small_corpus, accelerator_budget=budget, steps=2))
+    assert len(result.losses) == 2

@@ -16,7 +16,16 @@ from torch import nn
 
 from colossal_contracts import ConfigError
 from colossal_memtrace import estimate_step
-from colossal_models import GPT, ByteTokenizer, GPTConfig, PaLM, PaLMConfig, load_corpus
+from colossal_models import (
+    GPT,
+    GPT_PRESETS,
+    PALM_PRESETS,
+    ByteTokenizer,
+    GPTConfig,
+    PaLM,
+    PaLMConfig,
+    load_corpus,
+)
 
 from .._dist import init_from_env, rank_and_world
 from ..booster import Booster, DDPPlugin, GeminiPlugin, Plugin
@@ -24,6 +33,7 @@ from ._config import TrainConfig
 from ._display import TrainDisplay, memory_summary, plot_memory_timeline, summary_table
 from ._guard import FiniteGuard
 from ._outdir import METRICS, check_out, trim_metrics
+from ._preflight import check_fits
 from ._schedule import warmup_cosine
 
 __all__ = ["TrainResult", "build_plugin", "train"]
@@ -102,6 +112,16 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
             f"--seq-len {cfg.seq_len} exceeds preset {cfg.preset!r}'s context of "
             f"{model_cfg.max_seq_len}; use a smaller --seq-len"
         )
+    check_fits(
+        build=lambda: family(model_cfg),
+        num_params=model_cfg.num_params(),
+        label=f"{cfg.model}-{cfg.preset}",
+        presets={"gpt": GPT_PRESETS, "palm": PALM_PRESETS}[cfg.model],
+        batch_size=cfg.batch_size,
+        seq_len=cfg.seq_len,
+        sharded=cfg.plugin == "gemini",
+        world=world,
+    )
     corpus = load_corpus(cfg.corpus)
     train_data, val_data = corpus.split()
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
@@ -147,7 +167,7 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
         )
     if main and cfg.resume:
         trim_metrics(out, start)
-    metrics = (out / METRICS).open("a" if cfg.resume else "w") if main else None
+    metrics = None  # opened with the first record: a run failing in step 1 leaves no trace
     guard = FiniteGuard(precision=cfg.precision, lr=cfg.lr)
     proc = psutil.Process()
     losses: list[float] = []
@@ -182,7 +202,9 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
                 **booster.memory_stats(),
             }
             records.append(record)
-            if metrics is not None:
+            if main:
+                if metrics is None:
+                    metrics = (out / METRICS).open("a" if cfg.resume else "w")
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:

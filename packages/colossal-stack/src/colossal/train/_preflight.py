@@ -1,0 +1,91 @@
+"""Will it fit? A pre-flight memory estimate of a run, before the model is built.
+
+[Note: pre-flight estimate] Weights, gradients and AdamW's two states take 16 bytes per parameter
+in fp32 (Gemini's low-precision copies are within that: 2 + 2 + 4 master + 8 states); Gemini
+shards them over the data-parallel ranks, DDP replicates them. Activations come from memtrace's
+static estimate of one step on the meta device (no memory allocated), run only when the cheap
+part is already a large share of what is free. All ranks of this machine draw from its host
+memory. When the total passes the available memory the run is refused with the figure and the
+largest preset (or batch size) that would fit, instead of an allocator error minutes later.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+
+from colossal_contracts import ConfigError
+from colossal_memtrace import estimate_step
+
+__all__ = ["BYTES_PER_PARAM", "check_fits", "host_bytes_available"]
+
+BYTES_PER_PARAM = 16  # fp32 weight + gradient + AdamW exp_avg + exp_avg_sq
+
+
+def host_bytes_available() -> int:
+    return int(psutil.virtual_memory().available)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def _state_bytes(num_params: int, *, sharded: bool, world: int, local: int) -> int:
+    per_rank = BYTES_PER_PARAM * num_params // (world if sharded else 1)
+    return per_rank * local
+
+
+def check_fits(
+    *,
+    build: Callable[[], nn.Module],
+    num_params: int,
+    label: str,
+    presets: dict[str, Any],
+    batch_size: int,
+    seq_len: int,
+    sharded: bool,
+    world: int,
+    available: int | None = None,
+) -> int:
+    """Estimated host bytes of the run on this machine; ``ConfigError`` naming the need and a
+    setting that fits when it exceeds ``available`` (default: what the host has free)."""
+    available = host_bytes_available() if available is None else available
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    states = _state_bytes(num_params, sharded=sharded, world=world, local=local)
+    if states > available:
+        smaller = [
+            name
+            for name, cfg in sorted(presets.items(), key=lambda kv: kv[1].num_params())
+            if _state_bytes(cfg.num_params(), sharded=sharded, world=world, local=local)
+            < available // 2
+        ]
+        hint = f"--preset {smaller[-1]} fits" if smaller else "no preset fits"
+        raise ConfigError(
+            f"{label} ({num_params:,} params) needs about {_gib(states)} of host memory for "
+            f"weights, gradients and AdamW states alone, and {_gib(available)} is available; "
+            f"{hint} (or spread it over more machines with --plugin gemini)"
+        )
+    if states < available // 4 and batch_size * seq_len <= 1 << 16:
+        return states  # activations of such a step are small next to what is free
+    shape = (batch_size, seq_len)
+    est = estimate_step(
+        build,
+        lambda dev: (torch.zeros(shape, dtype=torch.long, device=dev),) * 2,
+        target="cpu",
+    )
+    acts = est.peak_non_model("accelerator") * local
+    if states + acts > available:
+        room = available - states
+        fit = max(0, int(batch_size * room / max(1, acts)) - 1)
+        hint = f"--batch-size {fit} fits" if fit >= 1 else "a smaller --preset or --seq-len"
+        raise ConfigError(
+            f"{label} with --batch-size {batch_size} x --seq-len {seq_len} needs about "
+            f"{_gib(states + acts)} of host memory ({_gib(acts)} activations), and "
+            f"{_gib(available)} is available; {hint}"
+        )
+    return states + acts
