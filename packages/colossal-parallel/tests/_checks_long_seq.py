@@ -30,6 +30,10 @@ METHODS = {
         "contiguous",
         lambda q, k, v, c: ring_attention(q, k, v, c, layout="contiguous"),
     ),
+    "ring-zigzag-tiled": (
+        "zigzag",
+        lambda q, k, v, c: ring_attention(q, k, v, c, layout="zigzag", tile=3),
+    ),
     "ulysses": ("contiguous", lambda q, k, v, c: ulysses_attention(q, k, v, c)),
 }
 

@@ -4,9 +4,9 @@
 ``sp`` ring: at step ``i`` rank ``r`` holds the block of rank ``r - i`` and folds it into its
 output with the online softmax (running row max ``m``, row sum ``l``, unnormalised output), while
 the next block is already in flight (``batch_isend_irecv``). Blocks are cut into the layout's
-chunks ([Note: sequence layouts]); a chunk pair whose keys all come after its queries is skipped,
-one whose keys all come before is computed without a mask, and only a chunk facing itself is
-masked. Backward recomputes the softmax from the saved log-sum-exp, passing the key/value blocks
+chunks ([Note: sequence layouts]), and those into tiles of at most ``tile`` tokens; a tile pair
+whose keys all come after its queries is skipped, one whose keys all come before is computed
+without a mask, and only a tile facing itself is masked. Backward recomputes the softmax from the saved log-sum-exp, passing the key/value blocks
 round again together with their gradient accumulators, which arrive back at their owner after
 ``sp`` hops. Per rank, forward sends ``(sp-1)`` key/value blocks, backward ``(sp-1)`` key/value
 blocks and ``sp`` gradient blocks (``ring_attention_comm_bytes``); memory is that of one rank's
@@ -31,12 +31,21 @@ __all__ = ["ring_attention", "ring_attention_comm_bytes"]
 _NEG = -1e30  # finite "minus infinity": masked scores, and the max of a row that saw nothing yet
 
 
-def _segments(local_len: int, size: int, coord: int, layout: str) -> list[tuple[int, int, int]]:
-    """``(local offset, global start, length)`` of each chunk rank ``coord`` holds."""
+def _segments(
+    local_len: int, size: int, coord: int, layout: str, tile: int
+) -> list[tuple[int, int, int]]:
+    """``(local offset, global start, length)`` of the tiles (at most ``tile`` tokens, never
+    across a chunk boundary) of the chunks rank ``coord`` holds."""
     if layout == "contiguous":
-        return [(0, coord * local_len, local_len)]
-    c = local_len // 2
-    return [(0, coord * c, c), (c, (2 * size - 1 - coord) * c, c)]
+        chunks = [(0, coord * local_len, local_len)]
+    else:
+        c = local_len // 2
+        chunks = [(0, coord * c, c), (c, (2 * size - 1 - coord) * c, c)]
+    return [
+        (off + i, start + i, min(tile, length - i))
+        for off, start, length in chunks
+        for i in range(0, length, tile)
+    ]
 
 
 def _pairs(qsegs, ksegs):
@@ -67,12 +76,12 @@ def _ring_step(comm: CountedComm, axis: str, send: torch.Tensor, tag: int):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, q, k, v, comm: CountedComm, axis: str, layout: str):
+    def forward(ctx: Any, q, k, v, comm: CountedComm, axis: str, layout: str, tile: int):
         p, me = comm.size(axis), comm.coord(axis)
         B, H, L, D = q.shape
         scale = 1.0 / math.sqrt(D)
         qf = q.detach().float()
-        qsegs = _segments(L, p, me, layout)
+        qsegs = _segments(L, p, me, layout, tile)
         m = torch.full((B, H, L), _NEG)
         lsum = torch.zeros(B, H, L)
         acc = torch.zeros(B, H, L, D)
@@ -80,7 +89,7 @@ class _RingAttention(torch.autograd.Function):
         for step in range(p):
             src = (me - step) % p
             nxt, works = _ring_step(comm, axis, kv, step) if step < p - 1 else (None, [])
-            for qsl, ksl, mask in _pairs(qsegs, _segments(L, p, src, layout)):
+            for qsl, ksl, mask in _pairs(qsegs, _segments(L, p, src, layout, tile)):
                 s = qf[:, :, qsl] @ kv[0][:, :, ksl].transpose(-1, -2) * scale  # (B, H, lq, lk)
                 if mask is not None:
                     s = s.masked_fill(~mask, _NEG)
@@ -99,26 +108,26 @@ class _RingAttention(torch.autograd.Function):
         out = acc / lsum[..., None]
         lse = m + torch.log(lsum)  # (B, H, L)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.comm, ctx.axis, ctx.layout = comm, axis, layout
+        ctx.comm, ctx.axis, ctx.layout, ctx.tile = comm, axis, layout, tile
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
-        comm, axis, layout = ctx.comm, ctx.axis, ctx.layout
+        comm, axis, layout, tile = ctx.comm, ctx.axis, ctx.layout, ctx.tile
         p, me = comm.size(axis), comm.coord(axis)
         B, H, L, D = q.shape
         scale = 1.0 / math.sqrt(D)
         qf, do = q.float(), dout.float()
         delta = (do * out).sum(-1)  # (B, H, L)
-        qsegs = _segments(L, p, me, layout)
+        qsegs = _segments(L, p, me, layout, tile)
         dq = torch.zeros(B, H, L, D)
         kv = torch.stack([k, v]).float().contiguous()
         dkv = torch.zeros_like(kv)  # gradient of the block held now; travels with it
         for step in range(p):
             src = (me - step) % p
             nxt, works = _ring_step(comm, axis, kv, 2 * p + step) if step < p - 1 else (None, [])
-            for qsl, ksl, mask in _pairs(qsegs, _segments(L, p, src, layout)):
+            for qsl, ksl, mask in _pairs(qsegs, _segments(L, p, src, layout, tile)):
                 kb, vb = kv[0][:, :, ksl], kv[1][:, :, ksl]
                 s = qf[:, :, qsl] @ kb.transpose(-1, -2) * scale
                 pr = torch.exp(s - lse[:, :, qsl, None])
@@ -136,7 +145,7 @@ class _RingAttention(torch.autograd.Function):
             if nxt is not None:
                 kv = nxt
         dk, dv = dkv[0].to(k.dtype), dkv[1].to(v.dtype)
-        return dq.to(q.dtype), dk, dv, None, None, None
+        return dq.to(q.dtype), dk, dv, None, None, None, None
 
 
 def ring_attention(
@@ -147,13 +156,17 @@ def ring_attention(
     *,
     axis: str = "sp",
     layout: str = "zigzag",
+    tile: int = 256,
 ) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence ([Note: ring attention]).
 
     ``q, k, v`` are ``(B, H, L, D)``: the ``L = T / sp`` tokens this rank holds in ``layout``
     ([Note: sequence layouts]). Returns this rank's ``(B, H, L, D)`` output, equal to the
-    matching rows of full causal attention. No dropout (``ConfigError`` is the caller's).
+    matching rows of full causal attention. Scores are formed ``tile x tile`` at a time, so
+    the temporary memory is ``B * H * tile**2`` whatever the length. No dropout.
     """
+    if tile < 1:
+        raise ConfigError(f"ring attention tile must be >= 1 token, got {tile}")
     if layout not in SEQ_LAYOUTS:
         raise ConfigError(f"sequence layout must be one of {SEQ_LAYOUTS}, got {layout!r}")
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
@@ -162,7 +175,7 @@ def ring_attention(
             f"{tuple(k.shape)}, {tuple(v.shape)} (repeat shared key/value heads first)"
         )
     check_sequence(q.shape[2] * comm.size(axis), comm.size(axis), layout)
-    return _RingAttention.apply(q, k, v, comm, axis, layout)
+    return _RingAttention.apply(q, k, v, comm, axis, layout, tile)
 
 
 def ring_attention_comm_bytes(
