@@ -17,12 +17,15 @@ from ._scaler import DynamicLossScaler, LossScalerConfig
 from ._setup import GeminiTrace
 from ._zero_config import ZERO_STAGES, ZeroConfig
 from ._zero_optimizer import LowLevelZeroOptimizer
+from ._zero_config import ZERO_STAGES, ZeroConfig
+from ._zero_optimizer import LowLevelZeroOptimizer
 
 __version__ = "0.1.0"
 __all__ = [
     "INDEX_FILE",
     "PLACEMENTS",
     "PRECISIONS",
+    "ZERO_STAGES",
     "ZERO_STAGES",
     "AdamHyper",
     "DynamicLossScaler",
@@ -34,7 +37,9 @@ __all__ = [
     "HybridAdam",
     "LossScalerConfig",
     "LowLevelZeroOptimizer",
+    "LowLevelZeroOptimizer",
     "Precision",
+    "ZeroConfig",
     "ZeroConfig",
     "adamw_update",
     "apply_gemini",
