@@ -40,6 +40,11 @@ def _is_text(path: Path) -> bool:
 
 def _files(root: Path, default: bool) -> list[Path]:
     if root.is_file():
+        if not _is_text(root):
+            raise ConfigError(
+                f"corpus file {root} is not text (binary, or not UTF-8); give a text file or a "
+                "folder of text files"
+            )
         return [root]
     pattern = "*.py" if default else "*"
     skip = {"site-packages", "__pycache__", "test", "tests", "idlelib"} if default else set()

@@ -4,15 +4,18 @@ The meta-package wires the micro-packages together: ``Booster`` and its plugins,
 and the ``colossal`` command.
 """
 
+from ._peers import RankFailedError
 from .booster import Booster, DDPPlugin, GeminiPlugin, Plugin, latest_checkpoint
-from .train import TrainConfig, TrainResult, build_plugin, train
+from .train import NonFiniteError, TrainConfig, TrainResult, build_plugin, train
 
 __version__ = "0.1.0"
 __all__ = [
     "Booster",
     "DDPPlugin",
     "GeminiPlugin",
+    "NonFiniteError",
     "Plugin",
+    "RankFailedError",
     "TrainConfig",
     "TrainResult",
     "build_plugin",

@@ -16,6 +16,7 @@ from colossal_contracts import ConfigError
 
 from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
+from .._inputs import check_token_ids
 from .._io import LMIO
 from .config import GPTConfig
 
@@ -110,6 +111,7 @@ class GPT(nn.Module):
     # with those attributes (``GPTStage``) runs them too.
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
+        check_token_ids(idx, self.config.vocab_size)
         T = idx.shape[1]
         if self.config.max_seq_len < T:
             raise ConfigError(
@@ -123,5 +125,6 @@ class GPT(nn.Module):
     def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
         """The last block's output to logits, or to the mean loss with ``targets``."""
         if targets is not None:
+            check_token_ids(targets, self.config.vocab_size, what="targets")
             _, targets = self.io.tokens(targets, targets)
         return self.io(self.ln_f(x), self.wte.weight, targets)  # tied head: logits or loss

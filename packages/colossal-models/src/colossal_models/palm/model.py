@@ -17,6 +17,7 @@ from colossal_contracts import ConfigError
 
 from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
+from .._inputs import check_token_ids
 from .._io import LMIO
 from .._rotary import apply_rotary, rotary_tables
 from .config import PaLMConfig
@@ -138,6 +139,7 @@ class PaLM(nn.Module):
     # pipeline stage with those attributes (``PaLMStage``) runs them too.
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
+        check_token_ids(idx, self.config.vocab_size)
         T = idx.shape[1]
         if self.config.max_seq_len < T:
             raise ConfigError(
@@ -162,6 +164,7 @@ class PaLM(nn.Module):
     def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
         """The last block's output to logits, or to the mean loss with ``targets``."""
         if targets is not None:
+            check_token_ids(targets, self.config.vocab_size, what="targets")
             _, targets = self.io.tokens(targets, targets)
         weight = self.wte.weight if self.lm_head is None else self.lm_head.weight
         return self.io(self.ln_f(x), weight, targets)

@@ -1,28 +1,42 @@
 """The ``colossal`` command: ``train``, ``run``, ``profile`` and ``check``.
 
-Errors that come from bad input (``ColossalError``) are printed as one line, with exit status 2.
+Errors that come from bad input (``ColossalError``, argparse's own included) are printed as one
+line, ``error: ...``, with exit status 2; a run that fails on its own (nan/inf, a rank died) is the
+same one line with exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
-from colossal_contracts import ColossalError
+from colossal_contracts import ColossalError, ConfigError
 
 from ._check import print_check
 from ._profile import add_profile_parser
 from ._run import launch
 from ._train import add_train_parser
 
+# failures of a run itself (not of its input): exit status 1
+_RUN_FAILURES = ("NonFiniteError", "RankFailedError")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors raise one-line ``ConfigError`` instead of printing usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
 __all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="colossal", description="Colossal: train models far larger than accelerator memory."
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_train_parser(sub)
     run = sub.add_parser(
         "run", help="launch a command on many processes (torchrun's flags first)", add_help=False
@@ -42,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except ColossalError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        print("error: " + " ".join(str(err).split()), file=sys.stderr)
+        return 1 if type(err).__name__ in _RUN_FAILURES else 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -3,12 +3,16 @@
     colossal run --nproc-per-node 2 train --steps 50
     colossal run --nnodes 2 --node-rank 0 --master-addr HOST --master-port 29500 script.py ARGS
 
-Everything before the command (or script) is torchrun's own flags, passed through unchanged.
+Everything before the command (or script) is torchrun's own flags, passed through unchanged
+(``python -m torch.distributed.run --help`` lists them). When a rank fails, the launcher stops
+the others and this command names the rank that failed first, with exit status 1.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Any, NoReturn
 
 from colossal_contracts import ConfigError
 
@@ -29,19 +33,87 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     )
 
 
+_NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
+
+
+def _flag_values(flags: list[str], names: tuple[str, ...]) -> list[str]:
+    out = []
+    for i, tok in enumerate(flags):
+        name, eq, value = tok.partition("=")
+        if name in names:
+            if eq:
+                out.append(value)
+            elif i + 1 < len(flags):
+                out.append(flags[i + 1])
+            else:
+                raise ConfigError(f"colossal run: {name} needs a value")
+    return out
+
+
+def check_flags(flags: list[str], target: list[str]) -> None:
+    """``ConfigError`` for process counts and node counts torchrun would choke on, an unknown
+    torchrun flag, or a script that does not exist."""
+    for v in _flag_values(flags, ("--nproc-per-node", "--nproc_per_node")):
+        if v not in _NPROC_WORDS and not (v.isdigit() and 1 <= int(v) <= 1024):
+            raise ConfigError(
+                f"colossal run: --nproc-per-node {v!r} must be a process count from 1 to 1024 "
+                f"(or one of {', '.join(_NPROC_WORDS)})"
+            )
+    for v in _flag_values(flags, ("--nnodes",)):
+        parts = v.split(":")
+        if not (1 <= len(parts) <= 2 and all(x.isdigit() and int(x) >= 1 for x in parts)):
+            raise ConfigError(f"colossal run: --nnodes {v!r} must be N or MIN:MAX, positive ints")
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str) -> NoReturn:
+        raise ConfigError(f"colossal run: {message}; torchrun's flags go before the command")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    parser.parse_args([*flags, "--module", "colossal"])
+    if target[0].endswith(".py") and not Path(target[0]).is_file():
+        raise ConfigError(f"colossal run: script {target[0]} does not exist")
+
+
+def _describe(failures: dict[int, Any]) -> str:
+    """Ranks killed by a signal other than the launcher's SIGTERM died first; the others stopped
+    after them (they print their own one-line reason)."""
+    died = {r: f for r, f in failures.items() if f.exitcode < 0 and f.signal_name() != "SIGTERM"}
+    if not died:
+        died = failures
+    parts = []
+    for rank, f in sorted(died.items()):
+        how = f"killed by {f.signal_name()}" if f.exitcode < 0 else f"exit status {f.exitcode}"
+        parts.append(f"rank {rank} ({how})")
+    text = ", ".join(parts) + " failed first"
+    rest = sorted(set(failures) - set(died))
+    if rest:
+        text += "; rank " + ", ".join(map(str, rest)) + " stopped after it"
+    return text
+
+
 def launch(argv: list[str]) -> int:
+    """Run ``argv`` (torchrun's flags, then a command or script) under torchrun."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     flags, target = split_argv(argv)
+    check_flags(flags, target)
     if target[0].endswith(".py"):
         args = [*flags, *target]
     else:
         args = [*flags, "--module", "colossal", *target]
     try:
         torchrun(args)
-    except SystemExit as exc:  # torchrun's argparse errors
-        return int(exc.code or 0)
-    except Exception as exc:  # ChildFailedError: torchrun already printed each rank's error
-        print(f"error: colossal run: {type(exc).__name__}: a rank failed", file=sys.stderr)
+    except ChildFailedError as exc:  # each rank's own error was printed by that rank
+        print(
+            f"error: colossal run: {_describe(exc.failures)}; the launcher stopped the others "
+            "(each rank's output above says where it was)",
+            file=sys.stderr,
+        )
         return 1
     return 0

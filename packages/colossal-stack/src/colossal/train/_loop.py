@@ -14,7 +14,7 @@ import torch.distributed as dist
 from rich.console import Console
 from torch import nn
 
-from colossal_contracts import ConfigError
+from colossal_contracts import ColossalError, ConfigError
 from colossal_memtrace import estimate_step
 from colossal_models import (
     GPT,
@@ -28,6 +28,7 @@ from colossal_models import (
 )
 
 from .._dist import init_from_env, rank_and_world
+from .._peers import watch_peers
 from ..booster import Booster, DDPPlugin, GeminiPlugin, Plugin
 from ._config import TrainConfig
 from ._display import TrainDisplay, memory_summary, plot_memory_timeline, summary_table
@@ -98,11 +99,25 @@ def _evaluate(model: nn.Module, corpus: Any, data: torch.Tensor, cfg: TrainConfi
 
 
 def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
-    """Train ``cfg.model`` on the corpus; write ``metrics.jsonl`` and a checkpoint under ``cfg.out``."""
+    """Train ``cfg.model`` on the corpus; write ``metrics.jsonl`` and a checkpoint under ``cfg.out``.
+
+    In a multi-rank run a rank that dies makes the others raise ``RankFailedError`` naming it
+    (see [Note: peer heartbeats]); nan/inf stops the run with ``NonFiniteError`` before saving.
+    """
     init_from_env()
+    with watch_peers() as watch:
+        try:
+            return _train(cfg, console or Console(stderr=True))
+        except RuntimeError as err:
+            failed = None if isinstance(err, ColossalError) else watch.explain(err)
+            if failed is None:
+                raise
+            raise failed from err
+
+
+def _train(cfg: TrainConfig, console: Console) -> TrainResult:
     rank, world = rank_and_world()
     main = rank == 0
-    console = console or Console(stderr=True)
 
     resume_from = check_out(cfg.out, resume=cfg.resume)  # before any work; changes nothing
     family, config_cls = _MODELS[cfg.model]
