@@ -139,6 +139,12 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
     )
     corpus = load_corpus(cfg.corpus)
     train_data, val_data = corpus.split()
+    if min(len(train_data), len(val_data)) <= cfg.seq_len + 1:
+        raise ConfigError(
+            f"corpus {corpus.source} has {len(corpus.data):,} bytes, too few for --seq-len "
+            f"{cfg.seq_len} (5% of it is held out for validation); give more text or a shorter "
+            "--seq-len"
+        )
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model = family(model_cfg)
     optimizer = torch.optim.AdamW(
