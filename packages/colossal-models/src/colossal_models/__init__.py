@@ -12,6 +12,7 @@ from ._gather import gather_full_state_dict
 from ._io import LMIO
 from ._long_seq import apply_sequence_parallel
 from ._parallelize import parallelize
+from ._sharding import describe_sharding
 from ._stages import PipelineStages, split_into_stages
 from ._tokenizer import ByteTokenizer
 from .evoformer import EVOFORMER_PRESETS, Evoformer, EvoformerConfig, parallelize_evoformer
@@ -39,6 +40,7 @@ __all__ = [
     "apply_activation_checkpointing",
     "apply_sequence_parallel",
     "default_corpus_path",
+    "describe_sharding",
     "gather_full_state_dict",
     "load_corpus",
     "parallelize",
