@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from _checks_zero import train
 from _zero_model import build, param_groups
@@ -35,3 +37,27 @@ def run_zero(
     losses = train(model, opt, steps, batch, accum=accum)
     weights = {k: v.float() for k, v in opt.full_state_dict().items()}
     return losses, weights, opt.model_state_bytes()
+
+
+def save_and_continue(config: ZeroConfig, directory: str, steps: int, batch: int, save_at: int):  # type: ignore[no-untyped-def]
+    """Train ``save_at`` steps, save, train on to ``steps``; the losses after saving."""
+    import torch.distributed as dist
+    from _checks_zero import rank_world
+
+    from colossal_zero import save_zero_sharded
+
+    model, opt = make(config, freeze=("blocks.0.ln",))
+    train(model, opt, save_at, batch)
+    save_zero_sharded(opt, Path(directory))
+    if rank_world()[1] > 1:
+        dist.barrier()
+    return train(model, opt, steps - save_at, batch, start=save_at)
+
+
+def load_and_continue(config: ZeroConfig, directory: str, steps: int, batch: int, save_at: int):  # type: ignore[no-untyped-def]
+    """A fresh model (another seed) loads the checkpoint and trains on: the losses."""
+    from colossal_zero import load_zero_sharded
+
+    model, opt = make(config, seed=123, freeze=("blocks.0.ln",))
+    load_zero_sharded(opt, Path(directory))
+    return train(model, opt, steps - save_at, batch, start=save_at)

@@ -15,8 +15,7 @@ from ._optimizer import GeminiOptimizer
 from ._precision import PRECISIONS, Precision
 from ._scaler import DynamicLossScaler, LossScalerConfig
 from ._setup import GeminiTrace
-from ._zero_config import ZERO_STAGES, ZeroConfig
-from ._zero_optimizer import LowLevelZeroOptimizer
+from ._zero_checkpoint import load_zero_sharded, save_zero_sharded
 from ._zero_config import ZERO_STAGES, ZeroConfig
 from ._zero_optimizer import LowLevelZeroOptimizer
 
@@ -25,7 +24,6 @@ __all__ = [
     "INDEX_FILE",
     "PLACEMENTS",
     "PRECISIONS",
-    "ZERO_STAGES",
     "ZERO_STAGES",
     "AdamHyper",
     "DynamicLossScaler",
@@ -37,9 +35,7 @@ __all__ = [
     "HybridAdam",
     "LossScalerConfig",
     "LowLevelZeroOptimizer",
-    "LowLevelZeroOptimizer",
     "Precision",
-    "ZeroConfig",
     "ZeroConfig",
     "adamw_update",
     "apply_gemini",
@@ -47,6 +43,8 @@ __all__ = [
     "file_digest",
     "global_grad_norm",
     "load_sharded",
+    "load_zero_sharded",
     "mesh_grad_norm",
     "save_sharded",
+    "save_zero_sharded",
 ]

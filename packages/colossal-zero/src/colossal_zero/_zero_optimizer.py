@@ -80,7 +80,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         self.precision = prec = config.precision_spec
         self.scaler = DynamicLossScaler(config.loss_scaler) if prec.loss_scaling else None
         names = {id(p): n for n, p in model.named_parameters()}
-        self._canonical = names  # id(param) -> its first name (tied parameters share one)
+        self.canonical_names = names  # id(param) -> its first name (tied parameters share one)
         self.group_of: dict[str, int] = {}
         named: list[tuple[str, nn.Parameter]] = []
         for gi, grp in enumerate(self.param_groups):
@@ -283,13 +283,13 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
                 s += 1
             hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
             adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
-        self._refresh_params()
+        self.refresh_params()
         self.zero_grad()
         if self.scaler is not None:
             self.scaler.update(False)
         return loss
 
-    def _refresh_params(self) -> None:
+    def refresh_params(self) -> None:
         """Write the updated fp32 shard into this rank's slice and all-gather every bucket."""
         for b in self.buckets:
             b.param.release()  # keeps the slice in the shard (a view of flat: no copy)
@@ -316,7 +316,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
                 out[name] = b.master.view(name).cpu().clone()
             b.master.release()
         for alias, p in self.model.named_parameters(remove_duplicate=False):
-            canon = self._canonical.get(id(p))
+            canon = self.canonical_names.get(id(p))
             if canon is not None and canon != alias:
                 out[alias] = out[canon]
         return out

@@ -1,0 +1,129 @@
+"""Sharded checkpoints of ZeRO-1/2, in the same family as Gemini's (see [Note: sharded checkpoint
+layout] in ``_checkpoint``): one safetensors file per data-parallel rank with the fp32 elements of
+every parameter its bucket shards hold (``param/``, ``exp_avg/``, ``exp_avg_sq/``, ``step/``),
+and an index of element ranges. Frozen parameters are written whole by rank 0. So a ZeRO
+checkpoint loads into ZeRO at any data-parallel size, into Gemini (``load_sharded``), and
+``consolidate`` exports it to a plain state dict; a Gemini checkpoint loads into ZeRO too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from colossal_contracts import CheckpointError
+
+from ._checkpoint import BUFFERS_FILE, FORMAT, INDEX_FILE, _Reader, _shard_file
+from ._zero_optimizer import LowLevelZeroOptimizer
+
+__all__ = ["load_zero_sharded", "save_zero_sharded"]
+
+_KINDS = ("exp_avg", "exp_avg_sq")
+
+
+def _ranges(rec_offset: int, rec_end: int, shard_numel: int, world: int) -> list[list[int]]:
+    out = []
+    for r in range(world):
+        lo = r * shard_numel
+        a, b = max(lo, rec_offset), min(lo + shard_numel, rec_end)
+        if a < b:
+            out.append([r, a - rec_offset, b - rec_offset])
+    return out
+
+
+@torch.no_grad()
+def save_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None:
+    """Write this rank's shard (rank 0 also the index, frozen parameters and buffers) into the
+    existing ``directory``. Collective over the optimizer's data-parallel group."""
+    opt, world = optimizer, optimizer.world
+    rank = dist.get_rank(opt.group) if opt.group is not None else 0
+    tensors: dict[str, torch.Tensor] = {}
+    params: dict[str, dict] = {}
+    for b in opt.buckets:
+        for name, rec in b.param.records.items():
+            ranges = _ranges(rec.offset, rec.end, b.param.shard_numel, world)
+            params[name] = {"shape": list(rec.shape), "ranges": ranges}
+            part = b.fp32.shard_view(name)
+            if part is None:
+                continue
+            tensors[f"param/{name}"] = part[0].float().cpu().clone()
+            for kind, chunk in zip(_KINDS, (b.exp_avg, b.exp_avg_sq), strict=True):
+                tensors[f"{kind}/{name}"] = chunk.shard_view(name)[0].cpu().clone()  # type: ignore[index]
+            if name in opt.steps:
+                tensors[f"step/{name}"] = opt.steps[name].reshape(1).cpu().clone()
+    trained = {n for b in opt.buckets for n in b.params}
+    for name, p in opt.model.named_parameters():  # frozen: whole, in rank 0's file
+        if name not in trained:
+            params[name] = {"shape": list(p.shape), "ranges": [[0, 0, p.numel()]]}
+            if rank == 0:
+                tensors[f"param/{name}"] = p.detach().float().reshape(-1).cpu().clone()
+    save_file(tensors, str(directory / _shard_file(rank, world)))
+    if rank == 0:
+        buffers = {n: t.detach().cpu().contiguous() for n, t in opt.model.named_buffers()}
+        save_file(buffers, str(directory / BUFFERS_FILE))
+        aliases = {
+            alias: opt.canonical_names[id(p)]
+            for alias, p in opt.model.named_parameters(remove_duplicate=False)
+        }
+        index = {
+            "format": FORMAT,
+            "world_size": world,
+            "precision": opt.precision.name,
+            "params": params,
+            "aliases": aliases,
+            "optimizer": True,
+            "scaler": opt.scaler.state_dict() if opt.scaler is not None else None,
+            "writer": f"zero{opt.config.stage}",
+        }
+        (directory / INDEX_FILE).write_text(json.dumps(index, indent=1))
+
+
+@torch.no_grad()
+def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None:
+    """Restore a ZeRO or Gemini sharded checkpoint of any data-parallel size into this rank's
+    shards, then all-gather the parameters. ``CheckpointError`` on a missing or foreign file."""
+    reader = _Reader(directory)
+    opt, index = optimizer, reader.index
+    trained = {n for b in opt.buckets for n in b.params}
+    for name, p in opt.model.named_parameters():
+        saved = index["params"].get(name)
+        if saved is None or list(p.shape) != saved["shape"]:
+            raise CheckpointError(
+                f"parameter {name!r} of shape {list(p.shape)} does not match the checkpoint "
+                f"{directory} ({saved['shape'] if saved else 'absent'}); same model and preset?"
+            )
+        if name not in trained:
+            value = reader.read("param", name, 0, p.numel())
+            p.copy_(value.view(p.shape))  # type: ignore[union-attr]
+    for b in opt.buckets:
+        for name in b.params:
+            part = b.fp32.shard_view(name)
+            if part is None:
+                continue
+            view, lo, hi = part
+            view.copy_(reader.read("param", name, lo, hi))  # type: ignore[arg-type]
+            if not index["optimizer"]:
+                continue
+            for kind, chunk in zip(_KINDS, (b.exp_avg, b.exp_avg_sq), strict=True):
+                value = reader.read(kind, name, lo, hi)
+                if value is not None:
+                    chunk.shard_view(name)[0].copy_(value)  # type: ignore[index]
+            step = reader.step(name)
+            if step is not None:
+                opt.steps[name] = torch.tensor(step, dtype=torch.float32)
+    opt.refresh_params()
+    opt.zero_grad()
+    if opt.scaler is not None and index.get("scaler"):
+        opt.scaler.load_state_dict(index["scaler"])
+    buffers = reader.directory / BUFFERS_FILE
+    if buffers.exists():
+        with safe_open(str(buffers), framework="pt") as f:
+            own = dict(opt.model.named_buffers())
+            for n in list(f.keys()):
+                if n in own:
+                    own[n].copy_(f.get_tensor(n))
