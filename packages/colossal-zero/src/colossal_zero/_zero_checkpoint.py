@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from colossal_contracts import CheckpointError
 
-from ._checkpoint import BUFFERS_FILE, FORMAT, INDEX_FILE, _Reader, _shard_file
+from ._checkpoint import BUFFERS_FILE, FORMAT, INDEX_FILE, _Reader, _shard_file, file_digest
 from ._zero_optimizer import LowLevelZeroOptimizer
 
 __all__ = ["load_zero_sharded", "save_zero_sharded"]
@@ -62,10 +62,17 @@ def save_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
             params[name] = {"shape": list(p.shape), "ranges": [[0, 0, p.numel()]]}
             if rank == 0:
                 tensors[f"param/{name}"] = p.detach().float().reshape(-1).cpu().clone()
-    save_file(tensors, str(directory / _shard_file(rank, world)))
+    shard = directory / _shard_file(rank, world)
+    save_file(tensors, str(shard))
+    files: dict = {shard.name: file_digest(shard)}  # every rank's file, checked on load
+    if opt.group is not None and world > 1:
+        every: list = [None] * world
+        dist.all_gather_object(every, (shard.name, files[shard.name]), group=opt.group)
+        files = dict(every)
     if rank == 0:
         buffers = {n: t.detach().cpu().contiguous() for n, t in opt.model.named_buffers()}
         save_file(buffers, str(directory / BUFFERS_FILE))
+        files[BUFFERS_FILE] = file_digest(directory / BUFFERS_FILE)
         aliases = {
             alias: opt.canonical_names[id(p)]
             for alias, p in opt.model.named_parameters(remove_duplicate=False)
@@ -79,6 +86,7 @@ def save_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
             "optimizer": True,
             "scaler": opt.scaler.state_dict() if opt.scaler is not None else None,
             "writer": f"zero{opt.config.stage}",
+            "files": files,
         }
         (directory / INDEX_FILE).write_text(json.dumps(index, indent=1))
 
@@ -122,6 +130,7 @@ def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
         opt.scaler.load_state_dict(index["scaler"])
     buffers = reader.directory / BUFFERS_FILE
     if buffers.exists():
+        reader.verify(BUFFERS_FILE)
         with safe_open(str(buffers), framework="pt") as f:
             own = dict(opt.model.named_buffers())
             for n in list(f.keys()):
