@@ -5,7 +5,14 @@ and the ``colossal`` command.
 """
 
 from ._peers import RankFailedError
-from .booster import Booster, DDPPlugin, GeminiPlugin, Plugin, latest_checkpoint
+from .booster import (
+    Booster,
+    DDPPlugin,
+    GeminiPlugin,
+    LowLevelZeroPlugin,
+    Plugin,
+    latest_checkpoint,
+)
 from .train import NonFiniteError, TrainConfig, TrainResult, build_plugin, train
 
 __version__ = "0.1.0"
@@ -13,6 +20,7 @@ __all__ = [
     "Booster",
     "DDPPlugin",
     "GeminiPlugin",
+    "LowLevelZeroPlugin",
     "NonFiniteError",
     "Plugin",
     "RankFailedError",

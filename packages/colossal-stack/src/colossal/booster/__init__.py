@@ -5,11 +5,13 @@ from ._ddp import DDPPlugin
 from ._gemini import GeminiPlugin, parse_bytes
 from ._plugin import Plugin
 from ._publish import find_checkpoint, latest_checkpoint
+from ._zero import LowLevelZeroPlugin
 
 __all__ = [
     "Booster",
     "DDPPlugin",
     "GeminiPlugin",
+    "LowLevelZeroPlugin",
     "Plugin",
     "find_checkpoint",
     "latest_checkpoint",

@@ -38,7 +38,16 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "--out", type=Path, default=d.out, help="output directory (default: %(default)s)"
     )
     p.add_argument(
-        "--plugin", default=d.plugin, help="training strategy: gemini or ddp (default: %(default)s)"
+        "--plugin",
+        default=d.plugin,
+        help="training strategy: gemini, zero or ddp (default: %(default)s)",
+    )
+    p.add_argument(
+        "--zero-stage",
+        type=int,
+        default=d.zero_stage,
+        help="with --plugin zero: 1 shards optimizer states, 2 gradients too (default: "
+        "%(default)s; stage 3 is --plugin gemini)",
     )
     p.add_argument(
         "--placement",
@@ -82,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
         placement=args.placement,
         accelerator_budget=args.accelerator_budget,
         precision=args.precision,
+        zero_stage=args.zero_stage,
         lr=args.lr,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,

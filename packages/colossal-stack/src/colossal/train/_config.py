@@ -25,11 +25,14 @@ class TrainConfig:
         seed: seeds model init (same on every rank) and data (offset per rank).
         corpus: text file or folder; None is the embedded default (Python's standard library).
         out: directory for metrics.jsonl, the checkpoint and plots.
-        plugin: training strategy ("gemini": ZeRO-3 over chunks under a memory budget, or "ddp").
+        plugin: training strategy ("gemini": ZeRO-3 over chunks under a memory budget, "zero":
+            ZeRO stage 1 or 2 with replicated parameters, or "ddp").
         placement: Gemini chunk placement, "auto" (traced, Belady eviction) or "static".
         accelerator_budget: Gemini's byte budget on the accelerator ("512MiB", "2GiB"); None: all
             of it (on an emulated accelerator: no limit).
-        precision: Gemini's training precision: "fp32", "bf16" or "fp16" (fp32 masters).
+        precision: Gemini's or ZeRO's training precision: "fp32", "bf16" or "fp16" (fp32 masters).
+        zero_stage: ZeRO stage of ``plugin="zero"``: 1 (optimizer states sharded) or 2 (gradients
+            too); 3 is ``plugin="gemini"``.
         lr: peak learning rate (linear warmup over 10% of steps, cosine decay to 10% of it).
         weight_decay: AdamW decay, applied to matrices only.
         checkpoint_every: save every N steps (0: only at the end).
@@ -49,6 +52,7 @@ class TrainConfig:
     placement: str = "auto"
     accelerator_budget: str | None = None
     precision: str = "fp32"
+    zero_stage: int = 1
     lr: float = 2e-3
     weight_decay: float = 0.1
     checkpoint_every: int = 0
@@ -87,6 +91,8 @@ class TrainConfig:
             )
         if self.model not in ("gpt", "palm"):
             raise ConfigError(f"unknown --model {self.model!r}; choose one of: gpt, palm")
+        if self.plugin == "zero" or self.zero_stage != 1:
+            self._check_zero()
         if self.plugin == "ddp":
             given = [
                 f"--{k.replace('_', '-')} {v}"
@@ -102,6 +108,26 @@ class TrainConfig:
                     f"{', '.join(given)} applies to --plugin gemini only, not ddp; drop it or "
                     "use --plugin gemini"
                 )
+
+    def _check_zero(self) -> None:
+        from colossal_zero import ZeroConfig  # its stage check: one message for stage 3
+
+        if self.plugin != "zero":
+            raise ConfigError(
+                f"--zero-stage applies to --plugin zero only, not {self.plugin}; drop it or use "
+                "--plugin zero"
+            )
+        ZeroConfig(stage=self.zero_stage)
+        given = [
+            f"--{k.replace('_', '-')} {getattr(self, k)}"
+            for k in ("placement", "accelerator_budget")
+            if getattr(self, k) != _GEMINI_DEFAULTS[k]
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} applies to --plugin gemini only, not zero; drop it or use "
+                "--plugin gemini"
+            )
 
 
 def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
@@ -121,6 +147,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "placement": str,
     "accelerator_budget": (str, int, type(None)),
     "precision": str,
+    "zero_stage": int,
     "lr": (float, int),
     "weight_decay": (float, int),
     "checkpoint_every": int,

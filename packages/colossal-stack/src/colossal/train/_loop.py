@@ -29,7 +29,7 @@ from colossal_models import (
 
 from .._dist import init_from_env, rank_and_world
 from .._peers import watch_peers
-from ..booster import Booster, DDPPlugin, GeminiPlugin, Plugin
+from ..booster import Booster, DDPPlugin, GeminiPlugin, LowLevelZeroPlugin, Plugin
 from ._config import TrainConfig
 from ._display import TrainDisplay, memory_summary, plot_memory_timeline, summary_table
 from ._guard import FiniteGuard
@@ -62,7 +62,7 @@ _MODELS: dict[str, tuple[type[nn.Module], Any]] = {
 def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
     """The plugin called ``name`` (Gemini set up from ``cfg``'s placement, budget and
     precision); ``ConfigError`` naming the choices when unknown."""
-    plugins = ("gemini", "ddp")
+    plugins = ("gemini", "zero", "ddp")
     if name == "ddp":
         return DDPPlugin()
     if name == "gemini":
@@ -72,6 +72,9 @@ def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
             accelerator_budget=cfg.accelerator_budget,
             precision=cfg.precision,
         )
+    if name == "zero":
+        cfg = cfg or TrainConfig(plugin="zero")
+        return LowLevelZeroPlugin(stage=cfg.zero_stage, precision=cfg.precision)
     raise ConfigError(f"unknown --plugin {name!r}; choose one of: {', '.join(plugins)}")
 
 

@@ -1,0 +1,162 @@
+"""The LowLevelZero plugin: ZeRO stage 1 or 2 from colossal-zero (optimizer states, then
+gradients, sharded over data-parallel ranks; parameters replicated)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from torch import nn
+
+from colossal_contracts import ConfigError, ParamSharding
+from colossal_zero import (
+    LowLevelZeroOptimizer,
+    ZeroConfig,
+    load_zero_sharded,
+    save_zero_sharded,
+)
+
+from ._gemini import FULL_MODEL_FILE, parse_bytes
+
+__all__ = ["LowLevelZeroPlugin"]
+
+
+@dataclass
+class LowLevelZeroPlugin:
+    """ZeRO-1/2 over all ranks (or ``group``): every rank keeps the model in compute precision.
+
+    Attributes:
+        stage: 1 (fp32 masters and Adam states sharded) or 2 (gradients too, reduce-scattered
+            while backward runs). Stage 3 is ``GeminiPlugin``.
+        precision: "fp32", "bf16" or "fp16" (fp32 masters; fp16 adds dynamic loss scaling).
+        offload_optimizer: masters and Adam states in host memory, updated by the CPU kernel.
+        host_budget: host bytes the offloaded optimizer may use ("8GiB"; None: what is free).
+        max_grad_norm: clip the global gradient norm (0: no clipping).
+        bucket_numel: elements per flat bucket (communication granularity).
+        sharding: parameter name -> tensor-parallel layout (``colossal_models.describe_sharding``)
+            so norms and overflow agree over the whole mesh; None: data parallelism only.
+        group: the data-parallel process group (None: every rank).
+        export_full_model: also write a consolidated fp32 ``model.safetensors`` per checkpoint.
+        sharded_checkpoint: every rank writes its shard into the checkpoint directory.
+    """
+
+    stage: int = 1
+    precision: str = "fp32"
+    offload_optimizer: bool = False
+    host_budget: int | str | None = None
+    max_grad_norm: float = 0.0
+    bucket_numel: int = 1 << 22
+    sharding: Mapping[str, ParamSharding] | None = field(default=None, repr=False)
+    group: Any = field(default=None, repr=False)
+    export_full_model: bool = True
+    name: str = "zero"
+    sharded_checkpoint: bool = True
+    _optimizer: LowLevelZeroOptimizer | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.zero_config()  # validates stage, precision, budget
+
+    def zero_config(self) -> ZeroConfig:
+        """The ``ZeroConfig`` these settings stand for."""
+        return ZeroConfig(
+            stage=self.stage,
+            precision=self.precision,
+            offload_optimizer=self.offload_optimizer,
+            host_bytes=parse_bytes(self.host_budget),
+            bucket_numel=self.bucket_numel,
+        )
+
+    def configure(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Turn ``optimizer`` (Adam/AdamW on ``model``'s fp32 parameters) into a
+        ``LowLevelZeroOptimizer`` with the same groups; the model stays a plain module."""
+        if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+            raise ConfigError(
+                f"ZeRO trains with Adam or AdamW, got {type(optimizer).__name__}; build the "
+                "optimizer as torch.optim.AdamW(...)"
+            )
+        d = optimizer.defaults
+        if d.get("amsgrad") or d.get("maximize"):
+            raise ConfigError("ZeRO's Adam supports neither amsgrad nor maximize; turn them off")
+        keep = ("params", "lr", "betas", "eps", "weight_decay")
+        groups = [{k: v for k, v in g.items() if k in keep} for g in optimizer.param_groups]
+        opt = LowLevelZeroOptimizer(
+            model,
+            groups,
+            lr=d["lr"],
+            betas=d["betas"],
+            eps=d["eps"],
+            weight_decay=d["weight_decay"],
+            config=self.zero_config(),
+            group=self.group,
+            max_grad_norm=self.max_grad_norm,
+            adamw=isinstance(optimizer, torch.optim.AdamW),
+            sharding=self.sharding,
+        )
+        self._optimizer = opt
+        return model, opt
+
+    def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        if isinstance(optimizer, LowLevelZeroOptimizer):
+            optimizer.backward(loss)
+        else:
+            loss.backward()
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def memory_stats(self) -> dict[str, Any]:
+        """Model-state bytes by kind on this rank and collective bytes since construction."""
+        if self._optimizer is None:
+            return {}
+        out: dict[str, Any] = {
+            f"{k}_bytes": v for k, v in self._optimizer.model_state_bytes().items()
+        }
+        out.update({f"{k}_bytes_total": v for k, v in self._optimizer.comm_bytes.items()})
+        return out
+
+    def save_checkpoint(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
+    ) -> None:
+        """Every rank writes its shard (colossal-zero's sharded layout, which Gemini reads too);
+        rank 0 also the consolidated fp32 ``model.safetensors``. Collective."""
+        opt = _zero_optimizer(optimizer)
+        save_zero_sharded(opt, path)
+        if self.export_full_model:
+            full = opt.full_state_dict()  # collective
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            if rank == 0:
+                save_file(
+                    {k: v.contiguous() for k, v in _untie(full).items()},
+                    str(path / FULL_MODEL_FILE),
+                )
+
+    def load_checkpoint(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
+    ) -> None:
+        load_zero_sharded(_zero_optimizer(optimizer), path)
+
+
+def _zero_optimizer(optimizer: torch.optim.Optimizer) -> LowLevelZeroOptimizer:
+    if not isinstance(optimizer, LowLevelZeroOptimizer):
+        raise ConfigError(
+            "LowLevelZeroPlugin checkpoints need the optimizer that Booster.boost returned"
+        )
+    return optimizer
+
+
+def _untie(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses shared storages: give every name its own tensor."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in state.items():
+        ptr = v.untyped_storage().data_ptr()
+        out[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    return out
