@@ -8,8 +8,9 @@ p chunks along ``to_dim``, send chunk i to coordinate i, concatenate what arrive
 local input bytes as ``all_to_all`` (see [Note: counted bytes]); a device sends (p-1)/p of them.
 
 ``switch_shard_dim_async`` starts the all-to-all and returns at once; the tensor is read only
-through ``PendingSwitch.wait()``, so compute issued in between overlaps the transfer. Its backward
-is synchronous.
+through ``PendingSwitch.wait()``, so compute issued in between overlaps the transfer. Backward
+mirrors it: the inverse all-to-all starts where ``wait()`` was in the forward and is waited for
+where the switch started, so the backward of the compute in between overlaps it.
 """
 
 from __future__ import annotations
@@ -74,38 +75,55 @@ def switch_shard_dim(
 
 
 class _Box:
-    """The in-flight all-to-all of one ``PendingSwitch``: the work handle and its send buffer."""
+    """The in-flight all-to-alls of one ``PendingSwitch``: forward's and backward's work handles
+    and buffers (a buffer must outlive its transfer)."""
 
+    comm: CountedComm
+    axis: str
     work: Any = None
     send: torch.Tensor | None = None
+    bwd_work: Any = None
+    bwd_send: torch.Tensor | None = None
+    bwd_recv: torch.Tensor | None = None
+
+    def launch(self, send: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """Start the all-to-all of ``send`` (chunk i to coordinate i along dim 0), counted."""
+        recv = torch.empty_like(send)
+        self.comm.counter.record(self.axis, "all_to_all", send.numel() * send.element_size())
+        group = self.comm.mesh.group(self.axis)
+        return dist.all_to_all_single(recv, send, group=group, async_op=True), recv
 
 
 class _Start(torch.autograd.Function):
     """Launch the all-to-all of ``x`` (moved so ``to_dim`` is dim 0); returns the receive buffer,
-    which must not be read before ``_Finish``. Backward: the inverse all-to-all, synchronous."""
+    which must not be read before ``_Finish``. Backward waits for the inverse all-to-all that
+    ``_Finish``'s backward started (autograd runs the backward of everything computed between
+    the two first, which is what overlaps it)."""
 
     @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, comm: CountedComm, axis: str, to_dim: int, box: _Box
-    ) -> torch.Tensor:
-        ctx.comm, ctx.axis, ctx.to_dim = comm, axis, to_dim
-        send = x.detach().movedim(to_dim, 0).contiguous()
-        recv = torch.empty_like(send)
-        comm.counter.record(axis, "all_to_all", send.numel() * send.element_size())
-        box.send = send
-        box.work = dist.all_to_all_single(recv, send, group=comm.mesh.group(axis), async_op=True)
+    def forward(ctx: Any, x: torch.Tensor, to_dim: int, box: _Box) -> torch.Tensor:
+        ctx.to_dim, ctx.box = to_dim, box
+        box.send = x.detach().movedim(to_dim, 0).contiguous()
+        box.work, recv = box.launch(box.send)
         return recv
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> Any:
-        # chunk i of the receive buffer came from coordinate i: send it back there
-        gx = ctx.comm.all_to_all(g, ctx.axis, split_dim=0, cat_dim=0)
-        return gx.movedim(0, ctx.to_dim), None, None, None, None
+        box = ctx.box
+        if box.bwd_work is None:  # not started by _Finish (cannot happen in one backward)
+            gx = box.comm.all_to_all(g, box.axis, split_dim=0, cat_dim=0)
+        else:
+            # g is the buffer _Finish handed on; its only producer is that all-to-all
+            box.bwd_work.wait()
+            gx = box.bwd_recv
+            box.bwd_work, box.bwd_send, box.bwd_recv = None, None, None
+        return gx.movedim(0, ctx.to_dim), None, None
 
 
 class _Finish(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, recv: torch.Tensor, box: _Box) -> torch.Tensor:
+        ctx.box = box
         if box.work is not None:
             box.work.wait()
         box.work, box.send = None, None
@@ -113,7 +131,11 @@ class _Finish(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> Any:
-        return g, None
+        # chunk i of the forward's receive buffer came from coordinate i: send its gradient back
+        box = ctx.box
+        box.bwd_send = g.contiguous()
+        box.bwd_work, box.bwd_recv = box.launch(box.bwd_send)
+        return box.bwd_recv, None
 
 
 class PendingSwitch:
@@ -146,4 +168,5 @@ def switch_shard_dim_async(
     if p == 1:
         return PendingSwitch(x, None, 1, f, t)
     box = _Box()
-    return PendingSwitch(_Start.apply(x, comm, axis, t, box), box, p, f, t)
+    box.comm, box.axis = comm, axis
+    return PendingSwitch(_Start.apply(x, t, box), box, p, f, t)

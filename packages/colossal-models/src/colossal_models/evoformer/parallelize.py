@@ -23,8 +23,9 @@ all_gather bytes, and an all_reduce of every parameter's gradient. ``dap_comm_by
 formula; the tests compare the counter with it.
 
 Overlap: the all-to-all that returns m to rows is started after the outer product mean and
-waited for at the end of the block, so it runs behind the whole pair stack. The other switches
-feed the very next operation and stay synchronous.
+waited for at the end of the block, so it runs behind the whole pair stack; in backward its
+inverse starts at the block's end and is waited for after the pair stack's backward. The other
+switches and the gathers feed the very next operation and stay synchronous.
 """
 
 from __future__ import annotations
