@@ -17,7 +17,10 @@ from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
 VOCAB, SEQ, BATCH, STEPS, LR = 64, 8, 8, 4, 1e-2
 # Budgets that hold part of the model: chunks move (and are gathered/released) every step.
-CFG = GeminiConfig(precision="fp32", accelerator_bytes=120_000, chunk_numel=4096)
+CONFIGS = {
+    "mha": GeminiConfig(precision="fp32", accelerator_bytes=120_000, chunk_numel=4096),
+    "gpt2": GeminiConfig(precision="fp32", accelerator_bytes=160_000, chunk_numel=4096),
+}
 
 
 class MhaNet(nn.Module):
@@ -95,7 +98,7 @@ def gemini_rank(kind: str) -> tuple[list[float], dict[str, torch.Tensor], int]:
     rank, world = dist.get_rank(), dist.get_world_size()
     per = BATCH // world
     plain = BUILDERS[kind]()
-    gm = apply_gemini(plain, CFG)
+    gm = apply_gemini(plain, CONFIGS[kind])
     opt = GeminiOptimizer.from_torch(gm, torch.optim.AdamW(plain.parameters(), lr=LR))
     losses = []
     for x, y in _data():

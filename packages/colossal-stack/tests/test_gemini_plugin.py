@@ -37,23 +37,23 @@ def _steps(booster, model, opt, n: int, start: int = 0) -> list[float]:  # type:
 
 
 def test_trains_under_a_budget_and_reports_tiers_and_moves():
-    booster, model, opt = _setup(GeminiPlugin(accelerator_budget="400KiB", precision="fp32"))
+    booster, model, opt = _setup(GeminiPlugin(accelerator_budget="2.5MiB", precision="fp32"))
     losses = _steps(booster, model, opt, 8)
     stats = booster.memory_stats()
     assert losses[-1] < losses[0]
-    assert 0 < stats["accelerator_peak_bytes"] <= 400 * 1024
+    assert 0 < stats["accelerator_peak_bytes"] <= 2.5 * 2**20
     assert stats["accelerator_emulated"] is (not torch.cuda.is_available())
     assert stats["bytes_moved"] > 0 and stats["bytes_moved_total"] >= stats["bytes_moved"]
 
 
 def test_checkpoint_resume_is_exact_and_full_model_loads_in_plain_torch(tmp_path):
-    plugin = GeminiPlugin(accelerator_budget="400KiB", precision="bf16")
+    plugin = GeminiPlugin(accelerator_budget="2.5MiB", precision="bf16")
     booster, model, opt = _setup(plugin)
     _steps(booster, model, opt, 3)
     path = booster.save(model, opt, tmp_path, step=3)
     after = _steps(booster, model, opt, 3, start=3)
 
-    b2, m2, o2 = _setup(GeminiPlugin(accelerator_budget="400KiB", precision="bf16"), seed=5)
+    b2, m2, o2 = _setup(GeminiPlugin(accelerator_budget="2.5MiB", precision="bf16"), seed=5)
     info = b2.load(m2, o2, tmp_path)
     assert info["step"] == 3
     assert _steps(b2, m2, o2, 3, start=3) == after
@@ -146,8 +146,10 @@ def test_budgeted_run_keeps_memtraces_activation_estimate_free(tmp_path, small_c
     train(cfg)
     rec = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     reserved = rec["non_model_reserved_bytes"]
-    assert reserved > 0  # memtrace's estimate of the step's activations
-    assert rec["accelerator_peak_bytes"] + reserved <= 2 * 2**20
+    assert reserved > 0  # memtrace's estimate of the step's activations: the warmup's reserve
+    # afterwards chunks get, at each moment, the budget minus that moment's measured activations
+    # (integration_tests/test_gemini_per_moment.py checks the sum moment by moment)
+    assert 0 < rec["accelerator_peak_bytes"] <= 2 * 2**20
 
 
 def test_budget_below_the_activations_is_a_clear_error(tmp_path, small_corpus):

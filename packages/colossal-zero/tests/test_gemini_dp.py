@@ -11,13 +11,15 @@ from test_gemini import BATCH, STEPS, assert_losses_close, rel_err
 
 from colossal_zero import GeminiConfig, consolidate
 
-# Gathered chunks cost shard + full buffer: budgets that still force moves in every step.
+# Gathered chunks cost shard + full buffer: budgets that still force moves in every step (with
+# parameters packed in first-use order after warmup, 220 kB no longer did on 4 ranks).
 DP = GeminiConfig(precision="fp32", accelerator_bytes=220_000, chunk_numel=8192)
+DP4 = GeminiConfig(precision="fp32", accelerator_bytes=180_000, chunk_numel=8192)
 
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_data_parallel_fp32_matches_single_process_adamw(world, n):
-    out = world(n).run(checks.run_gemini, DP, STEPS, BATCH)
+    out = world(n).run(checks.run_gemini, DP if n == 2 else DP4, STEPS, BATCH)
     ref_losses, ref_weights = reference(STEPS, BATCH)
     for losses, weights, moved in out:
         assert_losses_close(losses, ref_losses, 1e-5)

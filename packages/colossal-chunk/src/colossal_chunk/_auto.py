@@ -2,7 +2,9 @@
 
 [Note: auto budget] After warmup, model data may use the compute tier's capacity minus the highest
 non-model peak (activations, temporaries) that the trace saw over the current moment and the next
-``lookahead`` moments. During warmup nothing is known, so model data gets a fixed share.
+``lookahead`` moments, raised by the safety ``margin`` (a fraction). The room therefore changes
+moment by moment (Gemini's central idea); the manager shrinks to it when a moment begins. During
+warmup nothing is known, so model data gets a fixed share.
 
 [Note: Belady eviction] When room is short, evict the chunk whose next use, in the compute order
 the warmup traced, is furthest away (a chunk never used again counts as furthest). Uses wrap
@@ -31,6 +33,7 @@ class AutoPolicy(LruPolicy):
             and ``warmup_share`` of the capacity for model data).
         warmup_share: share of the compute tier model data may use while no trace is known.
         lookahead: moments after the current one whose non-model peaks are reserved too.
+        margin: safety margin on the traced non-model peaks (0.1: reserve 110% of them).
     """
 
     name = "auto"
@@ -41,6 +44,7 @@ class AutoPolicy(LruPolicy):
         *,
         warmup_share: float = 0.8,
         lookahead: int = 1,
+        margin: float = 0.0,
         tier: TierName = TierName.ACCELERATOR,
     ):
         super().__init__()
@@ -48,6 +52,11 @@ class AutoPolicy(LruPolicy):
             raise ConfigError(f"warmup_share must be within (0, 1], got {warmup_share}")
         if lookahead < 0:
             raise ConfigError(f"lookahead must be >= 0, got {lookahead}")
+        if margin < 0:
+            raise ConfigError(
+                f"margin must be >= 0 (a fraction of the non-model peak), got {margin}"
+            )
+        self.margin = margin
         self.stats = stats
         self.warmup_share = warmup_share
         self.lookahead = lookahead
@@ -126,7 +135,7 @@ class AutoPolicy(LruPolicy):
             self.stats.non_model_peak((moment + k) % n, self.tier)
             for k in range(self.lookahead + 1)
         )
-        return max(0, capacity - peak)
+        return max(0, capacity - math.ceil(peak * (1.0 + self.margin)))
 
     def choose_evictions(
         self, candidates: Sequence[ChunkInfo], needed_bytes: int, *, moment: int

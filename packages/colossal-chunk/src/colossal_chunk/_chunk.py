@@ -76,6 +76,7 @@ class Chunk:
     shard: torch.Tensor | None  # 1-D, shard_numel, on self.tier; None before storage is given
     full: torch.Tensor | None  # 1-D, capacity, on the compute device while gathered
     tier: TierName | None  # where the shard lives (set by the manager)
+    _counts: dict[TensorState, int]  # tensors per state, kept by _set: counts in constant time
 
     def __init__(
         self,
@@ -97,6 +98,7 @@ class Chunk:
         self.group = group
         self.records, self.used = {}, 0
         self.shard, self.full, self.tier = None, None, None
+        self._counts = dict.fromkeys(TensorState, 0)
 
     # ----- layout -------------------------------------------------------------------------------
     @property
@@ -140,6 +142,7 @@ class Chunk:
         first = TensorState.HOLD if self.world_size == 1 else TensorState.FREE
         rec = TensorRecord(name, self.used, numel, shape, first)
         self.records[name] = rec
+        self._counts[first] += 1
         self.used += numel
         return rec
 
@@ -308,22 +311,33 @@ class Chunk:
         self._set(self.records[name], new)
 
     def _set(self, rec: TensorRecord, new: TensorState) -> None:
-        check_transition(rec.state, new, what=f"tensor {rec.name!r} of chunk {self.chunk_id}")
+        old = rec.state
+        if old is new:
+            return
+        check_transition(old, new, what=f"tensor {rec.name!r} of chunk {self.chunk_id}")
         rec.state = new
+        counts = self._counts
+        counts[old] -= 1
+        counts[new] += 1
 
     def count(self, state: TensorState) -> int:
-        return sum(1 for r in self.records.values() if r.state is state)
+        """Tensors in ``state`` (a counter read)."""
+        return self._counts[state]
+
+    def all_in(self, state: TensorState) -> bool:
+        """True when every tensor of the chunk is in ``state``."""
+        return self._counts[state] == len(self.records)
 
     @property
     def pinned(self) -> bool:
         """True while any tensor is in COMPUTE: the chunk may not move (ChunkInfo.pinned)."""
-        return any(r.state is TensorState.COMPUTE for r in self.records.values())
+        return self._counts[TensorState.COMPUTE] > 0
 
     @property
     def movable(self) -> bool:
         """True when the chunk may leave the compute tier: every tensor is HOLD or FREE."""
-        ok = (TensorState.HOLD, TensorState.FREE)
-        return all(r.state in ok for r in self.records.values())
+        c = self._counts
+        return c[TensorState.HOLD] + c[TensorState.FREE] == len(self.records)
 
     def __iter__(self) -> Iterator[TensorRecord]:
         return iter(self.records.values())

@@ -8,17 +8,30 @@ Whenever a payload moves or is gathered/released, the views are re-pointed, so c
 [Note: access protocol] ``access(params)`` puts every named tensor in COMPUTE, its chunk's shard on
 the compute tier and gathered; ``release(params, state=...)`` moves them on (HOLD after forward,
 HOLD_AFTER_BWD or READY_FOR_REDUCE after backward). A chunk with a tensor in COMPUTE never moves.
-Call ``set_moment(i)`` at each module boundary so the policy knows where the step is.
+Call ``set_moment(i)`` as each moment begins so the policy knows where the step is. The fast
+path: when every chunk is already resident and gathered and the compute tier is within this
+moment's room, ``access`` and ``release`` only change states (no tier is touched); otherwise
+``access`` first evicts down to the moment's room (which may have shrunk since the last moment).
+
+[Note: first-use order] ``repack(order)`` re-packs every parameter, and every parallel chunk with
+it, in the order given (the compute order a warmup traced), so that tensors used together share
+a chunk. Values of every kind are kept exactly; chunk ids change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from colossal_contracts import ConfigError, PlacementPolicy, TensorState, TierName
+from colossal_contracts import (
+    ConfigError,
+    PlacementPolicy,
+    StateTransitionError,
+    TensorState,
+    TierName,
+)
 
 from ._accounting import ManagerStats, TierStats
 from ._chunk import Chunk
@@ -43,6 +56,9 @@ class ChunkManager:
     config: ChunkConfig
     policy: PlacementPolicy
     chunks: dict[int, Chunk]  # every chunk by id, parameter chunks first
+    before_collective: Callable[[str, Chunk], None] | None
+    """Called with ("all-gather" | "reduce-scatter", chunk) before every collective on a chunk
+    (a runtime checks there that all ranks agree); None: nothing is called."""
 
     def __init__(
         self,
@@ -62,7 +78,10 @@ class ChunkManager:
         self._parallel: dict[str, dict[int, int]] = {}  # kind -> param chunk id -> twin id
         self._moment = 0
         self._closed = False
-        self._placement = Placement(build_tiers(config), self.policy, self._model_budget)
+        self.before_collective = None
+        self._placement = Placement(
+            build_tiers(config), self.policy, self._model_budget, rebind=self._bind
+        )
 
     # ----- setup --------------------------------------------------------------------------------
     @property
@@ -215,7 +234,23 @@ class ChunkManager:
         for item in items:
             name = self._name(item)
             by_chunk.setdefault(self._chunk_of[name], []).append(name)
+        if self._resident(by_chunk):  # fast path ([Note: access protocol])
+            for cid, names in by_chunk.items():
+                c = self.chunks[cid]
+                for name in names:
+                    c.set_state(name, TensorState.COMPUTE)
+            hook = getattr(self.policy, "on_access", None)
+            if hook is not None:
+                hook(list(by_chunk), self._moment)
+            return
         self._access(by_chunk, zero=False)
+
+    def _resident(self, by_chunk: dict[int, list[str]]) -> bool:
+        for cid in by_chunk:
+            c = self.chunks[cid]
+            if c.tier is not ACC or not c.is_gathered:
+                return False
+        return self.tiers[ACC].used_bytes <= self._placement.limit(self._moment)
 
     def access_chunks(self, chunks: Iterable[Chunk | int], *, zero: bool = False) -> None:
         """Put every tensor of ``chunks`` in COMPUTE on the compute tier. Gathers sharded chunks, or
@@ -241,6 +276,9 @@ class ChunkManager:
         )
         for c in chunks:
             pl.move(c, ACC)
+            check = self.before_collective
+            if check is not None and not zero and c.world_size > 1 and not c.is_gathered:
+                check("all-gather", c)
             pl.gather(c, zero=zero)
             for name in by_chunk[c.chunk_id]:
                 c.set_state(name, TensorState.COMPUTE)
@@ -287,16 +325,22 @@ class ChunkManager:
     def _after_release(self, chunks: list[Chunk], reshard: bool) -> None:
         evict_after = getattr(self.policy, "evict_after_use", None)
         for c in chunks:
-            if reshard and c.world_size > 1 and c.count(TensorState.HOLD) == len(c.records):
+            moved = False
+            if reshard and c.world_size > 1 and c.all_in(TensorState.HOLD):
                 self._placement.drop_gathered(c, c.release())
+                moved = True
             if evict_after is not None and c.movable and evict_after(c.chunk_id):
                 self._placement.offload(c)
-            self._bind(c)
+                moved = True
+            if moved:  # else storage is unchanged: the views still point at it
+                self._bind(c)
 
     def reduce(self, chunk: Chunk | int, *, average: bool = True) -> None:
         """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard
         (averaged over ranks); collective over the manager's group. Tensors end in HOLD/FREE."""
         c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
+        if self.before_collective is not None and c.world_size > 1:
+            self.before_collective("reduce-scatter", c)
         self._placement.drop_gathered(c, c.reduce_scatter(average=average))
         self._bind(c)
 
@@ -319,6 +363,11 @@ class ChunkManager:
         self._placement.move(c, tier)
         self._bind(c)
 
+    def settle(self) -> None:
+        """Finish every prefetch in flight. Call before writing shards outside the access
+        protocol (an optimizer step): a copy in flight would otherwise bring back old values."""
+        self._placement.settle_all(self.chunks)
+
     def prefetch(self, horizon: int = 1) -> int:
         """Start copying chunks the policy says the next ``horizon`` moments need; returns how many.
 
@@ -340,6 +389,55 @@ class ChunkManager:
             ):
                 issued += 1
         return issued
+
+    # ----- layout -------------------------------------------------------------------------------
+    def registration_order(self) -> list[str]:
+        """Parameter names in the order they sit in chunks."""
+        return [n for c in self.param_chunks() for n in c.records]
+
+    def repack(self, order: Sequence[str]) -> list[Chunk]:
+        """Re-pack every chunk in ``order``; see [Note: first-use order]. Collective when chunks
+        are sharded. Every tensor must be HOLD or FREE. Returns the new parameter chunks."""
+        self._placement.settle_all(self.chunks)
+        busy = [c.chunk_id for c in self.chunks.values() if not c.movable]
+        if busy:
+            raise StateTransitionError(
+                f"cannot re-pack chunks while chunks {busy[:4]} hold tensors in use; release them"
+            )
+        values: dict[str, dict[str, torch.Tensor]] = {}  # kind -> name -> full value
+        dtypes: dict[str, torch.dtype] = {}
+        for c in self.chunks.values():
+            full = self._full_copy(c)
+            dtypes[c.kind] = c.dtype
+            kind = values.setdefault(c.kind, {})
+            for name, rec in c.records.items():
+                kind[name] = full[rec.offset : rec.end].view(rec.shape)
+            self._placement.forget(c)
+        params, kinds = dict(self._params), list(self._parallel)
+        self.chunks, self._params, self._name_of, self._chunk_of = {}, {}, {}, {}
+        self._parallel = {}
+        for name, p in params.items():
+            p.data = values["param"][name]
+        new = self.register(params.items(), order=order)
+        for kind in kinds:
+            for twin in self.add_parallel(kind, dtypes[kind]):
+                for name in twin.records:
+                    part = twin.shard_view(name)
+                    if part is not None:
+                        view, a, b = part
+                        view.copy_(values[kind][name].reshape(-1)[a:b])
+        return new
+
+    def _full_copy(self, c: Chunk) -> torch.Tensor:
+        """A CPU copy of the whole chunk ``c`` (all-gathered from the shards when sharded)."""
+        if c.world_size == 1:
+            return c.shard.detach().cpu().clone()  # type: ignore[union-attr]
+        nccl = dist.get_backend(self.group) == "nccl"
+        dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        shard = c.shard.detach().to(dev).contiguous()  # type: ignore[union-attr]
+        full = torch.empty(c.capacity, dtype=c.dtype, device=dev)
+        dist.all_gather_into_tensor(full, shard, group=self.group)
+        return full.cpu()
 
     # ----- views and books ----------------------------------------------------------------------
     def _bind(self, chunk: Chunk) -> None:
@@ -372,6 +470,21 @@ class ChunkManager:
         """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data)."""
         t = self.tiers.get(TierName(tier))
         return 0 if t is None else t.used_bytes
+
+    def reset_peaks(self) -> None:
+        """Start new peak windows on every tier (say, at the start of an iteration)."""
+        for t in self.tiers.values():
+            t.reset_peak()
+
+    def model_tensors(self) -> list[torch.Tensor]:
+        """Every chunk payload (shards, and gathered buffers where they are separate)."""
+        out = []
+        for c in self.chunks.values():
+            if c.shard is not None:
+                out.append(c.shard)
+            if c.full is not None and c.full is not c.shard:
+                out.append(c.full)
+        return out
 
     def reset_stats(self) -> None:
         """Zero the move counters and start new peak windows (say, at the start of an iteration)."""

@@ -1,47 +1,21 @@
 """Compute orders without a memory tracer: from module order, or traced with hooks.
 
 The automatic policy consumes any ``colossal_contracts.MemStatsSource``. A memory tracer
-(colossal-memtrace) supplies one with measured non-model peaks; ``OrderStats`` is the minimal one,
-a known compute order with given (default zero) non-model peaks, so the policy works without it.
+(colossal-memtrace) supplies one with measured non-model peaks; the contract's ``OrderStats``
+(re-exported here) is the minimal one, a known compute order with given (default zero)
+non-model peaks, so the policy works without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from colossal_contracts import ConfigError, TierName
+from colossal_contracts import OrderStats
 
 __all__ = ["OrderStats", "module_order", "trace_order"]
-
-
-class OrderStats:
-    """A ``MemStatsSource`` from a compute order (names per moment) and optional non-model peaks.
-
-    Attributes:
-        order: per moment, the parameter names it uses.
-        non_model: per moment, the non-model peak on the accelerator in bytes (default zeros).
-    """
-
-    def __init__(self, order: Sequence[Sequence[str]], non_model: Sequence[int] | None = None):
-        self.order = [tuple(m) for m in order]
-        self.non_model = list(non_model) if non_model is not None else [0] * len(self.order)
-        if len(self.non_model) != len(self.order):
-            raise ConfigError(
-                f"non_model has {len(self.non_model)} entries but the order has "
-                f"{len(self.order)} moments; give one peak per moment"
-            )
-
-    def num_moments(self) -> int:
-        return len(self.order)
-
-    def non_model_peak(self, moment: int, tier: TierName | str) -> int:
-        return self.non_model[moment] if TierName(tier) is TierName.ACCELERATOR else 0
-
-    def compute_order(self) -> Sequence[tuple[str, ...]]:
-        return self.order
 
 
 def _owners(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, tuple[str, ...]]]:

@@ -72,9 +72,16 @@ class Placement:
     moves: dict[tuple[str, str], list[int]]  # (src, dst) -> [bytes, count]
 
     def __init__(
-        self, tiers: dict[TierName, Tier], policy: PlacementPolicy, budget: Callable[[int], int]
+        self,
+        tiers: dict[TierName, Tier],
+        policy: PlacementPolicy,
+        budget: Callable[[int], int],
+        rebind: Callable[[Chunk], None] = lambda chunk: None,
     ):
+        """``rebind(chunk)`` is called whenever a chunk's storage changes here, so that views
+        into the old storage (parameters' ``.data``) are re-pointed and the old storage freed."""
         self.tiers, self.policy, self._budget = tiers, policy, budget
+        self._rebind = rebind
         self.moves = {}
         self._pending: dict[int, tuple[PendingCopy, Tier]] = {}  # chunk id -> copy to the acc
         self._prefetcher: Prefetcher | None = None
@@ -127,6 +134,7 @@ class Placement:
         d = self.tiers[dst]
         d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
         chunk.replace_shard(d.allocate(_key(chunk, dst), chunk.shard_numel, chunk.dtype))
+        self._rebind(chunk)
         s = self.tiers[src]  # type: ignore[index]
         s.free(chunk.shard_bytes)
         s.discard(_key(chunk, src))  # type: ignore[arg-type]
@@ -141,6 +149,7 @@ class Placement:
         freed = 0
         if chunk.world_size > 1 and chunk.is_gathered and chunk.release() is not None:
             self.tiers[ACC].free(chunk.full_bytes)
+            self._rebind(chunk)
             freed += chunk.full_bytes
         self.settle(chunk)
         if chunk.tier is ACC:
@@ -166,6 +175,18 @@ class Placement:
             chunk.materialize(full)
         else:
             chunk.gather(full)
+
+    def forget(self, chunk: Chunk) -> None:
+        """Give up ``chunk``'s payloads (its shard and any gathered buffer) on every tier."""
+        self.settle(chunk)
+        if chunk.world_size > 1 and chunk.is_gathered:
+            self.tiers[ACC].free(chunk.full_bytes)
+        if chunk.tier is not None:
+            t = self.tiers[chunk.tier]
+            t.free(chunk.shard_bytes)
+            t.discard(_key(chunk, chunk.tier))
+        chunk.shard = chunk.full = None
+        chunk.tier = None
 
     def drop_gathered(self, chunk: Chunk, dropped: torch.Tensor | None) -> None:
         """Account for a gathered buffer ``chunk`` gave up (from ``release``/``reduce_scatter``)."""
@@ -272,6 +293,7 @@ class Placement:
             return
         pending, src = entry
         chunk.replace_shard(pending.wait(), copy=False)
+        self._rebind(chunk)
         src.free(chunk.shard_bytes)
         src.discard(_key(chunk, src.name))
         chunk.tier = ACC

@@ -8,7 +8,14 @@ from ._errors import (
     DistributedError,
     StateTransitionError,
 )
-from ._memory import MemoryProbe, MemorySample, MemStatsSource, TierName
+from ._memory import (
+    MemoryProbe,
+    MemorySample,
+    MemStatsSource,
+    OrderStats,
+    StepRecorder,
+    TierName,
+)
 from ._placement import ChunkInfo, MemoryTier, PlacementPolicy
 from ._sharding import ParamSharding, ShardAxis, sharding_axes
 from ._state import LEGAL_TRANSITIONS, TensorState, check_transition
@@ -27,10 +34,12 @@ __all__ = [
     "MemoryProbe",
     "MemorySample",
     "MemoryTier",
+    "OrderStats",
     "ParamSharding",
     "PlacementPolicy",
     "ShardAxis",
     "StateTransitionError",
+    "StepRecorder",
     "TensorState",
     "TierName",
     "check_transition",

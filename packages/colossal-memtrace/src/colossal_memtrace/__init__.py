@@ -9,6 +9,7 @@ from ._estimate import estimate_step, run_step, trace_step
 from ._hooks import HookTracer, TraceConfig
 from ._host import HostProbe
 from ._live import LiveTensorProbe, LiveTensorTracker, WindowPeak
+from ._moments import MomentRecorder
 from ._profile import ProfileRequest, profile_step
 from ._report import plot_timeline, print_report, stats_table
 from ._sampler import SampledWindow, SamplingTracer
@@ -26,6 +27,7 @@ __all__ = [
     "LiveTensorTracker",
     "MemStats",
     "ModelDataSource",
+    "MomentRecorder",
     "Moment",
     "ProfileRequest",
     "SampledWindow",

@@ -14,7 +14,6 @@ from ._module import GeminiModule, apply_gemini
 from ._optimizer import GeminiOptimizer
 from ._precision import PRECISIONS, Precision
 from ._scaler import DynamicLossScaler, LossScalerConfig
-from ._setup import GeminiTrace
 from ._zero_checkpoint import load_zero_sharded, save_zero_sharded
 from ._zero_config import ZERO_STAGES, ZeroConfig
 from ._zero_optimizer import LowLevelZeroOptimizer
@@ -30,7 +29,6 @@ __all__ = [
     "GeminiConfig",
     "GeminiModule",
     "GeminiOptimizer",
-    "GeminiTrace",
     "GradNorm",
     "HybridAdam",
     "LossScalerConfig",

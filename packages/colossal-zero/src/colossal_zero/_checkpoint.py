@@ -196,6 +196,11 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
                     f"parameter {name!r} of shape {list(rec.shape)} does not match the checkpoint "
                     f"{directory} ({saved['shape'] if saved else 'absent'}); same model and preset?"
                 )
+            if optimizer is not None and index["optimizer"]:
+                # every rank counts every tensor's steps (chunks may be re-packed later)
+                step = reader.step(name)
+                if step is not None:
+                    optimizer.steps[name] = torch.tensor(step, dtype=torch.float32)
             part = fp32.shard_view(name)
             if part is None:
                 continue
@@ -207,9 +212,6 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
                 value = reader.read(kind, name, a, b)
                 if value is not None:
                     m.parallel_chunk(kind, c).shard_view(name)[0].copy_(value)  # type: ignore[index]
-            step = reader.step(name)
-            if step is not None:
-                optimizer.steps[name] = torch.tensor(step, dtype=torch.float32)
         if rt.precision.master:
             rt.restore_params(c)
     rt.clear_grads()

@@ -28,9 +28,13 @@ class GeminiConfig:
         disk_bytes: byte budget on disk (0: no disk tier; None: no limit).
         chunk_numel: elements per chunk; None searches for the size with least padding.
         device: "auto", "cuda" or "cpu" (an emulated accelerator), as ``ChunkConfig.device``.
-        non_model_bytes: bytes of the compute tier to keep free for activations when the auto
-            policy plans (a traced non-model peak); 0 when unknown.
-        prefetch: moments ahead whose chunks are copied early once the compute order is known.
+        non_model_bytes: bytes of the compute tier kept free for activations while nothing is
+            measured: in the warmup step, and at every moment when no ``StepRecorder`` is given
+            to ``apply_gemini`` (then one constant reserve); 0 when unknown.
+        non_model_margin: safety margin on the per-moment non-model peaks the warmup measured
+            (0.1: the room for chunks at a moment is the budget minus 110% of its peak).
+        prefetch: moments ahead whose chunks are copied early once the compute order is known,
+            where the plan shows room (0: off).
         loss_scaler: dynamic loss scaling settings (used with fp16 only).
     """
 
@@ -42,7 +46,8 @@ class GeminiConfig:
     chunk_numel: int | None = None
     device: str = "auto"
     non_model_bytes: int = 0
-    prefetch: int = 0
+    non_model_margin: float = 0.1
+    prefetch: int = 1
     loss_scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
 
     def __post_init__(self) -> None:
@@ -57,8 +62,8 @@ class GeminiConfig:
                 raise ConfigError(f"{name} must be >= 0 or None, got {value}")
         if self.chunk_numel == 0:
             raise ConfigError("chunk_numel must be positive (or None to search for one)")
-        if self.non_model_bytes < 0 or self.prefetch < 0:
-            raise ConfigError("non_model_bytes and prefetch must be >= 0")
+        if self.non_model_bytes < 0 or self.prefetch < 0 or self.non_model_margin < 0:
+            raise ConfigError("non_model_bytes, non_model_margin and prefetch must be >= 0")
 
     @property
     def precision_spec(self) -> Precision:

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from colossal_chunk import ManagerStats
+from colossal_contracts import StepRecorder
 
 from ._config import GeminiConfig
 from ._runtime import GeminiRuntime
@@ -93,15 +94,18 @@ def apply_gemini(
     config: GeminiConfig | None = None,
     *,
     group: dist.ProcessGroup | str | None = "default",
+    recorder: StepRecorder | None = None,
 ) -> GeminiModule:
     """Put ``module``'s parameters into Gemini chunks and return it wrapped.
 
     ``group`` is the data-parallel group chunks are sharded across ("default": the world when
-    more than one rank is running; None: no sharding). Parameters are cast to the precision's
+    more than one rank is running; None: no sharding). ``recorder`` measures the warmup step's
+    non-model bytes moment by moment (colossal-memtrace's ``MomentRecorder``; see [Note: warmup]);
+    without one, every moment reserves ``config.non_model_bytes``. Parameters are cast to the precision's
     dtype (fp32 masters keep their original values). Raises ``ConfigError`` before any training
     when the budget cannot hold one chunk in use, or the placement or precision is unknown.
     """
     config = config or GeminiConfig()
     pg = default_group() if group == "default" else group
-    runtime = GeminiRuntime(module, config, pg)  # type: ignore[arg-type]
+    runtime = GeminiRuntime(module, config, pg, recorder)  # type: ignore[arg-type]
     return GeminiModule(module, runtime)

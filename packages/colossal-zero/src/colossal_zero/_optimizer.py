@@ -133,6 +133,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
         write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
         norm_parts: list[tuple[torch.Tensor, ParamSharding | None]] = []
         updated = []
+        elsewhere: list[torch.Tensor] = []  # step counts of tensors other ranks hold
         for c in m.param_chunks():
             names = [n for n in c.records if n in rt.got_grad and n in self.group_of]
             if not names:
@@ -147,8 +148,12 @@ class GeminiOptimizer(torch.optim.Optimizer):
             dev = avg.shard.device  # type: ignore[union-attr]
             updated.append(c)
             for n in names:
+                # every rank counts every tensor's steps: after a re-pack in first-use order
+                # ([Note: first-use order]) a rank may come to hold a slice it did not hold
+                step = self.steps.setdefault(n, torch.zeros((), dtype=torch.float32))
                 part = fp32.shard_view(n)
                 if part is None:
+                    elsewhere.append(step)
                     continue
                 pv = part[0]
                 if pv.device != dev:  # update where the optimizer states live, then copy back
@@ -157,7 +162,6 @@ class GeminiOptimizer(torch.optim.Optimizer):
                 gv = grads.shard_view(n)[0]  # type: ignore[index]
                 if gv.device != dev or gv.dtype != torch.float32:
                     gv = gv.to(dev, torch.float32)
-                step = self.steps.setdefault(n, torch.zeros((), dtype=torch.float32))
                 row = lists.setdefault(self.group_of[n], ([], [], [], [], []))
                 for lst, t in zip(
                     row, (pv, gv, avg.shard_view(n)[0], sq.shard_view(n)[0], step), strict=True
@@ -177,6 +181,8 @@ class GeminiOptimizer(torch.optim.Optimizer):
             coef = self.max_grad_norm / (self.last_grad_norm + 1e-6)
             if coef < 1.0:
                 grad_scale = scale / coef
+        for s in elsewhere:
+            s += 1
         for gi, (ps, gs, avgs, sqs, steps) in lists.items():
             for s in steps:
                 s += 1

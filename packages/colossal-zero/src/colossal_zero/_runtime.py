@@ -36,15 +36,17 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from colossal_chunk import Chunk, ChunkManager
-from colossal_contracts import ConfigError, TensorState, TierName
+from colossal_contracts import ConfigError, StepRecorder, TensorState
 
 from ._config import GeminiConfig
-from ._setup import GeminiTrace, build_manager
+from ._saved import saved_param_views
+from ._setup import build_manager
+from ._warmup import OrderDigest, WarmupTrace, agree
 
 __all__ = ["GeminiRuntime"]
 
 _S = TensorState
-_ACC = TierName.ACCELERATOR
+_OPS = ("all-gather", "reduce-scatter")
 
 
 class _PreBackward(torch.autograd.Function):
@@ -98,7 +100,12 @@ class _AccessMode(TorchFunctionMode):
                 for a in args
             )
         try:
-            out = func(*args, **kwargs)
+            if torch.is_grad_enabled():  # [Note: saved parameter views]
+                m = self.rt.manager
+                with saved_param_views(m, {m.chunk_of(n) for n in names}):
+                    out = func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
         finally:
             self.rt.post_op(names)
         return _wrap_outputs(self.rt, names, out)
@@ -131,7 +138,13 @@ class GeminiRuntime:
     params: dict[str, nn.Parameter]  # registered name -> parameter
     aliases: dict[str, str]  # every name in module.named_parameters(remove_duplicate=False)
 
-    def __init__(self, module: nn.Module, config: GeminiConfig, group: dist.ProcessGroup | None):
+    def __init__(
+        self,
+        module: nn.Module,
+        config: GeminiConfig,
+        group: dist.ProcessGroup | None,
+        recorder: StepRecorder | None = None,
+    ):
         self.config, self.precision, self.group = config, config.precision_spec, group
         named = list(module.named_parameters())
         ids = {id(p): n for n, p in named}
@@ -170,8 +183,14 @@ class GeminiRuntime:
                 p.register_post_accumulate_grad_hook(self._grad_hook(n))
         self.mode = _AccessMode(self)
         self._moment = 0
-        self._order: list[tuple[str, ...]] = []
+        self._warmup = WarmupTrace(recorder, config.non_model_bytes)
+        self._digest = OrderDigest()
         self._recording = True
+        self._repack_due = False
+        self._never_read: set[str] = set()  # names that got no gradient in the warmup step
+        self._probe: StepRecorder | None = None  # measures one later step (measure_next_step)
+        self._probing = False
+        self.measured: Any = None  # what the probe measured (a MemStatsSource)
         self._in_backward = False
         self._grad_done: set[str] = set()  # names whose gradient this backward collected
         self._open: set[int] = set()  # param chunk ids whose fp32 grad chunk is accessed
@@ -198,6 +217,24 @@ class GeminiRuntime:
     def begin_forward(self) -> None:
         self._moment = 0
         self._used.clear()
+        self._digest.reset()
+        if self._recording:
+            self._warmup.start(self.manager.model_data_bytes, self.manager.model_tensors())
+            if self.group is not None:
+                self.manager.before_collective = self._agree_collective
+            return
+        self._warmup.close()  # outside backward: removes what the warmup installed
+        if self._probe is not None:
+            self._probe.close()
+            self._probing = self._probing is None  # None: armed by measure_next_step
+            if self._probing:
+                self._probe.start(self.manager.model_data_bytes, self.manager.model_tensors())
+            else:
+                self._probe = None
+        if self._repack_due and not (self.pending or self.accumulated or self._open):
+            self._repack_due = False
+            self.manager.repack(self._warmup.first_use())
+            self._index_unused()
 
     def pre_op(self, names: tuple[str, ...]) -> None:
         self._used.update(names)
@@ -209,38 +246,34 @@ class GeminiRuntime:
     def post_op(self, names: tuple[str, ...]) -> None:
         m = self.manager
         busy = [n for n in names if m.chunk_of(n).state(n) is _S.COMPUTE]
-        if not busy:
-            return
-        evict_after = getattr(m.policy, "evict_after_use", None)
-        chunks = {m.chunk_of(n).chunk_id: m.chunk_of(n) for n in busy}
-        if all(c.world_size == 1 for c in chunks.values()) and (
-            evict_after is None or not any(evict_after(cid) for cid in chunks)
-        ):  # fast path: nothing to reshard or offload, only states change
-            for n in busy:
-                m.chunk_of(n).set_state(n, _S.HOLD)
-        else:
+        if busy:
             m.release(busy, state=_S.HOLD)
 
     def _access(self, names: Sequence[str]) -> None:
-        """``manager.access``, with a fast path when every chunk is already resident and
-        gathered: then only states change (and the policy hears of the use)."""
-        m = self.manager
-        chunks = {m.chunk_of(n).chunk_id: m.chunk_of(n) for n in names}
-        if all(c.tier is _ACC and c.is_gathered for c in chunks.values()):
-            for n in names:
-                m.chunk_of(n).set_state(n, _S.COMPUTE)
-            hook = getattr(m.policy, "on_access", None)
-            if hook is not None:
-                hook(list(chunks), m.moment)
-        else:
-            m.access(names)
+        self.manager.access(names)  # the manager's fast path covers resident chunks
 
     def _advance(self, names: tuple[str, ...]) -> None:
+        """A moment begins ([Note: moments] in colossal-contracts): moments count from 0."""
+        moment = self._moment
         self._moment += 1
+        self._digest.add(names)
+        if self._probing:
+            self._probe.cut(names)  # type: ignore[union-attr]
         if self._recording:
-            self._order.append(names)
-        warm = not self._recording
-        self.manager.set_moment(self._moment, prefetch=self.config.prefetch if warm else 0)
+            self._warmup.moment(names)
+            self.manager.set_moment(moment)
+        else:
+            self.manager.set_moment(moment, prefetch=self.config.prefetch)
+
+    def _agree_collective(self, op: str, chunk: Chunk) -> None:
+        """See [Note: rank agreement]: before each collective of the warmup step."""
+
+        def describe(key: list[int]) -> str:
+            op_name, cid = _OPS[key[0]], key[1]
+            names = list(self.manager.chunks[cid].records) if cid in self.manager.chunks else []
+            return f"{op_name} of chunk {cid} (parameters {names[:3]}{'...' if len(names) > 3 else ''})"
+
+        agree(self.group, "a chunk collective", [_OPS.index(op), chunk.chunk_id], describe)  # type: ignore[arg-type]
 
     # ----- backward -----------------------------------------------------------------------------
     def _start_backward(self) -> None:
@@ -353,17 +386,41 @@ class GeminiRuntime:
                 continue
             rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
             self._fill_and_reduce(c, rest)
+        m.settle()  # the optimizer writes shards next: no copy of one may be in flight
         self._in_backward = False
         self._grad_done.clear()
         if self._recording:
             self._recording = False
-            for c in m.param_chunks():  # trainable parameters no operator of the step read
-                unused = {n for n in c.records if n not in self.got_grad}
-                if all(self.params[n].requires_grad for n in unused) and unused:
-                    self._unused[c.chunk_id] = unused
+            m.before_collective = None
+            stats = self._warmup.finish()
+            self._never_read = {n for n in self.params if n not in self.got_grad}
+            self._index_unused()
             update = getattr(m.policy, "update", None)
-            if update is not None and self._order:
-                update(GeminiTrace(self._order, self.config.non_model_bytes))
+            if update is not None and self._warmup.order:
+                update(stats)
+            first = self._warmup.first_use()
+            done = set(first)
+            layout = m.registration_order()
+            self._repack_due = first + [n for n in layout if n not in done] != layout
+        else:
+            if self._probing:
+                self.measured = self._probe.finish()  # type: ignore[union-attr]
+                self._probing = False
+            if self.group is not None:  # [Note: rank agreement]: one digest per step
+                agree(self.group, "the end of backward", [self._digest.value], _digest_words)
+
+    def measure_next_step(self, recorder: StepRecorder) -> None:
+        """Measure the next step (after warmup) with ``recorder`` without changing the plan; the
+        result lands in ``measured`` at the end of that step's backward."""
+        self._probe, self._probing = recorder, None  # type: ignore[assignment]
+
+    def _index_unused(self) -> None:
+        """Per chunk, the trainable parameters the warmup step never read (see the notes)."""
+        self._unused = {}
+        for c in self.manager.param_chunks():
+            unused = {n for n in c.records if n in self._never_read}
+            if unused and all(self.params[n].requires_grad for n in unused):
+                self._unused[c.chunk_id] = unused
 
     # ----- gradients between backward and step --------------------------------------------------
     def working(self, c: Chunk) -> Chunk:
@@ -402,3 +459,7 @@ class GeminiRuntime:
         self.pending.clear()
         self.accumulated.clear()
         self.got_grad.clear()
+
+
+def _digest_words(key: list[int]) -> str:
+    return f"access-order digest {key[0]:#x}"

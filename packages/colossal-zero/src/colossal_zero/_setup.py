@@ -23,30 +23,9 @@ from colossal_contracts import ConfigError, PlacementPolicy, TierName
 from ._config import GeminiConfig
 from ._precision import Precision
 
-__all__ = ["GeminiTrace", "build_manager", "working_set_bytes"]
+__all__ = ["build_manager", "working_set_bytes"]
 
 _MAX_DEFAULT_CHUNK = 1 << 25  # elements per chunk when no budget bounds it (64 MiB in bf16)
-
-
-class GeminiTrace:
-    """What the warmup iteration learned, as a ``colossal_contracts.MemStatsSource``.
-
-    Moment ``i`` is the ``i``-th parameter access of an iteration (an operator in forward, or the
-    backward of one); ``non_model_bytes`` is reserved for activations at every moment.
-    """
-
-    def __init__(self, order: Sequence[tuple[str, ...]], non_model_bytes: int):
-        self._order = [tuple(m) for m in order]
-        self._non_model = non_model_bytes
-
-    def num_moments(self) -> int:
-        return len(self._order)
-
-    def non_model_peak(self, moment: int, tier: TierName | str) -> int:
-        return self._non_model if TierName(tier) is TierName.ACCELERATOR else 0
-
-    def compute_order(self) -> Sequence[tuple[str, ...]]:
-        return self._order
 
 
 def working_set_bytes(chunk_numel: int, precision: Precision, world_size: int) -> int:
@@ -90,7 +69,7 @@ def _policy(config: GeminiConfig, total_param_bytes: int, working: int) -> Place
         share = 0.8
         if cap is not None and cap > 0:
             share = min(1.0, max(0.05, 1.0 - config.non_model_bytes / cap))
-        return AutoPolicy(warmup_share=share)
+        return AutoPolicy(warmup_share=share, margin=config.non_model_margin)
     if cap is None or total_param_bytes == 0:
         return StaticPolicy(0.0, 1.0)
     room = max(0, cap - config.non_model_bytes - 2 * working)

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from colossal_contracts import ConfigError
+from colossal_memtrace import MomentRecorder
 from colossal_zero import (
     PLACEMENTS,
     PRECISIONS,
@@ -56,9 +57,10 @@ class GeminiPlugin:
         precision: "fp32", "bf16" or "fp16" (fp32 masters and, for fp16, loss scaling).
         host_budget: bytes of chunks in host memory (None: no limit).
         max_grad_norm: clip the global gradient norm (0: no clipping).
-        non_model_bytes: accelerator bytes kept free for activations (the auto policy plans
-            chunks into the budget minus this); ``colossal train`` fills it from memtrace's
-            static estimate of one step when a budget is given. None: 0.
+        non_model_bytes: accelerator bytes kept free for activations during the warmup step
+            (afterwards the auto policy plans each moment against the non-model bytes the
+            warmup measured, through memtrace's ``MomentRecorder``); ``colossal train`` fills it
+            from memtrace's static estimate of one step when a budget is given. None: 0.
         export_full_model: also write a consolidated ``model.safetensors`` (fp32) beside the
             shards of every checkpoint, loadable by plain PyTorch.
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
@@ -102,7 +104,11 @@ class GeminiPlugin:
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Apply Gemini to ``model`` and turn ``optimizer`` (Adam/AdamW, built on the plain
         model's parameters) into a ``GeminiOptimizer`` with the same groups."""
-        gm = apply_gemini(model, self.gemini_config())
+        cfg = self.gemini_config()
+        # the warmup step measures non-model bytes per moment (memtrace, through the contract)
+        cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        recorder = MomentRecorder("cuda" if cuda else "cpu") if cfg.placement == "auto" else None
+        gm = apply_gemini(model, cfg, recorder=recorder)
         opt = GeminiOptimizer.from_torch(gm, optimizer, max_grad_norm=self.max_grad_norm)
         self._model = gm
         return gm, opt
@@ -131,8 +137,7 @@ class GeminiPlugin:
         total = stats.bytes_moved
         out["bytes_moved"], self._moved = total - self._moved, total
         out["bytes_moved_total"] = total
-        for tier in self._model.runtime.manager.tiers.values():
-            tier.reset_peak()  # the next call reports the peaks of the next step
+        self._model.runtime.manager.reset_peaks()  # the next call reports the next step's peaks
         return out
 
     def save_checkpoint(

@@ -1,0 +1,147 @@
+"""``MomentRecorder``: per-moment memory of one step, for a runtime that cuts its own moments.
+
+Gemini plans at the granularity of its runtime (one moment per operator that reads parameters,
+forward and backward: [Note: moments] in colossal-contracts), finer than the hook tracer's
+module boundaries. The runtime drives a ``MomentRecorder`` through the contract's
+``StepRecorder`` (it does not import memtrace); the result is ``MemStats``, as from every other
+tracer here. On the CPU (the emulated accelerator) the figures are live-tensor bytes ([Note:
+live-tensor accounting]); on CUDA, the caching allocator's allocated bytes and their peak. Model
+data is what the runtime reports (its chunk payloads); non-model = live - model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from colossal_contracts import TierName
+
+from ._live import LiveTensorTracker, WindowPeak
+from ._stats import MemStats, Moment, StepSummary
+
+__all__ = ["MomentRecorder"]
+
+_ACC, _HOST = TierName.ACCELERATOR, TierName.HOST
+
+
+class _Tracker(LiveTensorTracker):
+    """A live-tensor tracker that can be stopped (pass-through) before it can be popped."""
+
+    stopped = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if self.stopped:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class MomentRecorder:
+    """A ``colossal_contracts.StepRecorder`` that produces ``MemStats``; see the module notes.
+
+    ``compute_device`` is the accelerator ("cpu": emulated, counted with live tensors; "cuda":
+    the allocator's counters). Moment ``i`` of the result is the ``i``-th ``cut``; whatever ran
+    between ``start`` and the first cut is folded into moment 0.
+    """
+
+    def __init__(self, compute_device: torch.device | str = "cpu"):
+        self.compute_device = torch.device(compute_device)
+        self.cuda = self.compute_device.type == "cuda"
+        self._tracker: _Tracker | None = None
+        self._model_bytes: Callable[[TierName], int] = lambda tier: 0
+        self._open: tuple[str, ...] | None = None
+        self._phase = "forward"
+        self._moments: list[Moment] = []
+        self._head: dict[str, int] = {}  # non-model peak before the first cut
+
+    # -- StepRecorder -----------------------------------------------------------------------
+    def start(self, model_bytes: Callable[[TierName], int], model_tensors: Iterable[Any]) -> None:
+        self.close()
+        self._model_bytes = model_bytes
+        self._moments, self._open, self._head = [], None, {}
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.compute_device)
+            return
+        tracker = _Tracker(self.compute_device, model_bytes_fn=self._model_fn)
+        tracker.track(t for t in model_tensors if isinstance(t, torch.Tensor))
+        tracker.cut()
+        tracker.__enter__()
+        self._tracker = tracker
+
+    def cut(self, params: tuple[str, ...]) -> None:
+        self._close_moment()
+        self._open = tuple(params)
+        self._phase = "backward" if torch._C._current_autograd_node() is not None else "forward"
+
+    def finish(self) -> MemStats:
+        self._close_moment()
+        if self._tracker is not None:
+            self._tracker.stopped = True
+        moments = tuple(self._moments)
+        summary = StepSummary(
+            step=0,
+            num_moments=len(moments),
+            peak_total={_ACC.value: max((m.total_peak[_ACC.value] for m in moments), default=0)},
+            peak_non_model={
+                _ACC.value: max((m.non_model_peak[_ACC.value] for m in moments), default=0)
+            },
+            model_bytes_end=dict(moments[-1].model_bytes) if moments else {},
+        )
+        return MemStats(
+            moments=moments,
+            steps=(summary,),
+            device=str(self.compute_device),
+            emulated=not self.cuda,
+            source="cuda-allocator" if self.cuda else "live-tensors",
+            model_data="runtime",
+            extra={"recorder": "moments"},
+        )
+
+    def close(self) -> None:
+        tracker, self._tracker = self._tracker, None
+        if tracker is None:
+            return
+        if _get_current_dispatch_mode() is not tracker:
+            raise RuntimeError(
+                "MomentRecorder: another dispatch mode was entered after the recorder started and "
+                "is still active; exit it before the recorder closes"
+            )
+        tracker.__exit__(None, None, None)
+        tracker.close()
+
+    # -- figures ----------------------------------------------------------------------------
+    def _model_fn(self, tier: TierName) -> int:
+        if tier is _ACC:  # emulated: every CPU chunk payload is a live CPU storage
+            return self._model_bytes(_ACC) + self._model_bytes(_HOST)
+        return 0
+
+    def _window(self) -> dict[TierName, WindowPeak]:
+        if self._tracker is not None:
+            return self._tracker.cut()
+        dev = self.compute_device
+        peak = torch.cuda.max_memory_allocated(dev)
+        model = self._model_bytes(_ACC)
+        torch.cuda.reset_peak_memory_stats(dev)
+        return {_ACC: WindowPeak(peak, max(0, peak - model), model)}
+
+    def _close_moment(self) -> None:
+        if self._tracker is None and not self.cuda:
+            return
+        win = self._window()
+        acc = win[_ACC]
+        if self._open is None:  # before the first cut: folded into moment 0
+            self._head = {_ACC.value: acc.non_model}
+            return
+        self._moments.append(
+            Moment(
+                index=len(self._moments),
+                label=f"{self._phase}:{self._open[0] if self._open else ''}",
+                phase=self._phase,
+                params=self._open,
+                model_bytes={_ACC.value: acc.model_at_end},
+                non_model_peak={_ACC.value: max(acc.non_model, self._head.pop(_ACC.value, 0))},
+                total_peak={_ACC.value: acc.total},
+            )
+        )
