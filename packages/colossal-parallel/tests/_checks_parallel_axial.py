@@ -80,3 +80,42 @@ def switch_errors(p: int) -> list[str]:
     msgs.append(f"calls={mesh.comm.counter.calls()}")
     mesh.close()
     return msgs
+
+
+def _nodes(root: torch.autograd.graph.Node) -> dict[str, torch.autograd.graph.Node]:
+    """Autograd nodes reachable from ``root``, by name (the last found of each name)."""
+    found: dict[str, torch.autograd.graph.Node] = {}
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        found[node.name()] = node
+        stack.extend(n for n, _ in node.next_functions)
+    return found
+
+
+def async_backward_order(p: int) -> list[str]:
+    """Names in the order backward ran them: the inverse all-to-all is started (finish node),
+    the gradient of work done between start and wait is computed, then it is waited for."""
+    mesh = ProcessMesh(MeshConfig(tp=p))
+    comm = mesh.comm
+    x = full_input().requires_grad_(True)
+    w = torch.ones(3, requires_grad=True)
+    log: list[str] = []
+    w.register_hook(lambda g: log.append("work between") or g)
+    pending = switch_shard_dim_async(
+        split_along(x, comm, "tp", 1), comm, "tp", from_dim=1, to_dim=2
+    )
+    between = (x * w).sum()  # autograd nodes created after the start, before the wait
+    cols = pending.wait()
+    loss = cols.sum() + between
+    nodes = _nodes(loss.grad_fn)
+    for name in nodes:
+        if name.endswith(("_StartBackward", "_FinishBackward")):
+            nodes[name].register_hook(lambda gi, go, n=name: log.append(n) or None)
+    loss.backward()
+    mesh.close()
+    return log

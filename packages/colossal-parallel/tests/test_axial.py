@@ -38,3 +38,8 @@ def test_switch_errors_are_config_errors_before_communication(world):
     assert len(errors) == 6
     assert all(m.startswith("ConfigError") and "\n" not in m for m in errors), errors
     assert "divisible by 2" in errors[-1]
+
+
+def test_async_switch_overlaps_backward_too(world):
+    log = world(2).run(checks.async_backward_order, 2)[0]
+    assert log == ["_FinishBackward", "work between", "_StartBackward"], log
