@@ -42,8 +42,7 @@ def test_fp32_matches_single_process_adamw(world, stage, n):
     )
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize(("stage", "precision"), [(1, "bf16"), (2, "fp16")])
 def test_low_precision_within_autocast_tolerance(world, stage, precision):
     # one micro-batch per step: gradients accumulate in the compute precision, which the
     # autocast reference (fp32 gradients) does not; the fp32 tests cover accumulation
