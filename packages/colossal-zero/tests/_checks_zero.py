@@ -94,3 +94,18 @@ def load_and_continue(
     model, opt = make(config, seed=123)  # different init: everything must come from the files
     load_sharded(model, opt, Path(directory))
     return train(model, opt, steps - save_at, batch, start=save_at)
+
+
+def diverging_forward(config: GeminiConfig, batch: int) -> str:
+    """Rank 1 skips the second block's forward (so its parameters): returns the error each rank
+    raised in its first step (issue: such ranks used to hang until the gloo timeout)."""
+    from colossal_contracts import DistributedError
+
+    model, opt = make(config)
+    if rank_world()[0] == 1:
+        model.module.blocks[1].forward = lambda x: x  # type: ignore[method-assign]
+    try:
+        train(model, opt, 1, batch)
+    except DistributedError as err:
+        return str(err)
+    return "no error"

@@ -68,3 +68,12 @@ def test_save_load_continue_across_data_parallel_sizes(world, tmp_path, precisio
         assert abs(plain(x, y).item() - uninterrupted[0][0]) <= 1e-5 * uninterrupted[0][0]
     assert plain.wte.weight is plain.wte.weight  # tied names load into one parameter
     assert torch.isfinite(plain.wte.weight).all()
+
+
+def test_ranks_that_use_different_parameters_raise_on_every_rank_instead_of_hanging(world):
+    msgs = world(2).run(checks.diverging_forward, DP, BATCH)
+    for msg in msgs:
+        assert "ranks diverged" in msg, msg
+        assert "rank 0: all-gather of chunk" in msg and "rank 1:" in msg
+        assert "blocks.1" in msg  # names what rank 0 wanted and rank 1 skipped
+    assert msgs[0] == msgs[1]
