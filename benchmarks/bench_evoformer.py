@@ -42,8 +42,9 @@ def _dap_inputs(S: int, R: int) -> tuple[torch.Tensor, torch.Tensor]:
     return m, torch.randn(1, R, R, DAP_CFG.c_z, generator=g)
 
 
-def dap_rank(p: int, S: int, R: int, steps: int) -> dict:
-    """Rank-side: ms per block (fwd + bwd), peak live bytes, counted bytes of one step."""
+def dap_rank(p: int, S: int, R: int, timed: bool) -> dict:
+    """Rank-side, one small block fwd + bwd after a warm-up step: with ``timed`` the ms of one
+    step, else the peak live bytes beyond the parameters and the counted bytes of one step."""
     mesh = ProcessMesh(MeshConfig(tp=p)) if p > 1 else None
     torch.manual_seed(0)
     net = Evoformer(DAP_CFG)
@@ -59,23 +60,65 @@ def dap_rank(p: int, S: int, R: int, steps: int) -> dict:
     if mesh is not None:
         mesh.comm.counter.reset()
         torch.distributed.barrier()
-    step()
-    counted = mesh.comm.counter.bytes() if mesh is not None else 0
-    times = []
-    for _ in range(steps):
-        if mesh is not None:
-            torch.distributed.barrier()
+    out: dict = {}
+    if timed:
         t = time.perf_counter()
         step()
-        times.append(time.perf_counter() - t)
-    with LiveTensorTracker("cpu") as tr:
-        tr.track(net.parameters(), model=True)
-        base = tr.used_bytes(TierName.ACCELERATOR)
-        step()
-        peak = tr.peak_bytes(TierName.ACCELERATOR)
+        out["ms"] = 1e3 * (time.perf_counter() - t)
+    else:
+        with LiveTensorTracker("cpu") as tr:
+            tr.track(net.parameters(), model=True)
+            base = tr.used_bytes(TierName.ACCELERATOR)
+            step()
+            out["peak"] = tr.peak_bytes(TierName.ACCELERATOR) - base
+        out["counted"] = mesh.comm.counter.bytes() if mesh is not None else 0
     if mesh is not None:
         mesh.close()
-    return {"ms": 1e3 * sorted(times)[len(times) // 2], "peak": peak - base, "counted": counted}
+    return out
+
+
+def _dap_training(S: int, R: int, rounds: int) -> dict[int, dict]:
+    """Peak, counted bytes and the median ms over ``rounds`` on 1, 2 and 4 ranks, the three
+    worlds alive together and run in turn, round by round (order rotated), so that the load of
+    the machine falls on all three alike."""
+    sizes = (1, 2, 4)
+    worlds = {p: World(p) for p in sizes}
+    try:
+        out = {p: worlds[p].run(dap_rank, p, S, R, False) for p in sizes}
+        res = {
+            p: {"peak": max(r["peak"] for r in out[p]), "counted": out[p][0]["counted"]}
+            for p in sizes
+        }
+        times: dict[int, list[float]] = {p: [] for p in sizes}
+        for i in range(rounds):
+            for p in sizes[i % 3 :] + sizes[: i % 3]:
+                times[p].append(max(r["ms"] for r in worlds[p].run(dap_rank, p, S, R, True)))
+        for p in sizes:
+            res[p]["ms"] = sorted(times[p])[rounds // 2]
+    finally:
+        for w in worlds.values():
+            w.close()
+    return res
+
+
+def dap_infer_rank(p: int, S: int, R: int, chunk: int | None) -> dict:
+    """Rank-side: one no-grad AlphaFold 2 block under DAP over p ranks; peak live bytes beyond
+    the parameters (the whole inputs and outputs every rank holds included)."""
+    mesh = ProcessMesh(MeshConfig(tp=p)) if p > 1 else None
+    torch.manual_seed(0)
+    net = Evoformer(AF2)
+    if mesh is not None:
+        parallelize_evoformer(net, mesh)
+    g = torch.Generator().manual_seed(0)
+    m, z = torch.randn(1, S, R, AF2.c_m, generator=g), torch.randn(1, R, R, AF2.c_z, generator=g)
+    with torch.no_grad(), LiveTensorTracker("cpu") as tr:
+        tr.track(net.parameters(), model=True)
+        tr.track((m, z))
+        net(m, z, chunk_size=chunk)
+        peak = tr.peak_bytes(TierName.ACCELERATOR) - tr.used_bytes(TierName.ACCELERATOR, model=True)
+    if mesh is not None:
+        mesh.close()
+    return {"peak": peak}
 
 
 def _peak_meta(cfg: EvoformerConfig, S: int, R: int, chunk: int | None, device: str) -> int:
@@ -138,23 +181,13 @@ def _plot(rows: list[dict], out_dir: Path) -> str:
 
 def run(quick: bool, out_dir: Path) -> Report:
     rows: list[dict] = []
-    S_dap, R_dap, steps = (8, 32, 3) if quick else (16, 64, 5)
-    dap: dict[int, dict] = {}
+    S_dap, R_dap, rounds = (8, 32, 3) if quick else (16, 64, 7)
+    dap = _dap_training(S_dap, R_dap, rounds)
     for p in (1, 2, 4):
-        if p == 1:
-            res = [dap_rank(1, S_dap, R_dap, steps)]
-        else:
-            with World(p) as world:
-                res = world.run(dap_rank, p, S_dap, R_dap, steps)
         formula = dap_comm_bytes(
             DAP_CFG, batch=1, num_seq=S_dap, num_res=R_dap, p=p, backward=True, input_grads=False
         )
-        dap[p] = {
-            "ms": max(r["ms"] for r in res),
-            "peak": max(r["peak"] for r in res),
-            "counted": res[0]["counted"],
-            "formula": sum(formula.values()),
-        }
+        dap[p]["formula"] = sum(formula.values())
         rows.append(
             {
                 "measurement": "DAP fwd+bwd, small preset",
@@ -168,6 +201,24 @@ def run(quick: bool, out_dir: Path) -> Report:
                 "formula MiB": dap[p]["formula"] / MIB,
             }
         )
+    S_inf, R_inf, c_inf = (32, 64, 16) if quick else (64, 128, 32)
+    for p in (1, 2, 4):
+        for label, chunk in (("unchunked", None), (f"chunk {c_inf}", c_inf)):
+            if p == 1:
+                res = [dap_infer_rank(1, S_inf, R_inf, chunk)]
+            else:
+                with World(p) as world:
+                    res = world.run(dap_infer_rank, p, S_inf, R_inf, chunk)
+            rows.append(
+                {
+                    "measurement": "DAP inference, AF2 block (CPU)",
+                    "ranks": p,
+                    "S": S_inf,
+                    "R": R_inf,
+                    "chunk": label,
+                    "peak MiB/rank": max(r["peak"] for r in res) / MIB,
+                }
+            )
     S = 128
     res_counts = [64, 128, 256] if quick else [64, 128, 192, 256, 384, 512]
     peaks: dict[tuple[int, str], int] = {}
@@ -241,12 +292,16 @@ def run(quick: bool, out_dir: Path) -> Report:
         summary=summary,
         notes=[
             "DAP rows: one block of the small preset (c_m=64, c_z=32), batch 1, forward and "
-            "backward of a squared-mean loss, gloo over loopback; ms/block is the median step "
-            "of the slowest rank; peak MiB/rank is the live-tensor tracer's peak beyond the "
+            "backward of a squared-mean loss, gloo over loopback; ms/block is the median over "
+            "rounds of one step of the slowest rank, the 1-, 2- and 4-rank worlds run in turn "
+            "round by round; peak MiB/rank is the live-tensor tracer's peak beyond the "
             "parameters (inputs, activations, gradients, communication buffers).",
             "The machine has 2 CPU cores shared with other work: 2 and 4 ranks oversubscribe "
             "it, so DAP times show overhead, not the speed-up FastFold reports on GPUs. Memory "
             "and bytes do not depend on load.",
+            "DAP inference rows: one AlphaFold 2 block, no grad, real CPU tensors (not timed: "
+            "the loaded 2-core machine takes tens of seconds per block); the peak per rank "
+            "includes the whole m and z every rank takes in and gets back.",
             "Inference rows: one AlphaFold 2 block (c_m=256, c_z=128, 8/4 heads) under "
             "torch.no_grad, traced on the meta device: exact bytes of live storages between "
             "operators (kernel scratch is not seen). Peaks include m and z. Attention, "
