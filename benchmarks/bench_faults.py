@@ -3,7 +3,7 @@ kill a rank of a two-rank run; count checkpoints lost, resumes that fail, and ho
 surviving rank takes to stop (and whether it names the dead one).
 
 A save trial trains GPT-nano with a checkpoint every step (so most of the wall time after the
-first step is spent saving) and kills the process at a uniformly random moment in the 1 s after
+first step is spent saving) and kills the process at a uniformly random moment in the 3 s after
 its first checkpoint is published. A re-save trial first finishes a run, points `latest` back to step 1 and
 resumes, so every save replaces a complete step directory (the path that used to delete before
 renaming), and is killed the same way. Just before each kill the complete step directories and
@@ -91,7 +91,7 @@ def save_kill_trial(root: Path, corpus: Path, rng: random.Random, *, resave: boo
         if (ckpt / "latest").exists() and _latest_step(ckpt) >= (2 if resave else 1):
             break  # the first (re-)save is published: kills from here on hit saves
         time.sleep(0.01)
-    time.sleep(rng.uniform(0.0, 1.0))
+    time.sleep(rng.uniform(0.0, 3.0))
     complete_before = _complete_steps(ckpt)
     latest_before = _latest_step(ckpt)
     finished_first = proc.poll() is not None
@@ -239,9 +239,9 @@ def run(quick: bool, out_dir: Path) -> Report:
     )
     report.notes += [
         "Save trials: GPT-nano (Gemini, fp32, 30 steps) with --checkpoint-every 1; SIGKILL at a "
-        "uniform random moment in the 1 s after the first checkpoint is published (re-save "
+        "uniform random moment in the 3 s after the first checkpoint is published (re-save "
         "trials: a finished run's latest moved back to step 1, resumed, so each save replaces a "
-        "complete step; killed in the 1 s after the first re-save). 'Lost' counts step "
+        "complete step; killed in the 3 s after the first re-save). 'Lost' counts step "
         "directories complete just before "
         "the kill and not complete after, plus a `latest` that resolves to an older step.",
         "Rank death: two ranks on gloo over loopback, rank 1 SIGKILLed after 3 steps; under "
