@@ -5,6 +5,11 @@ seed, on the same batches, and reports the worst relative errors of the losses, 
 step's gradients and of the weights after the last step. Under tensor parallelism the expected
 shards come from parallelizing copies of the reference ([Note: sharded reference gradients] in
 ``_checks_models_tp.py``).
+
+[Note: pipeline vs tp] Tensor parallelism alone moves the weights after 5 AdamW steps by ~1e-4
+from the unsharded model (its all-reduces sum in another order; AdamW normalises the ~1e-7
+gradient differences). So a pp x tp case is also trained against the same tensor-parallel model
+without a pipeline, on the same micro-batches: that comparison isolates the pipeline.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.distributed as dist
 
 from colossal_contracts import ConfigError
 from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig, parallelize, split_into_stages
@@ -101,8 +107,14 @@ def run_case(
     torch.manual_seed(0)
     ref = MODELS[model]()
     par = copy.deepcopy(ref)
+    tp_only = None
     if tp > 1:
         parallelize(par, mesh, **opts)
+        # the same tensor-parallel model without a pipeline, on the same micro-batches: what the
+        # pipeline adds to tensor parallelism's own rounding ([Note: pipeline vs tp])
+        tp_mesh = ProcessMesh(MeshConfig(dp=dist.get_world_size() // tp, tp=tp))
+        tp_only = parallelize(copy.deepcopy(ref), tp_mesh, **opts)
+        opt_tp = torch.optim.AdamW(tp_only.parameters(), lr=LR)
     stages = split_into_stages(par, mesh, num_virtual=v)
     schedule = PipelineSchedule(kind, m, v)
     g = torch.Generator().manual_seed(1)
@@ -117,6 +129,10 @@ def run_case(
         opt_ref.zero_grad()
         loss = _accumulate(ref, x, y, dp * m)
         losses["ref"].append(loss)
+        if tp_only is not None:
+            opt_tp.zero_grad()
+            _accumulate(tp_only, x, y, dp * m)
+            opt_tp.step()
         opt_par.zero_grad()
         res = run_pipeline(
             stages.chunks,
@@ -139,6 +155,11 @@ def run_case(
     named = _named(stages)
     weight_err = max(_rel(q.detach(), want[name]) for name, q in named.items())
     worst = max(named, key=lambda k: _rel(named[k].detach(), want[k]))
+    vs_tp = None
+    if tp_only is not None:
+        tp_named = dict(tp_only.named_parameters())
+        vs_tp = max(_rel(q.detach(), tp_named[k].detach()) for k, q in named.items())
+        tp_mesh.close()
 
     out = {
         "coords": (mesh.coord("pp"), mesh.coord("dp"), mesh.coord("tp")),
@@ -146,6 +167,7 @@ def run_case(
         "grad_err": grad_err,
         "weight_err": weight_err,
         "worst": worst,
+        "weight_err_vs_tp": vs_tp,
         "num_params": len(named),
         "p2p_bytes": mesh.comm.counter.bytes("pp", "send"),
         "tied": stages.tied[0].detach().clone() if stages.tied else None,
