@@ -47,7 +47,7 @@ def test_states_follow_the_table_and_pin_the_chunk():
     assert c.pinned and not c.movable
     with pytest.raises(StateTransitionError, match="COMPUTE -> FREE"):
         c.set_state("t0", TensorState.FREE)
-    c.set_state("t0", TensorState.HOLD_AFTER_BWD)
+    c.set_state("t0", TensorState.READY_FOR_REDUCE)
     assert not c.pinned and not c.movable
     with pytest.raises(StateTransitionError, match="READY_FOR_REDUCE"):
         c.reduce_scatter()

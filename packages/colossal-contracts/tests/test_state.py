@@ -31,8 +31,6 @@ def test_a_training_step_is_a_legal_walk():
         "COMPUTE",
         "HOLD",
         "COMPUTE",
-        "HOLD_AFTER_BWD",
-        "COMPUTE",
         "READY_FOR_REDUCE",
         "HOLD",
         "FREE",

@@ -7,7 +7,7 @@ Whenever a payload moves or is gathered/released, the views are re-pointed, so c
 
 [Note: access protocol] ``access(params)`` puts every named tensor in COMPUTE, its chunk's shard on
 the compute tier and gathered; ``release(params, state=...)`` moves them on (HOLD after forward,
-HOLD_AFTER_BWD or READY_FOR_REDUCE after backward). A chunk with a tensor in COMPUTE never moves.
+READY_FOR_REDUCE once a gradient is collected). A chunk with a tensor in COMPUTE never moves.
 Call ``set_moment(i)`` as each moment begins so the policy knows where the step is. The fast
 path: when every chunk is already resident and gathered and the compute tier is within this
 moment's room, ``access`` and ``release`` only change states (no tier is touched); otherwise
@@ -69,6 +69,12 @@ class ChunkManager:
     ):
         self.config = config
         self.policy = policy if policy is not None else LruPolicy()
+        if not isinstance(self.policy, PlacementPolicy):
+            raise ConfigError(
+                f"{type(self.policy).__name__} is not a placement policy: subclass "
+                "colossal_contracts.PlacementPolicy and override choose_evictions (the other "
+                "hooks have no-op defaults)"
+            )
         self.group = group
         self.world_size = dist.get_world_size(group) if group is not None else 1
         self.chunks = {}
@@ -180,12 +186,12 @@ class ChunkManager:
         return len(self.chunks)
 
     def _bind_policy(self) -> None:
-        bind = getattr(self.policy, "bind", None)
-        if bind is not None:
-            summaries = tuple(
-                ChunkSummary(c.chunk_id, c.kind, c.shard_bytes) for c in self.chunks.values()
-            )
-            bind(PolicyContext(summaries, dict(self._chunk_of), self.tiers[ACC].capacity_bytes))
+        summaries = tuple(
+            ChunkSummary(c.chunk_id, c.kind, c.shard_bytes) for c in self.chunks.values()
+        )
+        self.policy.bind(
+            PolicyContext(summaries, dict(self._chunk_of), self.tiers[ACC].capacity_bytes)
+        )
 
     # ----- lookup -------------------------------------------------------------------------------
     def chunk_of(self, item: Tensorish) -> Chunk:
@@ -222,9 +228,7 @@ class ChunkManager:
         """Tell the policy the step reached ``moment``; with ``prefetch > 0`` also start copying
         the chunks of the next ``prefetch`` moments to the compute tier (within the budget)."""
         self._moment = moment
-        hook = getattr(self.policy, "on_moment", None)
-        if hook is not None:
-            hook(moment)
+        self.policy.on_moment(moment)
         if prefetch > 0:
             self.prefetch(prefetch)
 
@@ -239,9 +243,7 @@ class ChunkManager:
                 c = self.chunks[cid]
                 for name in names:
                     c.set_state(name, TensorState.COMPUTE)
-            hook = getattr(self.policy, "on_access", None)
-            if hook is not None:
-                hook(list(by_chunk), self._moment)
+            self.policy.on_access(list(by_chunk), self._moment)
             return
         self._access(by_chunk, zero=False)
 
@@ -283,9 +285,7 @@ class ChunkManager:
             for name in by_chunk[c.chunk_id]:
                 c.set_state(name, TensorState.COMPUTE)
             self._bind(c)
-        hook = getattr(self.policy, "on_access", None)
-        if hook is not None:
-            hook(list(by_chunk), self._moment)
+        self.policy.on_access(list(by_chunk), self._moment)
 
     def release(
         self,
@@ -323,13 +323,13 @@ class ChunkManager:
         self._after_release(done, reshard)
 
     def _after_release(self, chunks: list[Chunk], reshard: bool) -> None:
-        evict_after = getattr(self.policy, "evict_after_use", None)
+        evict_after = self.policy.evict_after_use
         for c in chunks:
             moved = False
             if reshard and c.world_size > 1 and c.all_in(TensorState.HOLD):
                 self._placement.drop_gathered(c, c.release())
                 moved = True
-            if evict_after is not None and c.movable and evict_after(c.chunk_id):
+            if c.movable and evict_after(c.chunk_id):
                 self._placement.offload(c)
                 moved = True
             if moved:  # else storage is unchanged: the views still point at it
@@ -374,12 +374,9 @@ class ChunkManager:
         Needs a policy with ``upcoming`` (``AutoPolicy`` after warmup); never breaks the budget and
         evicts only chunks needed later than the one fetched.
         """
-        upcoming = getattr(self.policy, "upcoming", None)
-        next_use = getattr(self.policy, "next_use", None)
-        if upcoming is None or next_use is None:
-            return 0
+        next_use = self.policy.next_use
         issued = 0
-        for cid in upcoming(self._moment, horizon):
+        for cid in self.policy.upcoming(self._moment, horizon):
             c = self.chunks[cid]
             if self._placement.prefetch(
                 c,
@@ -452,9 +449,8 @@ class ChunkManager:
                 p.data = torch.empty(0, dtype=chunk.dtype, device=chunk.shard.device)  # type: ignore[union-attr]
 
     def _model_budget(self, moment: int) -> int:
-        budget = getattr(self.policy, "model_budget", None)
         cap = self.tiers[ACC].capacity_bytes
-        return cap if budget is None else budget(cap, moment)
+        return self.policy.model_budget(cap, moment)
 
     def stats(self) -> ManagerStats:
         """Per-tier bytes in use and peak, and bytes/count of moves per direction (a prefetch is

@@ -259,9 +259,7 @@ class Placement:
         acc = self.tiers[ACC]
         short = acc.used_bytes + chunk.shard_bytes - self.limit(moment)
         if short > 0:
-            next_use = getattr(self.policy, "next_use", None)
-            if next_use is None:
-                return False
+            next_use = self.policy.next_use
             later = [
                 c
                 for c in chunks

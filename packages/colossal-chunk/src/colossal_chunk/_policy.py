@@ -1,25 +1,15 @@
-"""What every placement policy shares: the facts it is bound to and the hooks the manager calls.
+"""What every placement policy shares: the facts it is bound to, and LRU eviction.
 
-[Note: policy hooks] A policy must satisfy ``colossal_contracts.PlacementPolicy``
-(``choose_evictions``). The manager and ``simulate_policy`` also call these optional hooks when a
-policy defines them, so any object with ``choose_evictions`` alone is a valid policy:
-
-- ``bind(context)``: once, after registration: which chunks exist, and which chunk holds each name.
-- ``on_moment(moment)``: the step reached ``moment`` (a module boundary).
-- ``on_access(chunk_ids, moment)``: these chunks were just made resident for compute.
-- ``model_budget(capacity, moment) -> int``: bytes model data may use on the compute tier now.
-- ``evict_after_use(chunk_id) -> bool``: move the chunk off the compute tier as soon as it is released.
-- ``upcoming(moment, horizon) -> list[int]``: chunks needed in the next moments, soonest first.
-- ``next_use(chunk_id, moment) -> float``: the moment the chunk is next needed (inf: unknown).
+Hooks and their no-op defaults are the contract's ([Note: policy hooks] in
+``colossal_contracts.PlacementPolicy``); every policy here subclasses it.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from colossal_contracts import ChunkInfo, TierName
+from colossal_contracts import ChunkInfo, PlacementPolicy, TierName
 
 __all__ = ["ChunkSummary", "LruPolicy", "PolicyContext", "SimpleChunkInfo"]
 
@@ -64,7 +54,7 @@ class SimpleChunkInfo:
     pinned: bool = False
 
 
-class LruPolicy:
+class LruPolicy(PlacementPolicy):
     """Evicts the least recently used chunk first; needs no trace. The fallback of other policies.
 
     Attributes:
@@ -89,9 +79,6 @@ class LruPolicy:
         self, candidates: Sequence[ChunkInfo], needed_bytes: int, *, moment: int
     ) -> list[int]:
         return _take(self._lru_order(candidates), needed_bytes)
-
-    def next_use(self, chunk_id: int, moment: int) -> float:
-        return math.inf
 
 
 def _take(ordered: Sequence[ChunkInfo], needed_bytes: int) -> list[int]:

@@ -177,28 +177,16 @@ def simulate_policy(
     size = _size_of(sizes)
     steps = _steps(accesses)
     n = max(1, len(steps))
-    bind = getattr(policy, "bind", None)
-    if bind is not None:
-        ctx = context or PolicyContext(
+    policy.bind(
+        context
+        or PolicyContext(
             tuple(ChunkSummary(c, "param", b) for c, b in sorted(size.items())), {}, capacity
         )
-        bind(ctx)
-    hook = {
-        h: getattr(policy, h, None)
-        for h in (
-            "on_moment",
-            "on_access",
-            "model_budget",
-            "evict_after_use",
-            "upcoming",
-            "next_use",
-        )
-    }
+    )
     tally = _Tally(iterations, capacity, size)
 
     def limit(m: int) -> int:
-        mb = hook["model_budget"]
-        return capacity if mb is None else min(capacity, mb(capacity, m))
+        return min(capacity, policy.model_budget(capacity, m))
 
     def make_room(need: int, keep: tuple[int, ...], m: int, t: int) -> None:
         short = tally.used + need - limit(m)
@@ -224,27 +212,24 @@ def simulate_policy(
         tally.it = it
         for m, step in enumerate(steps):
             t = it * n + m
-            if hook["on_moment"]:
-                hook["on_moment"](m)
+            policy.on_moment(m)
             _too_big(step, size, capacity, t)
             make_room(sum(size[c] for c in step if c not in tally.resident), step, m, t)
             for c in step:
                 if c not in tally.resident:
                     tally.load(c)
-            if hook["on_access"]:
-                hook["on_access"](list(step), m)
-            if hook["evict_after_use"]:
-                for c in step:
-                    if hook["evict_after_use"](c):
-                        tally.evict(c)
-            if prefetch and hook["upcoming"] and hook["next_use"]:
-                _prefetch(tally, hook, m, prefetch, limit(m))
+            policy.on_access(list(step), m)
+            for c in step:
+                if policy.evict_after_use(c):
+                    tally.evict(c)
+            if prefetch:
+                _prefetch(tally, policy, m, prefetch, limit(m))
     return tally.result()
 
 
-def _prefetch(tally: _Tally, hook: dict, m: int, horizon: int, limit: int) -> None:
-    next_use = hook["next_use"]
-    for c in hook["upcoming"](m, horizon):
+def _prefetch(tally: _Tally, policy: PlacementPolicy, m: int, horizon: int, limit: int) -> None:
+    next_use = policy.next_use
+    for c in policy.upcoming(m, horizon):
         if c in tally.resident:
             continue
         target = next_use(c, m)

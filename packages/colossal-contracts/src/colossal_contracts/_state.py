@@ -3,6 +3,8 @@
 [Note: tensor states] A chunk may leave the compute tier, or release its gathered storage, only
 when none of its tensors is in COMPUTE. Gradients are reduced only once every tensor of a chunk
 is READY_FOR_REDUCE. The table below is the single place where legal transitions are written.
+(Colossal-AI's HOLD_AFTER_BWD is not needed: Gemini collects a gradient into chunk memory as
+soon as autograd finishes it, so a tensor goes from COMPUTE straight to READY_FOR_REDUCE.)
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ class TensorState(Enum):
     """In use by an operator: the payload must be on the compute tier and may not move."""
     HOLD = "hold"
     """Payload valid and idle: may be moved between tiers or released to its shard."""
-    HOLD_AFTER_BWD = "hold_after_bwd"
-    """Used in backward, gradient produced; waits for the rest of its chunk before reducing."""
     READY_FOR_REDUCE = "ready_for_reduce"
     """Gradient complete: the chunk may reduce(-scatter) it across data-parallel ranks."""
 
@@ -31,8 +31,7 @@ _S = TensorState
 LEGAL_TRANSITIONS: dict[TensorState, frozenset[TensorState]] = {
     _S.FREE: frozenset({_S.HOLD}),
     _S.HOLD: frozenset({_S.COMPUTE, _S.FREE}),
-    _S.COMPUTE: frozenset({_S.HOLD, _S.HOLD_AFTER_BWD, _S.READY_FOR_REDUCE}),
-    _S.HOLD_AFTER_BWD: frozenset({_S.COMPUTE, _S.READY_FOR_REDUCE}),
+    _S.COMPUTE: frozenset({_S.HOLD, _S.READY_FOR_REDUCE}),
     _S.READY_FOR_REDUCE: frozenset({_S.HOLD}),
 }
 """Allowed moves; staying in the same state is always allowed and is not listed."""

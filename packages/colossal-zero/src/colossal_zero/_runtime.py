@@ -395,9 +395,8 @@ class GeminiRuntime:
             stats = self._warmup.finish()
             self._never_read = {n for n in self.params if n not in self.got_grad}
             self._index_unused()
-            update = getattr(m.policy, "update", None)
-            if update is not None and self._warmup.order:
-                update(stats)
+            if self._warmup.order:
+                m.policy.update(stats)
             first = self._warmup.first_use()
             done = set(first)
             layout = m.registration_order()
