@@ -38,6 +38,7 @@ CASES = {
         ("gpt", 2, 1, 2, "interleaved", 2, 2, False),
         ("gpt", 2, 2, 1, "1f1b", 4, 1, False),  # pp x dp
     ],
+    8: [("gpt", 2, 2, 2, "1f1b", 4, 1, False)],  # dp x pp x tp on one mesh
 }
 
 
