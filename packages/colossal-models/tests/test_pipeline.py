@@ -37,6 +37,7 @@ CASES = {
         ("gpt", 2, 1, 2, "1f1b", 4, 1, True),  # pp x tp (1d, Megatron sequence parallel)
         ("gpt", 2, 1, 2, "interleaved", 2, 2, False),
         ("gpt", 2, 2, 1, "1f1b", 4, 1, False),  # pp x dp
+        ("palm", 2, 1, 2, "1f1b", 2, 1, True),  # rotary tables of a sequence-split stage
     ],
     8: [("gpt", 2, 2, 2, "1f1b", 4, 1, False)],  # dp x pp x tp on one mesh
 }
