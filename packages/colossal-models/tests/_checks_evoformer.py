@@ -68,6 +68,10 @@ def dap_bad_shapes(p: int) -> list[str]:
             net(m, z)
         except Exception as e:
             msgs.append(f"{type(e).__name__}: {e}")
+    try:
+        parallelize_evoformer(net, mesh)
+    except Exception as e:
+        msgs.append(f"{type(e).__name__}: {e}")
     msgs.append(f"calls={mesh.comm.counter.calls()}")
     mesh.close()
     return msgs

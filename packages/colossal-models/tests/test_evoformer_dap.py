@@ -42,9 +42,10 @@ def test_dap_equals_single_process(world, reference, p, chunk):
 def test_dap_rejects_indivisible_shapes_before_communicating(world):
     msgs = world(4).run(checks.dap_bad_shapes, 4)[0]
     assert msgs[-1] == "calls=0"
-    assert len(msgs) == 3
-    for m in msgs[:-1]:
+    assert len(msgs) == 4
+    for m in msgs[:2]:
         assert m.startswith("ConfigError") and "\n" not in m and "divisible by 4" in m
+    assert msgs[2].startswith("ConfigError") and "already parallelized" in msgs[2]
 
 
 def test_dap_composes_with_data_parallelism(world):

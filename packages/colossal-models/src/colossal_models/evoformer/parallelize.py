@@ -96,6 +96,11 @@ def parallelize_evoformer(
     """
     if not isinstance(model, Evoformer):
         raise ConfigError(f"parallelize_evoformer takes an Evoformer, got {type(model).__name__}")
+    if isinstance(model.axes, DapAxes):
+        raise ConfigError(
+            "parallelize_evoformer: this Evoformer is already parallelized (its gradient hooks "
+            "would sum twice); build a fresh model to change the mesh or axis"
+        )
     axes = DapAxes(mesh, axis)
     model.axes = axes
     for block in model.blocks:
