@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from torch import nn
 
-from colossal_contracts import ConfigError
+from colossal_contracts import ConfigError, ParamSharding
 from colossal_memtrace import MomentRecorder
 from colossal_zero import (
     PLACEMENTS,
@@ -64,6 +65,8 @@ class GeminiPlugin:
         export_full_model: also write a consolidated ``model.safetensors`` (fp32) beside the
             shards of every checkpoint, loadable by plain PyTorch.
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
+        sharding: parameter name -> tensor-parallel layout (``colossal_models.describe_sharding``)
+            so the norm and fp16 overflow agree over the whole mesh; None: data parallelism only.
     """
 
     placement: str = "auto"
@@ -75,6 +78,7 @@ class GeminiPlugin:
     export_full_model: bool = True
     name: str = "gemini"
     sharded_checkpoint: bool = True
+    sharding: Mapping[str, ParamSharding] | None = field(default=None, repr=False)
     _model: GeminiModule | None = field(default=None, repr=False)
     _moved: int = field(default=0, repr=False)
 
@@ -109,7 +113,9 @@ class GeminiPlugin:
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         recorder = MomentRecorder("cuda" if cuda else "cpu") if cfg.placement == "auto" else None
         gm = apply_gemini(model, cfg, recorder=recorder)
-        opt = GeminiOptimizer.from_torch(gm, optimizer, max_grad_norm=self.max_grad_norm)
+        opt = GeminiOptimizer.from_torch(
+            gm, optimizer, max_grad_norm=self.max_grad_norm, sharding=self.sharding
+        )
         self._model = gm
         return gm, opt
 
