@@ -42,8 +42,11 @@ class GeminiModule(nn.Module):
         if dev.type != "cpu":
             args, kwargs = tree_map(lambda t: _to(t, dev), (args, kwargs))
         self.runtime.begin_forward()
-        with self.runtime.mode:
-            return self.module(*args, **kwargs)
+        try:
+            with self.runtime.mode:
+                return self.module(*args, **kwargs)
+        finally:
+            self.runtime.end_forward()
 
     def memory_stats(self) -> ManagerStats:
         """Per-tier bytes and bytes moved by the chunk manager."""

@@ -138,11 +138,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
             names = [n for n in c.records if n in rt.got_grad and n in self.group_of]
             if not names:
                 continue
-            if c.chunk_id in rt.accumulated:
-                rt.stash(c.chunk_id)
-                grads = m.parallel_chunk("acc", c)
-            else:
-                grads = rt.working(c)
+            grads = rt.gradients(c)
             fp32 = m.parallel_chunk("master", c) if rt.precision.master else c
             avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
             dev = avg.shard.device  # type: ignore[union-attr]
@@ -190,10 +186,8 @@ class GeminiOptimizer(torch.optim.Optimizer):
             adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
         for dst, src in write_back:
             dst.copy_(src)
-        if rt.precision.master:
-            for c in updated:
-                rt.restore_params(c)
-                rt.pending.discard(c.chunk_id)
+        for c in updated:
+            rt.stepped(c)
         rt.clear_grads()
         if self.scaler is not None:
             self.scaler.update(False)

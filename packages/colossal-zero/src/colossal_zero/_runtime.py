@@ -41,11 +41,13 @@ from colossal_contracts import ConfigError, StepRecorder, TensorState
 from ._config import GeminiConfig
 from ._saved import saved_param_views
 from ._setup import build_manager
+from ._state import ChunkGrads, TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree
 
 __all__ = ["GeminiRuntime"]
 
 _S = TensorState
+_T = TrainingState
 _OPS = ("all-gather", "reduce-scatter")
 
 
@@ -191,14 +193,12 @@ class GeminiRuntime:
         self._probe: StepRecorder | None = None  # measures one later step (measure_next_step)
         self._probing = False
         self.measured: Any = None  # what the probe measured (a MemStatsSource)
-        self._in_backward = False
+        self.state = _T.IDLE  # [Note: training state]
+        self._chunks: dict[int, ChunkGrads] = {}  # param chunk id -> its gradients' record
         self._grad_done: set[str] = set()  # names whose gradient this backward collected
-        self._open: set[int] = set()  # param chunk ids whose fp32 grad chunk is accessed
         self.got_grad: set[str] = set()  # names with a gradient since the last step/zero_grad
-        self.pending: set[int] = set()  # param chunk ids whose working buffer holds grads
-        self.accumulated: set[int] = set()  # param chunk ids whose "acc" chunk holds grads
         self._used: set[str] = set()  # names an operator read since the forward began
-        self._unused: dict[int, set[str]] = {}  # chunk id -> trainable names warmup never read
+        self._index_chunks()
 
     # ----- forward ------------------------------------------------------------------------------
     def params_in(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, ...]:
@@ -214,7 +214,13 @@ class GeminiRuntime:
                         found[self.names[id(b)]] = None
         return tuple(found)
 
+    def _to(self, new: TrainingState) -> None:
+        self.state = self.state.to(new)
+
     def begin_forward(self) -> None:
+        if self.state is _T.BACKWARD:  # the previous backward raised: forget its partial state
+            self._grad_done.clear()
+        self._to(_T.FORWARD)
         self._moment = 0
         self._used.clear()
         self._digest.reset()
@@ -231,10 +237,11 @@ class GeminiRuntime:
                 self._probe.start(self.manager.model_data_bytes, self.manager.model_tensors())
             else:
                 self._probe = None
-        if self._repack_due and not (self.pending or self.accumulated or self._open):
+        busy = any(r.open or r.pending or r.accumulated for r in self._chunks.values())
+        if self._repack_due and not busy:
             self._repack_due = False
             self.manager.repack(self._warmup.first_use())
-            self._index_unused()
+            self._index_chunks()
 
     def pre_op(self, names: tuple[str, ...]) -> None:
         self._used.update(names)
@@ -276,9 +283,13 @@ class GeminiRuntime:
         agree(self.group, "a chunk collective", [_OPS.index(op), chunk.chunk_id], describe)  # type: ignore[arg-type]
 
     # ----- backward -----------------------------------------------------------------------------
+    def end_forward(self) -> None:
+        """The wrapped module's forward returned."""
+        self._to(_T.PRE_BACKWARD)
+
     def _start_backward(self) -> None:
-        if not self._in_backward:
-            self._in_backward = True
+        if self.state is not _T.BACKWARD:
+            self._to(_T.BACKWARD)
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
 
     def pre_backward(self, names: tuple[str, ...]) -> None:
@@ -286,7 +297,7 @@ class GeminiRuntime:
         self._advance(names)
         todo = [n for n in names if n not in self._grad_done]
         for cid in {self.manager.chunk_of(n).chunk_id for n in todo}:
-            if cid not in self._open:
+            if not self._chunks[cid].open:
                 self.stash(cid)
         if todo:
             self._access(todo)
@@ -332,7 +343,7 @@ class GeminiRuntime:
         if target.count(_S.READY_FOR_REDUCE) == len(target.records):
             self._reduce(c, target)
             return
-        unused = self._unused.get(c.chunk_id)
+        unused = self._chunks[c.chunk_id].unused
         if unused and not unused & self._used:
             rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
             if set(rest) <= unused:  # only parameters no operator reads are left: zeros
@@ -355,21 +366,23 @@ class GeminiRuntime:
 
     def _grad_chunk(self, c: Chunk) -> Chunk:
         g = self.manager.parallel_chunk("grad", c)
-        if c.chunk_id not in self._open:
+        rec = self._chunks[c.chunk_id]
+        if not rec.open:
             self.stash(c.chunk_id)
             # One rank: the buffer is the shard; every slot is overwritten by its gradient or
             # zeroed in _fill_and_reduce, and padding stays zero, so skip zeroing it all.
             self.manager.access_chunks([g], zero=g.world_size > 1)
-            self._open.add(c.chunk_id)
+            rec.open = True
         return g
 
     def _reduce(self, c: Chunk, target: Chunk) -> None:
         self.manager.reduce(target)
-        self._open.discard(c.chunk_id)
-        self.pending.add(c.chunk_id)
+        rec = self._chunks[c.chunk_id]
+        rec.open, rec.pending = False, True
 
     def _finish_backward(self) -> None:
         """End of backward: release what is still in COMPUTE, reduce partly filled chunks."""
+        self._to(_T.POST_BACKWARD)
         m = self.manager
         for c in m.param_chunks():
             busy = [n for n, r in c.records.items() if r.state is _S.COMPUTE]
@@ -380,21 +393,21 @@ class GeminiRuntime:
                 if c.count(_S.READY_FOR_REDUCE) == 0:
                     continue
                 target = c
-            elif c.chunk_id in self._open:
+            elif self._chunks[c.chunk_id].open:
                 target = m.parallel_chunk("grad", c)
             else:
                 continue
             rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
             self._fill_and_reduce(c, rest)
         m.settle()  # the optimizer writes shards next: no copy of one may be in flight
-        self._in_backward = False
         self._grad_done.clear()
+        self._to(_T.IDLE)
         if self._recording:
             self._recording = False
             m.before_collective = None
             stats = self._warmup.finish()
             self._never_read = {n for n in self.params if n not in self.got_grad}
-            self._index_unused()
+            self._index_chunks()
             if self._warmup.order:
                 m.policy.update(stats)
             first = self._warmup.first_use()
@@ -413,13 +426,18 @@ class GeminiRuntime:
         result lands in ``measured`` at the end of that step's backward."""
         self._probe, self._probing = recorder, None  # type: ignore[assignment]
 
-    def _index_unused(self) -> None:
-        """Per chunk, the trainable parameters the warmup step never read (see the notes)."""
-        self._unused = {}
+    def _index_chunks(self) -> None:
+        """A record per parameter chunk (kept where it exists: after warmup chunks may hold
+        gradients; a re-pack makes new ids and happens only when none does), with the trainable
+        parameters warmup never read."""
+        old, self._chunks = self._chunks, {}
         for c in self.manager.param_chunks():
-            unused = {n for n in c.records if n in self._never_read}
-            if unused and all(self.params[n].requires_grad for n in unused):
-                self._unused[c.chunk_id] = unused
+            rec = old.get(c.chunk_id) or ChunkGrads()
+            unused = frozenset(n for n in c.records if n in self._never_read)
+            rec.unused = (
+                unused if all(self.params[n].requires_grad for n in unused) else frozenset()
+            )
+            self._chunks[c.chunk_id] = rec
 
     # ----- gradients between backward and step --------------------------------------------------
     def working(self, c: Chunk) -> Chunk:
@@ -429,7 +447,8 @@ class GeminiRuntime:
     def stash(self, cid: int) -> None:
         """See [Note: accumulation]: move pending gradients of chunk ``cid`` into its fp32 "acc"
         chunk so that the working buffer can be reused."""
-        if cid not in self.pending:
+        rec = self._chunks[cid]
+        if not rec.pending:
             return
         m = self.manager
         if not any(ch.kind == "acc" for ch in m.chunks.values()):
@@ -438,8 +457,7 @@ class GeminiRuntime:
         acc = m.parallel_chunk("acc", c)
         src = self.working(c).shard
         acc.shard.add_(src.to(acc.shard.device, torch.float32))  # type: ignore[union-attr]
-        self.pending.discard(cid)
-        self.accumulated.add(cid)
+        rec.pending, rec.accumulated = False, True
         if self.precision.master:
             self.restore_params(c)
 
@@ -448,15 +466,28 @@ class GeminiRuntime:
         master = self.manager.parallel_chunk("master", c).shard
         c.shard.copy_(master)  # type: ignore[union-attr]
 
+    def gradients(self, c: Chunk) -> Chunk:
+        """The chunk whose shard holds all of ``c``'s gradients of this step (the "acc" chunk
+        after accumulation, else the working buffer): what the optimizer reads."""
+        if self._chunks[c.chunk_id].accumulated:
+            self.stash(c.chunk_id)
+            return self.manager.parallel_chunk("acc", c)
+        return self.working(c)
+
+    def stepped(self, c: Chunk) -> None:
+        """The optimizer updated chunk ``c``'s fp32 shard: refresh low-precision parameters."""
+        if self.precision.master:
+            self.restore_params(c)
+        self._chunks[c.chunk_id].pending = False
+
     def clear_grads(self) -> None:
         """Forget every gradient (after a step, or ``zero_grad``)."""
-        for cid in sorted(self.pending):
-            if self.precision.master:
+        for cid, rec in self._chunks.items():
+            if rec.pending and self.precision.master:
                 self.restore_params(self.manager.chunks[cid])
-        for cid in self.accumulated:
-            self.manager.parallel_chunk("acc", cid).shard.zero_()  # type: ignore[union-attr]
-        self.pending.clear()
-        self.accumulated.clear()
+            if rec.accumulated:
+                self.manager.parallel_chunk("acc", cid).shard.zero_()  # type: ignore[union-attr]
+            rec.pending = rec.accumulated = False
         self.got_grad.clear()
 
 
