@@ -65,7 +65,7 @@ def _rank_world(model: GeminiModule) -> tuple[int, int]:
 
 def _fp32_chunk(model: GeminiModule, c: Any) -> Any:
     rt = model.runtime
-    return rt.manager.parallel_chunk("master", c) if rt.precision.master else c
+    return rt.roles.fp32(c)
 
 
 @torch.no_grad()

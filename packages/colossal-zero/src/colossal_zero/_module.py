@@ -59,7 +59,7 @@ class GeminiModule(nn.Module):
         rt = self.runtime
         values: dict[str, torch.Tensor] = {}
         for c in rt.manager.param_chunks():
-            src = rt.manager.parallel_chunk("master", c) if rt.precision.master else c
+            src = rt.roles.fp32(c)
             full = gather_shard(src.shard, rt.group)  # type: ignore[arg-type]
             for name, rec in c.records.items():
                 values[name] = full[rec.offset : rec.end].view(rec.shape).float().clone()

@@ -139,7 +139,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
             if not names:
                 continue
             grads = rt.gradients(c)
-            fp32 = m.parallel_chunk("master", c) if rt.precision.master else c
+            fp32 = rt.roles.fp32(c)
             avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
             dev = avg.shard.device  # type: ignore[union-attr]
             updated.append(c)

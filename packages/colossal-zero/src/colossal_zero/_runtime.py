@@ -39,6 +39,7 @@ from colossal_chunk import Chunk, ChunkManager
 from colossal_contracts import ConfigError, StepRecorder, TensorState
 
 from ._config import GeminiConfig
+from ._roles import ChunkRoles
 from ._saved import saved_param_views
 from ._setup import build_manager
 from ._state import ChunkGrads, TrainingState
@@ -440,9 +441,15 @@ class GeminiRuntime:
             self._chunks[c.chunk_id] = rec
 
     # ----- gradients between backward and step --------------------------------------------------
+    @property
+    def roles(self) -> ChunkRoles:
+        """Which chunk holds parameters, fp32 values and gradients ([Note: chunk roles]); built
+        per call because a re-pack replaces chunks (the manager stays)."""
+        return ChunkRoles(self.manager, masters=self.precision.master)
+
     def working(self, c: Chunk) -> Chunk:
         """The chunk whose shard holds ``c``'s reduced gradients (itself with masters)."""
-        return c if self.precision.master else self.manager.parallel_chunk("grad", c)
+        return self.roles.working(c)
 
     def stash(self, cid: int) -> None:
         """See [Note: accumulation]: move pending gradients of chunk ``cid`` into its fp32 "acc"
@@ -463,8 +470,7 @@ class GeminiRuntime:
 
     def restore_params(self, c: Chunk) -> None:
         """Copy the fp32 masters into the low-precision parameter shard of chunk ``c``."""
-        master = self.manager.parallel_chunk("master", c).shard
-        c.shard.copy_(master)  # type: ignore[union-attr]
+        self.roles.restore(c)
 
     def gradients(self, c: Chunk) -> Chunk:
         """The chunk whose shard holds all of ``c``'s gradients of this step (the "acc" chunk
