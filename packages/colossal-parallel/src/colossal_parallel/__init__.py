@@ -19,6 +19,7 @@ from ._long_seq._ring import ring_attention, ring_attention_comm_bytes
 from ._long_seq._ulysses import all_to_all_along, ulysses_attention, ulysses_comm_bytes
 from ._mesh import ProcessMesh
 from ._p2p import exchange
+from ._pipeline._cost import pipeline_p2p_bytes
 from ._pipeline._partition import parameter_costs, partition_layers, stage_rank
 from ._pipeline._runtime import PipelineResult, run_pipeline
 from ._pipeline._schedule import (
@@ -29,6 +30,7 @@ from ._pipeline._schedule import (
     idle_fractions,
     simulate,
 )
+from ._tp1d._cost import block_comm_bytes_1d
 from ._tp1d._cross_entropy import (
     VocabParallelCrossEntropy,
     VocabParallelLMHead,
@@ -125,6 +127,7 @@ __all__ = [
     "VocabParallelLMHead",
     "all_reduce_grads",
     "all_to_all_along",
+    "block_comm_bytes_1d",
     "check_sequence",
     "copy_to_axis",
     "cross_entropy_2d",
@@ -145,6 +148,7 @@ __all__ = [
     "local_chunk",
     "parameter_costs",
     "partition_layers",
+    "pipeline_p2p_bytes",
     "reduce_from_axis",
     "reduce_scatter_along",
     "ring_attention",

@@ -1,0 +1,22 @@
+"""Counted bytes per device of one Megatron 1D transformer block (see [Note: counted bytes] in
+``docs/parallel/mesh.md``: each collective counts its full logical tensor)."""
+
+from __future__ import annotations
+
+__all__ = ["block_comm_bytes_1d"]
+
+
+def block_comm_bytes_1d(
+    tokens: int, hidden: int, tp: int, *, sequence_parallel: bool = False, dtype_bytes: int = 2
+) -> tuple[int, int]:
+    """``(forward, backward)`` bytes of one attention + MLP block under 1D tensor parallelism.
+
+    Without sequence parallelism each pass all-reduces a ``tokens x hidden`` tensor twice (after
+    the row-parallel Linears forward, before the column-parallel ones backward); with it each
+    all-reduce becomes an all-gather plus a reduce-scatter of the same full tensor. No
+    collective runs when ``tp == 1``.
+    """
+    if tp == 1:
+        return 0, 0
+    n = (4 if sequence_parallel else 2) * tokens * hidden * dtype_bytes
+    return n, n

@@ -1,0 +1,26 @@
+"""Model-state bytes per parameter of each data-parallel method (Rajbhandari et al. 2020, ZeRO).
+
+[Note: zero formula] Mixed-precision Adam keeps 2 bytes of 16-bit parameters, 2 of 16-bit
+gradients and 12 of fp32 master, first and second moment per parameter: 16 in all under plain data
+parallelism. Over ``dp`` ranks, stage 1 shards the 12 (``4 + 12/dp``), stage 2 also the gradients
+(``2 + 14/dp``), stage 3 (Gemini) everything (``16/dp``). These are the figures
+``LowLevelZeroOptimizer.model_state_bytes`` measures (up to bucket padding).
+"""
+
+from __future__ import annotations
+
+from colossal_contracts import ConfigError
+
+__all__ = ["model_state_bytes_per_param"]
+
+
+def model_state_bytes_per_param(stage: int, dp: int) -> tuple[float, float, float]:
+    """``(params, grads, optimizer)`` bytes per parameter on one rank for ZeRO ``stage`` (0 is
+    plain data parallelism) over ``dp`` ranks; see [Note: zero formula]."""
+    if stage not in (0, 1, 2, 3) or dp < 1:
+        raise ConfigError(f"ZeRO stage must be 0..3 and dp >= 1, got stage={stage}, dp={dp}")
+    return (
+        2.0 / dp if stage >= 3 else 2.0,
+        2.0 / dp if stage >= 2 else 2.0,
+        12.0 / dp if stage >= 1 else 12.0,
+    )
