@@ -32,15 +32,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from colossal_chunk import Chunk, ChunkManager
 from colossal_contracts import ConfigError, StepRecorder, TensorState
 
 from ._config import GeminiConfig
+from ._hooks import AccessMode
 from ._roles import ChunkRoles
-from ._saved import saved_param_views
 from ._setup import build_manager
 from ._state import ChunkGrads, TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree
@@ -50,87 +48,6 @@ __all__ = ["GeminiRuntime"]
 _S = TensorState
 _T = TrainingState
 _OPS = ("all-gather", "reduce-scatter")
-
-
-class _PreBackward(torch.autograd.Function):
-    """Identity in forward; in backward, accesses the operator's parameters first."""
-
-    @staticmethod
-    def forward(ctx: Any, rt: GeminiRuntime, names: tuple[str, ...], *outs: torch.Tensor) -> Any:
-        ctx.rt, ctx.names = rt, names
-        return outs if len(outs) > 1 else outs[0]
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        ctx.rt.pre_backward(ctx.names)
-        return (None, None, *grads)
-
-
-class _PostBackward(torch.autograd.Function):
-    """Identity on an operator's input; in backward (after the operator's), releases the frozen
-    parameters it read, which no gradient hook would release."""
-
-    @staticmethod
-    def forward(ctx: Any, rt: GeminiRuntime, names: tuple[str, ...], x: torch.Tensor) -> Any:
-        ctx.rt, ctx.names = rt, names
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        ctx.rt.post_backward(ctx.names)
-        return None, None, grad
-
-
-class _AccessMode(TorchFunctionMode):
-    """See [Note: operator hooks]."""
-
-    def __init__(self, rt: GeminiRuntime):
-        super().__init__()
-        self.rt = rt
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        names = self.rt.params_in(args, kwargs)
-        if not names:
-            return func(*args, **kwargs)
-        self.rt.pre_op(names)
-        frozen = tuple(n for n in names if not self.rt.params[n].requires_grad)
-        if frozen and torch.is_grad_enabled():
-            args = tuple(
-                _PostBackward.apply(self.rt, frozen, a)
-                if isinstance(a, torch.Tensor) and a.requires_grad and id(a) not in self.rt.names
-                else a
-                for a in args
-            )
-        try:
-            if torch.is_grad_enabled():  # [Note: saved parameter views]
-                m = self.rt.manager
-                with saved_param_views(m, {m.chunk_of(n) for n in names}):
-                    out = func(*args, **kwargs)
-            else:
-                out = func(*args, **kwargs)
-        finally:
-            self.rt.post_op(names)
-        return _wrap_outputs(self.rt, names, out)
-
-
-def _wrap_outputs(rt: GeminiRuntime, names: tuple[str, ...], out: Any) -> Any:
-    """Pass every output tensor that needs a gradient, wherever it sits in ``out`` (a tensor, a
-    tuple with ``None`` in it such as ``nn.MultiheadAttention``'s, a named tuple, a dict),
-    through one ``_PreBackward``: any of their gradients re-accesses the parameters."""
-    if not torch.is_grad_enabled():
-        return out
-    if isinstance(out, torch.Tensor):
-        return _PreBackward.apply(rt, names, out) if out.requires_grad else out
-    leaves, spec = tree_flatten(out)
-    idx = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not idx:
-        return out
-    wrapped = _PreBackward.apply(rt, names, *(leaves[i] for i in idx))
-    wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
-    for i, t in zip(idx, wrapped, strict=True):
-        leaves[i] = t
-    return tree_unflatten(leaves, spec)
 
 
 class GeminiRuntime:
@@ -184,7 +101,7 @@ class GeminiRuntime:
         for n, p in named:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._grad_hook(n))
-        self.mode = _AccessMode(self)
+        self.mode = AccessMode(self)
         self._moment = 0
         self._warmup = WarmupTrace(recorder, config.non_model_bytes)
         self._digest = OrderDigest()
