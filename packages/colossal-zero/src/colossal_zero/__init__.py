@@ -16,7 +16,7 @@ from ._precision import PRECISIONS, Precision
 from ._scaler import DynamicLossScaler, LossScalerConfig
 from ._zero_checkpoint import load_zero_sharded, save_zero_sharded
 from ._zero_config import ZERO_STAGES, ZeroConfig
-from ._zero_formula import model_state_bytes_per_param
+from ._zero_formula import model_state_bytes_per_param, zero3_device_bytes
 from ._zero_optimizer import LowLevelZeroOptimizer
 
 __version__ = "0.1.0"
@@ -47,4 +47,5 @@ __all__ = [
     "model_state_bytes_per_param",
     "save_sharded",
     "save_zero_sharded",
+    "zero3_device_bytes",
 ]

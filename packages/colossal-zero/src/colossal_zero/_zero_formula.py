@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from colossal_contracts import ConfigError
 
-__all__ = ["model_state_bytes_per_param"]
+__all__ = ["model_state_bytes_per_param", "zero3_device_bytes"]
 
 
 def model_state_bytes_per_param(stage: int, dp: int) -> tuple[float, float, float]:
@@ -24,3 +24,23 @@ def model_state_bytes_per_param(stage: int, dp: int) -> tuple[float, float, floa
         2.0 / dp if stage >= 2 else 2.0,
         12.0 / dp if stage >= 1 else 12.0,
     )
+
+
+def zero3_device_bytes(
+    params: float,
+    largest_layer_params: float,
+    dp: int,
+    *,
+    offload: str = "none",
+    grad_bytes: int = 2,
+) -> float:
+    """Model-state bytes one device holds under ZeRO-3 (Gemini) over ``dp`` ranks: the working
+    set of the largest layer gathered (16-bit parameters and gradients, ``4`` bytes each), plus
+    the shards left on the device. ``offload``: ``none`` keeps ``2 + grad_bytes + 12`` bytes per
+    parameter there, ``optimizer`` only the 16-bit parameters, ``all`` nothing. Gemini keeps 16-bit
+    gradients in the parameters' chunk slots (``grad_bytes=2``); DeepSpeed's estimator counts fp32
+    gradients (``grad_bytes=4``, its 18 bytes per parameter)."""
+    if offload not in ("none", "optimizer", "all"):
+        raise ConfigError(f"offload must be none, optimizer or all, got {offload!r}")
+    per = {"none": 2 + grad_bytes + 12, "optimizer": 2, "all": 0}[offload]
+    return 4 * largest_layer_params + per * params / dp

@@ -14,6 +14,7 @@ from typing import NoReturn
 from colossal_contracts import ColossalError, ConfigError
 
 from ._check import print_check
+from ._plan import add_plan_parser
 from ._profile import add_profile_parser
 from ._run import launch
 from ._train import add_train_parser
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=None)
     add_profile_parser(sub)
+    add_plan_parser(sub)
     check = sub.add_parser("check", help="print what torch, devices, backends and memory are seen")
     check.set_defaults(func=lambda _a: print_check())
     return parser

@@ -1,0 +1,108 @@
+"""``colossal plan``: rank the layouts of a model preset on given hardware (colossal.plan)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from colossal_contracts import ConfigError
+
+from ..plan import (
+    HARDWARE,
+    PlanRequest,
+    fewest_devices,
+    model_shape,
+    parse_bandwidth,
+    parse_bytes,
+    plan_layouts,
+)
+from ..plan._hardware import GiB
+from ..plan._render import plan_json, plot_memory, print_plans
+
+__all__ = ["add_plan_parser"]
+
+
+def add_plan_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="which layouts fit a model on given hardware, and how fast")
+    p.add_argument("--model", default="gpt", help="model family: gpt or palm (default gpt)")
+    p.add_argument("--preset", default="xl", help="model size preset (default xl)")
+    p.add_argument("--hardware", default="a100-80g", help=f"one of {', '.join(HARDWARE)}")
+    p.add_argument("--devices", type=int, default=8, help="devices to plan for (default 8)")
+    p.add_argument("--device-memory", help="override the preset's device memory, e.g. 80GiB")
+    p.add_argument("--host-memory", help="host memory per node, e.g. 1TiB")
+    p.add_argument("--disk", help="NVMe per node, e.g. 8TiB")
+    p.add_argument("--interconnect", help="e.g. intra=300GB/s,inter=25GB/s")
+    p.add_argument("--global-batch", type=int, default=8, help="samples per step (default 8)")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample (default 1024)")
+    p.add_argument("--efficiency", type=float, default=0.6, help="fraction of peak (default 0.6)")
+    p.add_argument("--top", type=int, default=15, help="rows of the table (default 15)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--png", type=Path, help="write a PNG of the top layouts' memory split")
+    p.set_defaults(func=_run)
+
+
+def _hardware(args: argparse.Namespace):
+    if args.hardware not in HARDWARE:
+        raise ConfigError(
+            f"unknown --hardware {args.hardware!r}; choose one of: {', '.join(HARDWARE)}"
+        )
+    hw = HARDWARE[args.hardware]
+    if args.device_memory:
+        hw = replace(hw, memory=parse_bytes(args.device_memory, what="--device-memory"))
+    if args.host_memory:
+        hw = replace(hw, host_memory=parse_bytes(args.host_memory, what="--host-memory"))
+    if args.disk:
+        hw = replace(hw, disk=parse_bytes(args.disk, what="--disk"))
+    if args.interconnect:
+        links = {}
+        for part in args.interconnect.split(","):
+            key, _, val = part.partition("=")
+            if key.strip() not in ("intra", "inter", "pcie", "disk"):
+                raise ConfigError(
+                    f"--interconnect part {part!r}: use intra=, inter=, pcie= or disk=, "
+                    "e.g. intra=300GB/s,inter=25GB/s"
+                )
+            links[key.strip() + "_bw"] = parse_bandwidth(val, what=f"--interconnect {key}")
+        hw = replace(hw, **links)
+    return hw
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.efficiency <= 0 or args.efficiency > 1:
+        raise ConfigError(f"--efficiency must be in (0, 1], got {args.efficiency}")
+    hw = _hardware(args)
+    req = PlanRequest(
+        model_shape(args.model, args.preset),
+        hw,
+        args.devices,
+        args.global_batch,
+        args.seq_len,
+        args.efficiency,
+    )
+    plans = plan_layouts(req)
+    head = (
+        f"{req.shape.name} ({req.shape.params / 1e9:.2f}B) on {args.devices} x {hw.name} "
+        f"({hw.memory / GiB:.0f} GiB), batch {args.global_batch}, seq {args.seq_len}"
+    )
+    if not plans:
+        raise ConfigError(
+            f"no layout of {head} can be built: --devices must split into dp x pp x tp with tp "
+            f"dividing {req.shape.heads} heads, pp {req.shape.layers} layers and dp the batch"
+        )
+    if not plans[0].fits:
+        near = plans[0]
+        grow = [n for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048) if n > args.devices]
+        found = fewest_devices(req, grow[:6])
+        more = f"; fits from {found[0]} devices ({found[1].layout.describe()})" if found else ""
+        raise ConfigError(
+            f"no layout of {head} fits; nearest: {near.layout.describe()} ({near.why}){more}"
+        )
+    if args.json:
+        print(json.dumps({"request": head, "plans": [plan_json(p) for p in plans[: args.top]]}))
+    else:
+        print_plans(plans, head, args.top)
+    if args.png:
+        plot_memory(plans[: min(args.top, 12)], args.png, hw.memory)
+    return 0

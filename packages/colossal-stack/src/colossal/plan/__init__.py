@@ -1,0 +1,40 @@
+"""``colossal plan``: will a model fit, with which layout, how fast, and on how many devices.
+
+A paper model (see docs/plan.md): Korthikanti et al.'s activations, ZeRO's model-state bytes,
+colossal-parallel's counted communication bytes over given bandwidths, the pipeline bubble and
+offload traffic over PCIe and disk.
+"""
+
+from ._activation import RECOMPUTE, layer_activation_bytes, logits_bytes
+from ._cost import StepCost, step_cost
+from ._hardware import HARDWARE, Hardware, parse_bandwidth, parse_bytes
+from ._layout import METHODS, TP_MODES, Layout, enumerate_layouts
+from ._memory import MemoryBreakdown, device_memory
+from ._search import Plan, PlanRequest, evaluate, fewest_devices, plan_layouts
+from ._shape import ModelShape, gpt_shape, model_shape
+
+__all__ = [
+    "HARDWARE",
+    "METHODS",
+    "RECOMPUTE",
+    "TP_MODES",
+    "Hardware",
+    "Layout",
+    "MemoryBreakdown",
+    "ModelShape",
+    "Plan",
+    "PlanRequest",
+    "StepCost",
+    "device_memory",
+    "enumerate_layouts",
+    "evaluate",
+    "fewest_devices",
+    "gpt_shape",
+    "layer_activation_bytes",
+    "logits_bytes",
+    "model_shape",
+    "parse_bandwidth",
+    "parse_bytes",
+    "plan_layouts",
+    "step_cost",
+]

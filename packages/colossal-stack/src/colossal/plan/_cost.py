@@ -1,0 +1,138 @@
+"""Estimated step time and MFU of a layout.
+
+[Note: cost model] One micro-batch on one device takes its FLOPs (``flops_per_token`` x tokens /
+(pp tp sp), x 4/3 under full recomputation) at ``efficiency`` x peak, plus its tensor-parallel,
+context-parallel and pipeline messages, which are not overlapped; a step is
+``(m + pp - 1)`` such micro-batch slots (1F1B: the bubble ``(pp-1)/(m+pp-1)``). The data-parallel
+gradient traffic overlaps the backward pass (ZeRO-3/Gemini's gathers the whole step), so only
+what exceeds it shows. Offload traffic (PCIe, disk) and the host Adam step are not overlapped.
+Bytes are colossal-parallel's counted bytes (``block_comm_bytes_1d``, ``linear_comm_bytes``,
+``ulysses_comm_bytes``, ``pipeline_p2p_bytes``) turned into wire bytes by the ring factor
+``(g-1)/g`` per gathered or scattered tensor, and into seconds by the link they cross.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from colossal_parallel import (
+    block_comm_bytes_1d,
+    layernorm_comm_bytes,
+    linear_comm_bytes,
+    pipeline_p2p_bytes,
+    ulysses_comm_bytes,
+)
+
+from ._hardware import Hardware
+from ._layout import Layout
+from ._memory import MemoryBreakdown, stage_params
+from ._shape import ModelShape
+
+__all__ = ["StepCost", "step_cost"]
+
+HOST_ADAM_PARAMS_PER_S = 1e9  # fp32 Adam on host cores, parameters per second per device
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one step by part, and the model FLOPs utilisation."""
+
+    compute: float
+    tp_comm: float
+    sp_comm: float
+    pp_comm: float
+    dp_comm: float
+    offload: float
+    bubble: float
+    step: float
+    mfu: float
+
+
+def _link(hw: Hardware, inner: int) -> float:
+    """Bandwidth of an axis whose groups span ``inner`` consecutive devices."""
+    return hw.intra_bw if inner <= hw.devices_per_node else hw.inter_bw
+
+
+def _tp_bytes(shape: ModelShape, lay: Layout, tokens: int) -> float:
+    """Wire bytes of one block's forward + backward on one device."""
+    if lay.tp == 1:
+        return 0.0
+    if lay.tp_mode in ("1d", "1d-sp"):
+        sp1d = lay.tp_mode == "1d-sp"
+        f, b = block_comm_bytes_1d(tokens, shape.hidden, lay.tp, sequence_parallel=sp1d)
+        return (f + b) * (lay.tp - 1) / lay.tp * (1 if sp1d else 2)
+    h, q, d = shape.hidden, lay.grid_q, lay.depth
+    total = 0
+    for k, n in ((h, 3 * h), (h, h), (h, 4 * h), (4 * h, h)):
+        c = linear_comm_bytes(
+            lay.tp_mode, q, depth=d, tokens=tokens, in_features=k, out_features=n, dtype_bytes=2
+        )
+        total += c.total
+    total += 2 * layernorm_comm_bytes(lay.tp_mode, q, depth=d, tokens=tokens, hidden=h).total
+    return total * (q - 1) / q
+
+
+def step_cost(
+    shape: ModelShape,
+    lay: Layout,
+    mem: MemoryBreakdown,
+    hw: Hardware,
+    seq_len: int,
+    *,
+    efficiency: float = 0.6,
+) -> StepCost:
+    """The step time of ``lay`` (see [Note: cost model])."""
+    tokens_mb = lay.micro_batch * seq_len
+    layers = -(-shape.layers // lay.pp)
+    recompute = 4 / 3 if lay.recompute == "full" else 1.0
+    flops_mb = shape.flops_per_token(seq_len) * tokens_mb / (lay.pp * lay.tp * lay.sp)
+    compute_mb = flops_mb * recompute / (hw.peak_flops * efficiency)
+    tp_mb = layers * _tp_bytes(shape, lay, tokens_mb // lay.sp) / _link(hw, lay.tp)
+    sp_mb = 0.0
+    if lay.sp > 1:
+        heads = max(1, shape.heads // lay.tp)
+        f, b = ulysses_comm_bytes(
+            lay.micro_batch, heads, seq_len, shape.hidden // shape.heads, lay.sp, elem_bytes=2
+        )
+        sp_mb = layers * (f + b) * (lay.sp - 1) / lay.sp / _link(hw, lay.tp * lay.sp)
+    pp_mb = 0.0
+    if lay.pp > 1:
+        numel = tokens_mb * shape.hidden // (lay.tp * lay.sp)
+        sent = pipeline_p2p_bytes(1, max(lay.pp, 3), 1, numel, elem_bytes=2)
+        pp_mb = sent / _link(hw, lay.devices)
+    slots = lay.num_micro + lay.pp - 1
+    busy = slots * (compute_mb + tp_mb + sp_mb + pp_mb)
+    backward = lay.num_micro * compute_mb * 2 / 3
+    n_dev = stage_params(shape, lay.pp) / lay.tp
+    dp_bytes = 0.0
+    if lay.dp > 1:
+        rounds = 3 if lay.method.startswith("gemini") else 2  # RS+AG (or AR) vs RS + 2 AG
+        dp_bytes = rounds * 2 * n_dev * (lay.dp - 1) / lay.dp
+    dp_time = dp_bytes / _link(hw, lay.tp * lay.sp * lay.dp)
+    hidden_by = lay.num_micro * compute_mb if lay.method.startswith("gemini") else backward
+    dp_exposed = max(0.0, dp_time - hidden_by)
+    offload = 0.0
+    shard = n_dev / lay.dp
+    if lay.method in ("gemini-host", "gemini-disk", "gemini-host-all"):
+        offload += shard / HOST_ADAM_PARAMS_PER_S
+    if lay.method in ("gemini-host", "gemini-disk"):
+        offload += 4 * shard / hw.pcie_bw  # fp16 gradients down, parameters up
+    if lay.method == "gemini-host-all":  # params up fwd+bwd, grads down, per micro-batch
+        offload += lay.num_micro * 6 * shard / hw.pcie_bw
+    if lay.method == "gemini-disk":
+        offload += 24 * shard / hw.disk_bw  # optimizer states read and written
+    step = busy + dp_exposed + offload
+    model_flops = shape.flops_per_token(seq_len) * seq_len * lay.micro_batch * lay.num_micro
+    mfu = model_flops * lay.dp / (step * lay.devices * hw.peak_flops)
+    bubble = (lay.pp - 1) / slots
+    return StepCost(
+        slots * compute_mb,
+        slots * tp_mb,
+        slots * sp_mb,
+        slots * pp_mb,
+        dp_exposed,
+        offload,
+        bubble,
+        step,
+        mfu,
+    )

@@ -1,0 +1,89 @@
+"""Hardware presets and the parsing of sizes (``80GiB``) and bandwidths (``300GB/s``).
+
+A ``Hardware`` is one kind of device in nodes of ``devices_per_node``; the figures are the vendors'
+dense 16-bit tensor peaks and the usual link speeds per direction (see docs/plan.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from colossal_contracts import ConfigError
+
+__all__ = ["HARDWARE", "Hardware", "parse_bandwidth", "parse_bytes"]
+
+GiB = 1 << 30
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+
+
+def parse_bytes(text: str, *, what: str = "size") -> int:
+    """``"80GiB"`` -> bytes; ``ConfigError`` naming ``what`` for anything else."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b?|b)?\s*", text.lower())
+    unit = (m.group(2) or "") if m else ""
+    if unit and not unit.endswith("b"):
+        unit += "b"
+    if m is None or unit not in _UNITS:
+        raise ConfigError(f"{what} {text!r} is not a size; write e.g. 80GiB, 1TiB or 512MB")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def parse_bandwidth(text: str, *, what: str = "bandwidth") -> float:
+    """``"300GB/s"`` -> bytes per second."""
+    if not text.lower().endswith("/s"):
+        raise ConfigError(f"{what} {text!r} is not a bandwidth; write e.g. 300GB/s or 25GB/s")
+    return float(parse_bytes(text[:-2], what=what))
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One kind of device and its links.
+
+    Attributes:
+        name: preset name.
+        memory: bytes of device memory.
+        peak_flops: dense 16-bit tensor FLOP/s of one device.
+        devices_per_node: devices that share the fast intra-node link.
+        intra_bw: bytes/s per direction between devices of a node.
+        inter_bw: bytes/s per direction per device between nodes.
+        pcie_bw: bytes/s per direction between a device and its host.
+        host_memory: bytes of host memory per node.
+        disk: bytes of NVMe per node; ``disk_bw`` its bytes/s (read or write).
+    """
+
+    name: str
+    memory: int
+    peak_flops: float
+    devices_per_node: int
+    intra_bw: float
+    inter_bw: float
+    pcie_bw: float
+    host_memory: int
+    disk: int = 0
+    disk_bw: float = 3e9
+
+    def with_(self, **changes: object) -> Hardware:
+        """A copy with fields replaced (CLI overrides)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+HARDWARE: dict[str, Hardware] = {
+    # Consumer cards: one per machine, PCIe only; fp16 tensor peak with fp32 accumulation.
+    "rtx2060-6g": Hardware("rtx2060-6g", 6 * GiB, 26e12, 1, 12e9, 12e9, 12e9, 32 * GiB),
+    "rtx3090-24g": Hardware("rtx3090-24g", 24 * GiB, 71e12, 1, 25e9, 25e9, 25e9, 64 * GiB),
+    # Data-centre nodes of 8 (SXM, NVLink per direction, 200 Gb/s InfiniBand per device).
+    "a100-80g": Hardware("a100-80g", 80 * GiB, 312e12, 8, 300e9, 25e9, 25e9, 1024 * GiB),
+    "h100-80g": Hardware("h100-80g", 80 * GiB, 989e12, 8, 450e9, 50e9, 50e9, 2048 * GiB),
+    "h200-141g": Hardware("h200-141g", 141 * 10**9, 989e12, 8, 450e9, 50e9, 50e9, 2048 * GiB),
+}
