@@ -22,3 +22,41 @@ def zero_state_bytes(stage: int, preset: str = "micro") -> tuple[int, int]:
     opt.step()
     opt.zero_grad()
     return cfg.num_params(), sum(opt.model_state_bytes().values())
+
+
+class _Stage(torch.nn.Module):
+    """Two ``tanh(Linear)`` layers; the last stage returns the mean squared error."""
+
+    def __init__(self, width: int, last: bool):
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(width, width), torch.nn.Tanh(), torch.nn.Linear(width, width)
+        )
+        self.last = last
+
+    def forward(self, x, targets=None):  # type: ignore[no-untyped-def]
+        y = self.body(x)
+        return (y - targets).pow(2).mean() if self.last else y
+
+
+def pipeline_sent_bytes(m: int, batch: int, width: int) -> tuple[int, int]:
+    """This rank's stage and the bytes it counted sending in one 1F1B step over all ranks."""
+    import torch.distributed as dist
+
+    from colossal_parallel import MeshConfig, PipelineSchedule, ProcessMesh, run_pipeline
+
+    p = dist.get_world_size()
+    mesh = ProcessMesh(MeshConfig(pp=p))
+    me = mesh.coord("pp")
+    torch.manual_seed(me)
+    x, y = torch.randn(2, batch, width)
+    mesh.comm.counter.reset()
+    run_pipeline(
+        [_Stage(width, me == p - 1)],
+        mesh,
+        PipelineSchedule("1f1b", m),
+        x,
+        y,
+        boundary_shape=(batch // m, width),
+    )
+    return me, mesh.comm.counter.bytes("pp", "send")

@@ -179,3 +179,15 @@ def test_zero_model_states_match_measured(world, stage):
     for params, measured in results:
         assert params == shape.params
         assert measured == pytest.approx(mem.params + mem.grads + mem.optimizer, rel=0.01)
+
+
+def test_pipeline_p2p_bytes_match_counted(world):
+    # Validation: the planner's pipeline messages (colossal_parallel.pipeline_p2p_bytes) against
+    # the bytes run_pipeline counts sending in one 1F1B step on 2 gloo ranks, exactly.
+    import _checks_plan as checks
+
+    from colossal_parallel import pipeline_p2p_bytes
+
+    m, batch, width = 4, 8, 16
+    for stage, sent in world(2).run(checks.pipeline_sent_bytes, m, batch, width):
+        assert sent == pipeline_p2p_bytes(stage, 2, m, batch // m * width, elem_bytes=4) > 0
