@@ -8,9 +8,9 @@ from colossal_models import GPT, GPTConfig
 from colossal_zero import LowLevelZeroOptimizer, ZeroConfig
 
 
-def zero_state_bytes(stage: int, preset: str = "micro") -> tuple[int, int]:
-    """Parameters of ``preset``, and the model-state bytes this rank holds after one bf16 ZeRO
-    step."""
+def zero_state_bytes(stage: int, preset: str = "micro") -> tuple[int, int, int]:
+    """Parameters of ``preset``, the model-state bytes this rank holds after one bf16 ZeRO step,
+    and the bytes it counted in that step."""
     torch.manual_seed(0)
     cfg = GPTConfig.preset(preset)
     model = GPT(cfg)
@@ -21,7 +21,7 @@ def zero_state_bytes(stage: int, preset: str = "micro") -> tuple[int, int]:
     opt.backward(model(ids, ids))
     opt.step()
     opt.zero_grad()
-    return cfg.num_params(), sum(opt.model_state_bytes().values())
+    return cfg.num_params(), sum(opt.model_state_bytes().values()), sum(opt.comm_bytes.values())
 
 
 class _Stage(torch.nn.Module):

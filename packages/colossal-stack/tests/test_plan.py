@@ -21,6 +21,7 @@ from colossal.plan import (
     parse_bytes,
     plan_layouts,
 )
+from colossal.plan._cost import dp_comm_bytes
 from colossal.plan._memory import activation_bytes
 from colossal_contracts import ConfigError
 
@@ -169,16 +170,17 @@ def test_plan_cli_json_and_png(capsys, tmp_path):
 def test_zero_model_states_match_measured(world, stage):
     # Validation at small scale: 2 gloo ranks, micro GPT, bf16 ZeRO; the planner's parameters +
     # gradients + optimizer states per rank against the storages the optimizer holds (1% for
-    # bucket padding).
+    # bucket padding), and its data-parallel bytes against the counted bytes of the step (1%).
     import _checks_plan as checks
 
     results = world(2).run(checks.zero_state_bytes, stage)
     shape = model_shape("gpt", "micro")
     lay = Layout(2, 1, 1, "1d", 1, f"zero{stage}", 1, 1, "none")
     mem = device_memory(shape, lay, 32)
-    for params, measured in results:
+    for params, measured, counted in results:
         assert params == shape.params
         assert measured == pytest.approx(mem.params + mem.grads + mem.optimizer, rel=0.01)
+        assert counted == pytest.approx(dp_comm_bytes(shape, lay), rel=0.01)
 
 
 def test_pipeline_p2p_bytes_match_counted(world):

@@ -28,7 +28,7 @@ from ._layout import Layout
 from ._memory import MemoryBreakdown, stage_params
 from ._shape import ModelShape
 
-__all__ = ["StepCost", "step_cost"]
+__all__ = ["StepCost", "dp_comm_bytes", "step_cost"]
 
 HOST_ADAM_PARAMS_PER_S = 1e9  # fp32 Adam on host cores, parameters per second per device
 
@@ -72,6 +72,16 @@ def _tp_bytes(shape: ModelShape, lay: Layout, tokens: int) -> float:
     return total * (q - 1) / q
 
 
+def dp_comm_bytes(shape: ModelShape, lay: Layout) -> float:
+    """Counted data-parallel bytes of one step on one device: 16-bit gradients reduce-scattered
+    and parameters all-gathered (DDP's all-reduce counts the same), 2 bytes per parameter each;
+    Gemini gathers parameters twice (forward and backward). 0 without data parallelism."""
+    if lay.dp == 1:
+        return 0.0
+    rounds = 3 if lay.method.startswith("gemini") else 2
+    return rounds * 2 * stage_params(shape, lay.pp) / lay.tp
+
+
 def step_cost(
     shape: ModelShape,
     lay: Layout,
@@ -104,10 +114,7 @@ def step_cost(
     busy = slots * (compute_mb + tp_mb + sp_mb + pp_mb)
     backward = lay.num_micro * compute_mb * 2 / 3
     n_dev = stage_params(shape, lay.pp) / lay.tp
-    dp_bytes = 0.0
-    if lay.dp > 1:
-        rounds = 3 if lay.method.startswith("gemini") else 2  # RS+AG (or AR) vs RS + 2 AG
-        dp_bytes = rounds * 2 * n_dev * (lay.dp - 1) / lay.dp
+    dp_bytes = dp_comm_bytes(shape, lay) * (lay.dp - 1) / lay.dp
     dp_time = dp_bytes / _link(hw, lay.tp * lay.sp * lay.dp)
     hidden_by = lay.num_micro * compute_mb if lay.method.startswith("gemini") else backward
     dp_exposed = max(0.0, dp_time - hidden_by)
