@@ -50,15 +50,29 @@ def _corpus(root: Path) -> Path:
     return path
 
 
-def _complete_steps(ckpt: Path) -> set[str]:
+def _step_of(name: str) -> int | None:
+    """N of ``step-N`` or of a hidden ``.step-N-*`` (a publish in flight)."""
+    parts = name.lstrip(".").split("-")
+    return int(parts[1]) if parts[0] == "step" and len(parts) >= 2 and parts[1].isdigit() else None
+
+
+def _complete_steps(ckpt: Path, *, published_only: bool = False) -> set[int]:
+    """Steps held by a complete directory: ``step-N``, or (unless ``published_only``) a complete
+    hidden copy, which ``latest`` names while a re-save swaps it in and the next save publishes."""
     if not ckpt.is_dir():
         return set()
-    return {p.name for p in ckpt.iterdir() if p.name.startswith("step-") and is_complete(p)}
+    out = set()
+    for p in ckpt.iterdir():
+        step = _step_of(p.name)
+        hidden = p.name.startswith(".")
+        if step is not None and not (hidden and published_only) and is_complete(p):
+            out.add(step)
+    return out
 
 
 def _latest_step(ckpt: Path) -> int:
     found = find_checkpoint(ckpt)
-    return int(found.name.split("-")[1]) if found and found.name.startswith("step-") else 0
+    return (_step_of(found.name) or 0) if found else 0
 
 
 def _finished_run(root: Path, corpus: Path) -> Path:
@@ -100,13 +114,19 @@ def save_kill_trial(root: Path, corpus: Path, rng: random.Random, *, resave: boo
     complete_after = _complete_steps(ckpt)
     lost = sorted(complete_before - complete_after)
     latest_after = _latest_step(ckpt)
+    if lost or latest_after < latest_before:  # keep the evidence for the report
+        seen = sorted(p.name for p in ckpt.iterdir())
+        print(f"faults: lost {lost}, latest {latest_before} -> {latest_after}: {seen}")
     error = []
     try:  # in this process: one interpreter start per trial is enough
         train(_config(corpus, out, steps=int(STEPS) + 1, resume=True), console=_QUIET)
     except Exception as err:
         error = [f"{type(err).__name__}: {err}"]
+    # the resume's save cleaned up: every step complete before the kill is a published step-N
+    unpublished = sorted(complete_before - _complete_steps(ckpt, published_only=True))
     return {
         "lost": len(lost) + (latest_after < latest_before),
+        "unpublished_after_resume": len(unpublished),
         "resume_ok": not error,
         "resume_error": error,
         "latest_before": latest_before,
@@ -187,7 +207,14 @@ def run(quick: bool, out_dir: Path) -> Report:
     report = Report(
         name="faults",
         title="Faults: kill -9 during saves and re-saves; a rank killed mid-run",
-        columns=["case", "trials", "completed_checkpoints_lost", "resume_ok", "detail"],
+        columns=[
+            "case",
+            "trials",
+            "completed_checkpoints_lost",
+            "resume_ok",
+            "not_step_dirs_after_resume",
+            "detail",
+        ],
     )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -201,6 +228,9 @@ def run(quick: bool, out_dir: Path) -> Report:
                     "trials": trials,
                     "completed_checkpoints_lost": sum(r["lost"] for r in results),
                     "resume_ok": sum(r["resume_ok"] for r in results),
+                    "not_step_dirs_after_resume": sum(
+                        r["unpublished_after_resume"] for r in results
+                    ),
                     "detail": (
                         f"latest step at kill: {sorted(r['latest_before'] for r in results)}; "
                         f"finished before the kill: {sum(r['finished_before_kill'] for r in results)}"
@@ -241,9 +271,12 @@ def run(quick: bool, out_dir: Path) -> Report:
         "Save trials: GPT-nano (Gemini, fp32, 30 steps) with --checkpoint-every 1; SIGKILL at a "
         "uniform random moment in the 3 s after the first checkpoint is published (re-save "
         "trials: a finished run's latest moved back to step 1, resumed, so each save replaces a "
-        "complete step; killed in the 3 s after the first re-save). 'Lost' counts step "
-        "directories complete just before "
-        "the kill and not complete after, plus a `latest` that resolves to an older step.",
+        "complete step; killed in the 3 s after the first re-save). 'Lost' counts steps held "
+        "by a complete directory (step-N, or the hidden new copy `latest` names mid-swap) just "
+        "before "
+        "the kill and not complete after, plus a `latest` that resolves to an older step; "
+        "'not_step_dirs_after_resume' counts those steps that are not a complete step-N after "
+        "the resumed run's save (which finishes publishes that a kill cut short).",
         "Rank death: two ranks on gloo over loopback, rank 1 SIGKILLed after 3 steps; under "
         "env:// rank 0 detects it through the heartbeat counters; under `colossal run` torchrun's "
         "agent stops rank 0 (SIGTERM) and names the failed rank. Exit time is from the kill to the "

@@ -21,3 +21,4 @@ def test_kill_during_saves_loses_nothing(tmp_path, resave):
     result = bench_faults.save_kill_trial(tmp_path, corpus, random.Random(7), resave=resave)
     assert result["lost"] == 0, result
     assert result["resume_ok"], result
+    assert result["unpublished_after_resume"] == 0, result

@@ -75,6 +75,28 @@ def test_resaving_a_step_killed_at_any_point_loses_nothing(tmp_path, monkeypatch
     assert _publish.is_complete(tmp_path / "step-4")
 
 
+def test_resave_killed_before_the_pointer_moves_back_resumes_that_step(tmp_path, monkeypatch):
+    """Re-saving step 2 while a later step 6 exists (latest moved back, run resumed): a kill
+    after the new step-2 is renamed in, before ``latest`` names it, must still find step 2."""
+    booster, model, opt = _setup(seed=0)
+    for step in (2, 6):
+        booster.save(model, opt, tmp_path, step=step)
+    _, model_b, opt_b = _setup(seed=1)
+    real_replace, calls = os.replace, {"n": 0}
+
+    def replace(src, dst):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        real_replace(src, dst)
+        if calls["n"] == 2:  # 1: latest -> the new copy; 2: the new copy -> step-2
+            raise _Killed
+
+    monkeypatch.setattr(_publish.os, "replace", replace)
+    with contextlib.suppress(_Killed):
+        booster.save(model_b, opt_b, tmp_path, step=2)
+    monkeypatch.undo()
+    assert latest_checkpoint(tmp_path).name == "step-2"
+
+
 def test_orphaned_temp_dirs_are_cleaned_and_complete_ones_published(tmp_path):
     booster, model, opt = _setup()
     booster.save(model, opt, tmp_path, step=2)

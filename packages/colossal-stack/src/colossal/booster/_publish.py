@@ -12,8 +12,9 @@ files all exist at their sizes is *complete*. Files and directory are fsynced, t
 
 No step is deleted before its replacement is complete and named by ``latest``. A kill at any
 moment leaves either ``latest`` naming a complete directory or (between the rename and the
-pointer update of case 2) a complete ``step-<N>``; ``find_checkpoint`` falls back to the newest
-complete ``step-<N>`` when ``latest`` is missing or names nothing complete. The next save cleans
+pointer update of case 2) naming the hidden name of a complete ``step-<N>``, which
+``find_checkpoint`` follows to ``step-<N>``; only when ``latest`` is missing or names nothing
+complete does it fall back to the newest complete ``step-<N>``. The next save cleans
 up after killed ones: an incomplete hidden directory is removed, a complete one whose publish was
 cut short is published (renamed to its ``step-<N>``), never deleted unseen.
 """
@@ -205,6 +206,9 @@ def find_checkpoint(root: Path) -> Path | None:
         named = root / name
         if named.is_dir() and (is_complete(named) or not (named / MANIFEST).exists()):
             return named
+        hidden = _HIDDEN.fullmatch(name)  # a re-save renamed it in; the pointer lagged behind
+        if hidden and is_complete(root / f"step-{hidden.group(1)}"):
+            return root / f"step-{hidden.group(1)}"
     steps = _complete_steps(root)
     return steps[-1][1] if steps else None
 
