@@ -60,3 +60,24 @@ def pipeline_sent_bytes(m: int, batch: int, width: int) -> tuple[int, int]:
         boundary_shape=(batch // m, width),
     )
     return me, mesh.comm.counter.bytes("pp", "send")
+
+
+def tp1d_block_bytes(sequence_parallel: bool, batch: int, seq: int) -> int:
+    """Counted bytes of one GPT block under 1D tensor parallelism, forward and backward: the
+    counted bytes of a 2-layer model minus those of a 1-layer one (embeddings and loss cancel)."""
+    import torch.distributed as dist
+
+    from colossal_models import parallelize
+    from colossal_parallel import MeshConfig, ProcessMesh
+
+    mesh = ProcessMesh(MeshConfig(tp=dist.get_world_size(), tp_mode="1d"))
+    counted = []
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        cfg = GPTConfig.preset("micro", num_layers=layers)
+        model = parallelize(GPT(cfg), mesh, sequence_parallel=sequence_parallel)
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+        mesh.comm.counter.reset()
+        model(ids, ids).backward()
+        counted.append(mesh.comm.counter.bytes())
+    return counted[1] - counted[0]

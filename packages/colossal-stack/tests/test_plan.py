@@ -193,3 +193,21 @@ def test_pipeline_p2p_bytes_match_counted(world):
     m, batch, width = 4, 8, 16
     for stage, sent in world(2).run(checks.pipeline_sent_bytes, m, batch, width):
         assert sent == pipeline_p2p_bytes(stage, 2, m, batch // m * width, elem_bytes=4) > 0
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tp1d_block_bytes_match_counted(world, sequence_parallel):
+    # Validation: the planner's Megatron block bytes (colossal_parallel.block_comm_bytes_1d)
+    # against the bytes counted by one fp32 GPT block sharded over 2 gloo ranks, exactly.
+    import _checks_plan as checks
+
+    from colossal_parallel import block_comm_bytes_1d
+
+    batch, seq, hidden = 2, 16, 128  # micro preset: hidden 128
+    want = sum(
+        block_comm_bytes_1d(
+            batch * seq, hidden, 2, sequence_parallel=sequence_parallel, dtype_bytes=4
+        )
+    )
+    for counted in world(2).run(checks.tp1d_block_bytes, sequence_parallel, batch, seq):
+        assert counted == want
