@@ -211,3 +211,17 @@ def test_tp1d_block_bytes_match_counted(world, sequence_parallel):
     )
     for counted in world(2).run(checks.tp1d_block_bytes, sequence_parallel, batch, seq):
         assert counted == want
+
+
+def test_cost_model_bubble_and_mfu_bounds():
+    # The step is (m + p - 1) micro-batch slots: the bubble is colossal-parallel's (p-1)/(m+p-1),
+    # and MFU never exceeds the kernel efficiency it assumes.
+    from colossal.plan import step_cost
+
+    shape, hw = model_shape("gpt", "2.7b"), HARDWARE["a100-80g"]
+    for pp, m in ((1, 8), (4, 4), (4, 16), (8, 8)):
+        lay = Layout(1, pp, 1, "1d", 1, "ddp", 1, m, "none")
+        cost = step_cost(shape, lay, device_memory(shape, lay, 2048), hw, 2048, efficiency=0.5)
+        assert cost.bubble == pytest.approx((pp - 1) / (m + pp - 1))
+        assert cost.mfu <= 0.5 + 1e-9
+        assert cost.step >= cost.compute

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from colossal_parallel import (
     block_comm_bytes_1d,
+    ideal_idle_fraction,
     layernorm_comm_bytes,
     linear_comm_bytes,
     pipeline_p2p_bytes,
@@ -131,7 +132,7 @@ def step_cost(
     step = busy + dp_exposed + offload
     model_flops = shape.flops_per_token(seq_len) * seq_len * lay.micro_batch * lay.num_micro
     mfu = model_flops * lay.dp / (step * lay.devices * hw.peak_flops)
-    bubble = (lay.pp - 1) / slots
+    bubble = ideal_idle_fraction("1f1b", lay.pp, lay.num_micro)  # == (pp-1) / slots
     return StepCost(
         slots * compute_mb,
         slots * tp_mb,
