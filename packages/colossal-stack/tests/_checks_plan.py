@@ -81,3 +81,20 @@ def tp1d_block_bytes(sequence_parallel: bool, batch: int, seq: int) -> int:
         model(ids, ids).backward()
         counted.append(mesh.comm.counter.bytes())
     return counted[1] - counted[0]
+
+
+def gemini_state_bytes(preset: str = "micro") -> tuple[int, int]:
+    """Parameters of ``preset`` and the bytes Gemini's tiers hold after two bf16 steps (one
+    process)."""
+    from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
+
+    torch.manual_seed(0)
+    cfg = GPTConfig.preset(preset)
+    model = apply_gemini(GPT(cfg), GeminiConfig(precision="bf16"))
+    opt = GeminiOptimizer(model, lr=1e-3)
+    ids = torch.randint(0, cfg.vocab_size, (2, 32))
+    for _ in range(2):
+        opt.backward(model(ids, ids))
+        opt.step()
+        opt.zero_grad()
+    return cfg.num_params(), sum(t.used_bytes for t in model.memory_stats().tiers.values())

@@ -2,7 +2,8 @@
 and what it puts on the host and on disk.
 
 [Note: memory model] Model states follow ZeRO's bytes per parameter
-(``colossal_zero.model_state_bytes_per_param``) on the parameters of the busiest pipeline stage
+(``colossal_zero.model_state_bytes_per_param``; Gemini's gradients reuse the 16-bit parameters'
+chunk slots, so it holds 14/dp) on the parameters of the busiest pipeline stage
 (``L/pp`` blocks plus the embeddings), split by ``tp`` in every mode (the replicated vectors of
 the grid modes are ignored: they are < 0.1% of a block). Gemini's tiers move the 12 optimizer
 bytes (``gemini-host``), all 16 (``gemini-host-all``) or the 12 to disk and the 4 to the host
@@ -88,7 +89,8 @@ def device_memory(shape: ModelShape, lay: Layout, seq_len: int) -> MemoryBreakdo
     """The memory of one device of the busiest stage under ``lay`` (see [Note: memory model])."""
     n = stage_params(shape, lay.pp) / lay.tp
     stage = ZERO_STAGE.get(lay.method, 3)
-    p, g, o = (b * n for b in model_state_bytes_per_param(stage, lay.dp))
+    per = model_state_bytes_per_param(stage, lay.dp, grads_in_param_slots=True)
+    p, g, o = (b * n for b in per)
     act = activation_bytes(shape, lay, seq_len)
     if stage < 3:
         return MemoryBreakdown(p, g, o, act, BUCKET_BYTES)
