@@ -124,7 +124,10 @@ def _consumer_rows(quick: bool) -> list[dict]:
 
 def run(quick: bool, out_dir: Path) -> Report:
     rows = _gpt3_rows(quick) + _consumer_rows(quick)
-    g = {r["layouts"]: r for r in rows if r["case"] == "gpt3-175b"}
+    g: dict[str, dict] = {}
+    for r in rows:  # the first hardware case (1 TiB of host per node)
+        if r["case"] == "gpt3-175b":
+            g.setdefault(r["layouts"], r)
     mega, grid = g["Megatron 1D TP + PP, no ZeRO"], g["2.5D/3D TP + ZeRO/Gemini"]
     summary = {
         "gpt3_megatron_devices": mega["devices"],
@@ -134,6 +137,9 @@ def run(quick: bool, out_dir: Path) -> Report:
     }
     if isinstance(mega["devices"], int) and isinstance(grid["devices"], int):
         summary["half_the_gpus_holds"] = grid["devices"] * 2 <= mega["devices"]
+    nof = g["2.5D/3D TP + ZeRO/Gemini, no offload"]["devices"]
+    if isinstance(mega["devices"], int) and isinstance(nof, int):
+        summary["half_the_gpus_holds_without_offload"] = nof * 2 <= mega["devices"]
     for r in rows:
         if r["case"] != "gpt3-175b":
             summary[f"largest {r['hardware']}"] = f"{r['params_b']}B (seed {r['seed_claim_b']}B)"
