@@ -23,6 +23,8 @@ from ..plan._render import plan_json, plot_memory, print_plans
 
 __all__ = ["add_plan_parser"]
 
+_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="which layouts fit a model on given hardware, and how fast")
@@ -93,16 +95,29 @@ def _run(args: argparse.Namespace) -> int:
         )
     if not plans[0].fits:
         near = plans[0]
-        grow = [n for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048) if n > args.devices]
+        grow = [n for n in (*_COUNTS, 2048) if n > args.devices]
         found = fewest_devices(req, grow[:6])
         more = f"; fits from {found[0]} devices ({found[1].layout.describe()})" if found else ""
         raise ConfigError(
             f"no layout of {head} fits; nearest: {near.layout.describe()} ({near.why}){more}"
         )
+    fewer = [n for n in _COUNTS if n < args.devices]
+    found = fewest_devices(req, fewer) if fewer else None
+    n_min, best = found if found else (args.devices, plans[0])
     if args.json:
-        print(json.dumps({"request": head, "plans": [plan_json(p) for p in plans[: args.top]]}))
+        out = {
+            "request": head,
+            "fewest_devices": n_min,
+            "fewest_devices_layout": best.layout.describe(),
+            "plans": [plan_json(p) for p in plans[: args.top]],
+        }
+        print(json.dumps(out))
     else:
         print_plans(plans, head, args.top)
+        print(
+            f"fewest devices that fit (of {', '.join(map(str, [*fewer, args.devices]))}): "
+            f"{n_min} ({best.layout.describe()}, {best.cost.step:.2f} s/step)"
+        )
     if args.png:
         plot_memory(plans[: min(args.top, 12)], args.png, hw.memory)
     return 0
