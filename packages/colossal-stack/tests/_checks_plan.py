@@ -98,3 +98,24 @@ def gemini_state_bytes(preset: str = "micro") -> tuple[int, int]:
         opt.step()
         opt.zero_grad()
     return cfg.num_params(), sum(t.used_bytes for t in model.memory_stats().tiers.values())
+
+
+def tp_block_bytes(mode: str, batch: int, seq: int) -> int:
+    """Counted bytes of one fp32 GPT block under tensor-parallel ``mode`` over all ranks, forward
+    and backward: a 2-layer model's minus a 1-layer one's."""
+    import torch.distributed as dist
+
+    from colossal_models import parallelize
+    from colossal_parallel import MeshConfig, ProcessMesh
+
+    mesh = ProcessMesh(MeshConfig(tp=dist.get_world_size(), tp_mode=mode))
+    counted = []
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        cfg = GPTConfig.preset("micro", num_layers=layers)
+        model = parallelize(GPT(cfg), mesh)
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+        mesh.comm.counter.reset()
+        model(ids, ids).backward()
+        counted.append(mesh.comm.counter.bytes())
+    return counted[1] - counted[0]

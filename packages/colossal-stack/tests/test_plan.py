@@ -241,3 +241,15 @@ def test_gemini_model_states_match_measured():
     predicted = mem.params + mem.grads + mem.optimizer
     assert predicted == 14 * params
     assert predicted <= measured <= 1.05 * predicted
+
+
+def test_tp2d_block_bytes_match_counted(world):
+    # Validation: the planner's 2D block bytes (colossal-parallel's linear/layernorm formulas for
+    # qkv, proj, fc, fc2 and two LayerNorms) against one fp32 GPT block on a 2x2 grid, exactly.
+    import _checks_plan as checks
+
+    from colossal.plan._cost import tp_block_bytes
+
+    lay = Layout(1, 1, 4, "2d", 1, "ddp", 4, 1, "none")
+    want = tp_block_bytes(model_shape("gpt", "micro"), lay, 4 * 16, dtype_bytes=4)
+    assert world(4).run(checks.tp_block_bytes, "2d", 4, 16) == [want] * 4

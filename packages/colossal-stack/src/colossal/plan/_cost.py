@@ -29,7 +29,7 @@ from ._layout import Layout
 from ._memory import MemoryBreakdown, stage_params
 from ._shape import ModelShape
 
-__all__ = ["StepCost", "dp_comm_bytes", "step_cost"]
+__all__ = ["StepCost", "dp_comm_bytes", "step_cost", "tp_block_bytes"]
 
 HOST_ADAM_PARAMS_PER_S = 1e9  # fp32 Adam on host cores, parameters per second per device
 
@@ -54,23 +54,47 @@ def _link(hw: Hardware, inner: int) -> float:
     return hw.intra_bw if inner <= hw.devices_per_node else hw.inter_bw
 
 
-def _tp_bytes(shape: ModelShape, lay: Layout, tokens: int) -> float:
-    """Wire bytes of one block's forward + backward on one device."""
+def tp_block_bytes(shape: ModelShape, lay: Layout, tokens: int, dtype_bytes: int = 2) -> float:
+    """Counted bytes of one block's forward + backward on one device under ``lay``'s tensor
+    parallelism (``tokens`` rows of the whole activation): Megatron's ``block_comm_bytes_1d``, or
+    the grid modes' four Linears (qkv, proj, fc, fc2) and two LayerNorms."""
     if lay.tp == 1:
         return 0.0
     if lay.tp_mode in ("1d", "1d-sp"):
-        sp1d = lay.tp_mode == "1d-sp"
-        f, b = block_comm_bytes_1d(tokens, shape.hidden, lay.tp, sequence_parallel=sp1d)
-        return (f + b) * (lay.tp - 1) / lay.tp * (1 if sp1d else 2)
+        f, b = block_comm_bytes_1d(
+            tokens,
+            shape.hidden,
+            lay.tp,
+            sequence_parallel=lay.tp_mode == "1d-sp",
+            dtype_bytes=dtype_bytes,
+        )
+        return f + b
     h, q, d = shape.hidden, lay.grid_q, lay.depth
     total = 0
     for k, n in ((h, 3 * h), (h, h), (h, 4 * h), (4 * h, h)):
         c = linear_comm_bytes(
-            lay.tp_mode, q, depth=d, tokens=tokens, in_features=k, out_features=n, dtype_bytes=2
+            lay.tp_mode,
+            q,
+            depth=d,
+            tokens=tokens,
+            in_features=k,
+            out_features=n,
+            dtype_bytes=dtype_bytes,
         )
         total += c.total
-    total += 2 * layernorm_comm_bytes(lay.tp_mode, q, depth=d, tokens=tokens, hidden=h).total
-    return total * (q - 1) / q
+    ln = layernorm_comm_bytes(lay.tp_mode, q, depth=d, tokens=tokens, hidden=h, dtype_bytes=4)
+    return total + 2 * ln.total
+
+
+def _tp_bytes(shape: ModelShape, lay: Layout, tokens: int) -> float:
+    """Wire bytes of one block's forward + backward on one device: counted bytes x the ring
+    factor (``(g-1)/g`` per gathered or scattered tensor, twice that per all-reduce)."""
+    if lay.tp == 1:
+        return 0.0
+    counted = tp_block_bytes(shape, lay, tokens)
+    if lay.tp_mode in ("1d", "1d-sp"):
+        return counted * (lay.tp - 1) / lay.tp * (1 if lay.tp_mode == "1d-sp" else 2)
+    return counted * (lay.grid_q - 1) / lay.grid_q
 
 
 def dp_comm_bytes(shape: ModelShape, lay: Layout) -> float:
