@@ -3,6 +3,7 @@
 from ._booster import Booster
 from ._ddp import DDPPlugin
 from ._gemini import GeminiPlugin, parse_bytes
+from ._hybrid import HybridParallelPlugin, PipelineModule
 from ._plugin import Plugin
 from ._publish import find_checkpoint, latest_checkpoint
 from ._zero import LowLevelZeroPlugin
@@ -11,7 +12,9 @@ __all__ = [
     "Booster",
     "DDPPlugin",
     "GeminiPlugin",
+    "HybridParallelPlugin",
     "LowLevelZeroPlugin",
+    "PipelineModule",
     "Plugin",
     "find_checkpoint",
     "latest_checkpoint",

@@ -56,6 +56,22 @@ class Booster:
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         self.plugin.backward(loss, optimizer)
 
+    def execute_pipeline(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+    ) -> torch.Tensor:
+        """Forward and backward of one batch through the plugin's pipeline schedule (plugins
+        without one: ``model(inputs, targets)`` then ``backward``); returns the mean loss."""
+        run = getattr(self.plugin, "execute_pipeline", None)
+        if run is not None:
+            return run(inputs, targets, model, optimizer)
+        loss = model(inputs, targets)
+        self.plugin.backward(loss, optimizer)
+        return loss.detach()
+
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.plugin.unwrap(model)
 

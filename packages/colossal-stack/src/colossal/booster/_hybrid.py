@@ -1,0 +1,409 @@
+"""The hybrid plugin: tensor, pipeline and sequence parallelism with ZeRO-1/2 (or plain data
+parallelism) on one mesh ``(pp, dp, sp, *tp)``, with ``dp = world / (tp * pp * sp)``.
+
+[Note: hybrid gradients] With ``zero_stage=0`` the optimizer is the user's class rebuilt on the
+sharded parameters, with a step pre-hook that sums gradients over ``sp`` (each sp rank holds a
+part of the sequence), averages them over ``dp`` and clips by the norm over the whole mesh
+(``mesh_grad_norm`` with the tensor-parallel layout plus a ``pp`` axis: every stage's
+parameters are disjoint pieces, the tied embedding is counted on the first stage only). With
+ZeRO-1/2 the ``LowLevelZeroOptimizer`` does the dp reduction and the mesh-wide norm itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from colossal_contracts import ConfigError, ParamSharding, ShardAxis
+from colossal_models import (
+    apply_activation_checkpointing,
+    apply_sequence_parallel,
+    describe_sharding,
+    parallelize,
+    split_into_stages,
+)
+from colossal_parallel import (
+    SCHEDULES,
+    TP_MODES,
+    MeshConfig,
+    PipelineSchedule,
+    ProcessMesh,
+    all_reduce_grads,
+    run_pipeline,
+)
+from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
+
+__all__ = ["HybridParallelPlugin", "PipelineModule"]
+
+_SP_METHODS = (None, "megatron", "ring", "ulysses")
+
+
+class PipelineModule(nn.Module):
+    """This rank's pipeline chunks. Train it with ``Booster.execute_pipeline``, not a call."""
+
+    def __init__(self, chunks: list[nn.Module]):
+        super().__init__()
+        self.chunks = nn.ModuleList(chunks)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConfigError(
+            "a pipelined model runs whole steps: call booster.execute_pipeline(x, y, model, "
+            "optimizer) instead of model(x, y)"
+        )
+
+
+@dataclass
+class HybridParallelPlugin:
+    """Tensor (1d/2d/2.5d/3d), pipeline, sequence and data parallelism, ZeRO-1/2 over ``dp``.
+
+    Every rank of one data-parallel coordinate (``data_rank``) must be given the same batch.
+    Invariant: ``backward`` + ``step`` (or ``execute_pipeline`` + ``step``) equals AdamW on the
+    global batch of the unsharded model, within tensor parallelism's rounding. Settings are
+    checked before any process group is created.
+    """
+
+    tp_size: int = 1
+    tp_mode: str = "1d"
+    tp_depth: int = 1
+    sequence_parallel: str | None = None
+    sp_size: int = 1
+    pp_size: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    num_virtual: int = 0  # 0: 2 for the interleaved schedule, else 1
+    zero_stage: int = 0
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
+    max_grad_norm: float = 0.0
+    bucket_numel: int = 1 << 22
+    name: str = "hybrid"
+    sharded_checkpoint: bool = True
+    mesh: ProcessMesh | None = field(default=None, repr=False)
+    sharding: dict[str, ParamSharding] | None = field(default=None, repr=False)
+    _stages: Any = field(default=None, repr=False)
+    _optimizer: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for k in ("tp_size", "tp_depth", "sp_size", "pp_size", "microbatches"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"HybridParallelPlugin.{k} must be a positive int, got {v!r}")
+        if self.zero_stage == 3:
+            raise ConfigError(
+                "the hybrid plugin shards up to ZeRO stage 2; for ZeRO-3 with tensor parallelism "
+                "use GeminiPlugin(tp_size=...) (--plugin gemini with --tp)"
+            )
+        if self.zero_stage not in (0, 1, 2):
+            raise ConfigError(f"zero_stage must be 0, 1 or 2, got {self.zero_stage!r}")
+        if self.tp_mode not in TP_MODES:
+            raise ConfigError(f"tp_mode must be one of {TP_MODES}, got {self.tp_mode!r}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.sequence_parallel not in _SP_METHODS:
+            raise ConfigError(
+                f"sequence_parallel must be one of {_SP_METHODS}, got {self.sequence_parallel!r}"
+            )
+        if self.num_virtual == 0:
+            self.num_virtual = 2 if self.schedule == "interleaved" else 1
+        self._check_combination()
+        if self.zero_stage == 0 and self.precision != "fp32":
+            raise ConfigError(
+                f"precision {self.precision!r} needs ZeRO's fp32 masters here: set zero_stage=1 "
+                "or 2 (--zero 1), or use precision='fp32'"
+            )
+        if self.zero_stage:
+            self._zero_config()  # validates precision and bucket size
+
+    def _check_combination(self) -> None:
+        sp, tp, pp = self.sequence_parallel, self.tp_size, self.pp_size
+        MeshConfig(tp=tp, tp_mode=self.tp_mode, tp_depth=self.tp_depth)._check_tp()  # type: ignore[arg-type]
+        if sp in ("ring", "ulysses"):
+            if tp > 1 or pp > 1:
+                raise ConfigError(
+                    f"{sp} sequence parallelism composes with data parallelism only here; use "
+                    "tp_size=1 and pp_size=1 with it (or sequence_parallel='megatron' with 1d tp)"
+                )
+            if self.zero_stage:
+                raise ConfigError(
+                    f"{sp} sequence parallelism runs with zero_stage=0 here (gradients are summed "
+                    "over sp before the dp average); use --zero 0"
+                )
+        elif self.sp_size != 1:
+            raise ConfigError(
+                f"sp_size={self.sp_size} needs sequence_parallel='ring' or 'ulysses' (Megatron "
+                "sequence parallelism uses the tp ranks); set sp_size=1"
+            )
+        if sp == "megatron" and (tp == 1 or self.tp_mode != "1d"):
+            raise ConfigError(
+                "Megatron sequence parallelism needs 1d tensor parallelism, tp_size>1"
+            )
+        if pp > 1 and tp > 1 and self.tp_mode != "1d":
+            raise ConfigError(
+                f"pipeline stages compose with 1d tensor parallelism only, got tp_mode="
+                f"{self.tp_mode!r}; use tp_mode='1d' or pp_size=1"
+            )
+        if pp > 1 and self.zero_stage == 2:
+            raise ConfigError(
+                "ZeRO-2 reduces gradients during backward, before the pipeline sums the tied "
+                "embedding's gradients; use zero_stage=1 with pp_size>1"
+            )
+        if pp == 1 and self.microbatches != 1:
+            raise ConfigError("microbatches > 1 needs pp_size > 1 (pipeline micro-batches)")
+
+    def _zero_config(self) -> ZeroConfig:
+        return ZeroConfig(
+            stage=self.zero_stage, precision=self.precision, bucket_numel=self.bucket_numel
+        )
+
+    @property
+    def sp(self) -> int:
+        return self.sp_size if self.sequence_parallel in ("ring", "ulysses") else 1
+
+    def mesh_config(self, world_size: int) -> MeshConfig:
+        """The mesh for ``world_size`` ranks; ``ConfigError`` when tp*pp*sp does not divide it."""
+        block = self.tp_size * self.pp_size * self.sp
+        if world_size % block:
+            raise ConfigError(
+                f"tp*pp*sp = {self.tp_size}*{self.pp_size}*{self.sp} = {block} does not divide the "
+                f"world size {world_size}; launch a multiple of {block} ranks or change the sizes"
+            )
+        cfg = MeshConfig(
+            dp=world_size // block,
+            pp=self.pp_size,
+            tp=self.tp_size,
+            tp_mode=self.tp_mode,  # type: ignore[arg-type]
+            tp_depth=self.tp_depth,
+            sp=self.sp,
+        )
+        cfg.validate(world_size)
+        return cfg
+
+    def data_rank(self) -> tuple[int, int]:
+        """``(coordinate, size)`` of this rank along ``dp``: which slice of the batch it gets."""
+        if self.mesh is None:
+            raise ConfigError("data_rank() is known after Booster.boost")
+        return self.mesh.coord("dp"), self.mesh.size("dp")
+
+    def describe(self) -> str:
+        """The mesh as one line, e.g. ``dp2 x tp2(1d) x pp2(1f1b, m=4)``."""
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        cfg = self.mesh_config(world)
+        parts = [f"dp{cfg.dp}"]
+        if cfg.tp > 1:
+            parts.append(f"tp{cfg.tp}({cfg.tp_mode})")
+        if cfg.pp > 1:
+            parts.append(f"pp{cfg.pp}({self.schedule}, m={self.microbatches})")
+        if self.sequence_parallel:
+            parts.append(f"sp{self.sp}({self.sequence_parallel})")
+        return " x ".join(parts) + (f", zero{self.zero_stage}" if self.zero_stage else "")
+
+    # --- Plugin protocol -------------------------------------------------------------------
+
+    def configure(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Shard ``model`` in place through its plan and rebuild ``optimizer`` (Adam/AdamW, one
+        parameter group) on this rank's parameters."""
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        cfg = self.mesh_config(world)
+        layers = getattr(getattr(model, "config", None), "num_layers", None)
+        if layers is None:
+            raise ConfigError(f"the hybrid plugin knows GPT and PaLM, got {type(model).__name__}")
+        if cfg.pp * self.num_virtual > layers:
+            raise ConfigError(
+                f"pp={cfg.pp} x {self.num_virtual} chunk(s) = {cfg.pp * self.num_virtual} stages "
+                f"for a model of {layers} blocks; use at most {layers} stages"
+            )
+        if self.pp_size > 1:
+            PipelineSchedule(self.schedule, self.microbatches, self.num_virtual).validate(cfg.pp)  # type: ignore[arg-type]
+        if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+            raise ConfigError(
+                f"the hybrid plugin trains with Adam or AdamW, got {type(optimizer).__name__}"
+            )
+        if len(optimizer.param_groups) != 1:
+            raise ConfigError("the hybrid plugin rebuilds one parameter group; pass one")
+        self.mesh = mesh = ProcessMesh(cfg)
+        if cfg.tp > 1:
+            parallelize(model, mesh, sequence_parallel=self.sequence_parallel == "megatron")
+        if self.sp > 1:
+            apply_sequence_parallel(model, mesh, self.sequence_parallel)  # type: ignore[arg-type]
+        if self.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        tp_layout = describe_sharding(model, mesh) if cfg.tp > 1 else None
+        out: nn.Module = model
+        names: dict[str, str] = {n: n for n, _ in model.named_parameters()}
+        tied: set[int] = set()
+        if cfg.pp > 1:
+            self._stages = split_into_stages(model, mesh, num_virtual=self.num_virtual)
+            out = PipelineModule(self._stages.chunks)
+            names = {}
+            for i, chunk in enumerate(self._stages.chunks):
+                for n, _ in chunk.named_parameters():
+                    names[f"chunks.{i}.{n}"] = n
+            tied = {id(p) for p in self._stages.tied}
+        self.sharding = self._layout(out, names, tp_layout, tied)
+        hyper = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "betas", "eps")}
+        wd = optimizer.defaults["weight_decay"]
+        params = [p for p in out.parameters() if p.requires_grad]
+        if self.zero_stage:
+            opt: torch.optim.Optimizer = LowLevelZeroOptimizer(
+                out,
+                params,
+                weight_decay=wd,
+                **hyper,
+                config=self._zero_config(),
+                group=mesh.group("dp"),
+                max_grad_norm=self.max_grad_norm,
+                adamw=isinstance(optimizer, torch.optim.AdamW),
+                sharding=self.sharding,
+            )
+        else:
+            opt = type(optimizer)(params, weight_decay=wd, **hyper)
+            named = [(n, p) for n, p in out.named_parameters() if p.requires_grad]
+            opt.register_step_pre_hook(lambda *_: self._reduce_and_clip(named))
+        self._optimizer = opt
+        return out, opt
+
+    def _layout(
+        self,
+        model: nn.Module,
+        names: dict[str, str],
+        tp_layout: dict[str, ParamSharding] | None,
+        tied: set[int],
+    ) -> dict[str, ParamSharding] | None:
+        """Name in ``model`` -> layout over tp and pp (see [Note: hybrid gradients])."""
+        assert self.mesh is not None
+        if tp_layout is None and self.pp_size == 1:
+            return None
+        pp = ShardAxis("pp", self.mesh.group("pp"), self.pp_size, self.mesh.coord("pp"))
+        out = {}
+        for n, p in model.named_parameters():
+            rec = tp_layout[names[n]] if tp_layout is not None else ParamSharding()
+            if self.pp_size > 1:
+                if id(p) in tied:
+                    rec = ParamSharding(rec.split, (*rec.replicated, pp))
+                else:
+                    rec = ParamSharding((*rec.split, pp), rec.replicated)
+            out[n] = rec
+        return out
+
+    def _reduce_and_clip(self, named: list[tuple[str, nn.Parameter]]) -> None:
+        assert self.mesh is not None
+        params = [p for _, p in named]
+        if self.sp > 1:
+            all_reduce_grads(params, self.mesh.comm, "sp", average=False)
+        if self.mesh.size("dp") > 1:
+            all_reduce_grads(params, self.mesh.comm, "dp", average=True)
+        if self.max_grad_norm > 0:
+            layout = self.sharding or {}
+            parts = [(p.grad, layout.get(n)) for n, p in named if p.grad is not None]
+            norm = mesh_grad_norm(parts, shardings=layout).norm
+            coef = self.max_grad_norm / (norm + 1e-6)
+            if coef < 1.0:
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+
+    def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        if self.pp_size > 1:
+            raise ConfigError("with pp_size > 1 use booster.execute_pipeline(...) for a step")
+        if isinstance(optimizer, LowLevelZeroOptimizer):
+            optimizer.backward(loss)
+        else:
+            loss.backward()
+
+    def execute_pipeline(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+    ) -> torch.Tensor:
+        """Forward and backward of one batch through the schedule; the batch's mean loss (on
+        every rank). Then ``optimizer.step()`` as usual."""
+        if self.pp_size == 1:
+            loss = model(inputs, targets)
+            self.backward(loss, optimizer)
+            return loss.detach()
+        assert self.mesh is not None and self._stages is not None
+        b, t = inputs.shape[0], inputs.shape[-1]
+        if b % self.microbatches:
+            raise ConfigError(
+                f"batch {b} cannot be split into {self.microbatches} micro-batches; use a batch "
+                "that is a multiple of microbatches"
+            )
+        sched = PipelineSchedule(self.schedule, self.microbatches, self.num_virtual)  # type: ignore[arg-type]
+        # ZeRO-1's .grad are views into its flat buffer; the pipeline replaces the tied
+        # gradient by the first+last sum, so that sum is copied back into the view
+        views = [q.grad for q in self._stages.tied]
+        res = run_pipeline(
+            self._stages.chunks,
+            self.mesh,
+            sched,
+            inputs,
+            targets,
+            boundary_shape=self._stages.boundary_shape(b // self.microbatches, t),
+            tied=self._stages.tied,
+        )
+        with torch.no_grad():
+            for q, view in zip(self._stages.tied, views):
+                if view is not None and q.grad is not view:
+                    view.copy_(q.grad)
+                    q.grad = view
+        return res.loss.detach()
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def close(self) -> None:
+        """Destroy the mesh's process groups (collective); the plugin cannot train after it."""
+        if self.mesh is not None:
+            self.mesh.close()
+            self.mesh = None
+
+    def memory_stats(self) -> dict[str, Any]:
+        """The mesh and the bytes counted per axis since construction."""
+        if self.mesh is None:
+            return {}
+        out: dict[str, Any] = {"mesh": self.describe()}
+        for axis in ("dp", "tp", "pp", "sp"):
+            if self.mesh.size(axis) > 1:
+                out[f"comm_{axis}_bytes_total"] = self.mesh.comm.counter.bytes(axis)
+        if isinstance(self._optimizer, LowLevelZeroOptimizer):  # ZeRO counts its own dp bytes
+            out["comm_dp_bytes_total"] = sum(self._optimizer.comm_bytes.values())
+        return out
+
+    def save_checkpoint(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
+    ) -> None:
+        """Each rank writes its own shard (same-layout resume only; see the docs)."""
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        state = {
+            "layout": self.describe(),
+            "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "optimizer": copy.deepcopy(optimizer.state_dict()),
+        }
+        torch.save(state, Path(path) / f"hybrid-rank{rank:05d}.pt")
+
+    def load_checkpoint(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
+    ) -> None:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        file = Path(path) / f"hybrid-rank{rank:05d}.pt"
+        if not os.path.isfile(file):
+            raise ConfigError(f"{path} holds no shard for rank {rank}: resume on the same layout")
+        state = torch.load(file, weights_only=False)
+        if state["layout"] != self.describe():
+            raise ConfigError(
+                f"checkpoint {path} was written on layout {state['layout']}, this run is "
+                f"{self.describe()}; resume on the same layout (cross-layout loading is not built)"
+            )
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
