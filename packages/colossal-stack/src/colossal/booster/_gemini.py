@@ -154,13 +154,7 @@ class GeminiPlugin:
         gm = _gemini_module(model)
         save_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, path)
         if self.export_full_model:
-            full = gm.full_state_dict()  # collective
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-            if rank == 0:
-                save_file(
-                    {k: v.contiguous() for k, v in _untie(full).items()},
-                    str(path / FULL_MODEL_FILE),
-                )
+            write_full_model(gm.full_state_dict(), path)  # collective gather, rank 0 writes
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
@@ -173,6 +167,13 @@ def _gemini_module(model: nn.Module) -> GeminiModule:
     if not isinstance(model, GeminiModule):
         raise ConfigError("GeminiPlugin checkpoints need the model that Booster.boost returned")
     return model
+
+
+def write_full_model(full: dict[str, torch.Tensor], path: Path) -> None:
+    """Rank 0 writes the consolidated ``full`` state into ``path / FULL_MODEL_FILE``."""
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in _untie(full).items()}, str(path / FULL_MODEL_FILE))
 
 
 def _untie(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from safetensors.torch import save_file
 from torch import nn
 
 from colossal_contracts import ConfigError, ParamSharding
@@ -21,7 +19,7 @@ from colossal_zero import (
     save_zero_sharded,
 )
 
-from ._gemini import FULL_MODEL_FILE, parse_bytes
+from ._gemini import parse_bytes, write_full_model
 
 __all__ = ["LowLevelZeroPlugin"]
 
@@ -129,13 +127,7 @@ class LowLevelZeroPlugin:
         opt = _zero_optimizer(optimizer)
         save_zero_sharded(opt, path)
         if self.export_full_model:
-            full = opt.full_state_dict()  # collective
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-            if rank == 0:
-                save_file(
-                    {k: v.contiguous() for k, v in _untie(full).items()},
-                    str(path / FULL_MODEL_FILE),
-                )
+            write_full_model(opt.full_state_dict(), path)  # collective gather, rank 0 writes
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
@@ -149,14 +141,3 @@ def _zero_optimizer(optimizer: torch.optim.Optimizer) -> LowLevelZeroOptimizer:
             "LowLevelZeroPlugin checkpoints need the optimizer that Booster.boost returned"
         )
     return optimizer
-
-
-def _untie(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses shared storages: give every name its own tensor."""
-    seen: set[int] = set()
-    out = {}
-    for k, v in state.items():
-        ptr = v.untyped_storage().data_ptr()
-        out[k] = v.clone() if ptr in seen else v
-        seen.add(ptr)
-    return out
