@@ -55,7 +55,7 @@ def test_bad_config_is_a_clear_error(tmp_path, kw, match):
 
 
 def test_sequence_longer_than_context_is_rejected_before_training(tmp_path, small_corpus):
-    with pytest.raises(ConfigError, match="exceeds preset 'nano'"):
+    with pytest.raises(ConfigError, match="exceeds gpt-nano's context"):
         train(_cfg(tmp_path, small_corpus, seq_len=65))
 
 

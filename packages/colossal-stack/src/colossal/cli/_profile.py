@@ -10,7 +10,7 @@ from colossal_contracts import ConfigError
 from colossal_memtrace import ProfileRequest, profile_step
 from colossal_models import ByteTokenizer
 
-from ..train._loop import _MODELS as MODELS
+from ..train._models import resolve_model
 
 __all__ = ["add_profile_parser"]
 
@@ -29,12 +29,9 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    family, config_cls = MODELS.get(args.model, (None, None))
-    if family is None:
-        raise ConfigError(f"unknown --model {args.model!r}; choose one of: {', '.join(MODELS)}")
-    cfg = config_cls.preset(args.preset).with_vocab(ByteTokenizer.vocab_size)
+    spec = resolve_model(args.model, args.preset, vocab_size=ByteTokenizer.vocab_size)
     req = ProfileRequest(
-        name=f"{args.model}-{args.preset}",
+        name=spec.label,
         batch=args.batch,
         seq_len=args.seq_len,
         optimizer=args.optimizer,
@@ -42,10 +39,10 @@ def _run(args: argparse.Namespace) -> int:
         device=args.device,
         out=args.out,
     )
-    if args.seq_len > cfg.max_seq_len:
+    if args.seq_len > spec.max_seq_len:
         raise ConfigError(
-            f"--seq-len {args.seq_len} exceeds preset {args.preset!r}'s context of "
-            f"{cfg.max_seq_len}; use a smaller --seq-len"
+            f"--seq-len {args.seq_len} exceeds {spec.label}'s context of "
+            f"{spec.max_seq_len}; use a smaller --seq-len"
         )
-    profile_step(lambda: family(cfg), req)
+    profile_step(spec.build, req)
     return 0

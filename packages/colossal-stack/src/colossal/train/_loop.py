@@ -16,16 +16,7 @@ from torch import nn
 
 from colossal_contracts import ColossalError, ConfigError
 from colossal_memtrace import estimate_step
-from colossal_models import (
-    GPT,
-    GPT_PRESETS,
-    PALM_PRESETS,
-    ByteTokenizer,
-    GPTConfig,
-    PaLM,
-    PaLMConfig,
-    load_corpus,
-)
+from colossal_models import ByteTokenizer, load_corpus
 
 from .._dist import init_from_env, rank_and_world
 from .._peers import watch_peers
@@ -33,6 +24,7 @@ from ..booster import Booster, DDPPlugin, GeminiPlugin, LowLevelZeroPlugin, Plug
 from ._config import TrainConfig
 from ._display import TrainDisplay, memory_summary, plot_memory_timeline, summary_table
 from ._guard import FiniteGuard
+from ._models import ModelSpec, resolve_model
 from ._outdir import METRICS, check_out, trim_metrics
 from ._preflight import check_fits
 from ._schedule import warmup_cosine
@@ -50,13 +42,6 @@ class TrainResult:
     num_params: int
     checkpoint: Path | None
     out: Path
-
-
-# --model name -> (model class, config class with presets)
-_MODELS: dict[str, tuple[type[nn.Module], Any]] = {
-    "gpt": (GPT, GPTConfig),
-    "palm": (PaLM, PaLMConfig),
-}
 
 
 def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
@@ -123,18 +108,17 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
     main = rank == 0
 
     resume_from = check_out(cfg.out, resume=cfg.resume)  # before any work; changes nothing
-    family, config_cls = _MODELS[cfg.model]
-    model_cfg = config_cls.preset(cfg.preset).with_vocab(ByteTokenizer.vocab_size)
-    if cfg.seq_len > model_cfg.max_seq_len:
+    spec = resolve_model(cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size)
+    if cfg.seq_len > spec.max_seq_len:
         raise ConfigError(
-            f"--seq-len {cfg.seq_len} exceeds preset {cfg.preset!r}'s context of "
-            f"{model_cfg.max_seq_len}; use a smaller --seq-len"
+            f"--seq-len {cfg.seq_len} exceeds {spec.label}'s context of "
+            f"{spec.max_seq_len}; use a smaller --seq-len"
         )
     check_fits(
-        build=lambda: family(model_cfg),
-        num_params=model_cfg.num_params(),
-        label=f"{cfg.model}-{cfg.preset}",
-        presets={"gpt": GPT_PRESETS, "palm": PALM_PRESETS}[cfg.model],
+        build=spec.build,
+        num_params=spec.num_params,
+        label=spec.label,
+        presets=spec.presets,
         batch_size=cfg.batch_size,
         seq_len=cfg.seq_len,
         sharded=cfg.plugin == "gemini",
@@ -149,13 +133,13 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
             "--seq-len"
         )
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    model = family(model_cfg)
+    model = spec.build()
     optimizer = torch.optim.AdamW(
         _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95)
     )
     plugin = build_plugin(cfg.plugin, cfg)
     if isinstance(plugin, GeminiPlugin) and cfg.accelerator_budget is not None:
-        plugin.non_model_bytes = _activation_bytes(family, model_cfg, cfg)
+        plugin.non_model_bytes = _activation_bytes(spec, cfg)
     booster = Booster(plugin)
     model, optimizer = booster.boost(model, optimizer)
 
@@ -176,16 +160,16 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         if start == cfg.steps:
             if main:
                 console.print(f"nothing to do: the run in {out} already reached step {start}")
-            return TrainResult([], float("nan"), 0.0, model_cfg.num_params(), info["path"], out)
+            return TrainResult([], float("nan"), 0.0, spec.num_params, info["path"], out)
     data_gen = torch.Generator()
     extra = {
         "train_config": {k: str(v) for k, v in asdict(cfg).items()},
-        "model_config": asdict(model_cfg),
+        "model_config": spec.config,
     }
     if main:
         out.mkdir(parents=True, exist_ok=True)
         console.print(
-            f"[bold]colossal train[/]: {cfg.model}-{cfg.preset} ({model_cfg.num_params():,} params), "
+            f"[bold]colossal train[/]: {spec.label} ({spec.num_params:,} params), "
             f"{world} rank(s), plugin {_plugin_label(cfg, plugin)}, corpus {corpus.source} "
             f"({len(corpus.data):,} bytes, {corpus.num_files} files)"
         )
@@ -247,24 +231,24 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         losses=losses,
         val_loss=val,
         tokens_per_s=tokens_per_step * len(losses) / elapsed if losses else 0.0,
-        num_params=model_cfg.num_params(),
+        num_params=spec.num_params,
         checkpoint=checkpoint,
         out=out,
     )
     if main:
-        summary = {**_summary(result, cfg, world, proc), **memory_summary(records)}
+        summary = {**_summary(result, cfg, spec.label, world, proc), **memory_summary(records)}
         if records and "bytes_moved" in records[-1]:
             summary["memory timeline"] = str(plot_memory_timeline(records, out))
         console.print(summary_table(summary))
     return result
 
 
-def _activation_bytes(family: Any, model_cfg: Any, cfg: TrainConfig) -> int:
+def _activation_bytes(spec: ModelSpec, cfg: TrainConfig) -> int:
     """Peak non-model (activation) bytes of one step on the accelerator, from memtrace's static
     estimate on the meta device: what Gemini keeps free of chunks under ``--accelerator-budget``."""
     shape = (cfg.batch_size, cfg.seq_len)
     stats = estimate_step(
-        lambda: family(model_cfg),
+        spec.build,
         lambda dev: (torch.zeros(shape, dtype=torch.long, device=dev),) * 2,
         target="cuda" if torch.cuda.is_available() else "cpu",
     )
@@ -286,10 +270,12 @@ def _data_seed(seed: int, rank: int, step: int) -> int:
     return (seed << 40) + (rank << 24) + step
 
 
-def _summary(result: TrainResult, cfg: TrainConfig, world: int, proc: psutil.Process) -> dict:
+def _summary(
+    result: TrainResult, cfg: TrainConfig, label: str, world: int, proc: psutil.Process
+) -> dict:
     first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"),) * 2
     return {
-        "model": f"{cfg.model}-{cfg.preset} ({result.num_params:,} params)",
+        "model": f"{label} ({result.num_params:,} params)",
         "ranks x batch x seq": f"{world} x {cfg.batch_size} x {cfg.seq_len}",
         "steps run": len(result.losses),
         "first loss": first,
