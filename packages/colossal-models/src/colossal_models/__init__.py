@@ -12,6 +12,7 @@ from ._gather import gather_full_state_dict
 from ._io import LMIO
 from ._long_seq import apply_sequence_parallel
 from ._parallelize import parallelize
+from ._shard_map import Box, Piece, ShardMap, flat_range_boxes, shard_map
 from ._sharding import describe_sharding
 from ._stages import PipelineStages, split_into_stages
 from ._tokenizer import ByteTokenizer
@@ -26,6 +27,7 @@ __all__ = [
     "GPT_PRESETS",
     "LMIO",
     "PALM_PRESETS",
+    "Box",
     "ByteTokenizer",
     "CausalAttention",
     "Corpus",
@@ -36,14 +38,18 @@ __all__ = [
     "LlamaStateDictAdapter",
     "PaLM",
     "PaLMConfig",
+    "Piece",
     "PipelineStages",
+    "ShardMap",
     "apply_activation_checkpointing",
     "apply_sequence_parallel",
     "default_corpus_path",
     "describe_sharding",
+    "flat_range_boxes",
     "gather_full_state_dict",
     "load_corpus",
     "parallelize",
     "parallelize_evoformer",
+    "shard_map",
     "split_into_stages",
 ]
