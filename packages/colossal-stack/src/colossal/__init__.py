@@ -13,6 +13,7 @@ from .booster import (
     LowLevelZeroPlugin,
     Plugin,
     latest_checkpoint,
+    load_layout_checkpoint,
 )
 from .train import NonFiniteError, TrainConfig, TrainResult, build_plugin, train
 
@@ -30,5 +31,6 @@ __all__ = [
     "TrainResult",
     "build_plugin",
     "latest_checkpoint",
+    "load_layout_checkpoint",
     "train",
 ]

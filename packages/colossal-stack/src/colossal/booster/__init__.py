@@ -4,6 +4,7 @@ from ._booster import Booster
 from ._ddp import DDPPlugin
 from ._gemini import GeminiPlugin, parse_bytes
 from ._hybrid import HybridParallelPlugin, PipelineModule
+from ._hybrid_checkpoint import iter_full_tensors, load_layout_checkpoint, read_layout_index
 from ._plugin import Plugin
 from ._publish import find_checkpoint, latest_checkpoint
 from ._zero import LowLevelZeroPlugin
@@ -17,6 +18,9 @@ __all__ = [
     "PipelineModule",
     "Plugin",
     "find_checkpoint",
+    "iter_full_tensors",
     "latest_checkpoint",
+    "load_layout_checkpoint",
     "parse_bytes",
+    "read_layout_index",
 ]

@@ -11,8 +11,6 @@ ZeRO-1/2 the ``LowLevelZeroOptimizer`` does the dp reduction and the mesh-wide n
 
 from __future__ import annotations
 
-import copy
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,8 @@ from colossal_parallel import (
     run_pipeline,
 )
 from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
+
+from ._hybrid_checkpoint import load_layout, save_layout
 
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
 
@@ -383,27 +383,12 @@ class HybridParallelPlugin:
     def save_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
-        """Each rank writes its own shard (same-layout resume only; see the docs)."""
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        state = {
-            "layout": self.describe(),
-            "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "optimizer": copy.deepcopy(optimizer.state_dict()),
-        }
-        torch.save(state, Path(path) / f"hybrid-rank{rank:05d}.pt")
+        """Every rank writes the blocks it alone holds, in the unsharded model's names and
+        shapes ([Note: layout checkpoint]): any layout, or one process, loads it. Collective."""
+        save_layout(model, optimizer, self.mesh, Path(path), layout=self.describe())
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        file = Path(path) / f"hybrid-rank{rank:05d}.pt"
-        if not os.path.isfile(file):
-            raise ConfigError(f"{path} holds no shard for rank {rank}: resume on the same layout")
-        state = torch.load(file, weights_only=False)
-        if state["layout"] != self.describe():
-            raise ConfigError(
-                f"checkpoint {path} was written on layout {state['layout']}, this run is "
-                f"{self.describe()}; resume on the same layout (cross-layout loading is not built)"
-            )
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        """Read the blocks this layout holds from a checkpoint of any layout."""
+        load_layout(model, optimizer, self.mesh, Path(path))

@@ -1,0 +1,385 @@
+"""Layout-independent sharded checkpoints: every rank writes what it alone holds, any layout
+(or one process) reads exactly the blocks it needs.
+
+[Note: layout checkpoint] A checkpoint directory holds ``layout-<rank>-of-<world>.safetensors``
+files and ``layout_index.json``. The index names, for every parameter of the unsharded model
+(its original name, e.g. ``blocks.0.attn.qkv.weight``), its full shape and, for each kind of
+tensor — ``param`` (fp32 values: ZeRO's masters where it keeps them), ``exp_avg`` and
+``exp_avg_sq`` (Adam's moments, in the parameter's unsharded layout) — the blocks that make it
+up: ``[file, key, offsets, sizes]`` (offsets and sizes per dim of the unsharded tensor). Adam's
+step counters and hyperparameters are in the index itself.
+
+What a rank holds is found in two steps: ``colossal_models.shard_map`` gives the pieces of each
+tensor-parallel shard in the unsharded tensor ([Note: shard pieces]), and the part of the shard
+the optimizer keeps here (whole, or ZeRO-1/2's flat range over ``dp``) is cut into boxes
+(``flat_range_boxes``) and intersected with them. Blocks held on several ranks (replicated over
+``dp``, ``sp`` or a tp axis, the tied embedding on the first and last stage) are written once:
+every rank learns every rank's blocks (metadata only), and a rank writes only what lower ranks
+do not hold. The blocks of one tensor in the index are therefore disjoint and cover it. Loading
+intersects each block a rank needs with the saved ones and reads only those slices
+(``safe_open(...).get_slice``), so neither side ever holds an unsharded tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from colossal_contracts import CheckpointError
+from colossal_models import Box, ShardMap, flat_range_boxes, shard_map
+from colossal_parallel import ProcessMesh
+from colossal_zero import LowLevelZeroOptimizer
+
+__all__ = [
+    "LAYOUT_FORMAT",
+    "LAYOUT_INDEX",
+    "iter_full_tensors",
+    "load_layout",
+    "load_layout_checkpoint",
+    "read_layout_index",
+    "save_layout",
+]
+
+LAYOUT_FORMAT = "colossal-layout/1"
+LAYOUT_INDEX = "layout_index.json"
+KINDS = ("param", "exp_avg", "exp_avg_sq")
+_HYPER = ("lr", "betas", "eps", "weight_decay")
+
+
+@dataclass
+class _Held:
+    """One parameter as this rank holds it.
+
+    Attributes:
+        smap: where the local shard's elements live in the unsharded tensor.
+        shape: the local shard's shape.
+        flats: kind -> (1-D view of the elements held, first, end) in the shard's flat order.
+        step: Adam's step count (None: never stepped).
+        set_step: stores a loaded step count where the optimizer keeps it.
+    """
+
+    smap: ShardMap
+    shape: tuple[int, ...]
+    flats: dict[str, tuple[torch.Tensor, int, int]]
+    step: float | None
+    set_step: Callable[[float], None]
+
+
+def _regions(held: _Held, kind: str) -> Iterator[tuple[Box, torch.Tensor]]:
+    """(block of the unsharded tensor, view of the elements held here) for ``kind``."""
+    flat, lo, hi = held.flats[kind]
+    strides = [math.prod(held.shape[d + 1 :]) for d in range(len(held.shape))]
+    for fb in flat_range_boxes(held.shape, lo, hi):
+        start = sum(o * s for o, s in zip(fb.offsets, strides, strict=True)) - lo
+        block = flat[start : start + fb.numel].view(fb.sizes)  # contiguous run of the flat range
+        for piece in held.smap.pieces:
+            inter = fb.intersect(piece.local)
+            if inter is not None:
+                yield piece.to_global(inter), block[inter.slices(fb.offsets)]
+
+
+def _local_key(model: nn.Module) -> Callable[[str], str]:
+    """Name in the boosted model -> name in the parallelized model (pipeline chunks are named
+    ``chunks.<i>.<name>``)."""
+    if hasattr(model, "chunks") and not hasattr(model, "config"):
+        return lambda n: n.split(".", 2)[2]
+    return lambda n: n
+
+
+def _held(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    mesh: ProcessMesh | None,
+    *,
+    fresh: bool,
+) -> list[_Held]:
+    """What this rank holds of every trainable parameter. ``fresh``: create missing Adam state
+    (zeros) so a load can fill it in place."""
+    base = model.chunks[0] if hasattr(model, "chunks") and not hasattr(model, "config") else model
+    maps = shard_map(base, mesh) if hasattr(base, "config") else None
+    key = _local_key(model)
+
+    def smap(name: str, p: torch.Tensor) -> ShardMap:
+        return maps[key(name)] if maps is not None else ShardMap.whole(name, tuple(p.shape))
+
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if isinstance(optimizer, LowLevelZeroOptimizer):
+        return _held_zero(optimizer, {n: smap(n, p) for n, p in named})
+    out = []
+    for name, p in named:
+        m = smap(name, p)
+        if not m.pieces:
+            continue
+        flats = {"param": (p.data.view(-1), 0, p.numel())}
+        st = optimizer.state.get(p) if optimizer is not None else None
+        if optimizer is not None and fresh and not st:
+            st = optimizer.state[p] = {
+                "step": torch.zeros((), dtype=torch.float32),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.contiguous_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.contiguous_format),
+            }
+        if st:
+            for kind in ("exp_avg", "exp_avg_sq"):
+                flats[kind] = (st[kind].view(-1), 0, p.numel())
+
+        def set_step(v: float, st: dict | None = st) -> None:
+            if st is not None:
+                st["step"] = torch.tensor(v, dtype=torch.float32)
+
+        step = float(st["step"]) if st else None
+        out.append(_Held(m, tuple(p.shape), flats, step, set_step))
+    return out
+
+
+def _held_zero(opt: LowLevelZeroOptimizer, maps: dict[str, ShardMap]) -> list[_Held]:
+    out = []
+    for b in opt.buckets:
+        for name, p in b.params.items():
+            part = b.fp32.shard_view(name)
+            m = maps[name]
+            if part is None or not m.pieces:
+                continue
+            _, lo, hi = part
+            flats = {"param": part}
+            for kind, chunk in (("exp_avg", b.exp_avg), ("exp_avg_sq", b.exp_avg_sq)):
+                flats[kind] = (chunk.shard_view(name)[0], lo, hi)  # type: ignore[index]
+
+            def set_step(v: float, name: str = name) -> None:
+                opt.steps[name] = torch.tensor(v, dtype=torch.float32)
+
+            step = float(opt.steps[name]) if name in opt.steps else None
+            out.append(_Held(m, tuple(p.shape), flats, step, set_step))  # type: ignore[arg-type]
+    return out
+
+
+def _model_info(model: nn.Module) -> dict[str, Any] | None:
+    base = model.chunks[0] if hasattr(model, "chunks") and not hasattr(model, "config") else model
+    config = getattr(base, "config", None)
+    if config is None or not dataclasses.is_dataclass(config):
+        return None
+    kind = type(config).__name__.removesuffix("Config")  # "GPT", "PaLM"
+    return {"class": kind, "config": dataclasses.asdict(config)}  # type: ignore[arg-type]
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@torch.no_grad()
+def save_layout(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    mesh: ProcessMesh | None,
+    directory: Path,
+    *,
+    layout: str,
+) -> None:
+    """Write this rank's blocks into ``directory`` (rank 0 also the index); see [Note: layout
+    checkpoint]. Collective over the whole world when one exists."""
+    rank, world = _world()
+    held = _held(model, optimizer, mesh, fresh=False)
+    mine = [
+        (kind, h.smap.name, box, view)
+        for h in held
+        for kind in KINDS
+        if kind in h.flats
+        for box, view in _regions(h, kind)
+    ]
+    meta = {
+        "blocks": [(k, n, b.offsets, b.sizes) for k, n, b, _ in mine],
+        "shapes": {h.smap.name: list(h.smap.shape) for h in held},
+        "steps": {h.smap.name: h.step for h in held if h.step is not None},
+    }
+    every: list[Any] = [meta]
+    if world > 1:
+        every = [None] * world
+        dist.all_gather_object(every, meta)
+    writes = _assign(every)  # (rank, kind, name, box) of every block to write, disjoint
+    file = f"layout-{rank:05d}-of-{world:05d}.safetensors"
+    tensors: dict[str, torch.Tensor] = {}
+    entries: dict[str, dict[str, list]] = {k: {} for k in KINDS}
+    for counter, (r, i, box) in enumerate(writes):
+        kind, name = every[r]["blocks"][i][:2]
+        fname = f"layout-{r:05d}-of-{world:05d}.safetensors"
+        key = f"{kind}/{name}/{counter}"
+        entries[kind].setdefault(name, []).append([fname, key, list(box.offsets), list(box.sizes)])
+        if r == rank:
+            _, _, src, view = mine[i]
+            data = view[box.slices(src.offsets)]
+            tensors[key] = data.detach().to("cpu", torch.float32).contiguous().clone()
+    if tensors:
+        save_file(tensors, str(Path(directory) / file))
+    if rank == 0:
+        shapes: dict[str, list[int]] = {}
+        steps: dict[str, float] = {}
+        for m in every:
+            shapes.update(m["shapes"])
+            steps.update(m["steps"])
+        group = optimizer.param_groups[0] if optimizer is not None else {}
+        index = {
+            "format": LAYOUT_FORMAT,
+            "layout": layout,
+            "world_size": world,
+            "model": _model_info(model),
+            "params": {n: {"shape": shapes[n]} for n in sorted(shapes)},
+            "tensors": entries,
+            "steps": steps,
+            "optimizer": {k: group[k] for k in _HYPER if k in group} if optimizer else None,
+        }
+        (Path(directory) / LAYOUT_INDEX).write_text(json.dumps(index, indent=1))
+
+
+def _assign(every: list[dict]) -> list[tuple[int, int, Box]]:
+    """(rank, block index, part) to write: each rank writes the parts of its blocks no lower
+    rank holds, so the written parts of one tensor are disjoint. The same on every rank."""
+    covered: dict[tuple[str, str], list[Box]] = {}
+    out = []
+    for r, meta in enumerate(every):
+        for i, (kind, name, offsets, sizes) in enumerate(meta["blocks"]):
+            parts = [Box(tuple(offsets), tuple(sizes))]
+            have = covered.setdefault((kind, name), [])
+            for c in have:
+                parts = [q for p in parts for q in p.subtract(c)]
+            have.extend(parts)
+            out += [(r, i, p) for p in parts]
+    return out
+
+
+def read_layout_index(directory: Path) -> dict[str, Any]:
+    """The checked ``layout_index.json`` of ``directory``; ``CheckpointError`` when it is
+    absent, unreadable or of another format."""
+    path = Path(directory) / LAYOUT_INDEX
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(
+            f"{directory} has no readable {LAYOUT_INDEX} ({err}); it is not a layout-independent "
+            "checkpoint (written by HybridParallelPlugin), or it is damaged"
+        ) from err
+    if not isinstance(index, dict) or index.get("format") != LAYOUT_FORMAT:
+        got = index.get("format") if isinstance(index, dict) else type(index).__name__
+        raise CheckpointError(f"{path}: format {got!r}, expected {LAYOUT_FORMAT!r}")
+    for k in ("params", "tensors", "steps"):
+        if not isinstance(index.get(k), dict):
+            raise CheckpointError(f"{path}: {k!r} must be an object; the index was edited")
+    return index
+
+
+class _Reader:
+    """Slices of the checkpoint's safetensors files, each opened once."""
+
+    def __init__(self, directory: Path, stack: ExitStack) -> None:
+        self.directory, self.stack = Path(directory), stack
+        self.files: dict[str, Any] = {}
+
+    def read(self, file: str, key: str, sizes: list[int], part: tuple[slice, ...]) -> torch.Tensor:
+        where = f"{self.directory / file} [{key}]"
+        try:
+            f = self.files.get(file)
+            if f is None:
+                f = self.files[file] = self.stack.enter_context(
+                    safe_open(str(self.directory / file), framework="pt")
+                )
+            sl = f.get_slice(key)
+            if list(sl.get_shape()) != list(sizes):
+                raise CheckpointError(f"{where} has shape {sl.get_shape()}, the index says {sizes}")
+            return sl[part]
+        except (OSError, SafetensorError) as err:
+            raise CheckpointError(f"checkpoint file {where} is missing or corrupt: {err}") from err
+
+
+def _fill(reader: _Reader, saved: list, box: Box, out: torch.Tensor, what: str) -> None:
+    """Copy the saved blocks' overlap with ``box`` into ``out`` (``box``'s elements)."""
+    got = 0
+    for file, key, offsets, sizes in saved:
+        src = Box(tuple(offsets), tuple(sizes))
+        inter = box.intersect(src)
+        if inter is None:
+            continue
+        data = reader.read(file, key, sizes, inter.slices(src.offsets))
+        out[inter.slices(box.offsets)].copy_(data)
+        got += inter.numel
+    if got != box.numel:
+        raise CheckpointError(
+            f"{reader.directory}: the saved blocks of {what} cover {got} of the {box.numel} "
+            f"elements at {list(box.offsets)}+{list(box.sizes)}; the checkpoint is incomplete"
+        )
+
+
+@torch.no_grad()
+def load_layout(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    mesh: ProcessMesh | None,
+    directory: Path,
+) -> dict[str, Any]:
+    """Fill the blocks this rank holds from the checkpoint ``directory`` (any layout); ZeRO's
+    parameters are then all-gathered. Returns the index. ``CheckpointError`` when the model
+    does not match or a file is missing or corrupt."""
+    index = read_layout_index(directory)
+    held = _held(model, optimizer, mesh, fresh=True)
+    with ExitStack() as stack:
+        reader = _Reader(directory, stack)
+        for h in held:
+            name = h.smap.name
+            saved = index["params"].get(name)
+            if saved is None or list(saved.get("shape", [])) != list(h.smap.shape):
+                raise CheckpointError(
+                    f"parameter {name!r} of shape {list(h.smap.shape)} does not match the "
+                    f"checkpoint {directory} ({saved['shape'] if saved else 'absent'}); was it "
+                    "saved from another model or preset?"
+                )
+            step = index["steps"].get(name)
+            for kind in KINDS:
+                if kind not in h.flats or (kind != "param" and step is None):
+                    continue
+                blocks = index["tensors"].get(kind, {}).get(name, [])
+                for box, view in _regions(h, kind):
+                    _fill(reader, blocks, box, view, f"{kind} of {name!r}")
+            if step is not None:
+                h.set_step(float(step))
+    if optimizer is not None and index.get("optimizer"):
+        for group in optimizer.param_groups:
+            group.update(
+                {k: tuple(v) if k == "betas" else v for k, v in index["optimizer"].items()}
+            )
+    if isinstance(optimizer, LowLevelZeroOptimizer):
+        optimizer.refresh_params()
+        optimizer.zero_grad()
+    return index
+
+
+def load_layout_checkpoint(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, Any]:
+    """Load a layout-independent checkpoint (of any layout) into a plain, unsharded ``model``
+    in this process (and Adam/AdamW ``optimizer``'s state: moments, steps, hyperparameters);
+    ``path`` is a ``step-N`` directory. Returns the index."""
+    return load_layout(model, optimizer, None, Path(path))
+
+
+def iter_full_tensors(path: Path, kind: str = "param") -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, unsharded fp32 tensor)`` of every parameter, one at a time (for export)."""
+    index = read_layout_index(Path(path))
+    with ExitStack() as stack:
+        reader = _Reader(Path(path), stack)
+        for name, rec in index["params"].items():
+            shape = tuple(rec["shape"])
+            out = torch.empty(shape, dtype=torch.float32)
+            blocks = index["tensors"].get(kind, {}).get(name, [])
+            _fill(reader, blocks, Box((0,) * len(shape), shape), out, f"{kind} of {name!r}")
+            yield name, out

@@ -1,0 +1,80 @@
+"""Rank-side checks of layout-independent checkpoints (run inside a colossal_testing World).
+
+A run trains GPT (hidden 32, fp32) through ``HybridParallelPlugin`` on one layout, saves with
+``Booster.save``; another run boosts a model built from *another* seed on another layout, loads
+with ``Booster.load`` and goes on. Its losses are compared (by the test) with one uninterrupted
+single-process AdamW run on the same global batches with the same clipping.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from colossal import Booster, HybridParallelPlugin
+from colossal_models import GPT, GPTConfig
+
+B, T, LR, CLIP = 8, 16, 1e-3, 0.05
+
+
+def make_model(*, bias: bool, seed: int = 0, layers: int = 4) -> GPT:
+    torch.manual_seed(seed)
+    cfg = GPTConfig(
+        vocab_size=128, max_seq_len=T, num_layers=layers, num_heads=4, hidden_size=32, bias=bias
+    )
+    return GPT(cfg)
+
+
+def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for _ in range(steps):
+        d = torch.randint(0, 128, (B, T + 1), generator=g)
+        out.append((d[:, :-1], d[:, 1:]))
+    return out
+
+
+def plain_steps(
+    model: GPT, opt: torch.optim.Optimizer, data: list[tuple[torch.Tensor, torch.Tensor]]
+) -> list[float]:
+    """Single-process AdamW steps on whole batches, clipped at ``CLIP``."""
+    losses = []
+    for x, y in data:
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def hybrid_steps(
+    settings: dict, root: str, *, first: int, last: int, bias: bool, load: bool
+) -> list[float]:
+    """Steps ``first..last-1`` on the layout ``settings``: boost a model of seed 0 (or, with
+    ``load``, of seed 7 and load ``root``'s latest checkpoint); save ``step-<last>``."""
+    plugin = HybridParallelPlugin(max_grad_norm=CLIP, **settings)
+    model = make_model(bias=bias, seed=7 if load else 0)
+    booster = Booster(plugin)
+    model, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=LR))
+    if load:
+        info = booster.load(model, opt, Path(root))
+        assert info["step"] == first, info
+    mesh = plugin.mesh
+    assert mesh is not None
+    coord, dp = plugin.data_rank()
+    rows = slice(coord * B // dp, (coord + 1) * B // dp)
+    losses = []
+    for x, y in batches(last)[first:]:
+        loss = booster.execute_pipeline(x[rows], y[rows], model, opt)
+        opt.step()
+        opt.zero_grad()
+        t = loss.detach().float().reshape(1)
+        dist.all_reduce(t, group=mesh.group("dp"))
+        losses.append(float(t) / dp)
+    booster.save(model, opt, Path(root), step=last)
+    plugin.close()
+    return losses
