@@ -82,7 +82,9 @@ class ChunkManager:
         self._name_of: dict[int, str] = {}  # id(param) -> name
         self._chunk_of: dict[str, int] = {}  # param name -> param chunk id
         self._parallel: dict[str, dict[int, int]] = {}  # kind -> param chunk id -> twin id
+        self._spill: dict[str, int | None] = {}  # kind -> its add_parallel spill_reserve
         self._moment = 0
+        self._demand: dict[int, list[int]] | None = None  # moment -> [unfreeable, resident]
         self._closed = False
         self.before_collective = None
         self._placement = Placement(
@@ -149,11 +151,18 @@ class ChunkManager:
         return new
 
     def add_parallel(
-        self, kind: str, dtype: torch.dtype, *, copy_params: bool = False
+        self,
+        kind: str,
+        dtype: torch.dtype,
+        *,
+        copy_params: bool = False,
+        spill_reserve: int | None = None,
     ) -> list[Chunk]:
         """A chunk of ``dtype`` with the same layout beside every parameter chunk (gradients, fp32
         master weights, optimizer states). Zeros, or with ``copy_params`` the parameters' values
-        cast to ``dtype``. They start on ``config.home`` like parameter chunks."""
+        cast to ``dtype``. They start on ``config.home`` like parameter chunks (spilling to the
+        host, then disk; with ``spill_reserve``, then to the compute tier while that many bytes
+        of its room stay free, kept there: [Note: kept chunks])."""
         if kind == "param" or kind in self._parallel:
             raise ConfigError(f"parallel chunk kind {kind!r} is taken; pick another name")
         twins = {}
@@ -161,7 +170,9 @@ class ChunkManager:
             src = self.chunks[cid]
             twin = src.same_layout(self._next_id(), dtype, kind)
             self.chunks[twin.chunk_id] = twin
-            storage = self._placement.place_new(twin, TierName(self.config.home))
+            storage = self._placement.place_new(
+                twin, TierName(self.config.home), spill_reserve=spill_reserve
+            )
             if copy_params:
                 vals = {n: self._full_value(src, n) for n in src.records}
             else:
@@ -169,6 +180,7 @@ class ChunkManager:
             twin.fill_shard(storage, vals)
             twins[cid] = twin.chunk_id
         self._parallel[kind] = twins
+        self._spill[kind] = spill_reserve
         self._bind_policy()
         return [self.chunks[i] for i in twins.values()]
 
@@ -244,6 +256,8 @@ class ChunkManager:
                 for name in names:
                     c.set_state(name, TensorState.COMPUTE)
             self.policy.on_access(list(by_chunk), self._moment)
+            if self._demand is not None:
+                self._note_demand()
             return
         self._access(by_chunk, zero=False)
 
@@ -286,6 +300,42 @@ class ChunkManager:
                 c.set_state(name, TensorState.COMPUTE)
             self._bind(c)
         self.policy.on_access(list(by_chunk), self._moment)
+        if self._demand is not None:
+            self._note_demand()
+
+    def _note_demand(self) -> None:
+        row = self._demand.setdefault(self._moment, [0, 0])  # type: ignore[union-attr]
+        row[0] = max(row[0], self._placement.demand_bytes(self.chunks.values()))
+        row[1] = max(row[1], self.tiers[ACC].used_bytes)
+
+    def track_demand(self, on: bool = True) -> None:
+        """From now on record (afresh), per moment, the most compute-tier bytes that no eviction
+        could free (chunks in use or awaiting reduction, kept chunks) and the most held there
+        at all; read them from ``demand``. ``on=False`` stops recording and forgets them."""
+        self._demand = {} if on else None
+
+    @property
+    def demand(self) -> dict[int, tuple[int, int]]:
+        """Moment -> (bytes no eviction could free, bytes resident) that ``track_demand``
+        recorded at its accesses (empty when not tracking)."""
+        return {m: (a, b) for m, (a, b) in (self._demand or {}).items()}
+
+    def keep_on_compute(self, chunks: Iterable[Chunk | int], *, keep: bool = True) -> None:
+        """Keep ``chunks`` on the compute tier, never evicted nor displaced by a prefetch (they
+        must be there already); ``keep=False`` lets them go. See [Note: kept chunks]."""
+        for c in chunks:
+            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            if keep and chunk.tier is not ACC:
+                raise StateTransitionError(
+                    f"chunk {chunk.chunk_id} is on {chunk.tier}; move it to the compute tier "
+                    "before keeping it there"
+                )
+            (self._placement.kept.add if keep else self._placement.kept.discard)(chunk.chunk_id)
+
+    def count_copy(self, src: TierName | str, dst: TierName | str, nbytes: int) -> None:
+        """Count ``nbytes`` copied from tier ``src`` to ``dst`` outside the manager (a staging
+        copy of an optimizer step), so that ``stats`` shows every byte that crossed tiers."""
+        self._placement.count_copy(TierName(src), TierName(dst), nbytes)
 
     def release(
         self,
@@ -417,7 +467,7 @@ class ChunkManager:
             p.data = values["param"][name]
         new = self.register(params.items(), order=order)
         for kind in kinds:
-            for twin in self.add_parallel(kind, dtypes[kind]):
+            for twin in self.add_parallel(kind, dtypes[kind], spill_reserve=self._spill[kind]):
                 for name in twin.records:
                     part = twin.shard_view(name)
                     if part is not None:

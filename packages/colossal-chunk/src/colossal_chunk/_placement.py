@@ -2,6 +2,10 @@
 
 This is the half of the chunk manager that owns bytes. Every payload change goes through
 ``Placement`` so that tier accounting ([Note: tier accounting]) and the move counters are exact.
+
+[Note: kept chunks] A chunk in ``kept`` stays on the compute tier: eviction and prefetch never
+pick it (an optimizer placed its states there for the whole run, in room the plan showed free).
+Only an explicit ``move`` takes it off; ``forget`` drops it from the set.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class Placement:
         self.tiers, self.policy, self._budget = tiers, policy, budget
         self._rebind = rebind
         self.moves = {}
+        self.kept: set[int] = set()  # [Note: kept chunks]
         self._pending: dict[int, tuple[PendingCopy, Tier]] = {}  # chunk id -> copy to the acc
         self._prefetcher: Prefetcher | None = None
 
@@ -101,6 +106,16 @@ class Placement:
             n += chunk.full_bytes
         return n
 
+    def demand_bytes(self, chunks: Iterable[Chunk]) -> int:
+        """Compute-tier bytes of the chunks that may not leave it now (tensors in COMPUTE or
+        awaiting reduction) and of kept chunks: what no eviction can free."""
+        return sum(self.acc_bytes(c) for c in chunks if not c.movable or c.chunk_id in self.kept)
+
+    def count_copy(self, src: TierName, dst: TierName, nbytes: int) -> None:
+        """Count a copy between tiers made outside a move (an optimizer's staging copy)."""
+        if src is not dst and nbytes > 0:
+            self._count(src, dst, nbytes)
+
     def _count(self, src: TierName, dst: TierName, nbytes: int) -> None:
         row = self.moves.setdefault((src.value, dst.value), [0, 0])
         row[0] += nbytes
@@ -110,8 +125,14 @@ class Placement:
         return {k: MoveStats(k[0], k[1], v[0], v[1]) for k, v in self.moves.items()}
 
     # ----- payloads -----------------------------------------------------------------------------
-    def place_new(self, chunk: Chunk, tier: TierName) -> torch.Tensor:
-        """Reserve and allocate a first shard for ``chunk`` on ``tier``, spilling host -> disk."""
+    def place_new(
+        self, chunk: Chunk, tier: TierName, *, spill_reserve: int | None = None
+    ) -> torch.Tensor:
+        """Reserve and allocate a first shard for ``chunk`` on ``tier``, spilling host -> disk.
+
+        With ``spill_reserve``, a chunk that fits on neither may start on the compute tier if
+        ``spill_reserve`` bytes of the policy's room stay free there; it is then kept there
+        ([Note: kept chunks]): no other tier could take it if it were evicted."""
         order = [tier] + [t for t in (HOST, DISK) if t is not tier and t in self.tiers]
         for name in order:
             t = self.tiers[name]
@@ -119,6 +140,13 @@ class Placement:
                 t.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
                 chunk.tier = name
                 return t.allocate(_key(chunk, name), chunk.shard_numel, chunk.dtype)
+        acc = self.tiers[ACC]
+        room = self.limit(0) - (spill_reserve or 0)
+        if spill_reserve is not None and acc.used_bytes + chunk.shard_bytes <= room:
+            acc.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
+            chunk.tier = ACC
+            self.kept.add(chunk.chunk_id)
+            return acc.allocate(_key(chunk, ACC), chunk.shard_numel, chunk.dtype)
         raise self._no_room_anywhere(chunk)
 
     def move(self, chunk: Chunk, dst: TierName) -> None:
@@ -179,6 +207,7 @@ class Placement:
     def forget(self, chunk: Chunk) -> None:
         """Give up ``chunk``'s payloads (its shard and any gathered buffer) on every tier."""
         self.settle(chunk)
+        self.kept.discard(chunk.chunk_id)
         if chunk.world_size > 1 and chunk.is_gathered:
             self.tiers[ACC].free(chunk.full_bytes)
         if chunk.tier is not None:
@@ -216,7 +245,10 @@ class Placement:
         cands = {
             c.chunk_id: c
             for c in chunks
-            if c.chunk_id not in exclude and c.movable and self.acc_bytes(c) > 0
+            if c.chunk_id not in exclude
+            and c.chunk_id not in self.kept
+            and c.movable
+            and self.acc_bytes(c) > 0
         }
         infos = [SimpleChunkInfo(i, self.acc_bytes(c), ACC, False) for i, c in cands.items()]
         for cid in self.policy.choose_evictions(infos, short, moment=moment):
@@ -241,8 +273,8 @@ class Placement:
             f"{what} needs {needed:,} bytes on the {acc.name.value} tier"
             f"{' (emulated)' if acc.emulated else ''}, whose model-data budget is {limit:,} bytes "
             f"(capacity {acc.capacity_bytes:,} minus {reserve:,} reserved for non-model data), "
-            f"but {held:,} bytes are held by chunks in use or awaiting reduction, so at most "
-            f"{max(0, limit - held):,} can be freed. Raise accelerator_bytes to "
+            f"but {held:,} bytes are held by chunks in use, awaiting reduction or kept there, "
+            f"so at most {max(0, limit - held):,} can be freed. Raise accelerator_bytes to "
             f"{whole + reserve:,} (every chunk fits: trains without eviction; this access alone "
             f"needs at least {held + needed + reserve:,}), use a smaller chunk_numel, or release "
             "tensors before accessing more."
@@ -264,6 +296,7 @@ class Placement:
                 c
                 for c in chunks
                 if c.chunk_id != chunk.chunk_id
+                and c.chunk_id not in self.kept
                 and c.movable
                 and self.acc_bytes(c) > 0
                 and next_use(c.chunk_id, moment) > target_use

@@ -9,9 +9,10 @@ from colossal_contracts import ConfigError
 from ._precision import Precision
 from ._scaler import LossScalerConfig
 
-__all__ = ["PLACEMENTS", "GeminiConfig"]
+__all__ = ["PLACEMENTS", "STATE_PLACEMENTS", "GeminiConfig"]
 
 PLACEMENTS = ("auto", "static")
+STATE_PLACEMENTS = ("free", "demand", "host")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,14 @@ class GeminiConfig:
             (0.1: the room for chunks at a moment is the budget minus 110% of its peak).
         prefetch: moments ahead whose chunks are copied early once the compute order is known,
             where the plan shows room (0: off).
+        overlap_comm: on more than one rank, start the next moment's all-gathers and every
+            full gradient chunk's reduce-scatter without waiting, so they run while operators
+            compute ([Note: overlap]); False waits for each collective (the same values).
+        states_placement: where Adam states and fp32 masters live, chunk by chunk, once the
+            plan is known (placement "auto" only; see [Note: state placement]): "free" moves
+            them to the accelerator into room no chunk used at any moment of a measured step (no
+            extra moves), "demand" also into room that cached parameter chunks filled but no
+            moment needed (fewer host bytes, more moves), "host" keeps them on the host.
         loss_scaler: dynamic loss scaling settings (used with fp16 only).
     """
 
@@ -48,6 +57,8 @@ class GeminiConfig:
     non_model_bytes: int = 0
     non_model_margin: float = 0.1
     prefetch: int = 1
+    overlap_comm: bool = True
+    states_placement: str = "free"
     loss_scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
 
     def __post_init__(self) -> None:
@@ -64,6 +75,11 @@ class GeminiConfig:
             raise ConfigError("chunk_numel must be positive (or None to search for one)")
         if self.non_model_bytes < 0 or self.prefetch < 0 or self.non_model_margin < 0:
             raise ConfigError("non_model_bytes, non_model_margin and prefetch must be >= 0")
+        if self.states_placement not in STATE_PLACEMENTS:
+            raise ConfigError(
+                f"unknown states_placement {self.states_placement!r}; choose one of: "
+                f"{', '.join(STATE_PLACEMENTS)}"
+            )
 
     @property
     def precision_spec(self) -> Precision:

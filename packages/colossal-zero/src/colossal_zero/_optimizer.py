@@ -4,8 +4,9 @@
 reads the slice's reduced gradient (from the "acc" chunk after accumulation, else the working
 buffer: the low-precision parameter chunk with masters, the fp32 "grad" chunk without), updates
 the fp32 slice (master, or the parameter itself in fp32) with the exp_avg / exp_avg_sq chunks on
-the device where they live (``adamw_update``), then refreshes the low-precision parameters from
-the masters. Gradient clipping and fp16 overflow checks use the norm over all shards of all ranks,
+the tier where they live (``adamw_update``; [Note: state placement]), chunk by chunk so that
+staging copies never exceed one chunk, then refreshes the low-precision parameters from the
+masters. Gradient clipping and fp16 overflow checks use the norm over all shards of all ranks,
 and over the tensor-parallel axes that ``sharding`` names ([Note: mesh-wide norms]).
 """
 
@@ -16,16 +17,20 @@ from typing import Any
 
 import torch
 
-from colossal_contracts import ConfigError, ParamSharding
+from colossal_chunk import AutoPolicy, Chunk
+from colossal_contracts import ConfigError, ParamSharding, TierName
 
 from ._adam import AdamHyper, adamw_update
 from ._mesh_norm import mesh_grad_norm
 from ._module import GeminiModule
 from ._scaler import DynamicLossScaler
+from ._setup import working_set_bytes
+from ._state_placement import StatePlan, plan_states
 
 __all__ = ["GeminiOptimizer"]
 
 STATE_KINDS = ("exp_avg", "exp_avg_sq")
+ACC = TierName.ACCELERATOR
 
 
 class GeminiOptimizer(torch.optim.Optimizer):
@@ -72,11 +77,14 @@ class GeminiOptimizer(torch.optim.Optimizer):
                     )
                 self.group_of[name] = gi
         for kind in STATE_KINDS:
-            self.rt.manager.add_parallel(kind, torch.float32)
+            self.rt.manager.add_parallel(kind, torch.float32, spill_reserve=self._spill_reserve())
         self.steps: dict[str, torch.Tensor] = {}  # name -> float32 scalar step count
         prec = self.rt.precision
         self.scaler = DynamicLossScaler(self.rt.config.loss_scaler) if prec.loss_scaling else None
         self.last_grad_norm: float = 0.0
+        self.state_plan = StatePlan(0, (), 0)  # [Note: state placement]
+        self._tracking_for: object = None  # the chunk layout whose demand is being measured
+        self._placed_for: object = None  # the chunk layout the states were placed for
         self.skipped_last: bool = False
 
     @classmethod
@@ -129,41 +137,26 @@ class GeminiOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         loss = closure() if closure is not None else None
         rt, m = self.rt, self.rt.manager
-        lists: dict[int, tuple[list, list, list, list, list]] = {}
-        write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._place_states()
+        todo: list[tuple[Chunk, list[str]]] = []  # chunks with gradients, their owned names
         norm_parts: list[tuple[torch.Tensor, ParamSharding | None]] = []
-        updated = []
         elsewhere: list[torch.Tensor] = []  # step counts of tensors other ranks hold
         for c in m.param_chunks():
             names = [n for n in c.records if n in rt.got_grad and n in self.group_of]
             if not names:
                 continue
-            grads = rt.gradients(c)
-            fp32 = rt.roles.fp32(c)
-            avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
-            dev = avg.shard.device  # type: ignore[union-attr]
-            updated.append(c)
+            grads, fp32 = rt.gradients(c), rt.roles.fp32(c)
+            owned = []
             for n in names:
                 # every rank counts every tensor's steps: after a re-pack in first-use order
                 # ([Note: first-use order]) a rank may come to hold a slice it did not hold
                 step = self.steps.setdefault(n, torch.zeros((), dtype=torch.float32))
-                part = fp32.shard_view(n)
-                if part is None:
+                if fp32.shard_view(n) is None:
                     elsewhere.append(step)
                     continue
-                pv = part[0]
-                if pv.device != dev:  # update where the optimizer states live, then copy back
-                    home, pv = pv, pv.to(dev)
-                    write_back.append((home, pv))
-                gv = grads.shard_view(n)[0]  # type: ignore[index]
-                if gv.device != dev or gv.dtype != torch.float32:
-                    gv = gv.to(dev, torch.float32)
-                row = lists.setdefault(self.group_of[n], ([], [], [], [], []))
-                for lst, t in zip(
-                    row, (pv, gv, avg.shard_view(n)[0], sq.shard_view(n)[0], step), strict=True
-                ):  # type: ignore[index]
-                    lst.append(t)
-                norm_parts.append((gv, self.sharding.get(n)))
+                owned.append(n)
+                norm_parts.append((grads.shard_view(n)[0], self.sharding.get(n)))  # type: ignore[index]
+            todo.append((c, owned))
         found = mesh_grad_norm(norm_parts, group=rt.group, shardings=self.sharding)
         scale = self.loss_scale
         self.last_grad_norm = found.norm / scale
@@ -179,16 +172,111 @@ class GeminiOptimizer(torch.optim.Optimizer):
                 grad_scale = scale / coef
         for s in elsewhere:
             s += 1
-        for gi, (ps, gs, avgs, sqs, steps) in lists.items():
-            for s in steps:
-                s += 1
-            hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
-            adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
-        for dst, src in write_back:
-            dst.copy_(src)
-        for c in updated:
+        for n in {n for _, owned in todo for n in owned}:
+            self.steps[n] += 1
+        for i, (c, owned) in enumerate(todo):  # chunks on disk stream through memory: read
+            # ahead two chunks, write behind each one updated (colossal-chunk's
+            # [Note: disk read-ahead and write-behind])
+            for ahead, _ in todo[i : i + 3] if i == 0 else todo[i + 2 : i + 3]:
+                m.read_ahead(self._written_by(ahead))
+            self._update(c, owned, grad_scale)
             rt.stepped(c)
+            m.written(self._written_by(c))
         rt.clear_grads()
         if self.scaler is not None:
             self.scaler.update(False)
         return loss
+
+    def _update(self, c: Chunk, names: list[str], grad_scale: float) -> None:
+        """Adam on chunk ``c``'s fp32 slices ``names``, where its states live ([Note: state
+        placement]): on the accelerator its fp32 values and gradients are moved there first
+        (counted moves); on the host they are staged through copies of this one chunk (counted)
+        and the values written back."""
+        rt, m = self.rt, self.rt.manager
+        avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
+        home = avg.tier
+        fp32, grads = rt.roles.fp32(c), rt.gradients(c)
+        states = self._states_of(c)
+        held = [ch for ch in dict.fromkeys((fp32, grads)) if ch not in states]
+        if home is ACC:  # bring values and gradients over; neither may evict the other
+            for ch in (fp32, grads):
+                if ch.tier is not ACC:
+                    m.move(ch, ACC)
+                if ch in held:
+                    m.keep_on_compute([ch])
+        dev = avg.shard.device  # type: ignore[union-attr]
+        rows: dict[int, tuple[list, list, list, list, list]] = {}
+        write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for n in names:
+            pv = fp32.shard_view(n)[0]  # type: ignore[index]
+            gv = grads.shard_view(n)[0]  # type: ignore[index]
+            if fp32.tier is not home:  # update where the states live, then copy back
+                nbytes = pv.numel() * pv.element_size()
+                m.count_copy(fp32.tier, home, nbytes)  # type: ignore[arg-type]
+                m.count_copy(home, fp32.tier, nbytes)  # type: ignore[arg-type]
+                staged = pv.to(dev)
+                if staged is not pv:
+                    write_back.append((pv, staged))
+                pv = staged
+            if grads.tier is not home:
+                m.count_copy(grads.tier, home, gv.numel() * gv.element_size())  # type: ignore[arg-type]
+            if gv.device != dev or gv.dtype != torch.float32:
+                gv = gv.to(dev, torch.float32)
+            row = rows.setdefault(self.group_of[n], ([], [], [], [], []))
+            for lst, t in zip(
+                row, (pv, gv, avg.shard_view(n)[0], sq.shard_view(n)[0], self.steps[n]), strict=True
+            ):  # type: ignore[index]
+                lst.append(t)
+        for gi, (ps, gs, avgs, sqs, steps) in rows.items():
+            hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
+            adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
+        for dst, src in write_back:
+            dst.copy_(src)
+        if home is ACC:
+            m.keep_on_compute(held, keep=False)
+
+    def _written_by(self, c: Chunk) -> list[Chunk]:
+        """The chunks whose shards the update of ``c`` writes (fp32 values, states, ``c``)."""
+        return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c)))
+
+    def _states_of(self, c: Chunk) -> list[Chunk]:
+        """The chunks that live where ``c``'s Adam states live (the masters with them)."""
+        m = self.rt.manager
+        kinds = (*STATE_KINDS, "master") if self.rt.precision.master else STATE_KINDS
+        return [m.parallel_chunk(k, c) for k in kinds]
+
+    def _update_bytes(self, c: Chunk) -> int:
+        """Accelerator bytes ``c``'s update needs beside its states: fp32 values and gradients
+        that are not among them."""
+        roles = self.rt.roles
+        extra = [roles.working(c)] + ([] if self.rt.precision.master else [c])
+        return sum(ch.shard_bytes for ch in extra)
+
+    def _spill_reserve(self) -> int | None:
+        """States that fit on neither host nor disk may start on the accelerator (kept there)
+        while two chunks' working sets stay free ([Note: state placement]); auto placement only."""
+        cfg, m = self.rt.config, self.rt.manager
+        if cfg.placement != "auto" or cfg.states_placement == "host":
+            return None
+        return 2 * working_set_bytes(m.chunk_numel, self.rt.precision, m.world_size)
+
+    def _place_states(self) -> None:
+        """See [Note: state placement]: measure one step once the compute order is known, then
+        move the states of the chunks that fit to the accelerator and keep them there."""
+        m, mode = self.rt.manager, self.rt.config.states_placement
+        warm = isinstance(m.policy, AutoPolicy) and m.policy.warm
+        if mode == "host" or self._placed_for is m.chunks or not warm:
+            return
+        if self._tracking_for is not m.chunks:  # (re)start: the layout is new or not measured
+            m.track_demand()
+            self._tracking_for = m.chunks
+            return
+        m.settle()
+        self.state_plan = plan_states(m, self._states_of, self._update_bytes, mode)
+        m.track_demand(False)
+        for cid in self.state_plan.chunks:
+            states = self._states_of(m.chunks[cid])
+            for ch in states:  # each kept as it lands, so the next move cannot evict it
+                m.move(ch, ACC)
+                m.keep_on_compute([ch])
+        self._placed_for = m.chunks

@@ -34,4 +34,6 @@ class ChunkRoles:
     def restore(self, c: Chunk) -> None:
         """After the parameters' storage held gradients: copy the masters back (no-op in fp32)."""
         if self.masters:
-            c.shard.copy_(self.manager.parallel_chunk("master", c).shard)  # type: ignore[union-attr]
+            master = self.manager.parallel_chunk("master", c)
+            c.shard.copy_(master.shard)  # type: ignore[union-attr]
+            self.manager.count_copy(master.tier, c.tier, c.shard_bytes)  # type: ignore[arg-type]
