@@ -9,6 +9,16 @@ from ._attention import CausalAttention
 from ._checkpointing import apply_activation_checkpointing
 from ._corpus import Corpus, default_corpus_path, load_corpus
 from ._gather import gather_full_state_dict
+from ._hf_load import (
+    HF_TP_ADAPTERS,
+    HFCausalLM,
+    from_hf,
+    hf_adapter_config,
+    hf_max_positions,
+    hf_num_params,
+    load_hf_causal_lm,
+    load_hf_config,
+)
 from ._io import LMIO
 from ._long_seq import apply_sequence_parallel
 from ._parallelize import parallelize
@@ -25,6 +35,7 @@ __all__ = [
     "EVOFORMER_PRESETS",
     "GPT",
     "GPT_PRESETS",
+    "HF_TP_ADAPTERS",
     "LMIO",
     "PALM_PRESETS",
     "Box",
@@ -35,6 +46,7 @@ __all__ = [
     "EvoformerConfig",
     "GPT2StateDictAdapter",
     "GPTConfig",
+    "HFCausalLM",
     "LlamaStateDictAdapter",
     "PaLM",
     "PaLMConfig",
@@ -46,8 +58,14 @@ __all__ = [
     "default_corpus_path",
     "describe_sharding",
     "flat_range_boxes",
+    "from_hf",
     "gather_full_state_dict",
+    "hf_adapter_config",
+    "hf_max_positions",
+    "hf_num_params",
     "load_corpus",
+    "load_hf_causal_lm",
+    "load_hf_config",
     "parallelize",
     "parallelize_evoformer",
     "shard_map",
