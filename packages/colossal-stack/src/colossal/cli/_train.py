@@ -13,7 +13,12 @@ __all__ = ["add_train_parser"]
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     d = TrainConfig()
     p = sub.add_parser("train", help="train a model on a text corpus (default: Python's stdlib)")
-    p.add_argument("--model", default=d.model, help="model family (default: %(default)s)")
+    p.add_argument(
+        "--model",
+        default=d.model,
+        help="gpt, palm, or hf:PATH (a local Hugging Face config.json or saved folder; "
+        "no download) (default: %(default)s)",
+    )
     p.add_argument("--preset", default=d.preset, help="model size preset (default: %(default)s)")
     p.add_argument(
         "--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)"
@@ -39,15 +44,77 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--plugin",
-        default=d.plugin,
-        help="training strategy: gemini, zero or ddp (default: %(default)s)",
+        default=None,
+        help="training strategy: gemini, zero, ddp or hybrid (default: gemini, or hybrid "
+        "when --tp, --pp or --sp ring|ulysses is given)",
+    )
+    p.add_argument(
+        "--zero",
+        type=int,
+        default=None,
+        help="ZeRO stage; without --plugin it picks the plugin: 0 ddp, 1-2 zero (1 shards "
+        "optimizer states, 2 gradients too), 3 gemini; with --tp/--pp/--sp the hybrid plugin "
+        "runs 0 (default), 1 or 2 over the data-parallel ranks, and ZeRO-3 with tensor "
+        "parallelism is --plugin gemini --tp N",
     )
     p.add_argument(
         "--zero-stage",
         type=int,
         default=d.zero_stage,
-        help="with --plugin zero: 1 shards optimizer states, 2 gradients too (default: "
-        "%(default)s; stage 3 is --plugin gemini)",
+        help="with --plugin zero: the older spelling of --zero 1|2 (default: %(default)s)",
+    )
+    mesh = p.add_argument_group(
+        "mesh",
+        "tensor, sequence and pipeline parallelism (launch with colossal run --nproc-per-node "
+        "N; dp = N / (tp * pp * sp-size); --batch-size is per dp rank)",
+    )
+    mesh.add_argument(
+        "--tp", type=int, default=d.tp, help="tensor-parallel ranks (default: %(default)s)"
+    )
+    mesh.add_argument(
+        "--tp-mode",
+        default=d.tp_mode,
+        help="1d (Megatron), 2d (tp = q*q), 2.5d (tp = q*q*depth) or 3d (tp = q*q*q) "
+        "(default: %(default)s)",
+    )
+    mesh.add_argument(
+        "--tp-depth", type=int, default=d.tp_depth, help="depth of 2.5d (default: %(default)s)"
+    )
+    mesh.add_argument(
+        "--sp",
+        default=None,
+        help="sequence parallelism: ring or ulysses over --sp-size ranks, or megatron (over "
+        "the 1d tp ranks)",
+    )
+    mesh.add_argument(
+        "--sp-size",
+        type=int,
+        default=d.sp_size,
+        help="ranks per sequence for ring/ulysses (default: %(default)s)",
+    )
+    mesh.add_argument("--pp", type=int, default=d.pp, help="pipeline stages (default: %(default)s)")
+    mesh.add_argument(
+        "--microbatches",
+        type=int,
+        default=d.microbatches,
+        help="pipeline micro-batches per step, dividing --batch-size (default: %(default)s)",
+    )
+    mesh.add_argument(
+        "--schedule",
+        default=d.schedule,
+        help="pipeline schedule: 1f1b, interleaved (2 chunks per rank) or gpipe (default: "
+        "%(default)s)",
+    )
+    mesh.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute each block's activations in backward (hybrid plugin)",
+    )
+    p.add_argument(
+        "--max-grad-norm",
+        type=float,
+        default=d.max_grad_norm,
+        help="clip the global gradient norm over the whole mesh; 0 is off (default: %(default)s)",
     )
     p.add_argument(
         "--placement",
@@ -58,6 +125,24 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "--accelerator-budget",
         default=d.accelerator_budget,
         help="gemini byte budget on the accelerator, e.g. 512MiB (default: all of it)",
+    )
+    p.add_argument(
+        "--host-budget",
+        default=d.host_budget,
+        help="gemini byte budget of chunks in host memory, e.g. 8GiB (default: no limit)",
+    )
+    p.add_argument(
+        "--disk-budget",
+        default=d.disk_budget,
+        help="gemini byte budget of chunks on disk when host room ends, e.g. 64GiB "
+        "(default: no disk tier)",
+    )
+    p.add_argument(
+        "--disk-dir",
+        type=Path,
+        default=d.disk_dir,
+        help="folder of the disk tier: must exist, be writable, have --disk-budget free "
+        "(default: the system's temporary directory)",
     )
     p.add_argument(
         "--precision",
@@ -90,8 +175,22 @@ def _run(args: argparse.Namespace) -> int:
         plugin=args.plugin,
         placement=args.placement,
         accelerator_budget=args.accelerator_budget,
+        host_budget=args.host_budget,
+        disk_budget=args.disk_budget,
+        disk_dir=args.disk_dir,
         precision=args.precision,
         zero_stage=args.zero_stage,
+        zero=args.zero,
+        tp=args.tp,
+        tp_mode=args.tp_mode,
+        tp_depth=args.tp_depth,
+        sp=args.sp,
+        sp_size=args.sp_size,
+        pp=args.pp,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+        activation_checkpointing=args.activation_checkpointing,
+        max_grad_norm=args.max_grad_norm,
         lr=args.lr,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from colossal_contracts import ConfigError
+from colossal_parallel import SCHEDULES, TP_MODES
+
+from ._mesh import resolve_plugin
 
 __all__ = ["TrainConfig"]
 
@@ -16,23 +19,43 @@ class TrainConfig:
     """A training run.
 
     Attributes:
-        model: model family ("gpt" or "palm").
+        model: model family ("gpt" or "palm"), or "hf:PATH": a Hugging Face causal LM from a
+            local config.json or saved folder (``preset`` then does not apply).
         preset: named size of that family (``GPTConfig.preset``, ``PaLMConfig.preset``); vocab is
             the byte tokenizer's.
         steps: optimizer steps.
-        batch_size: sequences per step on each rank (global batch = batch_size * ranks).
+        batch_size: sequences per step on each data-parallel rank (global batch = batch_size *
+            dp; every rank of one dp coordinate gets the same batch, see [Note: mesh data]).
         seq_len: tokens per sequence.
         seed: seeds model init (same on every rank) and data (offset per rank).
         corpus: text file or folder; None is the embedded default (Python's standard library).
         out: directory for metrics.jsonl, the checkpoint and plots.
         plugin: training strategy ("gemini": ZeRO-3 over chunks under a memory budget, "zero":
-            ZeRO stage 1 or 2 with replicated parameters, or "ddp").
+            ZeRO stage 1 or 2 with replicated parameters, "ddp", or "hybrid": tensor, pipeline
+            and sequence parallelism with ZeRO 0-2); None: chosen from ``zero`` and the mesh
+            flags (see [Note: choosing the plugin]), so after construction it is always a name.
         placement: Gemini chunk placement, "auto" (traced, Belady eviction) or "static".
         accelerator_budget: Gemini's byte budget on the accelerator ("512MiB", "2GiB"); None: all
             of it (on an emulated accelerator: no limit).
+        host_budget: Gemini's byte budget of chunks in host memory; None: no limit.
+        disk_budget: Gemini's byte budget of chunks on disk, used when the host budget is full
+            (fp32 masters, Adam states, cold parameter chunks); None: no disk tier.
+        disk_dir: directory of the disk tier (must exist, be writable and have ``disk_budget``
+            free); None: the system's temporary directory.
         precision: Gemini's or ZeRO's training precision: "fp32", "bf16" or "fp16" (fp32 masters).
         zero_stage: ZeRO stage of ``plugin="zero"``: 1 (optimizer states sharded) or 2 (gradients
-            too); 3 is ``plugin="gemini"``.
+            too); 3 is ``plugin="gemini"``. The older spelling of ``zero``.
+        zero: the ZeRO stage 0-3 (None: the plugin's own); after construction the stage the run
+            uses (ddp 0, gemini 3).
+        tp: tensor-parallel ranks; tp_mode "1d", "2d" (tp = q*q), "2.5d" (q*q*tp_depth), "3d".
+        tp_depth: the depth d of 2.5d tensor parallelism.
+        sp: sequence parallelism: "ring" or "ulysses" over ``sp_size`` ranks of their own, or
+            "megatron" (activations split over the 1d tp ranks); None: off.
+        sp_size: ranks each sequence is split over (ring, ulysses).
+        pp: pipeline stages; microbatches per step; schedule "1f1b", "interleaved" (two chunks
+            per rank) or "gpipe".
+        activation_checkpointing: recompute each block's activations in backward (hybrid).
+        max_grad_norm: clip the global gradient norm, over the whole mesh (0: off).
         lr: peak learning rate (linear warmup over 10% of steps, cosine decay to 10% of it).
         weight_decay: AdamW decay, applied to matrices only.
         checkpoint_every: save every N steps (0: only at the end).
@@ -48,9 +71,12 @@ class TrainConfig:
     seed: int = 0
     corpus: Path | None = None
     out: Path = Path("runs/latest")
-    plugin: str = "gemini"
+    plugin: str | None = None
     placement: str = "auto"
     accelerator_budget: str | None = None
+    host_budget: str | None = None
+    disk_budget: str | None = None
+    disk_dir: Path | None = None
     precision: str = "fp32"
     zero_stage: int = 1
     lr: float = 2e-3
@@ -58,6 +84,17 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: bool = False
     log_every: int = 1
+    zero: int | None = None
+    tp: int = 1
+    tp_mode: str = "1d"
+    tp_depth: int = 1
+    sp: str | None = None
+    sp_size: int = 1
+    pp: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    activation_checkpointing: bool = False
+    max_grad_norm: float = 0.0
 
     def __post_init__(self) -> None:
         for name, kinds in _TYPES.items():
@@ -67,7 +104,7 @@ class TrainConfig:
                 raise ConfigError(
                     f"TrainConfig.{name} must be {want}, got {type(value).__name__} {value!r}"
                 )
-        for name in ("out", "corpus"):  # str paths are fine: keep Paths from here on
+        for name in ("out", "corpus", "disk_dir"):  # str paths are fine: keep Paths from here on
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, Path(getattr(self, name)))
         for name, (lo, hi) in _INT_RANGES.items():
@@ -89,11 +126,39 @@ class TrainConfig:
             raise ConfigError(
                 f"unknown --precision {self.precision!r}; choose one of: fp32, bf16, fp16"
             )
-        if self.model not in ("gpt", "palm"):
-            raise ConfigError(f"unknown --model {self.model!r}; choose one of: gpt, palm")
+        if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0):
+            raise ConfigError(f"--max-grad-norm must be finite and >= 0, got {self.max_grad_norm}")
+        if self.tp_mode not in TP_MODES:
+            raise ConfigError(
+                f"unknown --tp-mode {self.tp_mode!r}; choose one of: {', '.join(TP_MODES)}"
+            )
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(
+                f"unknown --schedule {self.schedule!r}; choose one of: {', '.join(SCHEDULES)}"
+            )
+        plugin, zero = resolve_plugin(self)  # see [Note: choosing the plugin]
+        object.__setattr__(self, "plugin", plugin)
+        object.__setattr__(self, "zero", zero)
+        if plugin == "zero":
+            object.__setattr__(self, "zero_stage", zero)
+        if self.activation_checkpointing and plugin != "hybrid":
+            raise ConfigError(
+                f"--activation-checkpointing runs on the hybrid plugin (--tp/--pp/--sp or "
+                f"--plugin hybrid), not {plugin}; drop it"
+            )
+        if self.max_grad_norm and plugin == "ddp":
+            raise ConfigError(
+                "--max-grad-norm is not built for --plugin ddp; use --zero 1 or drop it"
+            )
+        if self.model not in ("gpt", "palm") and not self.model.startswith("hf:"):
+            raise ConfigError(
+                f"unknown --model {self.model!r}; choose one of: gpt, palm, hf:PATH (a local "
+                "Hugging Face config.json or saved folder)"
+            )
+        self._check_tiers()
         if self.plugin == "zero" or self.zero_stage != 1:
             self._check_zero()
-        if self.plugin == "ddp":
+        if self.plugin in ("ddp", "hybrid"):
             given = [
                 f"--{k.replace('_', '-')} {v}"
                 for k, v in (
@@ -101,13 +166,36 @@ class TrainConfig:
                     ("accelerator_budget", self.accelerator_budget),
                     ("precision", self.precision),
                 )
-                if v != _GEMINI_DEFAULTS[k]
+                if v != _GEMINI_DEFAULTS[k] and (k != "precision" or self.plugin == "ddp")
             ]
             if given:
                 raise ConfigError(
-                    f"{', '.join(given)} applies to --plugin gemini only, not ddp; drop it or "
-                    "use --plugin gemini"
+                    f"{', '.join(given)} applies to --plugin gemini only, not {self.plugin}; drop "
+                    "it or use --plugin gemini"
                 )
+
+    def _check_tiers(self) -> None:
+        """Host and disk budgets (Gemini only); the disk directory is checked before anything
+        runs or is written."""
+        from colossal_chunk import check_disk_dir
+
+        from ..booster import parse_bytes
+
+        given = [
+            f"--{k.replace('_', '-')} {getattr(self, k)}"
+            for k in ("host_budget", "disk_budget", "disk_dir")
+            if getattr(self, k) is not None
+        ]
+        if given and self.plugin != "gemini":
+            raise ConfigError(
+                f"{', '.join(given)} applies to --plugin gemini only, not {self.plugin}; drop "
+                "it or use --plugin gemini"
+            )
+        if self.disk_dir is not None and self.disk_budget is None:
+            raise ConfigError("--disk-dir needs --disk-budget (say, --disk-budget 64GiB)")
+        parse_bytes(self.host_budget)
+        if self.disk_budget is not None:
+            check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
 
     def _check_zero(self) -> None:
         from colossal_zero import ZeroConfig  # its stage check: one message for stage 3
@@ -143,9 +231,12 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "seed": int,
     "corpus": (Path, str, type(None)),
     "out": (Path, str),
-    "plugin": str,
+    "plugin": (str, type(None)),
     "placement": str,
     "accelerator_budget": (str, int, type(None)),
+    "host_budget": (str, int, type(None)),
+    "disk_budget": (str, int, type(None)),
+    "disk_dir": (Path, str, type(None)),
     "precision": str,
     "zero_stage": int,
     "lr": (float, int),
@@ -153,6 +244,17 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "checkpoint_every": int,
     "resume": bool,
     "log_every": int,
+    "zero": (int, type(None)),
+    "tp": int,
+    "tp_mode": str,
+    "tp_depth": int,
+    "sp": (str, type(None)),
+    "sp_size": int,
+    "pp": int,
+    "microbatches": int,
+    "schedule": str,
+    "activation_checkpointing": bool,
+    "max_grad_norm": (float, int),
 }
 # (lowest, highest): steps and seed bound the per-step data seed (see _loop._data_seed)
 _INT_RANGES = {
@@ -162,5 +264,10 @@ _INT_RANGES = {
     "seed": (0, 2**23 - 1),
     "checkpoint_every": (0, 2**24 - 1),
     "log_every": (1, 2**24 - 1),
+    "tp": (1, 2**12),
+    "tp_depth": (1, 2**12),
+    "sp_size": (1, 2**12),
+    "pp": (1, 2**12),
+    "microbatches": (1, 2**16),
 }
 _GEMINI_DEFAULTS = {"placement": "auto", "accelerator_budget": None, "precision": "fp32"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -9,11 +10,28 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-__all__ = ["TrainDisplay", "memory_summary", "plot_memory_timeline", "summary_table"]
+__all__ = [
+    "TrainDisplay",
+    "comm_bytes",
+    "comm_summary",
+    "memory_summary",
+    "plot_memory_timeline",
+    "summary_table",
+]
+
+_COMM = re.compile(r"comm_(\w+)_bytes_total")
 
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
+
+
+def _size(n: float) -> str:
+    """Bytes in the largest binary unit that keeps the figure at 1 or more."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
 
 
 class TrainDisplay:
@@ -46,10 +64,18 @@ class TrainDisplay:
             emulated = " (emulated)" if record.get("accelerator_emulated") else ""
             stats += f"  acc{emulated} {_mib(record['accelerator_peak_bytes'])}"
             stats += f"  host {_mib(record.get('host_peak_bytes', 0))}"
+            if "disk_peak_bytes" in record:
+                stats += f"  disk {_mib(record['disk_peak_bytes'])}"
         elif "accelerator_bytes" in record:
             stats += f"  acc {_mib(record['accelerator_bytes'])}"
         if "bytes_moved" in record:
             stats += f"  moved {_mib(record['bytes_moved'])}"
+        if "disk_read_bytes" in record:
+            rw = record["disk_read_bytes"], record["disk_written_bytes"]
+            stats += f"  disk r/w {_mib(rw[0])}/{_mib(rw[1])}"
+        comm = comm_bytes(record)
+        if comm:
+            stats += "  comm " + " ".join(f"{axis} {_size(n)}" for axis, n in comm.items())
         self._progress.update(self._task, advance=advance, stats=stats)
 
 
@@ -77,6 +103,40 @@ def memory_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             )
             out[label] = _mib(max(r.get(key, 0) for r in records))
     out["bytes moved"] = _mib(sum(r["bytes_moved"] for r in records))
+    if "disk_read_bytes" in records[-1]:  # background disk I/O and the throughput it reached
+        for what, b_key, s_key in (
+            ("read", "disk_read_bytes", "disk_read_s"),
+            ("written", "disk_written_bytes", "disk_write_s"),
+        ):
+            nbytes = sum(r.get(b_key, 0) for r in records)
+            secs = sum(r.get(s_key, 0) for r in records)
+            rate = f" ({nbytes / secs / 2**20:,.0f} MiB/s)" if secs > 0 else ""
+            out[f"disk {what}"] = _mib(nbytes) + rate
+    return out
+
+
+def comm_bytes(record: dict[str, Any]) -> dict[str, int]:
+    """Axis -> bytes a rank counted on it since the start (the plugin's ``comm_<axis>_bytes_total``)."""
+    out = {}
+    for key, value in record.items():
+        m = _COMM.fullmatch(key)
+        if m:
+            out[m.group(1)] = int(value)
+    return out
+
+
+def comm_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mesh and, per axis, rank 0's counted communication bytes over the run and per step
+    (empty for plugins without a mesh)."""
+    if not records or "mesh" not in records[-1]:
+        return {}
+    out: dict[str, Any] = {"mesh": records[-1]["mesh"]}
+    first, last = comm_bytes(records[0]), comm_bytes(records[-1])
+    steps = len(records)
+    for axis, total in last.items():
+        # the counters run from the plugin's start: the first record holds one step of them
+        per_step = (total - first.get(axis, 0)) / (steps - 1) if steps > 1 else total
+        out[f"comm {axis} (rank 0)"] = f"{_size(total)} ({_size(per_step)}/step)"
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,25 @@ from colossal_models import ByteTokenizer, load_corpus
 
 from .._dist import init_from_env, rank_and_world
 from .._peers import watch_peers
-from ..booster import Booster, DDPPlugin, GeminiPlugin, LowLevelZeroPlugin, Plugin
+from ..booster import (
+    Booster,
+    DDPPlugin,
+    GeminiPlugin,
+    HybridParallelPlugin,
+    LowLevelZeroPlugin,
+    PipelineModule,
+    Plugin,
+)
 from ._config import TrainConfig
-from ._display import TrainDisplay, memory_summary, plot_memory_timeline, summary_table
+from ._display import (
+    TrainDisplay,
+    comm_summary,
+    memory_summary,
+    plot_memory_timeline,
+    summary_table,
+)
 from ._guard import FiniteGuard
+from ._mesh import PLUGINS, MeshPlugin, check_mesh, hybrid_plugin, state_shards
 from ._models import ModelSpec, resolve_model
 from ._outdir import METRICS, check_out, trim_metrics
 from ._preflight import check_fits
@@ -45,22 +60,48 @@ class TrainResult:
 
 
 def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
-    """The plugin called ``name`` (Gemini set up from ``cfg``'s placement, budget and
-    precision); ``ConfigError`` naming the choices when unknown."""
-    plugins = ("gemini", "zero", "ddp")
+    """The plugin called ``name`` set up from ``cfg`` (Gemini's placement, budget and
+    precision; the hybrid plugin's mesh); ``ConfigError`` naming the choices when unknown.
+    Constructing one creates no process group: its own checks of the settings run here."""
     if name == "ddp":
         return DDPPlugin()
+    if name == "hybrid":
+        return hybrid_plugin(cfg or TrainConfig(plugin="hybrid"))
     if name == "gemini":
         cfg = cfg or TrainConfig()
-        return GeminiPlugin(
-            placement=cfg.placement,
-            accelerator_budget=cfg.accelerator_budget,
-            precision=cfg.precision,
-        )
+        return _gemini_plugin(cfg)
     if name == "zero":
         cfg = cfg or TrainConfig(plugin="zero")
-        return LowLevelZeroPlugin(stage=cfg.zero_stage, precision=cfg.precision)
-    raise ConfigError(f"unknown --plugin {name!r}; choose one of: {', '.join(plugins)}")
+        return LowLevelZeroPlugin(
+            stage=cfg.zero_stage, precision=cfg.precision, max_grad_norm=cfg.max_grad_norm
+        )
+    raise ConfigError(f"unknown --plugin {name!r}; choose one of: {', '.join(PLUGINS)}")
+
+
+def _gemini_plugin(cfg: TrainConfig) -> Plugin:
+    """Gemini, with tensor parallelism inside its chunks for ``--tp N`` (ZeRO-3 with TP)."""
+    tp = {"tp_size": cfg.tp, "tp_mode": cfg.tp_mode} if cfg.tp > 1 else {}
+    if cfg.tp_depth != 1:
+        tp["tp_depth"] = cfg.tp_depth
+    missing = set(tp) - {f.name for f in fields(GeminiPlugin)}
+    if missing:
+        raise ConfigError(
+            f"this build's GeminiPlugin has no {', '.join(sorted(missing))}, so --plugin gemini "
+            f"cannot take --tp; drop --plugin gemini to run the hybrid plugin with --zero 1 or 2"
+        )
+    plugin = GeminiPlugin(
+        placement=cfg.placement,
+        accelerator_budget=cfg.accelerator_budget,
+        precision=cfg.precision,
+        max_grad_norm=cfg.max_grad_norm,
+        host_budget=cfg.host_budget,
+        disk_budget=cfg.disk_budget,
+        disk_dir=cfg.disk_dir,
+        **tp,
+    )
+    if tp and not isinstance(plugin, MeshPlugin):
+        raise ConfigError("GeminiPlugin with tp_size has no data_rank(); --tp cannot run on it")
+    return plugin
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -69,21 +110,37 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
 
 
-def _mean_over_ranks(value: float) -> float:
+def _mean_over_ranks(value: float, group: Any = None) -> float:
+    """Mean of ``value`` over ``group`` (None: every rank). Over the data-parallel group each
+    replica counts once, whatever its tensor, pipeline and sequence ranks."""
     if not (dist.is_available() and dist.is_initialized()):
         return value
     t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t.item()) / dist.get_world_size()
+    dist.all_reduce(t, group=group)
+    return float(t.item()) / dist.get_world_size(group)
 
 
-@torch.no_grad()
-def _evaluate(model: nn.Module, corpus: Any, data: torch.Tensor, cfg: TrainConfig) -> float:
-    gen = torch.Generator().manual_seed(cfg.seed + 10_000)
+def _evaluate(
+    booster: Booster,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    group: Any,
+) -> float:
+    """Mean loss of ``batches`` (the same on every rank). A pipelined model has no forward-only
+    schedule: its batches run through the pipeline (forward and backward), and the gradients
+    are dropped without a step."""
     model.eval()
-    losses = [model(*corpus.batch(data, cfg.batch_size, cfg.seq_len, gen)).item() for _ in range(4)]
+    losses = []
+    for x, y in batches:
+        if isinstance(model, PipelineModule):
+            losses.append(booster.execute_pipeline(x, y, model, optimizer).item())
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                losses.append(model(x, y).item())
     model.train()
-    return _mean_over_ranks(sum(losses) / len(losses))
+    return _mean_over_ranks(sum(losses) / len(losses), group)
 
 
 def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
@@ -114,6 +171,8 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
             f"--seq-len {cfg.seq_len} exceeds {spec.label}'s context of "
             f"{spec.max_seq_len}; use a smaller --seq-len"
         )
+    plugin = build_plugin(cfg.plugin, cfg)  # its checks of the settings: before any group
+    check_mesh(cfg, spec, plugin, world)
     check_fits(
         build=spec.build,
         num_params=spec.num_params,
@@ -121,8 +180,8 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         presets=spec.presets,
         batch_size=cfg.batch_size,
         seq_len=cfg.seq_len,
-        sharded=cfg.plugin == "gemini",
-        world=world,
+        sharded=cfg.plugin in ("gemini", "hybrid"),
+        world=state_shards(cfg, world),
     )
     corpus = load_corpus(cfg.corpus)
     train_data, val_data = corpus.split()
@@ -134,14 +193,21 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         )
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model = spec.build()
-    optimizer = torch.optim.AdamW(
-        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95)
+    # the hybrid plugin rebuilds one parameter group: decay then applies to every parameter
+    params = (
+        model.parameters() if cfg.plugin == "hybrid" else _param_groups(model, cfg.weight_decay)
     )
-    plugin = build_plugin(cfg.plugin, cfg)
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+    )
     if isinstance(plugin, GeminiPlugin) and cfg.accelerator_budget is not None:
         plugin.non_model_bytes = _activation_bytes(spec, cfg)
     booster = Booster(plugin)
     model, optimizer = booster.boost(model, optimizer)
+    # [Note: mesh data]: one batch per data-parallel coordinate, losses averaged over dp
+    mesh = isinstance(plugin, MeshPlugin) and (cfg.plugin == "hybrid" or cfg.tp > 1)
+    data_rank, dp = plugin.data_rank() if mesh else (rank, world)  # type: ignore[attr-defined]
+    dp_group = plugin.mesh.group("dp") if isinstance(plugin, HybridParallelPlugin) else None
 
     out = cfg.out
     ckpt_root = out / "checkpoint"
@@ -160,6 +226,8 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         if start == cfg.steps:
             if main:
                 console.print(f"nothing to do: the run in {out} already reached step {start}")
+            if isinstance(plugin, HybridParallelPlugin):
+                plugin.close()
             return TrainResult([], float("nan"), 0.0, spec.num_params, info["path"], out)
     data_gen = torch.Generator()
     extra = {
@@ -170,7 +238,7 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         out.mkdir(parents=True, exist_ok=True)
         console.print(
             f"[bold]colossal train[/]: {spec.label} ({spec.num_params:,} params), "
-            f"{world} rank(s), plugin {_plugin_label(cfg, plugin)}, corpus {corpus.source} "
+            f"{world} rank(s), plugin {_plugin_label(cfg, plugin, mesh)}, corpus {corpus.source} "
             f"({len(corpus.data):,} bytes, {corpus.num_files} files)"
         )
     if main and cfg.resume:
@@ -179,7 +247,7 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
     guard = FiniteGuard(precision=cfg.precision, lr=cfg.lr)
     proc = psutil.Process()
     losses: list[float] = []
-    tokens_per_step = cfg.batch_size * cfg.seq_len * world
+    tokens_per_step = cfg.batch_size * cfg.seq_len * dp  # the global batch, counted once
     checkpoint: Path | None = None
     records: list[dict[str, Any]] = []
     run_start = time.perf_counter()
@@ -188,12 +256,18 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
             t0 = time.perf_counter()
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
-            data_gen.manual_seed(_data_seed(cfg.seed, rank, step))  # resumable: no hidden state
+            data_gen.manual_seed(_data_seed(cfg.seed, data_rank, step))  # resumable
             x, y = corpus.batch(train_data, cfg.batch_size, cfg.seq_len, data_gen)
-            loss = model(x, y)
-            loss_value = _mean_over_ranks(loss.item())
-            guard.check_loss(step + 1, loss_value)
-            booster.backward(loss, optimizer)
+            if isinstance(model, PipelineModule):  # forward and backward through the schedule
+                loss_value = _mean_over_ranks(
+                    booster.execute_pipeline(x, y, model, optimizer).item(), dp_group
+                )
+                guard.check_loss(step + 1, loss_value)
+            else:
+                loss = model(x, y)
+                loss_value = _mean_over_ranks(loss.item(), dp_group)
+                guard.check_loss(step + 1, loss_value)
+                booster.backward(loss, optimizer)
             guard.check_grads(step + 1, model, optimizer)
             optimizer.step()
             guard.after_step(step + 1, optimizer)
@@ -226,7 +300,9 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         metrics.close()
     if not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every:
         checkpoint = booster.save(model, optimizer, ckpt_root, step=cfg.steps, extra=extra)
-    val = _evaluate(model, corpus, val_data, cfg)
+    gen = torch.Generator().manual_seed(cfg.seed + 10_000)
+    held_out = [corpus.batch(val_data, cfg.batch_size, cfg.seq_len, gen) for _ in range(4)]
+    val = _evaluate(booster, model, optimizer, held_out, dp_group)
     result = TrainResult(
         losses=losses,
         val_loss=val,
@@ -236,10 +312,16 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         out=out,
     )
     if main:
-        summary = {**_summary(result, cfg, spec.label, world, proc), **memory_summary(records)}
+        summary = {
+            **_summary(result, cfg, spec.label, world, proc),
+            **memory_summary(records),
+            **comm_summary(records),
+        }
         if records and "bytes_moved" in records[-1]:
             summary["memory timeline"] = str(plot_memory_timeline(records, out))
         console.print(summary_table(summary))
+    if isinstance(plugin, HybridParallelPlugin):
+        plugin.close()  # its process groups (collective)
     return result
 
 
@@ -255,9 +337,11 @@ def _activation_bytes(spec: ModelSpec, cfg: TrainConfig) -> int:
     return stats.peak_non_model("accelerator")
 
 
-def _plugin_label(cfg: TrainConfig, plugin: Plugin) -> str:
+def _plugin_label(cfg: TrainConfig, plugin: Plugin, mesh: bool) -> str:
+    if mesh:
+        return f"{cfg.plugin} ({plugin.describe()})"  # type: ignore[attr-defined]
     if not isinstance(plugin, GeminiPlugin):
-        return cfg.plugin
+        return str(cfg.plugin)
     budget = cfg.accelerator_budget or "whole accelerator"
     label = f"gemini ({cfg.placement}, {cfg.precision}, budget {budget}"
     if plugin.non_model_bytes:

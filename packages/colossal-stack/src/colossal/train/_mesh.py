@@ -1,0 +1,209 @@
+"""The mesh a ``colossal train`` run uses: which plugin its flags select, and the checks of
+those flags against each other, the world size and the model, all before any process group.
+
+[Note: choosing the plugin] ``--zero N`` names the ZeRO stage and the plugin follows from it
+unless ``--plugin`` names one: 0 is plain data parallelism (ddp), 1 and 2 ZeRO-1/2 (zero), 3
+Gemini's chunks (gemini, the default). Any of ``--tp``, ``--pp`` or ``--sp ring|ulysses`` selects
+the hybrid plugin instead, which runs ZeRO 0 (the default), 1 or 2 over the data-parallel axis;
+ZeRO-3 with tensor parallelism is ``--plugin gemini --tp N``. The older ``--plugin zero
+--zero-stage N`` means the same as ``--zero N``.
+
+[Note: mesh data] Every rank of one data-parallel coordinate (the tensor, pipeline and sequence
+ranks of one replica) trains on the same batch: the batch is drawn from the dp coordinate, not
+the rank, so the global batch is ``batch_size * dp`` sequences and is counted once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from colossal_contracts import ConfigError
+
+from ..booster import HybridParallelPlugin
+
+if TYPE_CHECKING:
+    from ._config import TrainConfig
+    from ._models import ModelSpec
+
+__all__ = [
+    "PLUGINS",
+    "SP_METHODS",
+    "MeshPlugin",
+    "check_mesh",
+    "hybrid_plugin",
+    "mesh_flags",
+    "resolve_plugin",
+    "state_shards",
+]
+
+PLUGINS = ("gemini", "zero", "ddp", "hybrid")
+SP_METHODS = ("ring", "ulysses", "megatron")
+_BY_STAGE = {0: "ddp", 1: "zero", 2: "zero", 3: "gemini"}
+
+
+@runtime_checkable
+class MeshPlugin(Protocol):
+    """A plugin that lays ranks out on a mesh: each tells which batch slice it trains on."""
+
+    def data_rank(self) -> tuple[int, int]:
+        """``(coordinate, size)`` along ``dp`` (known after ``Booster.boost``)."""
+        ...
+
+    def describe(self) -> str:
+        """The mesh as one line, e.g. ``dp2 x tp2(1d)``."""
+        ...
+
+
+def mesh_flags(cfg: TrainConfig) -> list[str]:
+    """The flags of ``cfg`` that need a mesh (``--tp 2``, ``--pp 2``, ``--sp ring``)."""
+    out = []
+    if cfg.tp > 1:
+        out.append(f"--tp {cfg.tp}")
+    if cfg.pp > 1:
+        out.append(f"--pp {cfg.pp}")
+    if cfg.sp is not None:
+        out.append(f"--sp {cfg.sp}")
+    return out
+
+
+def resolve_plugin(cfg: TrainConfig) -> tuple[str, int]:
+    """``(plugin name, ZeRO stage)`` of ``cfg`` (see [Note: choosing the plugin]); a one-line
+    ``ConfigError`` for flags that do not combine."""
+    _check_flag_pairs(cfg)
+    flags = mesh_flags(cfg)
+    long_seq = cfg.sp in ("ring", "ulysses")
+    plugin, zero = cfg.plugin, cfg.zero
+    if zero is not None and zero not in _BY_STAGE:
+        raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {zero}")
+    if plugin is None:
+        plugin = "hybrid" if cfg.tp > 1 or cfg.pp > 1 or long_seq else _BY_STAGE.get(zero, "gemini")
+    if plugin not in PLUGINS:
+        raise ConfigError(f"unknown --plugin {plugin!r}; choose one of: {', '.join(PLUGINS)}")
+    if plugin == "hybrid":
+        if zero == 3:
+            raise ConfigError(
+                "--zero 3 does not run on the hybrid plugin (it shards up to ZeRO-2); for ZeRO-3 "
+                "with tensor parallelism use --plugin gemini with --tp"
+            )
+        return plugin, zero or 0
+    if plugin == "gemini":
+        if zero not in (None, 3):
+            raise ConfigError(
+                f"--plugin gemini is ZeRO stage 3, not --zero {zero}; drop --plugin gemini (with "
+                "--tp/--pp the hybrid plugin runs --zero 0-2) or drop --zero"
+            )
+        if cfg.pp > 1 or long_seq or cfg.sp == "megatron":
+            extra = [f for f in flags if not f.startswith("--tp")]
+            raise ConfigError(
+                f"{', '.join(extra)} does not run on --plugin gemini (it takes --tp only); drop "
+                "--plugin gemini to use the hybrid plugin with --zero 0-2"
+            )
+        return plugin, 3
+    if flags:
+        raise ConfigError(
+            f"{', '.join(flags)} runs on the hybrid plugin, not --plugin {plugin}; drop --plugin "
+            "and give --zero 0, 1 or 2 (or --plugin gemini --tp N for ZeRO-3)"
+        )
+    if plugin == "ddp":
+        if zero not in (None, 0):
+            raise ConfigError(f"--plugin ddp is ZeRO stage 0, not --zero {zero}; drop one of them")
+        return plugin, 0
+    if plugin == "zero" and zero is not None:
+        if zero not in (1, 2):
+            raise ConfigError(f"--plugin zero runs --zero 1 or 2, got --zero {zero}")
+        if cfg.zero_stage not in (1, zero):
+            raise ConfigError(
+                f"--zero {zero} and --zero-stage {cfg.zero_stage} disagree; give one (--zero-stage "
+                "is the older spelling)"
+            )
+        return plugin, zero
+    return plugin, cfg.zero_stage  # zero: its stage is checked with the rest of --plugin zero
+
+
+def _check_flag_pairs(cfg: TrainConfig) -> None:
+    """Flags that only mean something next to another flag."""
+    if cfg.sp is not None and cfg.sp not in SP_METHODS:
+        raise ConfigError(f"unknown --sp {cfg.sp!r}; choose one of: {', '.join(SP_METHODS)}")
+    needs = [
+        (cfg.microbatches != 1, f"--microbatches {cfg.microbatches}", cfg.pp > 1, "--pp N"),
+        (cfg.schedule != "1f1b", f"--schedule {cfg.schedule}", cfg.pp > 1, "--pp N"),
+        (cfg.tp_mode != "1d", f"--tp-mode {cfg.tp_mode}", cfg.tp > 1, "--tp N"),
+        (cfg.tp_depth != 1, f"--tp-depth {cfg.tp_depth}", cfg.tp_mode == "2.5d", "--tp-mode 2.5d"),
+        (
+            cfg.sp_size != 1,
+            f"--sp-size {cfg.sp_size}",
+            cfg.sp in ("ring", "ulysses"),
+            "--sp ring or --sp ulysses (megatron uses the tp ranks)",
+        ),
+        (cfg.sp == "megatron", "--sp megatron", cfg.tp > 1, "--tp N (1d)"),
+    ]
+    for given, flag, ok, want in needs:
+        if given and not ok:
+            raise ConfigError(f"{flag} needs {want}; add it or drop {flag.split()[0]}")
+    if cfg.sp in ("ring", "ulysses") and cfg.sp_size < 2:
+        raise ConfigError(f"--sp {cfg.sp} needs --sp-size N of 2 or more ranks per sequence")
+    if cfg.pp > 1 and cfg.batch_size % cfg.microbatches:
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} cannot be split into --microbatches "
+            f"{cfg.microbatches}; use a batch size that is a multiple of it"
+        )
+    parts = {"ring": 2 * cfg.sp_size, "ulysses": cfg.sp_size, "megatron": cfg.tp}.get(cfg.sp or "")
+    if parts and cfg.seq_len % parts:
+        raise ConfigError(
+            f"--sp {cfg.sp} splits each sequence into {parts} parts; use a --seq-len that is a "
+            f"multiple of {parts}"
+        )
+
+
+def hybrid_plugin(cfg: TrainConfig) -> HybridParallelPlugin:
+    """The hybrid plugin ``cfg`` describes (its own checks run here, before any group)."""
+    return HybridParallelPlugin(
+        tp_size=cfg.tp,
+        tp_mode=cfg.tp_mode,
+        tp_depth=cfg.tp_depth,
+        sequence_parallel=cfg.sp,
+        sp_size=cfg.sp_size,
+        pp_size=cfg.pp,
+        microbatches=cfg.microbatches,
+        schedule=cfg.schedule,
+        zero_stage=cfg.zero,
+        precision=cfg.precision,
+        activation_checkpointing=cfg.activation_checkpointing,
+        max_grad_norm=cfg.max_grad_norm,
+    )
+
+
+def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: object, world: int) -> None:
+    """The run's mesh against the model and the world size, before any collective."""
+    flags = mesh_flags(cfg)
+    if flags and not spec.tp_capable:
+        raise ConfigError(
+            f"{spec.label} has no tensor/pipeline-parallel adapter, so {', '.join(flags)} cannot "
+            "shard it; drop those flags (Gemini, ZeRO and DDP train it unmodified)"
+        )
+    if isinstance(plugin, HybridParallelPlugin):
+        plugin.mesh_config(world)  # tp*pp*sp must divide the world
+        stages = cfg.pp * plugin.num_virtual
+        if stages > spec.num_layers:
+            most = max(1, spec.num_layers // plugin.num_virtual)
+            raise ConfigError(
+                f"--pp {cfg.pp} x {plugin.num_virtual} chunk(s) per rank = {stages} stages, and "
+                f"{spec.label} has {spec.num_layers} blocks; use --pp {most} or fewer (or a "
+                "deeper --preset)"
+            )
+    elif cfg.tp > 1 and world % cfg.tp:
+        raise ConfigError(
+            f"--tp {cfg.tp} does not divide the world size {world}; launch a multiple of "
+            f"{cfg.tp} ranks (colossal run --nproc-per-node N) or change --tp"
+        )
+
+
+def state_shards(cfg: TrainConfig, world: int) -> int:
+    """Ranks one model's weights, gradients and Adam states are split over, for the pre-flight
+    estimate: every rank under Gemini; tp * pp under the hybrid plugin, times dp with ZeRO (which
+    shards the larger part of them, the fp32 states)."""
+    if cfg.plugin != "hybrid":
+        return world
+    sp = cfg.sp_size if cfg.sp in ("ring", "ulysses") else 1
+    dp = max(1, world // (cfg.tp * cfg.pp * sp))
+    return cfg.tp * cfg.pp * (dp if cfg.zero else 1)
