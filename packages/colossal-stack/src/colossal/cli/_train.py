@@ -13,12 +13,7 @@ __all__ = ["add_train_parser"]
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     d = TrainConfig()
     p = sub.add_parser("train", help="train a model on a text corpus (default: Python's stdlib)")
-    p.add_argument(
-        "--model",
-        default=d.model,
-        help="gpt, palm, or hf:PATH (a local Hugging Face config.json or saved folder; "
-        "no download) (default: %(default)s)",
-    )
+    p.add_argument("--model", default=d.model, help="model family (default: %(default)s)")
     p.add_argument("--preset", default=d.preset, help="model size preset (default: %(default)s)")
     p.add_argument(
         "--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)"
@@ -127,24 +122,6 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="gemini byte budget on the accelerator, e.g. 512MiB (default: all of it)",
     )
     p.add_argument(
-        "--host-budget",
-        default=d.host_budget,
-        help="gemini byte budget of chunks in host memory, e.g. 8GiB (default: no limit)",
-    )
-    p.add_argument(
-        "--disk-budget",
-        default=d.disk_budget,
-        help="gemini byte budget of chunks on disk when host room ends, e.g. 64GiB "
-        "(default: no disk tier)",
-    )
-    p.add_argument(
-        "--disk-dir",
-        type=Path,
-        default=d.disk_dir,
-        help="folder of the disk tier: must exist, be writable, have --disk-budget free "
-        "(default: the system's temporary directory)",
-    )
-    p.add_argument(
         "--precision",
         default=d.precision,
         help="gemini precision: fp32, bf16 or fp16 (default: %(default)s)",
@@ -175,9 +152,6 @@ def _run(args: argparse.Namespace) -> int:
         plugin=args.plugin,
         placement=args.placement,
         accelerator_budget=args.accelerator_budget,
-        host_budget=args.host_budget,
-        disk_budget=args.disk_budget,
-        disk_dir=args.disk_dir,
         precision=args.precision,
         zero_stage=args.zero_stage,
         zero=args.zero,
