@@ -10,6 +10,12 @@ the shard *is* the full buffer: a chunk is always gathered and gather/release do
 [Note: chunk gradients] A gradient chunk has the same layout as its parameter chunk. It is
 *materialised* as a zero full buffer (no communication), filled by backward, and reduce-scattered
 into each rank's shard (averaging across ranks) when every tensor is READY_FOR_REDUCE.
+
+[Note: one collective in flight] ``start_gather`` and ``start_reduce_scatter`` change the states
+and the gathered buffer at once and leave the data to a collective in flight; ``wait()`` finishes
+it. A chunk has at most one in flight. Reading the gathered buffer (``view``, ``release``) waits
+for a gather first; ``release`` finishes a reduce-scatter (its result is the release), and moving
+the shard while one is in flight is an error.
 """
 
 from __future__ import annotations
@@ -28,10 +34,14 @@ from colossal_contracts import (
     check_transition,
 )
 
+from ._pending import PendingReduce, _PendingGather
+
 __all__ = ["Chunk", "PendingReduce", "TensorRecord"]
 
-# torch 2.13 renamed reduce_scatter_tensor (deprecated) to reduce_scatter_single.
+# torch 2.13 renamed reduce_scatter_tensor and all_gather_into_tensor (deprecated, warning on
+# every call) to reduce_scatter_single and all_gather_single.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 @dataclass
@@ -77,6 +87,7 @@ class Chunk:
     full: torch.Tensor | None  # 1-D, capacity, on the compute device while gathered
     tier: TierName | None  # where the shard lives (set by the manager)
     _counts: dict[TensorState, int]  # tensors per state, kept by _set: counts in constant time
+    _inflight: PendingReduce | _PendingGather | None  # [Note: one collective in flight]
 
     def __init__(
         self,
@@ -99,6 +110,7 @@ class Chunk:
         self.records, self.used = {}, 0
         self.shard, self.full, self.tier = None, None, None
         self._counts = dict.fromkeys(TensorState, 0)
+        self._inflight = None
 
     # ----- layout -------------------------------------------------------------------------------
     @property
@@ -184,6 +196,12 @@ class Chunk:
         """
         if self.shard is None:
             raise RuntimeError(f"chunk {self.chunk_id} has no shard storage yet")
+        if self._inflight is not None:
+            if isinstance(self._inflight, PendingReduce):
+                raise RuntimeError(
+                    f"chunk {self.chunk_id}: finish its reduce-scatter (wait()) before moving it"
+                )
+            self.wait()
         if copy:
             storage.copy_(self.shard)
         old, self.shard = self.shard, storage
@@ -196,14 +214,33 @@ class Chunk:
 
         Collective: every rank of the group must call it. The shard must be on ``full``'s device.
         """
+        self.start_gather(full)
+        self.wait()
+
+    def start_gather(self, full: torch.Tensor) -> None:
+        """``gather`` as an async collective ([Note: one collective in flight]): ``full`` and the
+        states are set now, the data is there once ``wait()`` ran. Nothing happens when the chunk
+        is already gathered (or gathering)."""
         if self.world_size == 1 or self.full is not None:
             return
         if self.shard is None or self.shard.device != full.device:
             raise RuntimeError(f"chunk {self.chunk_id}: move the shard to the compute tier first")
-        dist.all_gather_into_tensor(full, self.shard, group=self.group)
+        work = _all_gather(full, self.shard, group=self.group, async_op=True)
         self.full = full
+        self._inflight = _PendingGather(work)
         for rec in self.records.values():
             self._set(rec, TensorState.HOLD)
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a gather or reduce-scatter of this chunk is in flight."""
+        return self._inflight is not None
+
+    def wait(self) -> torch.Tensor | None:
+        """Finish the collective in flight, if any. Returns the gathered buffer a finished
+        reduce-scatter dropped (for the caller's accounting), else None."""
+        pending, self._inflight = self._inflight, None
+        return None if pending is None else pending.wait()
 
     def materialize(self, full: torch.Tensor) -> None:
         """Use ``full`` (zeroed here) as the gathered buffer without communicating; FREE -> HOLD."""
@@ -223,6 +260,10 @@ class Chunk:
         Returns the dropped buffer (for the caller's accounting), or None when there is nothing to
         release (one rank). Raises ``StateTransitionError`` unless every tensor is in HOLD.
         """
+        if self._inflight is not None:
+            dropped = self.wait()
+            if dropped is not None:  # a reduce-scatter finished: the shard holds its result
+                return dropped
         if self.world_size == 1 or self.full is None:
             return None
         busy = [r.name for r in self.records.values() if r.state is not TensorState.HOLD]
@@ -269,7 +310,9 @@ class Chunk:
             raise RuntimeError(f"chunk {self.chunk_id} has no gathered buffer to reduce")
         out = torch.empty_like(self.shard, device=self.full.device)
         work = _reduce_scatter(out, self.full, group=self.group, async_op=True)
-        return PendingReduce(self, out, work, average=average, accumulate=accumulate)
+        pending = PendingReduce(self, out, work, average=average, accumulate=accumulate)
+        self._inflight = pending
+        return pending
 
     def _finish_reduce(self, out: torch.Tensor, *, average: bool, accumulate: bool) -> torch.Tensor:
         if average:
@@ -291,6 +334,8 @@ class Chunk:
             raise RuntimeError(
                 f"tensor {name!r} of chunk {self.chunk_id} is not gathered; access it first"
             )
+        if self._inflight is not None and not isinstance(self._inflight, PendingReduce):
+            self.wait()  # a gather in flight
         return self.full[rec.offset : rec.end].view(rec.shape)
 
     def shard_view(self, name: str) -> tuple[torch.Tensor, int, int] | None:
@@ -347,29 +392,3 @@ class Chunk:
             f"Chunk(id={self.chunk_id}, kind={self.kind}, dtype={self.dtype}, "
             f"used={self.used}/{self.capacity}, tier={self.tier}, gathered={self.is_gathered})"
         )
-
-
-class PendingReduce:
-    """A reduce-scatter in flight (``Chunk.start_reduce_scatter``); ``wait()`` finishes it once
-    and returns the dropped gathered buffer (None with one rank)."""
-
-    def __init__(
-        self,
-        chunk: Chunk,
-        out: torch.Tensor | None,
-        work: object,
-        *,
-        average: bool,
-        accumulate: bool,
-    ):
-        self.chunk, self._out, self._work = chunk, out, work
-        self._average, self._accumulate = average, accumulate
-        self.done = out is None
-
-    def wait(self) -> torch.Tensor | None:
-        if self.done:
-            return None
-        self._work.wait()  # type: ignore[attr-defined]
-        self.done = True
-        out, self._out = self._out, None
-        return self.chunk._finish_reduce(out, average=self._average, accumulate=self._accumulate)  # type: ignore[arg-type]

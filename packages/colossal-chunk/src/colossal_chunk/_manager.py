@@ -13,6 +13,11 @@ path: when every chunk is already resident and gathered and the compute tier is 
 moment's room, ``access`` and ``release`` only change states (no tier is touched); otherwise
 ``access`` first evicts down to the moment's room (which may have shrunk since the last moment).
 
+[Note: collectives in flight] (``_pending.py``): ``gather_ahead`` and ``reduce(async_op=True)``
+start collectives that an access, a move, a re-pack or ``settle()`` of the chunk finishes. A
+runtime that sets ``keep_gathered`` keeps a chunk gathered after a release when the rule says it
+is used again soon. Every rank must make the same calls, as for any collective.
+
 [Note: first-use order] ``repack(order)`` re-packs every parameter, and every parallel chunk with
 it, in the order given (the compute order a warmup traced), so that tensors used together share
 a chunk. Values of every kind are kept exactly; chunk ids change.
@@ -36,6 +41,7 @@ from colossal_contracts import (
 from ._accounting import ManagerStats, TierStats
 from ._chunk import Chunk
 from ._config import ChunkConfig
+from ._pending import InFlight
 from ._placement import Placement, build_tiers
 from ._policy import ChunkSummary, LruPolicy, PolicyContext
 from ._tier import Tier
@@ -59,6 +65,10 @@ class ChunkManager:
     before_collective: Callable[[str, Chunk], None] | None
     """Called with ("all-gather" | "reduce-scatter", chunk) before every collective on a chunk
     (a runtime checks there that all ranks agree); None: nothing is called."""
+    keep_gathered: Callable[[Chunk], bool] | None
+    """Asked when a release could drop a sharded chunk's gathered buffer: True keeps it (the
+    runtime knows the chunk is used again soon); None: always drop it."""
+    in_flight: InFlight  # [Note: collectives in flight]
 
     def __init__(
         self,
@@ -87,9 +97,11 @@ class ChunkManager:
         self._demand: dict[int, list[int]] | None = None  # moment -> [unfreeable, resident]
         self._closed = False
         self.before_collective = None
+        self.keep_gathered = None
         self._placement = Placement(
             build_tiers(config), self.policy, self._model_budget, rebind=self._bind
         )
+        self.in_flight = InFlight(self._placement.drop_gathered, self._bind)
 
     # ----- setup --------------------------------------------------------------------------------
     @property
@@ -250,6 +262,9 @@ class ChunkManager:
         for item in items:
             name = self._name(item)
             by_chunk.setdefault(self._chunk_of[name], []).append(name)
+        if self.in_flight.chunks:
+            for cid in by_chunk:
+                self.in_flight.finish(self.chunks[cid])
         if self._resident(by_chunk):  # fast path ([Note: access protocol])
             for cid, names in by_chunk.items():
                 c = self.chunks[cid]
@@ -281,6 +296,7 @@ class ChunkManager:
         chunks = [self.chunks[i] for i in by_chunk]
         pl = self._placement
         for c in chunks:
+            self.in_flight.finish(c)
             pl.settle(c)
         needed = sum(pl.need_for_access(c, gather=True) for c in chunks)
         pl.make_room(
@@ -373,10 +389,15 @@ class ChunkManager:
         self._after_release(done, reshard)
 
     def _after_release(self, chunks: list[Chunk], reshard: bool) -> None:
-        evict_after = self.policy.evict_after_use
+        evict_after, keep = self.policy.evict_after_use, self.keep_gathered
         for c in chunks:
             moved = False
-            if reshard and c.world_size > 1 and c.all_in(TensorState.HOLD):
+            if (
+                reshard
+                and c.world_size > 1
+                and c.all_in(TensorState.HOLD)
+                and (keep is None or not keep(c))
+            ):
                 self._placement.drop_gathered(c, c.release())
                 moved = True
             if c.movable and evict_after(c.chunk_id):
@@ -385,14 +406,39 @@ class ChunkManager:
             if moved:  # else storage is unchanged: the views still point at it
                 self._bind(c)
 
-    def reduce(self, chunk: Chunk | int, *, average: bool = True) -> None:
+    def reduce(self, chunk: Chunk | int, *, average: bool = True, async_op: bool = False) -> None:
         """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard
-        (averaged over ranks); collective over the manager's group. Tensors end in HOLD/FREE."""
+        (averaged over ranks); collective over the manager's group. Tensors end in HOLD/FREE.
+        With ``async_op`` the shard is written when the chunk's collective is finished
+        ([Note: collectives in flight])."""
         c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
         if self.before_collective is not None and c.world_size > 1:
             self.before_collective("reduce-scatter", c)
+        if async_op:
+            c.start_reduce_scatter(average=average)
+            self.in_flight.add(c)
+            return
         self._placement.drop_gathered(c, c.reduce_scatter(average=average))
         self._bind(c)
+
+    def gather_ahead(self, chunks: Iterable[Chunk | int]) -> int:
+        """Start all-gathering sharded ``chunks`` whose shards are on the compute tier, while
+        their gathered buffers fit in this moment's room (nothing is evicted for them); returns
+        how many started. Collective: every rank must pass the same chunks in the same state."""
+        pl, acc, issued = self._placement, self.tiers[ACC], 0
+        for item in chunks:
+            c = self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
+            if c.world_size == 1 or c.is_gathered or c.tier is not ACC:
+                continue
+            if acc.used_bytes + c.full_bytes > pl.limit(self._moment):
+                break
+            if self.before_collective is not None:
+                self.before_collective("all-gather", c)
+            acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
+            c.start_gather(acc.allocate(f"{c.kind}-{c.chunk_id}-full", c.capacity, c.dtype))
+            self.in_flight.add(c)
+            issued += 1
+        return issued
 
     def move(self, chunk: Chunk | int, tier: TierName | str) -> None:
         """Move a chunk's shard to ``tier`` (releasing its gathered buffer if it leaves the compute
@@ -400,6 +446,7 @@ class ChunkManager:
         is in COMPUTE."""
         c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
         tier = TierName(tier)
+        self.in_flight.finish(c)
         if tier is not ACC and c.world_size > 1 and c.is_gathered:
             self._placement.drop_gathered(c, c.release())
         if tier is ACC:
@@ -415,7 +462,9 @@ class ChunkManager:
 
     def settle(self) -> None:
         """Finish every prefetch in flight. Call before writing shards outside the access
-        protocol (an optimizer step): a copy in flight would otherwise bring back old values."""
+        protocol (an optimizer step): a copy in flight would otherwise bring back old values.
+        Finishes every collective in flight too ([Note: collectives in flight])."""
+        self.in_flight.finish_all()
         self._placement.settle_all(self.chunks)
 
     def prefetch(self, horizon: int = 1) -> int:
@@ -445,7 +494,7 @@ class ChunkManager:
     def repack(self, order: Sequence[str]) -> list[Chunk]:
         """Re-pack every chunk in ``order``; see [Note: first-use order]. Collective when chunks
         are sharded. Every tensor must be HOLD or FREE. Returns the new parameter chunks."""
-        self._placement.settle_all(self.chunks)
+        self.settle()
         busy = [c.chunk_id for c in self.chunks.values() if not c.movable]
         if busy:
             raise StateTransitionError(

@@ -1,13 +1,21 @@
 """The operator hooks of Gemini's runtime ([Note: operator hooks] in ``_runtime.py``): a
 ``TorchFunctionMode`` around every call that reads parameters, and the identity autograd functions
-that re-access parameters before an operator's backward and release frozen ones after it."""
+that re-access parameters before an operator's backward and release frozen ones after it.
+
+Each hook runs under a ``torch.profiler.record_function`` label (``Gemini::pre_forward``,
+``Gemini::post_forward``, ``Gemini::pre_backward``, ``Gemini::post_backward``, and the runtime's
+``Gemini::post_accumulate_grad``, ``Gemini::reduce_scatter``, ``Gemini::gather_ahead``,
+``Gemini::finish_backward``) while a profiler runs, so that a profile reads like the design."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch._C._autograd import _profiler_enabled
 from torch.overrides import TorchFunctionMode
+from torch.profiler import record_function
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ._saved import saved_param_views
@@ -15,7 +23,15 @@ from ._saved import saved_param_views
 if TYPE_CHECKING:
     from ._runtime import GeminiRuntime
 
-__all__ = ["AccessMode"]
+__all__ = ["AccessMode", "label"]
+
+_NO_LABEL = nullcontext()
+
+
+def label(name: str) -> AbstractContextManager[Any]:
+    """``record_function(name)`` while a profiler runs, else a shared no-op context (a label
+    costs microseconds per operator even when nothing records it)."""
+    return record_function(name) if _profiler_enabled() else _NO_LABEL
 
 
 class _PreBackward(torch.autograd.Function):
@@ -28,7 +44,8 @@ class _PreBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        ctx.rt.pre_backward(ctx.names)
+        with label("Gemini::pre_backward"):
+            ctx.rt.pre_backward(ctx.names)
         return (None, None, *grads)
 
 
@@ -43,7 +60,8 @@ class _PostBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        ctx.rt.post_backward(ctx.names)
+        with label("Gemini::post_backward"):
+            ctx.rt.post_backward(ctx.names)
         return None, None, grad
 
 
@@ -59,7 +77,8 @@ class AccessMode(TorchFunctionMode):
         names = self.rt.params_in(args, kwargs)
         if not names:
             return func(*args, **kwargs)
-        self.rt.pre_op(names)
+        with label("Gemini::pre_forward"):
+            self.rt.pre_op(names)
         frozen = tuple(n for n in names if not self.rt.params[n].requires_grad)
         if frozen and torch.is_grad_enabled():
             args = tuple(
@@ -76,7 +95,8 @@ class AccessMode(TorchFunctionMode):
             else:
                 out = func(*args, **kwargs)
         finally:
-            self.rt.post_op(names)
+            with label("Gemini::post_forward"):
+                self.rt.post_op(names)
         return _wrap_outputs(self.rt, names, out)
 
 

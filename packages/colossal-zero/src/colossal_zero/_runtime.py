@@ -36,9 +36,10 @@ from torch import nn
 from colossal_chunk import Chunk, ChunkManager
 from colossal_contracts import ConfigError, StepRecorder, TensorState
 
+from ._comm import CommSchedule, RankMaxStats
 from ._config import GeminiConfig
-from ._hooks import AccessMode
-from ._roles import ChunkRoles
+from ._grads import StepGradients
+from ._hooks import AccessMode, label
 from ._setup import build_manager
 from ._state import ChunkGrads, TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree
@@ -50,7 +51,7 @@ _T = TrainingState
 _OPS = ("all-gather", "reduce-scatter")
 
 
-class GeminiRuntime:
+class GeminiRuntime(StepGradients):
     """The state behind one Gemini-managed module; see the notes of this module."""
 
     manager: ChunkManager
@@ -116,6 +117,9 @@ class GeminiRuntime:
         self._grad_done: set[str] = set()  # names whose gradient this backward collected
         self.got_grad: set[str] = set()  # names with a gradient since the last step/zero_grad
         self._used: set[str] = set()  # names an operator read since the forward began
+        # [Note: overlap]: collectives ahead of use and without waiting, once the order is known
+        self._overlap = config.overlap_comm and self.manager.world_size > 1
+        self._comm: CommSchedule | None = None
         self._index_chunks()
 
     # ----- forward ------------------------------------------------------------------------------
@@ -189,6 +193,9 @@ class GeminiRuntime:
             self.manager.set_moment(moment)
         else:
             self.manager.set_moment(moment, prefetch=self.config.prefetch)
+            if self._comm is not None:
+                with label("Gemini::gather_ahead"):
+                    self.manager.gather_ahead(self._comm.ahead(moment))
 
     def _agree_collective(self, op: str, chunk: Chunk) -> None:
         """See [Note: rank agreement]: before each collective of the warmup step."""
@@ -235,10 +242,11 @@ class GeminiRuntime:
             rt = ref()
             if rt is None:
                 return
-            rt._start_backward()
-            grad, p.grad = p.grad, None
-            if grad is not None:
-                rt._collect(name, grad)
+            with label("Gemini::post_accumulate_grad"):
+                rt._start_backward()
+                grad, p.grad = p.grad, None
+                if grad is not None:
+                    rt._collect(name, grad)
 
         return hook
 
@@ -294,12 +302,18 @@ class GeminiRuntime:
         return g
 
     def _reduce(self, c: Chunk, target: Chunk) -> None:
-        self.manager.reduce(target)
+        with label("Gemini::reduce_scatter"):
+            self.manager.reduce(target, async_op=self._overlap)
         rec = self._chunks[c.chunk_id]
         rec.open, rec.pending = False, True
 
     def _finish_backward(self) -> None:
-        """End of backward: release what is still in COMPUTE, reduce partly filled chunks."""
+        with label("Gemini::finish_backward"):
+            self._end_backward()
+
+    def _end_backward(self) -> None:
+        """End of backward: release what is still in COMPUTE, reduce partly filled chunks,
+        finish every collective in flight."""
         self._to(_T.POST_BACKWARD)
         m = self.manager
         for c in m.param_chunks():
@@ -324,6 +338,11 @@ class GeminiRuntime:
             self._recording = False
             m.before_collective = None
             stats = self._warmup.finish()
+            if m.world_size > 1 and self._warmup.order:  # the same room on every rank
+                stats = RankMaxStats(stats, self.group)  # type: ignore[arg-type]
+            if self._overlap and self._warmup.order:
+                self._comm = CommSchedule(m, self._warmup.order)
+                m.keep_gathered = self._comm.keep
             self._never_read = {n for n in self.params if n not in self.got_grad}
             self._index_chunks()
             if self._warmup.order:
@@ -356,62 +375,8 @@ class GeminiRuntime:
                 unused if all(self.params[n].requires_grad for n in unused) else frozenset()
             )
             self._chunks[c.chunk_id] = rec
-
-    # ----- gradients between backward and step --------------------------------------------------
-    @property
-    def roles(self) -> ChunkRoles:
-        """Which chunk holds parameters, fp32 values and gradients ([Note: chunk roles]); built
-        per call because a re-pack replaces chunks (the manager stays)."""
-        return ChunkRoles(self.manager, masters=self.precision.master)
-
-    def working(self, c: Chunk) -> Chunk:
-        """The chunk whose shard holds ``c``'s reduced gradients (itself with masters)."""
-        return self.roles.working(c)
-
-    def stash(self, cid: int) -> None:
-        """See [Note: accumulation]: move pending gradients of chunk ``cid`` into its fp32 "acc"
-        chunk so that the working buffer can be reused."""
-        rec = self._chunks[cid]
-        if not rec.pending:
-            return
-        m = self.manager
-        if not any(ch.kind == "acc" for ch in m.chunks.values()):
-            m.add_parallel("acc", torch.float32)
-        c = m.chunks[cid]
-        acc = m.parallel_chunk("acc", c)
-        src = self.working(c).shard
-        acc.shard.add_(src.to(acc.shard.device, torch.float32))  # type: ignore[union-attr]
-        rec.pending, rec.accumulated = False, True
-        if self.precision.master:
-            self.restore_params(c)
-
-    def restore_params(self, c: Chunk) -> None:
-        """Copy the fp32 masters into the low-precision parameter shard of chunk ``c``."""
-        self.roles.restore(c)
-
-    def gradients(self, c: Chunk) -> Chunk:
-        """The chunk whose shard holds all of ``c``'s gradients of this step (the "acc" chunk
-        after accumulation, else the working buffer): what the optimizer reads."""
-        if self._chunks[c.chunk_id].accumulated:
-            self.stash(c.chunk_id)
-            return self.manager.parallel_chunk("acc", c)
-        return self.working(c)
-
-    def stepped(self, c: Chunk) -> None:
-        """The optimizer updated chunk ``c``'s fp32 shard: refresh low-precision parameters."""
-        if self.precision.master:
-            self.restore_params(c)
-        self._chunks[c.chunk_id].pending = False
-
-    def clear_grads(self) -> None:
-        """Forget every gradient (after a step, or ``zero_grad``)."""
-        for cid, rec in self._chunks.items():
-            if rec.pending and self.precision.master:
-                self.restore_params(self.manager.chunks[cid])
-            if rec.accumulated:
-                self.manager.parallel_chunk("acc", cid).shard.zero_()  # type: ignore[union-attr]
-            rec.pending = rec.accumulated = False
-        self.got_grad.clear()
+        if self._comm is not None:
+            self._comm.reindex()
 
 
 def _digest_words(key: list[int]) -> str:

@@ -1,0 +1,88 @@
+"""When Gemini's collectives run on more than one rank: ahead of use, and without waiting.
+
+[Note: overlap] With ``GeminiConfig.overlap_comm`` and a sharded model, once the warmup step has
+traced the compute order (the same on every rank, [Note: rank agreement]):
+
+- as moment ``i`` begins, the all-gathers of the chunks moment ``i + 1`` uses are started, so
+  they run while moment ``i``'s operator computes (only chunks whose shards are on the compute
+  tier, while the gathered buffers fit in the moment's room);
+- a chunk that moment ``i + 1`` uses again stays gathered after moment ``i`` releases it (no
+  release and re-gather of the same bytes between neighbouring operators);
+- a gradient chunk is reduce-scattered as soon as every tensor in it is READY_FOR_REDUCE and
+  backward goes on; the collective is finished when the chunk is next used, or all of them at
+  the end of backward, before the optimizer reads shards.
+
+Nothing in flight crosses a step: the last moment has no next one, and the end of backward
+finishes every collective. Decisions that depend on room must be the same on every rank, so the
+non-model peaks the warmup measured are agreed (the largest over ranks) before planning.
+The values computed are those of the synchronous path, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from colossal_chunk import Chunk, ChunkManager
+from colossal_contracts import MemStatsSource, TierName
+
+__all__ = ["CommSchedule", "RankMaxStats"]
+
+
+class CommSchedule:
+    """Per moment, the parameter chunks the next moment uses ([Note: overlap])."""
+
+    def __init__(self, manager: ChunkManager, order: Sequence[tuple[str, ...]]):
+        self.manager = manager
+        self.order = list(order)
+        self._next: list[tuple[int, ...]] = []
+        self._next_set: list[frozenset[int]] = []
+        self.reindex()
+
+    def reindex(self) -> None:
+        """Map names to chunk ids again (after a re-pack)."""
+        m = self.manager
+        ids = [tuple(dict.fromkeys(m.chunk_of(n).chunk_id for n in names)) for names in self.order]
+        self._next = [*ids[1:], ()]  # the last moment's next moment is in the next step
+        self._next_set = [frozenset(i) for i in self._next]
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def ahead(self, moment: int) -> tuple[int, ...]:
+        """Chunks to start gathering as ``moment`` begins."""
+        return self._next[moment] if moment < len(self._next) else ()
+
+    def keep(self, chunk: Chunk) -> bool:
+        """``ChunkManager.keep_gathered``: True if the moment after the current one uses ``chunk``."""
+        moment = self.manager.moment
+        return moment < len(self._next_set) and chunk.chunk_id in self._next_set[moment]
+
+
+class RankMaxStats:
+    """A ``MemStatsSource`` whose accelerator peaks are the largest over the ranks of a group
+    (so that every rank plans the same room at every moment); the rest is the local trace's."""
+
+    def __init__(self, local: MemStatsSource, group: dist.ProcessGroup):
+        self.local = local
+        n = local.num_moments()
+        peaks = torch.tensor(
+            [local.non_model_peak(i, TierName.ACCELERATOR) for i in range(n)], dtype=torch.int64
+        )
+        if dist.get_backend(group) == "nccl":
+            peaks = peaks.cuda()
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=group)
+        self.peaks = peaks.tolist()
+
+    def num_moments(self) -> int:
+        return len(self.peaks)
+
+    def non_model_peak(self, moment: int, tier: TierName | str) -> int:
+        if TierName(tier) is TierName.ACCELERATOR:
+            return self.peaks[moment]
+        return self.local.non_model_peak(moment, tier)
+
+    def compute_order(self) -> Sequence[tuple[str, ...]]:
+        return self.local.compute_order()
