@@ -39,9 +39,6 @@ class GeminiConfig:
         overlap_comm: on more than one rank, start the next moment's all-gathers and every
             full gradient chunk's reduce-scatter without waiting, so they run while operators
             compute ([Note: overlap]); False waits for each collective (the same values).
-        overlap_comm: on more than one rank, start the next moment's all-gathers and every
-            full gradient chunk's reduce-scatter without waiting, so they run while operators
-            compute ([Note: overlap]); False waits for each collective (the same values).
         states_placement: where Adam states and fp32 masters live, chunk by chunk, once the
             plan is known (placement "auto" only; see [Note: state placement]): "free" moves
             them to the accelerator into room no chunk used at any moment of a measured step (no
@@ -60,7 +57,6 @@ class GeminiConfig:
     non_model_bytes: int = 0
     non_model_margin: float = 0.1
     prefetch: int = 1
-    overlap_comm: bool = True
     overlap_comm: bool = True
     states_placement: str = "free"
     loss_scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
