@@ -4,7 +4,7 @@ from ._accounting import ManagerStats, MoveStats, TierStats
 from ._auto import AutoPolicy
 from ._chunk import Chunk, PendingReduce, TensorRecord
 from ._config import ChunkConfig
-from ._disk import DiskStore
+from ._disk import DiskIOStats, DiskStore, check_disk_dir
 from ._manager import ChunkManager
 from ._order import OrderStats, module_order, trace_order
 from ._policy import ChunkSummary, LruPolicy, PolicyContext, SimpleChunkInfo
@@ -22,6 +22,7 @@ __all__ = [
     "ChunkManager",
     "ChunkSizeResult",
     "ChunkSummary",
+    "DiskIOStats",
     "DiskStore",
     "LruPolicy",
     "ManagerStats",
@@ -35,6 +36,7 @@ __all__ = [
     "TensorRecord",
     "Tier",
     "TierStats",
+    "check_disk_dir",
     "module_order",
     "pack",
     "search_chunk_size",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ._disk import DiskIOStats
+
 __all__ = ["ManagerStats", "MoveStats", "TierStats"]
 
 
@@ -52,12 +54,14 @@ class ManagerStats:
         moves: per (src, dst) pair, the copies made.
         num_chunks: chunks registered (parallel chunks included).
         padding_bytes: bytes of chunks that hold no tensor (over every chunk, one rank's view).
+        disk_io: background disk reads and writes so far (None without a disk tier).
     """
 
     tiers: dict[str, TierStats]
     moves: dict[tuple[str, str], MoveStats] = field(default_factory=dict)
     num_chunks: int = 0
     padding_bytes: int = 0
+    disk_io: DiskIOStats | None = None
 
     @property
     def bytes_moved(self) -> int:

@@ -1,41 +1,150 @@
 """Chunk payloads kept in files on disk, memory-mapped so that they read back as CPU tensors.
 
 [Note: disk payloads] Each payload is one file of exactly its bytes, mapped with
-``torch.from_file(shared=True)``: writes go to the file, reads page in on demand, and host memory
-holds only the pages in use. Files live in one directory the user picks (default: a fresh temporary
-directory); ``close()`` removes every file, and the directory too when the store created it.
+``torch.from_file(shared=True)``: writes go to the file, reads page in on demand. Files live in one
+directory the user picks (default: a fresh temporary directory); ``close()`` removes every file,
+and the directory too when the store created it (also when the store is garbage-collected or the
+interpreter exits without ``close``).
+
+[Note: disk read-ahead and write-behind] Two background threads keep disk traffic off the
+critical path. ``read_ahead(key)`` reads a payload's file sequentially into the page cache before
+it is used (the manager issues it for chunks the plan says come next), so the later access maps
+pages already in memory. ``write_behind(key, tensor)`` is issued once a payload was written
+(moved to disk, or updated in place by the optimizer): it unmaps the payload's pages from this
+process (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing is lost), writes
+the file to the device (``fdatasync``) and, with ``drop_cache``, drops its pages from the page
+cache, so host memory holds only the disk pages in use. A job holds the tensor it works on, so
+the mapping it advises stays alive; ``discard`` waits for a key's jobs before removing its file.
+Both threads count bytes and seconds (``io_stats``): the disk throughput the tier achieved.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import mmap
 import os
 import shutil
+import sys
 import tempfile
+import threading
+import time
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from colossal_contracts import ConfigError
 
-__all__ = ["DiskStore"]
+__all__ = ["DiskIOStats", "DiskStore", "check_disk_dir"]
+
+_MADV_DONTNEED = 4
+_READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
+_MIN_FREE = 1 << 20  # below this a filesystem counts as full
+
+
+@dataclass(frozen=True)
+class DiskIOStats:
+    """What the disk tier's background threads did.
+
+    Attributes:
+        bytes_read: bytes read ahead from payload files.
+        read_s: seconds the reader thread spent reading.
+        bytes_written: bytes written behind to the device (fdatasync'ed).
+        write_s: seconds the writer thread spent writing.
+    """
+
+    bytes_read: int = 0
+    read_s: float = 0.0
+    bytes_written: int = 0
+    write_s: float = 0.0
+
+    def __sub__(self, other: DiskIOStats) -> DiskIOStats:
+        return DiskIOStats(
+            self.bytes_read - other.bytes_read,
+            self.read_s - other.read_s,
+            self.bytes_written - other.bytes_written,
+            self.write_s - other.write_s,
+        )
+
+
+@dataclass
+class _Payload:
+    path: Path
+    fd: int  # kept open for read-ahead and fdatasync
+    base: int  # address of the mapping (0 for an empty payload)
+    nbytes: int
+    jobs: list[Future[None]]
+
+
+def check_disk_dir(directory: str | os.PathLike[str] | None, budget: int | None) -> int:
+    """Check that the disk tier can use ``directory`` (None: the temporary directory) for
+    ``budget`` bytes (None: no limit) before anything runs; returns its free bytes.
+
+    ``ConfigError`` (one line, naming the fix) when it is missing, not a directory, unwritable,
+    on a full filesystem, or has less free space than ``budget``. Writes only a probe file it
+    removes again.
+    """
+    where = Path(tempfile.gettempdir() if directory is None else directory)
+    if not where.exists():
+        raise ConfigError(
+            f"disk tier directory {str(where)!r} does not exist; create it or pass another "
+            "--disk-dir (disk_dir)"
+        )
+    if not where.is_dir():
+        raise ConfigError(f"disk tier directory {str(where)!r} is not a directory; pass a folder")
+    try:
+        with tempfile.TemporaryFile(dir=where, prefix=".colossal-probe-") as f:
+            f.write(b"\0")
+            f.flush()
+    except OSError as exc:
+        raise ConfigError(
+            f"disk tier directory {str(where)!r} is not writable ({exc.strerror}); pass a "
+            "directory you can write to as --disk-dir (disk_dir)"
+        ) from exc
+    free = shutil.disk_usage(where).free
+    if free < _MIN_FREE:
+        raise ConfigError(
+            f"disk tier directory {str(where)!r} is on a full filesystem ({free:,} bytes free); "
+            "free space there or pass another --disk-dir (disk_dir)"
+        )
+    if budget is not None and budget > free:
+        raise ConfigError(
+            f"disk budget of {budget:,} bytes is larger than the {free:,} bytes free under "
+            f"{str(where)!r}; lower --disk-budget (disk_budget) to at most {free:,} or free space"
+        )
+    return free
+
+
+def _madvise() -> object | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fn = libc.madvise
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return fn
 
 
 class DiskStore:
-    """Memory-mapped files, one per payload key, in ``directory``.
+    """Memory-mapped files, one per payload key, in ``directory``; see [Note: disk payloads].
 
     Invariant: ``key in self`` exactly while a file for ``key`` exists.
     """
 
     _dir: Path
     _owns_dir: bool  # True when we created the directory and must remove it on close
-    _files: dict[str, Path]
+    _files: dict[str, _Payload]
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None):
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, drop_cache: bool = True):
         if directory is None:
             self._dir = Path(tempfile.mkdtemp(prefix="colossal-chunks-"))
             self._owns_dir = True
         else:
             self._dir = Path(directory)
+            self._owns_dir = not self._dir.exists()
             try:
                 self._dir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -43,8 +152,15 @@ class DiskStore:
                     f"disk tier directory {str(self._dir)!r} cannot be created ({exc}); "
                     "pass a writable directory as disk_dir, or None for a temporary one"
                 ) from exc
-            self._owns_dir = False
         self._files = {}
+        self._remove = weakref.finalize(self, _remove_all, self._files, self._dir, self._owns_dir)
+        self._drop_cache = drop_cache
+        self._warm: set[str] = set()  # keys read ahead since they were last written
+        self._lock = threading.Lock()
+        self._counts = [0, 0.0, 0, 0.0]  # bytes read, read s, bytes written, write s
+        self._reader: ThreadPoolExecutor | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._madvise = _madvise()
 
     @property
     def directory(self) -> Path:
@@ -58,22 +174,109 @@ class DiskStore:
         self.discard(key)
         path = self._dir / f"{key}.bin"
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        with open(path, "wb") as f:
-            f.truncate(max(nbytes, 1))
-        self._files[key] = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.ftruncate(fd, max(nbytes, 1))
         if numel == 0:
+            self._files[key] = _Payload(path, fd, 0, 0, [])
             return torch.empty(0, dtype=dtype)
-        return torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+        t = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+        self._files[key] = _Payload(path, fd, t.untyped_storage().data_ptr(), nbytes, [])
+        return t
 
+    # ----- background I/O ([Note: disk read-ahead and write-behind]) ----------------------------
+    def read_ahead(self, key: str) -> None:
+        """Start reading ``key``'s file into the page cache (no-op if read since last written)."""
+        p = self._files.get(key)
+        if p is None or p.nbytes == 0 or key in self._warm:
+            return
+        self._warm.add(key)
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, "colossal-disk-read")
+        self._track(p, self._reader.submit(self._read, p))
+
+    def write_behind(self, key: str, tensor: torch.Tensor) -> None:
+        """Start writing ``key``'s payload (``tensor``, its mapping) to the device and dropping
+        its pages from this process's memory."""
+        p = self._files.get(key)
+        if p is None or p.nbytes == 0:
+            return
+        self._warm.discard(key)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
+        self._track(p, self._writer.submit(self._write, p, tensor))
+
+    def drain(self) -> None:
+        """Wait until every read-ahead and write-behind issued so far is done."""
+        for p in list(self._files.values()):
+            self._wait(p)
+
+    def io_stats(self) -> DiskIOStats:
+        """Bytes and seconds of background I/O since the store was created."""
+        with self._lock:
+            r, rs, w, ws = self._counts
+        return DiskIOStats(int(r), float(rs), int(w), float(ws))
+
+    def _track(self, p: _Payload, job: Future[None]) -> None:
+        p.jobs = [j for j in p.jobs if not j.done()]
+        p.jobs.append(job)
+
+    def _wait(self, p: _Payload) -> None:
+        jobs, p.jobs = p.jobs, []
+        for j in jobs:
+            j.result()
+
+    def _read(self, p: _Payload) -> None:
+        t0 = time.perf_counter()
+        buf = memoryview(bytearray(min(_READ_BLOCK, p.nbytes)))
+        done = 0
+        while done < p.nbytes:
+            n = os.preadv(p.fd, [buf[: min(len(buf), p.nbytes - done)]], done)
+            if n <= 0:
+                break
+            done += n
+        self._add(0, done, time.perf_counter() - t0)
+
+    def _write(self, p: _Payload, tensor: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        mine = tensor.untyped_storage().data_ptr() == p.base  # the mapping of this payload
+        if self._madvise is not None and mine and p.base % mmap.PAGESIZE == 0:
+            self._madvise(p.base, p.nbytes, _MADV_DONTNEED)  # type: ignore[operator]
+        os.fdatasync(p.fd)
+        if self._drop_cache and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(p.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        self._add(2, p.nbytes, time.perf_counter() - t0)
+
+    def _add(self, at: int, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self._counts[at] += nbytes
+            self._counts[at + 1] += seconds
+
+    # ----- lifetime -----------------------------------------------------------------------------
     def discard(self, key: str) -> None:
         """Remove the file of ``key`` (tensors still mapping it stay readable until dropped)."""
-        path = self._files.pop(key, None)
-        if path is not None:
-            path.unlink(missing_ok=True)
+        p = self._files.pop(key, None)
+        if p is not None:
+            self._wait(p)
+            self._warm.discard(key)
+            os.close(p.fd)
+            p.path.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Remove every file, and the directory when this store created it."""
         for key in list(self._files):
             self.discard(key)
-        if self._owns_dir:
-            shutil.rmtree(self._dir, ignore_errors=True)
+        for pool in (self._reader, self._writer):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._reader = self._writer = None
+        self._remove()
+
+
+def _remove_all(files: dict[str, _Payload], directory: Path, owns_dir: bool) -> None:
+    for p in files.values():
+        with contextlib.suppress(OSError):
+            os.close(p.fd)
+        p.path.unlink(missing_ok=True)
+    files.clear()
+    if owns_dir:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -26,7 +26,7 @@ from colossal_contracts import (
 from ._accounting import MoveStats
 from ._chunk import Chunk
 from ._config import ChunkConfig
-from ._disk import DiskStore
+from ._disk import DiskIOStats, DiskStore
 from ._policy import SimpleChunkInfo
 from ._prefetch import PendingCopy, Prefetcher
 from ._tier import UNLIMITED, Tier
@@ -162,6 +162,7 @@ class Placement:
         d = self.tiers[dst]
         d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
         chunk.replace_shard(d.allocate(_key(chunk, dst), chunk.shard_numel, chunk.dtype))
+        d.write_behind(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
         self._rebind(chunk)
         s = self.tiers[src]  # type: ignore[index]
         s.free(chunk.shard_bytes)
@@ -203,6 +204,21 @@ class Placement:
             chunk.materialize(full)
         else:
             chunk.gather(full)
+
+    def read_ahead(self, chunk: Chunk) -> None:
+        """Start reading ``chunk``'s shard into memory if it lives on disk (for a use soon)."""
+        if chunk.tier is DISK:
+            self.tiers[DISK].read_ahead(_key(chunk, DISK))
+
+    def written(self, chunk: Chunk) -> None:
+        """``chunk``'s shard was written in place: if it lives on disk, start writing it out."""
+        if chunk.tier is DISK and chunk.shard is not None:
+            self.tiers[DISK].write_behind(_key(chunk, DISK), chunk.shard)
+
+    def disk_io(self) -> DiskIOStats | None:
+        """Background disk I/O so far (None without a disk tier)."""
+        disk = self.tiers.get(DISK)
+        return None if disk is None or disk.store is None else disk.store.io_stats()
 
     def forget(self, chunk: Chunk) -> None:
         """Give up ``chunk``'s payloads (its shard and any gathered buffer) on every tier."""

@@ -91,3 +91,14 @@ class Tier:
         """Forget the payload of ``key`` (removes its file on disk; no-op elsewhere)."""
         if self.store is not None:
             self.store.discard(key)
+
+    def read_ahead(self, key: str) -> None:
+        """Start reading the payload of ``key`` into memory before use (disk only; see
+        [Note: disk read-ahead and write-behind])."""
+        if self.store is not None:
+            self.store.read_ahead(key)
+
+    def write_behind(self, key: str, payload: torch.Tensor) -> None:
+        """Start writing the payload of ``key`` (just written) out of memory (disk only)."""
+        if self.store is not None:
+            self.store.write_behind(key, payload)

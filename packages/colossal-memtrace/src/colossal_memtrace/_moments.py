@@ -24,7 +24,7 @@ from ._stats import MemStats, Moment, StepSummary
 
 __all__ = ["MomentRecorder"]
 
-_ACC, _HOST = TierName.ACCELERATOR, TierName.HOST
+_ACC, _HOST, _DISK = TierName.ACCELERATOR, TierName.HOST, TierName.DISK
 
 
 class _Tracker(LiveTensorTracker):
@@ -113,8 +113,9 @@ class MomentRecorder:
 
     # -- figures ----------------------------------------------------------------------------
     def _model_fn(self, tier: TierName) -> int:
-        if tier is _ACC:  # emulated: every CPU chunk payload is a live CPU storage
-            return self._model_bytes(_ACC) + self._model_bytes(_HOST)
+        if tier is _ACC:  # emulated: every CPU chunk payload is a live CPU storage (disk
+            # payloads too: they are memory-mapped CPU storages)
+            return self._model_bytes(_ACC) + self._model_bytes(_HOST) + self._model_bytes(_DISK)
         return 0
 
     def _window(self) -> dict[TierName, WindowPeak]:

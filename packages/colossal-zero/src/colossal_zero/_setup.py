@@ -109,6 +109,7 @@ def build_manager(
         accelerator_bytes=cap,
         host_bytes=config.host_bytes,
         disk_bytes=config.disk_bytes,
+        disk_dir=config.disk_dir,
         device=config.device,
         home=TierName.HOST.value,
     )

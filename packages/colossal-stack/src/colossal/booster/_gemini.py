@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from torch import nn
 
+from colossal_chunk import DiskIOStats, check_disk_dir
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_memtrace import MomentRecorder
 from colossal_zero import (
@@ -57,6 +59,11 @@ class GeminiPlugin:
         accelerator_budget: bytes of chunks on the accelerator ("512MiB", an int, or None: all).
         precision: "fp32", "bf16" or "fp16" (fp32 masters and, for fp16, loss scaling).
         host_budget: bytes of chunks in host memory (None: no limit).
+        disk_budget: bytes of chunks on disk, used when the host budget is full: fp32 masters,
+            Adam states and cold parameter chunks, read ahead and written behind in the
+            background (None: no disk tier). Checked before training: ``disk_dir`` must exist,
+            be writable and have this much free space.
+        disk_dir: directory of the disk tier's files (None: the system's temporary directory).
         max_grad_norm: clip the global gradient norm (0: no clipping).
         non_model_bytes: accelerator bytes kept free for activations during the warmup step
             (afterwards the auto policy plans each moment against the non-model bytes the
@@ -79,8 +86,11 @@ class GeminiPlugin:
     name: str = "gemini"
     sharded_checkpoint: bool = True
     sharding: Mapping[str, ParamSharding] | None = field(default=None, repr=False)
+    disk_budget: int | str | None = None
+    disk_dir: str | Path | None = None
     _model: GeminiModule | None = field(default=None, repr=False)
     _moved: int = field(default=0, repr=False)
+    _disk_io: DiskIOStats = field(default_factory=DiskIOStats, repr=False)
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -92,6 +102,8 @@ class GeminiPlugin:
                 f"unknown precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}"
             )
         self.gemini_config()  # validates the budgets
+        if self.disk_budget is not None:
+            check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
 
     def gemini_config(self) -> GeminiConfig:
         """The ``GeminiConfig`` these settings stand for."""
@@ -100,6 +112,8 @@ class GeminiPlugin:
             placement=self.placement,
             accelerator_bytes=parse_bytes(self.accelerator_budget),
             host_bytes=parse_bytes(self.host_budget),
+            disk_bytes=0 if self.disk_budget is None else parse_bytes(self.disk_budget),
+            disk_dir=_disk_subdir(self.disk_dir) if self.disk_budget is not None else None,
             non_model_bytes=parse_bytes(self.non_model_bytes) or 0,
         )
 
@@ -143,6 +157,10 @@ class GeminiPlugin:
         total = stats.bytes_moved
         out["bytes_moved"], self._moved = total - self._moved, total
         out["bytes_moved_total"] = total
+        if stats.disk_io is not None:  # background disk I/O since the previous call
+            io, self._disk_io = stats.disk_io - self._disk_io, stats.disk_io
+            out["disk_read_bytes"], out["disk_written_bytes"] = io.bytes_read, io.bytes_written
+            out["disk_read_s"], out["disk_write_s"] = io.read_s, io.write_s
         self._model.runtime.manager.reset_peaks()  # the next call reports the next step's peaks
         return out
 
@@ -161,6 +179,15 @@ class GeminiPlugin:
     ) -> None:
         gm = _gemini_module(model)
         load_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, path)
+
+
+def _disk_subdir(disk_dir: str | Path | None) -> Path | None:
+    """A folder of this process under ``disk_dir`` (None: a temporary one), created and removed
+    by the disk tier, so ranks and runs sharing a directory never share or leave files."""
+    if disk_dir is None:
+        return None
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return Path(disk_dir) / f"colossal-chunks-{os.getpid()}-rank{rank}"
 
 
 def _gemini_module(model: nn.Module) -> GeminiModule:
