@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from colossal_contracts import ConfigError
@@ -26,7 +27,10 @@ class GeminiConfig:
         accelerator_bytes: byte budget of chunk payloads on the compute tier (None: the whole
             device; no limit on an emulated accelerator). It must hold the largest chunk.
         host_bytes: byte budget of chunk payloads in host memory (None: no limit).
-        disk_bytes: byte budget on disk (0: no disk tier; None: no limit).
+        disk_bytes: byte budget on disk (0: no disk tier; None: no limit). Chunks spill there
+            when the host budget is full: fp32 masters and Adam states first (they are added
+            last), then cold parameter chunks evicted from the accelerator.
+        disk_dir: directory of the disk tier's files (None: a temporary one, removed on close).
         chunk_numel: elements per chunk; None searches for the size with least padding.
         device: "auto", "cuda" or "cpu" (an emulated accelerator), as ``ChunkConfig.device``.
         non_model_bytes: bytes of the compute tier kept free for activations while nothing is
@@ -52,6 +56,7 @@ class GeminiConfig:
     accelerator_bytes: int | None = None
     host_bytes: int | None = None
     disk_bytes: int | None = 0
+    disk_dir: str | os.PathLike[str] | None = None
     chunk_numel: int | None = None
     device: str = "auto"
     non_model_bytes: int = 0
