@@ -1,8 +1,16 @@
 """Which model ``colossal train --model NAME --preset P`` builds: one lookup, shared by the loop,
-the preflight check and the plugins that need to know whether a model can be tensor-parallel."""
+the preflight check and the plugins that need to know whether a model can be tensor-parallel.
+
+``--model hf:PATH`` is a Hugging Face causal LM from a local ``config.json`` or saved folder
+(colossal-models' ``load_hf_causal_lm``; ``--preset`` does not apply). It trains unmodified
+unless the run shards layers (``parallel=True``: tensor, pipeline or sequence parallelism); then
+it is converted to GPT or PaLM through a state-dict adapter, with the same starting weights, or
+refused with ``ModelSpec.tp_unsupported`` where no adapter exists.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -10,11 +18,26 @@ from typing import Any
 from torch import nn
 
 from colossal_contracts import ConfigError
-from colossal_models import GPT, GPT_PRESETS, PALM_PRESETS, GPTConfig, PaLM, PaLMConfig
+from colossal_models import (
+    GPT,
+    GPT_PRESETS,
+    HF_TP_ADAPTERS,
+    PALM_PRESETS,
+    GPTConfig,
+    PaLM,
+    PaLMConfig,
+    from_hf,
+    hf_adapter_config,
+    hf_max_positions,
+    hf_num_params,
+    load_hf_causal_lm,
+    load_hf_config,
+)
 
-__all__ = ["MODEL_FAMILIES", "ModelSpec", "resolve_model"]
+__all__ = ["HF_PREFIX", "MODEL_FAMILIES", "ModelSpec", "resolve_model"]
 
-MODEL_FAMILIES = ("gpt", "palm")  # and "hf:PATH" (a local Hugging Face config or saved folder)
+HF_PREFIX = "hf:"
+MODEL_FAMILIES = ("gpt", "palm", "hf:PATH")  # hf: a local Hugging Face config or saved folder
 
 
 @dataclass(frozen=True)
@@ -28,7 +51,11 @@ class ModelSpec:
         num_params: parameters of one built model.
         max_seq_len: the longest sequence it takes.
         num_layers: transformer blocks (what pipeline stages split).
-        tp_capable: ``colossal_models.parallelize`` (and pipeline stages) know its layers.
+        tp_capable: ``colossal_models.parallelize`` (and pipeline stages) know its layers, or
+            an adapter converts it to a model whose layers they know (``--model hf:`` GPT-2
+            and Llama).
+        tp_unsupported: when not ``tp_capable``, the one-line reason, naming the architectures
+            that have adapters (the ``ConfigError`` message for ``--tp``); "" otherwise.
         presets: the family's named sizes, for "try a smaller preset" hints ({} when none).
         config: the model's configuration, a JSON-able dict recorded with checkpoints.
     """
@@ -39,6 +66,7 @@ class ModelSpec:
     max_seq_len: int
     num_layers: int
     tp_capable: bool = True
+    tp_unsupported: str = ""
     presets: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -49,9 +77,16 @@ _FAMILIES: dict[str, tuple[type[nn.Module], Any, dict[str, Any]]] = {
 }
 
 
-def resolve_model(model: str, preset: str, *, vocab_size: int) -> ModelSpec:
-    """The model called ``model`` ("gpt", "palm") at ``preset`` with ``vocab_size`` tokens;
-    ``ConfigError`` naming the choices when unknown."""
+def resolve_model(model: str, preset: str, *, vocab_size: int, parallel: bool = False) -> ModelSpec:
+    """The model called ``model`` ("gpt", "palm", "hf:PATH") at ``preset`` with ``vocab_size``
+    tokens; ``ConfigError`` naming the choices when unknown.
+
+    ``parallel``: the run shards layers (tensor, pipeline or sequence parallelism), so ``build``
+    must return GPT or PaLM; a Hugging Face model without an adapter is then a ``ConfigError``
+    (``tp_unsupported``). Other models ignore it.
+    """
+    if model.startswith(HF_PREFIX):
+        return _resolve_hf(model[len(HF_PREFIX) :], vocab_size=vocab_size, parallel=parallel)
     if model not in _FAMILIES:
         raise ConfigError(f"unknown --model {model!r}; choose one of: {', '.join(MODEL_FAMILIES)}")
     family, config_cls, presets = _FAMILIES[model]
@@ -64,4 +99,47 @@ def resolve_model(model: str, preset: str, *, vocab_size: int) -> ModelSpec:
         num_layers=cfg.num_layers,
         presets=presets,
         config=asdict(cfg),
+    )
+
+
+def _resolve_hf(path: str, *, vocab_size: int, parallel: bool) -> ModelSpec:
+    """``hf:PATH``: the HF model as saved (or its adapted GPT/PaLM when ``parallel``)."""
+    if not path:
+        raise ConfigError("--model hf: needs a path: hf:PATH to a config.json or a saved folder")
+    hf_config = load_hf_config(path)
+    kind = hf_config.model_type
+    if hf_config.vocab_size < vocab_size:
+        raise ConfigError(
+            f"hf:{path} has a vocabulary of {hf_config.vocab_size} tokens, fewer than the "
+            f"{vocab_size} ids of the byte tokenizer; give a model with vocab_size >= {vocab_size}"
+        )
+    try:
+        ours = hf_adapter_config(hf_config)
+        reason = ""
+    except ConfigError as err:
+        ours, reason = None, f"--model hf:{path}: {err}"
+    if parallel and ours is None:
+        raise ConfigError(reason)
+    record = {"hf_path": path, "model_type": kind, "hf_config": hf_config.to_dict()}
+    common = dict(
+        tp_capable=ours is not None,
+        tp_unsupported=reason,
+        config=json.loads(json.dumps(record, default=str)),
+    )
+    if parallel and ours is not None:
+        return ModelSpec(
+            label=f"hf-{kind} as {HF_TP_ADAPTERS[kind]}",
+            build=lambda: from_hf(path, config=hf_config),
+            num_params=ours.num_params(),
+            max_seq_len=ours.max_seq_len,
+            num_layers=ours.num_layers,
+            **common,
+        )
+    return ModelSpec(
+        label=f"hf-{kind}",
+        build=lambda: load_hf_causal_lm(path, config=hf_config),
+        num_params=hf_num_params(hf_config),
+        max_seq_len=hf_max_positions(hf_config),
+        num_layers=int(getattr(hf_config, "num_hidden_layers", 0) or 0),
+        **common,
     )
