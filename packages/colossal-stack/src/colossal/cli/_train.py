@@ -13,7 +13,12 @@ __all__ = ["add_train_parser"]
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     d = TrainConfig()
     p = sub.add_parser("train", help="train a model on a text corpus (default: Python's stdlib)")
-    p.add_argument("--model", default=d.model, help="model family (default: %(default)s)")
+    p.add_argument(
+        "--model",
+        default=d.model,
+        help="gpt, palm, or hf:PATH (a local Hugging Face config.json or saved folder; "
+        "no download) (default: %(default)s)",
+    )
     p.add_argument("--preset", default=d.preset, help="model size preset (default: %(default)s)")
     p.add_argument(
         "--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)"

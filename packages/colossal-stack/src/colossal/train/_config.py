@@ -19,7 +19,8 @@ class TrainConfig:
     """A training run.
 
     Attributes:
-        model: model family ("gpt" or "palm").
+        model: model family ("gpt" or "palm"), or "hf:PATH": a Hugging Face causal LM from a
+            local config.json or saved folder (``preset`` then does not apply).
         preset: named size of that family (``GPTConfig.preset``, ``PaLMConfig.preset``); vocab is
             the byte tokenizer's.
         steps: optimizer steps.
@@ -141,8 +142,11 @@ class TrainConfig:
             raise ConfigError(
                 "--max-grad-norm is not built for --plugin ddp; use --zero 1 or drop it"
             )
-        if self.model not in ("gpt", "palm"):
-            raise ConfigError(f"unknown --model {self.model!r}; choose one of: gpt, palm")
+        if self.model not in ("gpt", "palm") and not self.model.startswith("hf:"):
+            raise ConfigError(
+                f"unknown --model {self.model!r}; choose one of: gpt, palm, hf:PATH (a local "
+                "Hugging Face config.json or saved folder)"
+            )
         if self.plugin == "zero" or self.zero_stage != 1:
             self._check_zero()
         if self.plugin in ("ddp", "hybrid"):
