@@ -49,6 +49,7 @@ from ._tier import Tier
 __all__ = ["ChunkManager"]
 
 ACC = TierName.ACCELERATOR
+_DISK_AHEAD = 4  # moments ahead whose chunks on disk are read into memory early
 Tensorish = torch.Tensor | str
 
 
@@ -158,6 +159,7 @@ class ChunkManager:
             tensors = {n: fresh[n].data for n in c.records}
             storage = self._placement.place_new(c, TierName(self.config.home))
             c.fill_shard(storage, tensors)
+            self._placement.written(c)
             self._bind(c)
         self._bind_policy()
         return new
@@ -190,6 +192,7 @@ class ChunkManager:
             else:
                 vals = {n: torch.zeros(r.shape, dtype=dtype) for n, r in src.records.items()}
             twin.fill_shard(storage, vals)
+            self._placement.written(twin)
             twins[cid] = twin.chunk_id
         self._parallel[kind] = twins
         self._spill[kind] = spill_reserve
@@ -255,6 +258,20 @@ class ChunkManager:
         self.policy.on_moment(moment)
         if prefetch > 0:
             self.prefetch(prefetch)
+        if TierName.DISK in self.tiers:  # [Note: disk read-ahead and write-behind]
+            for cid in self.policy.upcoming(moment, _DISK_AHEAD):
+                self._placement.read_ahead(self.chunks[cid])
+
+    def read_ahead(self, chunks: Iterable[Chunk | int]) -> None:
+        """Start reading the shards of ``chunks`` that live on disk into memory (used soon)."""
+        for c in chunks:
+            self._placement.read_ahead(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
+
+    def written(self, chunks: Iterable[Chunk | int]) -> None:
+        """Say that the shards of ``chunks`` were written in place (an optimizer step): those on
+        disk start being written out of memory in the background."""
+        for c in chunks:
+            self._placement.written(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
 
     def access(self, items: Iterable[Tensorish]) -> None:
         """Make parameters ready for compute (on the compute tier, gathered, COMPUTE)."""
@@ -559,7 +576,13 @@ class ChunkManager:
             for n, t in self.tiers.items()
         }
         padding = sum(c.padding * c.element_size for c in self.chunks.values())
-        return ManagerStats(tiers, self._placement.move_stats(), len(self.chunks), padding)
+        return ManagerStats(
+            tiers,
+            self._placement.move_stats(),
+            len(self.chunks),
+            padding,
+            self._placement.disk_io(),
+        )
 
     def model_data_bytes(self, tier: TierName | str) -> int:
         """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data)."""

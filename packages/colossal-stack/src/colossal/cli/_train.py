@@ -127,6 +127,24 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="gemini byte budget on the accelerator, e.g. 512MiB (default: all of it)",
     )
     p.add_argument(
+        "--host-budget",
+        default=d.host_budget,
+        help="gemini byte budget of chunks in host memory, e.g. 8GiB (default: no limit)",
+    )
+    p.add_argument(
+        "--disk-budget",
+        default=d.disk_budget,
+        help="gemini byte budget of chunks on disk when host room ends, e.g. 64GiB "
+        "(default: no disk tier)",
+    )
+    p.add_argument(
+        "--disk-dir",
+        type=Path,
+        default=d.disk_dir,
+        help="folder of the disk tier: must exist, be writable, have --disk-budget free "
+        "(default: the system's temporary directory)",
+    )
+    p.add_argument(
         "--precision",
         default=d.precision,
         help="gemini precision: fp32, bf16 or fp16 (default: %(default)s)",
@@ -157,6 +175,9 @@ def _run(args: argparse.Namespace) -> int:
         plugin=args.plugin,
         placement=args.placement,
         accelerator_budget=args.accelerator_budget,
+        host_budget=args.host_budget,
+        disk_budget=args.disk_budget,
+        disk_dir=args.disk_dir,
         precision=args.precision,
         zero_stage=args.zero_stage,
         zero=args.zero,

@@ -37,6 +37,11 @@ class TrainConfig:
         placement: Gemini chunk placement, "auto" (traced, Belady eviction) or "static".
         accelerator_budget: Gemini's byte budget on the accelerator ("512MiB", "2GiB"); None: all
             of it (on an emulated accelerator: no limit).
+        host_budget: Gemini's byte budget of chunks in host memory; None: no limit.
+        disk_budget: Gemini's byte budget of chunks on disk, used when the host budget is full
+            (fp32 masters, Adam states, cold parameter chunks); None: no disk tier.
+        disk_dir: directory of the disk tier (must exist, be writable and have ``disk_budget``
+            free); None: the system's temporary directory.
         precision: Gemini's or ZeRO's training precision: "fp32", "bf16" or "fp16" (fp32 masters).
         zero_stage: ZeRO stage of ``plugin="zero"``: 1 (optimizer states sharded) or 2 (gradients
             too); 3 is ``plugin="gemini"``. The older spelling of ``zero``.
@@ -69,6 +74,9 @@ class TrainConfig:
     plugin: str | None = None
     placement: str = "auto"
     accelerator_budget: str | None = None
+    host_budget: str | None = None
+    disk_budget: str | None = None
+    disk_dir: Path | None = None
     precision: str = "fp32"
     zero_stage: int = 1
     lr: float = 2e-3
@@ -96,7 +104,7 @@ class TrainConfig:
                 raise ConfigError(
                     f"TrainConfig.{name} must be {want}, got {type(value).__name__} {value!r}"
                 )
-        for name in ("out", "corpus"):  # str paths are fine: keep Paths from here on
+        for name in ("out", "corpus", "disk_dir"):  # str paths are fine: keep Paths from here on
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, Path(getattr(self, name)))
         for name, (lo, hi) in _INT_RANGES.items():
@@ -147,6 +155,7 @@ class TrainConfig:
                 f"unknown --model {self.model!r}; choose one of: gpt, palm, hf:PATH (a local "
                 "Hugging Face config.json or saved folder)"
             )
+        self._check_tiers()
         if self.plugin == "zero" or self.zero_stage != 1:
             self._check_zero()
         if self.plugin in ("ddp", "hybrid"):
@@ -164,6 +173,29 @@ class TrainConfig:
                     f"{', '.join(given)} applies to --plugin gemini only, not {self.plugin}; drop "
                     "it or use --plugin gemini"
                 )
+
+    def _check_tiers(self) -> None:
+        """Host and disk budgets (Gemini only); the disk directory is checked before anything
+        runs or is written."""
+        from colossal_chunk import check_disk_dir
+
+        from ..booster import parse_bytes
+
+        given = [
+            f"--{k.replace('_', '-')} {getattr(self, k)}"
+            for k in ("host_budget", "disk_budget", "disk_dir")
+            if getattr(self, k) is not None
+        ]
+        if given and self.plugin != "gemini":
+            raise ConfigError(
+                f"{', '.join(given)} applies to --plugin gemini only, not {self.plugin}; drop "
+                "it or use --plugin gemini"
+            )
+        if self.disk_dir is not None and self.disk_budget is None:
+            raise ConfigError("--disk-dir needs --disk-budget (say, --disk-budget 64GiB)")
+        parse_bytes(self.host_budget)
+        if self.disk_budget is not None:
+            check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
 
     def _check_zero(self) -> None:
         from colossal_zero import ZeroConfig  # its stage check: one message for stage 3
@@ -202,6 +234,9 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "plugin": (str, type(None)),
     "placement": str,
     "accelerator_budget": (str, int, type(None)),
+    "host_budget": (str, int, type(None)),
+    "disk_budget": (str, int, type(None)),
+    "disk_dir": (Path, str, type(None)),
     "precision": str,
     "zero_stage": int,
     "lr": (float, int),

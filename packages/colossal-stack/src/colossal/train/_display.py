@@ -64,10 +64,15 @@ class TrainDisplay:
             emulated = " (emulated)" if record.get("accelerator_emulated") else ""
             stats += f"  acc{emulated} {_mib(record['accelerator_peak_bytes'])}"
             stats += f"  host {_mib(record.get('host_peak_bytes', 0))}"
+            if "disk_peak_bytes" in record:
+                stats += f"  disk {_mib(record['disk_peak_bytes'])}"
         elif "accelerator_bytes" in record:
             stats += f"  acc {_mib(record['accelerator_bytes'])}"
         if "bytes_moved" in record:
             stats += f"  moved {_mib(record['bytes_moved'])}"
+        if "disk_read_bytes" in record:
+            rw = record["disk_read_bytes"], record["disk_written_bytes"]
+            stats += f"  disk r/w {_mib(rw[0])}/{_mib(rw[1])}"
         comm = comm_bytes(record)
         if comm:
             stats += "  comm " + " ".join(f"{axis} {_size(n)}" for axis, n in comm.items())
@@ -98,6 +103,15 @@ def memory_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             )
             out[label] = _mib(max(r.get(key, 0) for r in records))
     out["bytes moved"] = _mib(sum(r["bytes_moved"] for r in records))
+    if "disk_read_bytes" in records[-1]:  # background disk I/O and the throughput it reached
+        for what, b_key, s_key in (
+            ("read", "disk_read_bytes", "disk_read_s"),
+            ("written", "disk_written_bytes", "disk_write_s"),
+        ):
+            nbytes = sum(r.get(b_key, 0) for r in records)
+            secs = sum(r.get(s_key, 0) for r in records)
+            rate = f" ({nbytes / secs / 2**20:,.0f} MiB/s)" if secs > 0 else ""
+            out[f"disk {what}"] = _mib(nbytes) + rate
     return out
 
 

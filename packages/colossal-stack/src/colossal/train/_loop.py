@@ -94,6 +94,9 @@ def _gemini_plugin(cfg: TrainConfig) -> Plugin:
         accelerator_budget=cfg.accelerator_budget,
         precision=cfg.precision,
         max_grad_norm=cfg.max_grad_norm,
+        host_budget=cfg.host_budget,
+        disk_budget=cfg.disk_budget,
+        disk_dir=cfg.disk_dir,
         **tp,
     )
     if tp and not isinstance(plugin, MeshPlugin):

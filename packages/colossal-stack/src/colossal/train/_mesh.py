@@ -182,7 +182,6 @@ def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: object, world: int) ->
             "shard it; drop those flags (Gemini, ZeRO and DDP train it unmodified)"
         )
     if isinstance(plugin, HybridParallelPlugin):
-        plugin.mesh_config(world)  # tp*pp*sp must divide the world
         stages = cfg.pp * plugin.num_virtual
         if stages > spec.num_layers:
             most = max(1, spec.num_layers // plugin.num_virtual)
@@ -191,6 +190,7 @@ def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: object, world: int) ->
                 f"{spec.label} has {spec.num_layers} blocks; use --pp {most} or fewer (or a "
                 "deeper --preset)"
             )
+        plugin.mesh_config(world)  # tp*pp*sp must divide the world
     elif cfg.tp > 1 and world % cfg.tp:
         raise ConfigError(
             f"--tp {cfg.tp} does not divide the world size {world}; launch a multiple of "
