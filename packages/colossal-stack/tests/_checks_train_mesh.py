@@ -1,0 +1,74 @@
+"""Rank-side and reference halves of ``test_train_mesh.py``.
+
+``train_on_mesh`` runs ``colossal.train.train`` on every rank of a World; ``reference_losses``
+trains the same model in one process with plain ``torch.optim.AdamW`` on the global batch: the
+batches of every data-parallel coordinate, concatenated (the loop draws coordinate ``d``'s batch
+from ``_data_seed(seed, d, step)``), with the loop's learning-rate schedule and one parameter
+group with weight decay, as the hybrid plugin trains it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from colossal import TrainConfig, train
+from colossal.train._loop import _data_seed
+from colossal.train._models import resolve_model
+from colossal.train._schedule import warmup_cosine
+from colossal_contracts import ConfigError
+from colossal_models import ByteTokenizer, load_corpus
+
+
+def train_on_mesh(kw: dict[str, Any]) -> dict[str, Any]:
+    """One ``train`` run of ``TrainConfig(**kw)``; rank 0 also returns its metrics records."""
+    result = train(TrainConfig(**kw))
+    out: dict[str, Any] = {"losses": result.losses, "val_loss": result.val_loss}
+    if dist.get_rank() == 0:
+        lines = (Path(kw["out"]) / "metrics.jsonl").read_text().splitlines()
+        out["records"] = [json.loads(x) for x in lines]
+        out["checkpoint"] = str(result.checkpoint)
+    return out
+
+
+def mesh_error(kw: dict[str, Any]) -> str:
+    """The ``ConfigError`` that ``train(TrainConfig(**kw))`` raises on this rank (or 'no error')."""
+    try:
+        train(TrainConfig(**kw))
+    except ConfigError as err:
+        return str(err)
+    return "no error"
+
+
+def reference_losses(kw: dict[str, Any], dp: int) -> list[float]:
+    """Single-process AdamW on the global batch of ``dp`` data-parallel coordinates."""
+    cfg = TrainConfig(**kw)
+    spec = resolve_model(cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size)
+    corpus = load_corpus(cfg.corpus)
+    data, _ = corpus.split()
+    torch.manual_seed(cfg.seed)
+    model = spec.build()
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+    )
+    gen = torch.Generator()
+    losses = []
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
+        xs, ys = [], []
+        for coord in range(dp):
+            gen.manual_seed(_data_seed(cfg.seed, coord, step))
+            x, y = corpus.batch(data, cfg.batch_size, cfg.seq_len, gen)
+            xs.append(x)
+            ys.append(y)
+        loss = model(torch.cat(xs), torch.cat(ys))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
