@@ -76,3 +76,20 @@ def test_colossal_train_takes_an_hf_folder(folders, small_corpus, tmp_path, caps
     assert "vocabulary of 100 tokens" in capsys.readouterr().err
     assert main(argv(f"hf:{tmp_path / 'missing'}", "missing_run")) == 2
     assert "no such file or folder" in capsys.readouterr().err
+
+
+def test_colossal_train_hf_gpt2_with_tp2_gives_the_hf_models_losses(
+    world, folders, tmp_path, small_corpus
+):
+    from _checks_train_mesh import mesh_error, reference_losses, train_on_mesh
+
+    base = {"steps": 3, "batch_size": 2, "seq_len": 16, "corpus": small_corpus}
+    kw = {**base, "model": f"hf:{folders['gpt2']}", "tp": 2, "out": tmp_path / "tp2"}
+    out = world(2).run(train_on_mesh, kw)
+    want = reference_losses({**base, "model": kw["model"]}, 1)  # the unmodified HF model
+    for got, ref in zip(out[0]["losses"], want, strict=True):
+        assert abs(got - ref) <= 1e-5 * abs(ref), (out[0]["losses"], want)
+    assert out[0]["records"][-1]["mesh"].startswith("dp1 x tp2(1d)")
+    opt = {**base, "model": f"hf:{folders['opt']}", "tp": 2, "out": tmp_path / "opt"}
+    for err in world(2).run(mesh_error, opt):
+        assert "'opt' has no adapter" in err and "gpt2 -> GPT" in err and "\n" not in err

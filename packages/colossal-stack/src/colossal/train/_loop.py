@@ -38,7 +38,7 @@ from ._display import (
     summary_table,
 )
 from ._guard import FiniteGuard
-from ._mesh import PLUGINS, MeshPlugin, check_mesh, hybrid_plugin, state_shards
+from ._mesh import PLUGINS, MeshPlugin, check_mesh, hybrid_plugin, mesh_flags, state_shards
 from ._models import ModelSpec, resolve_model
 from ._outdir import METRICS, check_out, trim_metrics
 from ._preflight import check_fits
@@ -165,7 +165,9 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
     main = rank == 0
 
     resume_from = check_out(cfg.out, resume=cfg.resume)  # before any work; changes nothing
-    spec = resolve_model(cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size)
+    spec = resolve_model(
+        cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size, parallel=bool(mesh_flags(cfg))
+    )
     if cfg.seq_len > spec.max_seq_len:
         raise ConfigError(
             f"--seq-len {cfg.seq_len} exceeds {spec.label}'s context of "
@@ -313,7 +315,7 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
     )
     if main:
         summary = {
-            **_summary(result, cfg, spec.label, world, proc),
+            **_summary(result, cfg, spec.label, (world, dp), proc),
             **memory_summary(records),
             **comm_summary(records),
         }
@@ -355,12 +357,19 @@ def _data_seed(seed: int, rank: int, step: int) -> int:
 
 
 def _summary(
-    result: TrainResult, cfg: TrainConfig, label: str, world: int, proc: psutil.Process
+    result: TrainResult,
+    cfg: TrainConfig,
+    label: str,
+    ranks: tuple[int, int],
+    proc: psutil.Process,
 ) -> dict:
     first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"),) * 2
+    (world, dp), shape = ranks, f"{cfg.batch_size} x {cfg.seq_len}"
+    global_batch = {} if dp == world else {"global batch (dp x batch x seq)": f"{dp} x {shape}"}
     return {
         "model": f"{label} ({result.num_params:,} params)",
-        "ranks x batch x seq": f"{world} x {cfg.batch_size} x {cfg.seq_len}",
+        "ranks x batch x seq": f"{world} x {shape}",
+        **global_batch,
         "steps run": len(result.losses),
         "first loss": first,
         "last loss": last,
