@@ -1,4 +1,5 @@
-"""``colossal plan``: rank the layouts of a model preset on given hardware (colossal.plan)."""
+"""``colossal plan``: rank the layouts of a model (preset or Hugging Face config) on given hardware
+(colossal.plan)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from colossal_contracts import ConfigError
 
 from ..plan import (
     HARDWARE,
+    PRECISIONS,
     PlanRequest,
     fewest_devices,
     model_shape,
@@ -28,8 +30,13 @@ _COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="which layouts fit a model on given hardware, and how fast")
-    p.add_argument("--model", default="gpt", help="model family: gpt or palm (default gpt)")
-    p.add_argument("--preset", default="xl", help="model size preset (default xl)")
+    p.add_argument(
+        "--model",
+        default="gpt",
+        help="gpt or palm (with --preset), or hf:PATH, a Hugging Face causal LM's local "
+        "config.json or saved folder (default gpt)",
+    )
+    p.add_argument("--preset", default="xl", help="model size preset of gpt/palm (default xl)")
     p.add_argument("--hardware", default="a100-80g", help=f"one of {', '.join(HARDWARE)}")
     p.add_argument("--devices", type=int, default=8, help="devices to plan for (default 8)")
     p.add_argument("--device-memory", help="override the preset's device memory, e.g. 80GiB")
@@ -39,6 +46,9 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch", type=int, default=8, help="samples per step (default 8)")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sample (default 1024)")
     p.add_argument("--efficiency", type=float, default=0.6, help="fraction of peak (default 0.6)")
+    p.add_argument(
+        "--precision", default="bf16", help="bf16 (mixed precision, default) or fp32 training"
+    )
     p.add_argument("--top", type=int, default=15, help="rows of the table (default 15)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--png", type=Path, help="write a PNG of the top layouts' memory split")
@@ -74,14 +84,25 @@ def _hardware(args: argparse.Namespace):
 def _run(args: argparse.Namespace) -> int:
     if args.efficiency <= 0 or args.efficiency > 1:
         raise ConfigError(f"--efficiency must be in (0, 1], got {args.efficiency}")
+    if args.precision not in PRECISIONS:
+        raise ConfigError(
+            f"--precision must be one of {', '.join(PRECISIONS)}, got {args.precision!r}"
+        )
     hw = _hardware(args)
+    shape = model_shape(args.model, args.preset)
+    if shape.max_positions and args.seq_len > shape.max_positions:
+        raise ConfigError(
+            f"--seq-len {args.seq_len} exceeds {shape.name}'s {shape.max_positions} positions; "
+            f"use --seq-len {shape.max_positions} or less"
+        )
     req = PlanRequest(
-        model_shape(args.model, args.preset),
+        shape,
         hw,
         args.devices,
         args.global_batch,
         args.seq_len,
         args.efficiency,
+        args.precision,
     )
     plans = plan_layouts(req)
     head = (

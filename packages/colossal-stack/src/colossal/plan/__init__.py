@@ -5,17 +5,25 @@ colossal-parallel's counted communication bytes over given bandwidths, the pipel
 offload traffic over PCIe and disk.
 """
 
-from ._activation import RECOMPUTE, layer_activation_bytes, logits_bytes
+from ._activation import (
+    ATTENTION,
+    RECOMPUTE,
+    head_activation_bytes,
+    layer_activation_bytes,
+    logits_bytes,
+)
 from ._cost import StepCost, step_cost
 from ._hardware import HARDWARE, Hardware, parse_bandwidth, parse_bytes
 from ._layout import METHODS, TP_MODES, Layout, enumerate_layouts
-from ._memory import MemoryBreakdown, device_memory
+from ._memory import PRECISIONS, MemoryBreakdown, device_memory
 from ._search import Plan, PlanRequest, evaluate, fewest_devices, plan_layouts
-from ._shape import ModelShape, gpt_shape, model_shape
+from ._shape import ModelShape, from_gpt_config, gpt_shape, model_shape
 
 __all__ = [
+    "ATTENTION",
     "HARDWARE",
     "METHODS",
+    "PRECISIONS",
     "RECOMPUTE",
     "TP_MODES",
     "Hardware",
@@ -29,7 +37,9 @@ __all__ = [
     "enumerate_layouts",
     "evaluate",
     "fewest_devices",
+    "from_gpt_config",
     "gpt_shape",
+    "head_activation_bytes",
     "layer_activation_bytes",
     "logits_bytes",
     "model_shape",

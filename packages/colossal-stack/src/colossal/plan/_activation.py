@@ -11,15 +11,35 @@ scores) drops the ``5 a s/h`` term; full recomputation keeps the layer input onl
 ranks (rows by batch x sequence, columns by hidden), so they count as ``sequence-split``.
 Context parallelism (ring/Ulysses) of size ``sp`` divides every term by sp (each rank holds s/sp
 tokens and its heads' scores over them only).
+
+[Note: runtime activations] The same count in elements: a layer saves 16 activations of ``s b h``
+elements (the two LayerNorm inputs, the qkv and fc inputs, q, k, v and the projection's input, the
+GELU's input and output, 4 sbh each), of which 12 are split by Megatron tensor parallelism, plus
+two 1-byte dropout masks; the paper's 34 sbh is that at 2 bytes per element. Colossal's models
+call ``scaled_dot_product_attention``, which on a GPU runs a fused kernel that saves no scores (its
+dropout mask is regenerated from the seed) but saves the fp32 log-sum-exp per head and row
+(``4 a s b``), and the LayerNorms save fp32 mean and rstd per row (``16 s b`` for two): the
+``attention="fused"`` count, which the planner uses; ``"math"`` is the paper's. Measured on the
+CPU's fused kernel (dropout 0) at fp32 and bf16, one GPT block saves exactly this. The grid
+modes' LayerNorm is built from autograd operations and saves two tensors (the centred input and
+its normalised form) instead of one: two more split activations per layer.
 """
 
 from __future__ import annotations
 
 from colossal_contracts import ConfigError
 
-__all__ = ["RECOMPUTE", "layer_activation_bytes", "logits_bytes"]
+__all__ = [
+    "ATTENTION",
+    "RECOMPUTE",
+    "head_activation_bytes",
+    "layer_activation_bytes",
+    "layer_backward_bytes",
+    "logits_bytes",
+]
 
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("math", "fused")
 
 
 def layer_activation_bytes(
@@ -33,27 +53,101 @@ def layer_activation_bytes(
     megatron_sp: bool = False,
     sp: int = 1,
     recompute: str = "none",
+    attention: str = "math",
+    act_bytes: int = 2,
+    dropout: bool = True,
+    ffn: int = 0,
+    kv_heads: int = 0,
+    gated: bool = False,
 ) -> float:
-    """Bytes one rank stores for the backward pass of one layer (see [Note: activation formula]).
+    """Bytes one rank stores for the backward pass of one layer (see [Note: activation formula]
+    and [Note: runtime activations]; the defaults are the paper's count).
 
     ``tp_mode`` ``1d`` is Megatron's (``megatron_sp`` adds its sequence parallelism); ``2d``,
     ``2.5d`` and ``3d`` split everything by ``tp``. ``sp`` is ring/Ulysses context parallelism.
+    ``act_bytes`` is the bytes of one activation element (2 for 16-bit, 4 for fp32). ``ffn``
+    (0: ``4 h``), ``kv_heads`` (0: ``heads``) and ``gated`` (SwiGLU saves the gate, its SiLU, the
+    up projection and their product: four ``ffn``-wide tensors, against the GELU MLP's two)
+    generalise the split part ``12 sbh`` to ``(2 + 2 kv/a + (4 or 2) ffn/h) sbh``.
     """
     if recompute not in RECOMPUTE:
         raise ConfigError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
-    s, b, h, a, t = seq, batch, hidden, heads, tp
+    if attention not in ATTENTION:
+        raise ConfigError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    s, b, h, a, t, e = seq, batch, hidden, heads, tp, act_bytes
     split_all = megatron_sp or tp_mode != "1d"
+    rep = t if split_all else 1  # how the replicated part is divided
+    sbh = s * b * h
     if recompute == "full":
-        return 2 * s * b * h / (t if split_all else 1) / sp
-    scores = 0.0 if recompute == "selective" else 5 * a * s / h
-    if split_all:
-        per = s * b * h / t * (34 + scores)
+        return e * sbh / rep / sp
+    masks = 2 if dropout else 0
+    f, kv = (ffn or 4 * h) / h, (kv_heads or a) / a
+    split = 2 + 2 * kv + (4 if gated else 2) * f
+    per = (4 * e + masks) * sbh / rep + split * e * sbh / t
+    if attention == "math":
+        if recompute != "selective":
+            per += a * s * s * b * ((2 * e + 1) if dropout else e) / t
     else:
-        per = s * b * h * (10 + 24 / t + scores / t)
+        per += 4 * a * s * b / t + 16 * s * b / rep
+        if tp_mode != "1d":
+            per += 2 * e * sbh / t  # the grid LayerNorm's second saved tensor
     return per / sp
+
+
+def layer_backward_bytes(
+    *,
+    seq: int,
+    batch: int,
+    hidden: int,
+    tp: int = 1,
+    split_all: bool = False,
+    sp: int = 1,
+    act_bytes: int = 2,
+    ffn: int = 0,
+) -> float:
+    """The working set of one layer's backward pass beyond its saved activations: the incoming
+    gradient (``e s b h``) and, in the MLP, the gradient of the GELU's output and of its input
+    alive together while the GELU's output is freed (net ``e s b ffn / t``, ``ffn`` 0: ``4 h``)."""
+    sbh, e = seq * batch * hidden / sp, act_bytes
+    f = (ffn or 4 * hidden) / hidden
+    return e * sbh / (tp if split_all else 1) + f * e * sbh / tp
 
 
 def logits_bytes(*, seq: int, batch: int, vocab: int, tp: int = 1, sp: int = 1) -> float:
     """Output layer and cross entropy: 16-bit logits and their fp32 copy, ``4 s b V / t`` (the
     paper's term, vocabulary-parallel)."""
     return 4 * seq * batch * vocab / tp / sp
+
+
+def head_activation_bytes(
+    *,
+    seq: int,
+    batch: int,
+    hidden: int,
+    vocab: int,
+    tp: int = 1,
+    tp_mode: str = "1d",
+    megatron_sp: bool = False,
+    grid_q: int = 1,
+    sp: int = 1,
+    act_bytes: int = 2,
+) -> float:
+    """The runtime's output layer and loss at the peak, the start of the backward pass: the final
+    LayerNorm's input and output (the head's input), its fp32 statistics, the fp32
+    log-probabilities cross entropy saves (``4 s b V/t``, vocabulary-parallel) and, as backward
+    starts, their gradient and the logits' gradient in fp32 (``8 s b V/t``); plus the int64 token
+    ids and targets (``16 s b``). Megatron's vocabulary-parallel loss also holds the 16-bit logits
+    beside their fp32 copy (``2 s b V/t``). The grid modes (``tp_mode`` 2d/2.5d/3d, grid axis
+    ``grid_q``) compute partial logits over the whole vocabulary for the rank's rows and hand a
+    contiguous copy to the reduce-scatter (``2 e s b V/q``), and gather the tied weight's columns
+    (``e V h/q``)."""
+    s, b, e, V, h = seq / sp, batch, act_bytes, vocab, hidden
+    grid = tp_mode != "1d"
+    split = tp if (grid or megatron_sp) else 1
+    ln = ((3 if grid else 2) * e * h + 8) * s * b / split
+    logits = 12 * s * b * V / tp
+    if grid:
+        logits += 2 * e * s * b * V / grid_q + e * V * h / grid_q
+    elif tp > 1 and e < 4:
+        logits += 2 * s * b * V / tp
+    return ln + logits + 16 * s * b

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ._activation import RECOMPUTE
-
 __all__ = ["METHODS", "TP_MODES", "Layout", "enumerate_layouts"]
 
 # Data-parallel methods: plain DDP, ZeRO-1/2, and Gemini (ZeRO-3 chunks) with its tiers:
@@ -15,6 +13,9 @@ __all__ = ["METHODS", "TP_MODES", "Layout", "enumerate_layouts"]
 METHODS = ("ddp", "zero1", "zero2", "gemini", "gemini-host", "gemini-host-all", "gemini-disk")
 ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2}
 TP_MODES = ("1d", "1d-sp", "2d", "2.5d", "3d")
+# The runtime's attention is fused (it saves no scores), so selective recomputation would
+# recompute nothing: the candidates are none and full (whole blocks).
+RUNTIME_RECOMPUTE = ("none", "full")
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def enumerate_layouts(
     global_batch: int,
     tp_modes: tuple[str, ...] = TP_MODES,
     methods: tuple[str, ...] = METHODS,
-    recompute: tuple[str, ...] = RECOMPUTE,
+    recompute: tuple[str, ...] = RUNTIME_RECOMPUTE,
     max_sp: int = 8,
 ) -> Iterator[Layout]:
     """Every layout on exactly ``devices`` devices that the runtime can build: tp divides the

@@ -1,17 +1,31 @@
-"""Bytes per device of a layout: parameters, gradients, optimizer states, activations, buffers,
-and what it puts on the host and on disk.
+"""Bytes per device of a layout at its peak: parameters, gradients, optimizer states,
+activations, buffers, and what it puts on the host and on disk.
 
 [Note: memory model] Model states follow ZeRO's bytes per parameter
-(``colossal_zero.model_state_bytes_per_param``; Gemini's gradients reuse the 16-bit parameters'
-chunk slots, so it holds 14/dp) on the parameters of the busiest pipeline stage
-(``L/pp`` blocks plus the embeddings), split by ``tp`` in every mode (the replicated vectors of
-the grid modes are ignored: they are < 0.1% of a block). Gemini's tiers move the 12 optimizer
-bytes (``gemini-host``), all 16 (``gemini-host-all``) or the 12 to disk and the 4 to the host
-(``gemini-disk``); the device then holds the working set of one block's gathered 16-bit parameters
-and gradients (``colossal_zero.zero3_device_bytes``: 4 bytes per parameter of the largest layer). Activations are Korthikanti et al.'s per layer (``_activation``), times the
-layers of a stage, times the micro-batches a 1F1B first stage holds (``min(pp, m)``), plus one
-layer's full activations while a fully recomputed layer runs, plus the logits on the last stage.
-Buffers are the gradient buckets of DDP and ZeRO (2 x 25 MiB) or Gemini's working set.
+(``colossal_zero.model_state_bytes_per_param``, mixed precision: 2 + 2 + 12; in fp32 the
+parameters and gradients take 4 bytes and Adam's two states 8, the parameters being the masters)
+on the parameters of the busiest pipeline stage (``L/pp`` blocks plus the embeddings), split by
+``tp`` except, in the 1D modes, the parameters it replicates (positions, LayerNorms, row-parallel
+biases). Gemini's gradients reuse the 16-bit parameters' chunk slots, so it holds 14/dp; its tiers
+move the 12 optimizer bytes (``gemini-host``), all 16 (``gemini-host-all``) or the 12 to disk and
+the 4 to the host (``gemini-disk``); the device then holds the working set of one block's gathered
+16-bit parameters and gradients (``colossal_zero.zero3_device_bytes``).
+
+Activations are the runtime's (``_activation``, fused attention): per layer, times the layers of a
+stage, times the micro-batches a 1F1B first stage holds (``min(pp, m)``), plus one layer's full
+activations while a fully recomputed layer runs, plus the larger of the output layer and loss
+(last stage) and one layer's backward working set. A 1F1B stage also holds, until the step ends,
+its outputs (first stages) or input gradients (last stage) of every micro-batch, which its
+asynchronous sends reference, and the received gradient of the micro-batch it runs backward.
+
+The peak is the start of the backward pass, when every activation is held. What lives only from
+the backward pass to the optimizer step (``transient``: the gradients of a runtime that frees them
+in ``zero_grad``, DDP's and ZeRO-2's reduce buckets) grows as activations are freed, so the peak
+holds the larger of the activations and ``overlap + transient``, where ``overlap`` is what is still
+held once the transients are: nothing without pipelining (the backward pass ends with no
+activations), and on a 1F1B stage that keeps running forwards after its first backward, the
+micro-batches then in flight. Plain data parallelism at ``tp = pp = sp = 1`` is torch DDP, whose
+gradient buckets (``buffers``) hold a second copy of every gradient.
 """
 
 from __future__ import annotations
@@ -19,20 +33,25 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from colossal_contracts import ConfigError
 from colossal_zero import model_state_bytes_per_param, zero3_device_bytes
 
-from ._activation import layer_activation_bytes, logits_bytes
+from ._activation import head_activation_bytes, layer_activation_bytes, layer_backward_bytes
 from ._layout import ZERO_STAGE, Layout
 from ._shape import ModelShape
 
-__all__ = ["MemoryBreakdown", "device_memory"]
+__all__ = ["PRECISIONS", "MemoryBreakdown", "device_memory"]
 
-BUCKET_BYTES = 2 * 25 * 2**20
+PRECISIONS = ("bf16", "fp32")
+ZERO_BUCKET_NUMEL = 1 << 22  # colossal_zero.ZeroConfig's default bucket
 
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes per device by kind, and per device on the host and on disk."""
+    """Bytes per device by kind at the step's peak, and per device on the host and on disk.
+
+    ``transient`` and ``overlap``: see [Note: memory model]; ``device_total`` is the peak.
+    """
 
     params: float
     grads: float
@@ -41,10 +60,13 @@ class MemoryBreakdown:
     buffers: float
     host: float = 0.0
     disk: float = 0.0
+    transient: float = 0.0
+    overlap: float = 0.0
 
     @property
     def device_total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+        held = max(self.activations, self.overlap + self.transient)
+        return self.params + self.grads + self.optimizer + self.buffers + held
 
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "device_total": self.device_total}
@@ -58,47 +80,82 @@ def stage_params(shape: ModelShape, pp: int) -> float:
     return math.ceil(shape.layers / pp) * shape.layer_params + shape.embed_params
 
 
-def activation_bytes(shape: ModelShape, lay: Layout, seq_len: int) -> float:
-    """Activation bytes of the busiest stage (see [Note: memory model])."""
-    kw = dict(
-        seq=seq_len,
-        batch=lay.micro_batch,
-        hidden=shape.hidden,
-        heads=shape.heads,
-        tp=lay.tp,
-        tp_mode="1d" if lay.tp_mode == "1d-sp" else lay.tp_mode,
-        megatron_sp=lay.tp_mode == "1d-sp",
-        sp=lay.sp,
+def device_params(shape: ModelShape, lay: Layout) -> float:
+    """Parameters one device of the busiest stage holds before any ZeRO sharding."""
+    n = stage_params(shape, lay.pp)
+    if lay.tp == 1:
+        return n
+    if lay.tp_mode not in ("1d", "1d-sp"):
+        return n / lay.tp
+    share = n / shape.params
+    rep = shape.replicated_params * share
+    return (n - rep) / lay.tp + rep
+
+
+def activation_bytes(
+    shape: ModelShape, lay: Layout, seq_len: int, act_bytes: int = 2
+) -> tuple[float, float]:
+    """Activation bytes of the busiest stage at the peak, and those still held once the step's
+    transients are (see [Note: memory model])."""
+    mode = "1d" if lay.tp_mode == "1d-sp" else lay.tp_mode
+    sp_on = lay.tp_mode == "1d-sp"
+    kw = dict(seq=seq_len, batch=lay.micro_batch, hidden=shape.hidden, tp=lay.tp, sp=lay.sp)
+    layer = dict(kw, heads=shape.heads, tp_mode=mode, megatron_sp=sp_on, attention="fused")
+    layer.update(act_bytes=act_bytes, dropout=shape.dropout > 0, ffn=shape.ffn)
+    layer.update(kv_heads=shape.kv_heads, gated=shape.gated)
+    per = math.ceil(shape.layers / lay.pp) * layer_activation_bytes(
+        **layer, recompute=lay.recompute
     )
-    per = layer_activation_bytes(**kw, recompute=lay.recompute)
-    layers = math.ceil(shape.layers / lay.pp)
-    inflight = min(lay.pp, lay.num_micro)
-    first = layers * inflight * per
-    if lay.recompute == "full":
-        first += layer_activation_bytes(**kw, recompute="none")
-    logits = logits_bytes(
-        seq=seq_len, batch=lay.micro_batch, vocab=shape.vocab, tp=lay.tp, sp=lay.sp
+    running = layer_activation_bytes(**layer) if lay.recompute == "full" else 0.0
+    split_all = sp_on or mode != "1d"
+    working = layer_backward_bytes(**kw, split_all=split_all, act_bytes=act_bytes, ffn=shape.ffn)
+    head = head_activation_bytes(
+        **kw,
+        vocab=shape.vocab,
+        tp_mode=mode,
+        megatron_sp=sp_on,
+        grid_q=lay.grid_q,
+        act_bytes=act_bytes,
     )
     if lay.pp == 1:
-        return first + logits
-    last = layers * per + logits + (first - layers * inflight * per)
-    return max(first, last)
+        return per + running + max(head, working), 0.0
+    # 1F1B: a stage's output (first) or input gradient (last) stays referenced by its pending
+    # asynchronous send until the step's end, one per micro-batch.
+    out = act_bytes * seq_len * lay.micro_batch * shape.hidden / lay.sp
+    out /= lay.tp if split_all else 1
+    m, inflight = lay.num_micro, min(lay.pp, lay.num_micro)
+    first = inflight * (per + out) + (m - inflight) * out + out + working + running
+    after = first if m > inflight else first - per - out
+    last = per + running + max(head, working) + (m - 1) * out
+    return (first, after) if first >= last else (last, last)
 
 
-def device_memory(shape: ModelShape, lay: Layout, seq_len: int) -> MemoryBreakdown:
-    """The memory of one device of the busiest stage under ``lay`` (see [Note: memory model])."""
-    n = stage_params(shape, lay.pp) / lay.tp
+def device_memory(
+    shape: ModelShape, lay: Layout, seq_len: int, *, precision: str = "bf16"
+) -> MemoryBreakdown:
+    """The peak memory of one device of the busiest stage under ``lay`` (see [Note: memory
+    model]); ``precision`` ``bf16`` is mixed precision (16-bit activations), ``fp32`` all fp32."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    n = device_params(shape, lay)
     stage = ZERO_STAGE.get(lay.method, 3)
-    per = model_state_bytes_per_param(stage, lay.dp, grads_in_param_slots=True)
-    p, g, o = (b * n for b in per)
-    act = activation_bytes(shape, lay, seq_len)
+    w = 2 if precision == "bf16" else 4  # parameter, gradient and activation element bytes
+    opt = 1.0 if precision == "bf16" else 8 / 12
+    pb, gb, ob = model_state_bytes_per_param(stage, lay.dp, grads_in_param_slots=True)
+    p, g, o = pb * n * w / 2, gb * n * w / 2, ob * n * opt
+    act, overlap = activation_bytes(shape, lay, seq_len, w)
+    if stage == 0:  # gradients freed by zero_grad; torch DDP's buckets copy them
+        ddp = lay.dp > 1 and lay.tp == lay.pp == lay.sp == 1
+        return MemoryBreakdown(p, 0.0, o, act, g if ddp else 0.0, transient=g, overlap=overlap)
     if stage < 3:
-        return MemoryBreakdown(p, g, o, act, BUCKET_BYTES)
-    working = zero3_device_bytes(0, shape.layer_params / lay.tp, 1, offload="all")
+        bucket = min(ZERO_BUCKET_NUMEL, n) * w if stage == 2 else 0.0
+        return MemoryBreakdown(p, g, o, act, 0.0, transient=bucket, overlap=overlap)
+    working = zero3_device_bytes(0, shape.layer_params / lay.tp, 1, offload="all") * w / 2
+    kw = dict(transient=0.0, overlap=overlap)
     if lay.method == "gemini":
-        return MemoryBreakdown(p, g, o, act, working)
+        return MemoryBreakdown(p, g, o, act, working, **kw)
     if lay.method == "gemini-host":
-        return MemoryBreakdown(p, g, 0.0, act, working, host=o)
+        return MemoryBreakdown(p, g, 0.0, act, working, host=o, **kw)
     if lay.method == "gemini-host-all":
-        return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g + o)
-    return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g, disk=o)  # gemini-disk
+        return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g + o, **kw)
+    return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g, disk=o, **kw)  # gemini-disk

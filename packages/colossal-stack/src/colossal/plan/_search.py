@@ -19,7 +19,8 @@ __all__ = ["Plan", "PlanRequest", "evaluate", "fewest_devices", "plan_layouts"]
 @dataclass(frozen=True)
 class PlanRequest:
     """What to plan: a model on ``devices`` devices of ``hardware`` at a global batch and sequence
-    length; ``efficiency`` is the fraction of peak FLOP/s a kernel reaches; ``only`` filters
+    length; ``efficiency`` is the fraction of peak FLOP/s a kernel reaches; ``precision`` is bf16
+    (mixed) or fp32 training; ``only`` filters
     layouts (e.g. Megatron 1D + pipeline)."""
 
     shape: ModelShape
@@ -28,6 +29,7 @@ class PlanRequest:
     global_batch: int
     seq_len: int
     efficiency: float = 0.6
+    precision: str = "bf16"
     only: Callable[[Layout], bool] | None = field(default=None, compare=False)
 
 
@@ -46,7 +48,7 @@ class Plan:
 def evaluate(req: PlanRequest, lay: Layout) -> Plan:
     """Memory and cost of one layout, and whether it fits device, host and disk."""
     hw = req.hardware
-    mem = device_memory(req.shape, lay, req.seq_len)
+    mem = device_memory(req.shape, lay, req.seq_len, precision=req.precision)
     cost = step_cost(req.shape, lay, mem, hw, req.seq_len, efficiency=req.efficiency)
     per_node = min(hw.devices_per_node, lay.devices)
     why = ""

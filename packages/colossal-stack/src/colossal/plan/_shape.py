@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from colossal_contracts import ConfigError
 from colossal_models import GPTConfig, PaLMConfig
 
-__all__ = ["ModelShape", "gpt_shape", "model_shape"]
+__all__ = ["ModelShape", "from_gpt_config", "gpt_shape", "model_shape"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,12 @@ class ModelShape:
         layers, hidden, heads, vocab: L, h, a, V of Korthikanti et al.
         params: exact parameter count (colossal-models' ``num_params``).
         embed_params: parameters of the embeddings (on the first pipeline stage; tied head).
+        replicated_params: parameters Megatron tensor parallelism does not split (learned
+            positions, LayerNorms, row-parallel biases).
+        dropout: the dropout probability (> 0 stores 1-byte masks).
+        ffn, kv_heads, gated: the MLP width (0: ``4 h``), key/value heads (0: ``heads``) and a
+            gated (SwiGLU) MLP.
+        max_positions: the longest sequence the model takes (0: unknown).
     """
 
     name: str
@@ -28,6 +34,12 @@ class ModelShape:
     vocab: int
     params: int
     embed_params: int
+    replicated_params: int = 0
+    dropout: float = 0.0
+    ffn: int = 0
+    kv_heads: int = 0
+    gated: bool = False
+    max_positions: int = 0
 
     @property
     def layer_params(self) -> float:
@@ -40,30 +52,44 @@ class ModelShape:
         return 6.0 * self.params + 12.0 * self.layers * self.hidden * seq_len
 
 
+def from_gpt_config(g: GPTConfig, name: str) -> ModelShape:
+    """The shape of ``GPT(g)`` (tied head)."""
+    h, bias = g.hidden_size, int(g.bias)
+    embed = (g.vocab_size + g.max_seq_len) * h
+    replicated = g.max_seq_len * h + g.num_layers * (4 * h + 2 * h) * bias + 2 * h
+    if not bias:
+        replicated = g.max_seq_len * h + g.num_layers * 2 * h + h
+    return ModelShape(
+        name,
+        g.num_layers,
+        h,
+        g.num_heads,
+        g.vocab_size,
+        g.num_params(),
+        embed,
+        replicated,
+        g.dropout,
+        ffn=g.ffn_size,
+        max_positions=g.max_seq_len,
+    )
+
+
 def gpt_shape(layers: int, hidden: int, heads: int, *, seq_len: int = 2048) -> ModelShape:
     """A GPT of any size (GPT-2 vocabulary, ``seq_len`` learned positions), e.g. for a search of the
     largest model that fits."""
     g = GPTConfig(max_seq_len=seq_len, num_layers=layers, num_heads=heads, hidden_size=hidden)
-    embed = (g.vocab_size + g.max_seq_len) * g.hidden_size
-    return ModelShape(
-        f"gpt-{layers}x{hidden}", layers, hidden, heads, g.vocab_size, g.num_params(), embed
-    )
+    return from_gpt_config(g, f"gpt-{layers}x{hidden}")
 
 
 def model_shape(family: str, preset: str) -> ModelShape:
-    """The shape of colossal-models' ``family`` (gpt or palm) preset ``preset``."""
+    """The shape of colossal-models' ``family`` (gpt or palm) preset ``preset``, or of the
+    Hugging Face causal LM ``hf:PATH`` (a local ``config.json`` or saved folder; no preset)."""
+    if family.startswith("hf:"):
+        from ._hf_shape import hf_shape
+
+        return hf_shape(family[3:])
     if family == "gpt":
-        g = GPTConfig.preset(preset)
-        embed = g.vocab_size * g.hidden_size + g.max_seq_len * g.hidden_size
-        return ModelShape(
-            f"gpt-{preset}",
-            g.num_layers,
-            g.hidden_size,
-            g.num_heads,
-            g.vocab_size,
-            g.num_params(),
-            embed,
-        )
+        return from_gpt_config(GPTConfig.preset(preset), f"gpt-{preset}")
     if family == "palm":
         p = PaLMConfig.preset(preset)
         embed = p.vocab_size * p.hidden_size * (1 if p.tie_embeddings else 2)
@@ -75,5 +101,13 @@ def model_shape(family: str, preset: str) -> ModelShape:
             p.vocab_size,
             p.num_params(),
             embed,
+            p.num_layers * 2 * p.hidden_size + p.hidden_size,
+            ffn=p.ffn_size,
+            kv_heads=p.num_kv_heads,
+            gated=True,
+            max_positions=p.max_seq_len,
         )
-    raise ConfigError(f"unknown --model {family!r}; choose gpt or palm (hf:PATH is not supported)")
+    raise ConfigError(
+        f"unknown --model {family!r}; choose gpt, palm or hf:PATH (a local config.json or a saved "
+        "model folder)"
+    )

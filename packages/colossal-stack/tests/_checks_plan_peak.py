@@ -1,0 +1,60 @@
+"""Rank-side runs for test_plan_peak: the live-tensor peak of one training step per rank.
+
+[Note: measured peak] On a CPU-only machine the accelerator is emulated and torch's CPU allocator
+keeps no peak, so "measured" is colossal-memtrace's ``LiveTensorTracker``: the bytes of live
+tensor storages, entered before the model is built (every storage the run makes is counted,
+including ones only C++ holds, such as DDP's buckets and autograd's saved tensors). The figure is
+the highest total over the second step (the first creates the optimizer states), split into what
+lives at rest between steps (parameters, optimizer states, persistent buffers) and the rise over
+it during the step (activations, gradients, temporaries). Dropout is 0: with dropout the CPU
+``scaled_dot_product_attention`` falls back to its unfused fp32 path, which a GPU run never takes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from colossal import Booster, DDPPlugin, GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin
+from colossal_contracts import TierName
+from colossal_memtrace import LiveTensorTracker
+from colossal_models import GPT, GPTConfig
+
+_ACC = TierName.ACCELERATOR
+
+
+def _plugin(kind: str, settings: dict[str, Any]) -> Any:
+    return {
+        "ddp": DDPPlugin,
+        "zero": LowLevelZeroPlugin,
+        "gemini": GeminiPlugin,
+        "hybrid": HybridParallelPlugin,
+    }[kind](**settings)
+
+
+def step_peak(kind: str, settings: dict[str, Any], cfg: GPTConfig, batch: int) -> dict[str, int]:
+    """Peak live bytes of this rank over the second step of ``kind`` with ``settings`` on a GPT
+    of ``cfg`` (``batch`` samples per data-parallel rank, ``cfg.max_seq_len`` tokens each)."""
+    tracker = LiveTensorTracker("cpu")
+    with tracker:
+        torch.manual_seed(0)
+        plugin = _plugin(kind, settings)
+        model = GPT(cfg)
+        booster = Booster(plugin)
+        model, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+        g = torch.Generator().manual_seed(dist.get_rank() if dist.is_initialized() else 0)
+        x, y = torch.randint(0, cfg.vocab_size, (2, batch, cfg.max_seq_len), generator=g)
+        rest = 0
+        for _ in range(2):
+            tracker.cut()
+            rest = tracker.used_bytes(_ACC)
+            booster.execute_pipeline(x, y, model, opt)
+            opt.step()
+            opt.zero_grad()
+        peak = tracker.cut()[_ACC].total
+        close = getattr(plugin, "close", None)
+        if close is not None:
+            close()
+    return {"rest": rest, "peak": peak}
