@@ -40,8 +40,9 @@ def pieces_rebuild_every_shard(mode: str, kind: str, bias: bool) -> dict:
         rebuilt = torch.full_like(p, float("nan"))
         for piece in m.pieces:
             g = piece.to_global(piece.local)
-            rebuilt[piece.local.slices()] = full[m.name].detach()[g.slices()]
-        boxes = [(piece.to_global(piece.local).offsets, piece.local.sizes) for piece in m.pieces]
+            rebuilt[piece.local.slices()] = piece.local_view(full[m.name].detach()[g.slices()])
+        boxes = [(b.offsets, b.sizes) for b in (q.to_global(q.local) for q in m.pieces)]
         out[name] = (bool(torch.equal(rebuilt, p.detach())), len(m.pieces), boxes, m.name)
     mesh.close()
+    out["_pieces"] = {n: len(m.pieces) for n, m in maps.items()}
     return out

@@ -10,7 +10,9 @@ unsharded model whose elements hold their global indices, so the map is read off
 own sharding rules and cannot drift from them (every mode, 1d to 3d, is handled the same way).
 Most shards are one box (a row or column block); a fused projection interleaved per rank
 ([Note: fused projections]) is one box per fused part: rank ``r`` of ``p`` holds rows
-``[k*C + r*C/p, k*C + (r+1)*C/p)`` of GPT's ``qkv`` for ``k`` = q, k, v. Pieces are found by
+``[k*C + r*C/p, k*C + (r+1)*C/p)`` of GPT's ``qkv`` for ``k`` = q, k, v. A grid layer may store its
+weight transposed (``(in, out)``): each local dim is matched to the unsharded dim it runs along
+first (``Piece.dims``). Pieces are found by
 trying the whole shard as a box, else splitting it along its first dim into maximal runs that
 are boxes (and the runs' slabs along the next dim, recursively). A sharded parameter without an
 unsharded counterpart (index 0: the frozen zero bias of a bias-free grid LayerNorm) has no
@@ -96,25 +98,38 @@ class Box:
 
 @dataclass(frozen=True)
 class Piece:
-    """A block of a local shard and the block of the unsharded tensor it holds (same sizes).
+    """A block of a local shard and the block of the unsharded tensor it holds.
 
     Attributes:
         local: the block of the local tensor.
         offsets: where it starts in the unsharded tensor.
+        dims: local dim ``d`` runs along unsharded dim ``dims[d]`` (a grid layer that stores
+            its weight transposed has ``(1, 0)``); the sizes are ``local.sizes`` permuted so.
     """
 
     local: Box
     offsets: tuple[int, ...]
+    dims: tuple[int, ...] | None = None  # None: the identity
+
+    def _dims(self) -> tuple[int, ...]:
+        return self.dims if self.dims is not None else tuple(range(len(self.offsets)))
 
     def to_global(self, box: Box) -> Box:
         """``box`` (inside ``local``) in the unsharded tensor's coordinates."""
-        return Box(
-            tuple(
-                g + o - a
-                for g, o, a in zip(self.offsets, box.offsets, self.local.offsets, strict=True)
-            ),
-            box.sizes,
-        )
+        offs, sizes = list(self.offsets), [0] * len(self.offsets)
+        for d, g in enumerate(self._dims()):
+            offs[g] += box.offsets[d] - self.local.offsets[d]
+            sizes[g] = box.sizes[d]
+        return Box(tuple(offs), tuple(sizes))
+
+    def global_view(self, block: torch.Tensor) -> torch.Tensor:
+        """A local block (local dim order) as a view in the unsharded tensor's dim order."""
+        dims = self._dims()
+        return block.permute([dims.index(g) for g in range(len(dims))])
+
+    def local_view(self, block: torch.Tensor) -> torch.Tensor:
+        """A block in the unsharded tensor's dim order as a view in the local dim order."""
+        return block.permute(self._dims())
 
 
 @dataclass(frozen=True)
@@ -210,7 +225,12 @@ def shard_map(model: nn.Module, mesh: ProcessMesh | None) -> dict[str, ShardMap]
                 f"{len(shape)}; a tp layer that reshapes its weight needs its own rule here"
             )
         coords = _unravel(flat - starts[owner], shape).view(*local.shape, len(shape))
-        pieces = tuple(_pieces(coords, (0,) * len(shape), 0))
+        dims = _dim_order(coords)
+        found = _pieces(coords[..., list(dims)], (0,) * len(shape))  # in dims' order
+        ident = dims == tuple(range(len(dims)))
+        pieces = tuple(
+            Piece(p.local, _unpermute(p.offsets, dims), None if ident else dims) for p in found
+        )
         if sum(p.local.numel for p in pieces) != local.numel() or not bool(
             (flat >= starts[owner]).all() & (flat < starts[owner] + math.prod(shape)).all()
         ):
@@ -242,6 +262,31 @@ def _unravel(flat: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.stack(list(reversed(cols)), dim=-1)  # (N, ndim)
 
 
+def _dim_order(coords: torch.Tensor) -> tuple[int, ...]:
+    """Which unsharded dim each local dim runs along, read from each dim's first step."""
+    nd = coords.shape[-1]
+    found: list[int | None] = []
+    for d in range(nd):
+        if coords.shape[d] < 2:
+            found.append(None)
+            continue
+        step = coords.narrow(d, 1, 1).reshape(-1, nd)[0] - coords.reshape(-1, nd)[0]
+        moved = [g for g in range(nd) if int(step[g]) != 0]
+        found.append(moved[0] if len(moved) == 1 else None)
+    rest = [g for g in range(nd) if g not in found]
+    dims = [g if g is not None else rest.pop(0) if rest else -1 for g in found]
+    if sorted(dims) != list(range(nd)):
+        return tuple(range(nd))
+    return tuple(dims)
+
+
+def _unpermute(offsets: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
+    out = [0] * len(dims)
+    for d, g in enumerate(dims):
+        out[g] = offsets[d]
+    return tuple(out)
+
+
 def _box_offsets(coords: torch.Tensor) -> tuple[int, ...] | None:
     """Offsets when ``coords`` (local shape + (ndim,)) is one box of the global tensor."""
     nd = coords.shape[-1]
@@ -256,19 +301,12 @@ def _box_offsets(coords: torch.Tensor) -> tuple[int, ...] | None:
     return tuple(int(v) for v in first)
 
 
-def _pieces(coords: torch.Tensor, start: tuple[int, ...], dim: int) -> list[Piece]:
-    """Pieces of the local block ``coords`` (which starts at ``start`` in the local tensor)."""
-    local = tuple(coords.shape[:-1])
-    off = _box_offsets(coords)
-    if off is not None:
-        return [Piece(Box(start, local), off)]
-    n = local[dim]
-    if n == 1:  # one slab along dim that is no box: split it along the next dim
-        return _pieces(coords, start, dim + 1)
-    out: list[Piece] = []
-    i = 0
+def _runs(coords: torch.Tensor, dim: int) -> list[tuple[int, int, tuple[int, ...] | None]]:
+    """Maximal runs ``(first, length, offsets or None)`` along ``dim`` that are boxes (a run of
+    one slab that is no box has offsets None): double the run, then bisect."""
+    n, out, i = coords.shape[dim], [], 0
     while i < n:
-        good, step = 1, 1  # the longest run [i, i + good) that is a box: double, then bisect
+        good, step = 1, 1
         while i + good < n:
             trial = min(good + step, n - i)
             if _box_offsets(coords.narrow(dim, i, trial)) is None:
@@ -281,14 +319,28 @@ def _pieces(coords: torch.Tensor, start: tuple[int, ...], dim: int) -> list[Piec
                 hi = mid
             else:
                 good = mid
-        sub = coords.narrow(dim, i, good)
-        at = tuple(s + (i if d == dim else 0) for d, s in enumerate(start))
-        out += (
-            _pieces(sub, at, dim)
-            if good == 1 and _box_offsets(sub) is None
-            else [
-                Piece(Box(at, tuple(sub.shape[:-1])), _box_offsets(sub))  # type: ignore[arg-type]
-            ]
-        )
+        out.append((i, good, _box_offsets(coords.narrow(dim, i, good))))
         i += good
+    return out
+
+
+def _pieces(coords: torch.Tensor, start: tuple[int, ...]) -> list[Piece]:
+    """Pieces of the local block ``coords`` (which starts at ``start`` in the local tensor):
+    the block itself when it is a box, else its runs along the dim that cuts it into the
+    fewest boxes (a run that is no box is cut further along the other dims)."""
+    local = tuple(coords.shape[:-1])
+    off = _box_offsets(coords)
+    if off is not None:
+        return [Piece(Box(start, local), off)]
+    cuts = {d: _runs(coords, d) for d in range(len(local)) if local[d] > 1}
+    whole = [d for d, runs in cuts.items() if all(r[2] is not None for r in runs)]
+    dim = min(whole, key=lambda d: len(cuts[d])) if whole else min(cuts)
+    out: list[Piece] = []
+    for i, length, offsets in cuts[dim]:
+        at = tuple(s + (i if d == dim else 0) for d, s in enumerate(start))
+        sub = coords.narrow(dim, i, length)
+        if offsets is None:
+            out += _pieces(sub, at)
+        else:
+            out.append(Piece(Box(at, tuple(sub.shape[:-1])), offsets))
     return out

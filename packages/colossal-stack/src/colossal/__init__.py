@@ -12,6 +12,7 @@ from .booster import (
     HybridParallelPlugin,
     LowLevelZeroPlugin,
     Plugin,
+    export_checkpoint,
     latest_checkpoint,
     load_layout_checkpoint,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "build_plugin",
+    "export_checkpoint",
     "latest_checkpoint",
     "load_layout_checkpoint",
     "train",

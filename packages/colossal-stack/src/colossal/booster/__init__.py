@@ -2,14 +2,17 @@
 
 from ._booster import Booster
 from ._ddp import DDPPlugin
+from ._export import export_checkpoint
 from ._gemini import GeminiPlugin, parse_bytes
 from ._hybrid import HybridParallelPlugin, PipelineModule
 from ._hybrid_checkpoint import iter_full_tensors, load_layout_checkpoint, read_layout_index
 from ._plugin import Plugin
 from ._publish import find_checkpoint, latest_checkpoint
+from ._shard_writer import HF_INDEX, ShardedSafetensorsWriter
 from ._zero import LowLevelZeroPlugin
 
 __all__ = [
+    "HF_INDEX",
     "Booster",
     "DDPPlugin",
     "GeminiPlugin",
@@ -17,6 +20,8 @@ __all__ = [
     "LowLevelZeroPlugin",
     "PipelineModule",
     "Plugin",
+    "ShardedSafetensorsWriter",
+    "export_checkpoint",
     "find_checkpoint",
     "iter_full_tensors",
     "latest_checkpoint",

@@ -7,7 +7,7 @@ files and ``layout_index.json``. The index names, for every parameter of the uns
 tensor — ``param`` (fp32 values: ZeRO's masters where it keeps them), ``exp_avg`` and
 ``exp_avg_sq`` (Adam's moments, in the parameter's unsharded layout) — the blocks that make it
 up: ``[file, key, offsets, sizes]`` (offsets and sizes per dim of the unsharded tensor). Adam's
-step counters and hyperparameters are in the index itself.
+step counters, hyperparameters (and fp16's loss scale) are in the index itself.
 
 What a rank holds is found in two steps: ``colossal_models.shard_map`` gives the pieces of each
 tensor-parallel shard in the unsharded tensor ([Note: shard pieces]), and the part of the shard
@@ -78,7 +78,7 @@ class _Held:
 
 
 def _regions(held: _Held, kind: str) -> Iterator[tuple[Box, torch.Tensor]]:
-    """(block of the unsharded tensor, view of the elements held here) for ``kind``."""
+    """(block of the unsharded tensor, view of the elements held here in its dim order)."""
     flat, lo, hi = held.flats[kind]
     strides = [math.prod(held.shape[d + 1 :]) for d in range(len(held.shape))]
     for fb in flat_range_boxes(held.shape, lo, hi):
@@ -87,7 +87,7 @@ def _regions(held: _Held, kind: str) -> Iterator[tuple[Box, torch.Tensor]]:
         for piece in held.smap.pieces:
             inter = fb.intersect(piece.local)
             if inter is not None:
-                yield piece.to_global(inter), block[inter.slices(fb.offsets)]
+                yield piece.to_global(inter), piece.global_view(block[inter.slices(fb.offsets)])
 
 
 def _local_key(model: nn.Module) -> Callable[[str], str]:
@@ -230,6 +230,11 @@ def save_layout(
             shapes.update(m["shapes"])
             steps.update(m["steps"])
         group = optimizer.param_groups[0] if optimizer is not None else {}
+        scaler = (
+            getattr(optimizer, "scaler", None)
+            if isinstance(optimizer, LowLevelZeroOptimizer)
+            else None
+        )
         index = {
             "format": LAYOUT_FORMAT,
             "layout": layout,
@@ -239,6 +244,7 @@ def save_layout(
             "tensors": entries,
             "steps": steps,
             "optimizer": {k: group[k] for k in _HYPER if k in group} if optimizer else None,
+            "scaler": scaler.state_dict() if scaler is not None else None,
         }
         (Path(directory) / LAYOUT_INDEX).write_text(json.dumps(index, indent=1))
 
@@ -332,6 +338,16 @@ def load_layout(
     does not match or a file is missing or corrupt."""
     index = read_layout_index(directory)
     held = _held(model, optimizer, mesh, fresh=True)
+    names = [{h.smap.name for h in held}]
+    if _world()[1] > 1:
+        names = [set()] * _world()[1]
+        dist.all_gather_object(names, {h.smap.name for h in held})
+    extra = sorted(set(index["params"]) - set().union(*names))
+    if extra:
+        raise CheckpointError(
+            f"checkpoint {directory} holds parameters this model lacks ({extra[:3]}, "
+            f"{len(extra)} in all); was it saved from another model or preset?"
+        )
     with ExitStack() as stack:
         reader = _Reader(directory, stack)
         for h in held:
@@ -358,6 +374,8 @@ def load_layout(
                 {k: tuple(v) if k == "betas" else v for k, v in index["optimizer"].items()}
             )
     if isinstance(optimizer, LowLevelZeroOptimizer):
+        if optimizer.scaler is not None and index.get("scaler"):
+            optimizer.scaler.load_state_dict(index["scaler"])
         optimizer.refresh_params()
         optimizer.zero_grad()
     return index
