@@ -1,8 +1,10 @@
 """``colossal plan``: will a model fit, with which layout, how fast, and on how many devices.
 
-A paper model (see docs/plan.md): Korthikanti et al.'s activations, ZeRO's model-state bytes,
-colossal-parallel's counted communication bytes over given bandwidths, the pipeline bubble and
-offload traffic over PCIe and disk.
+A paper model (see docs/plan.md): the runtime's per-device peak (Korthikanti et al.'s activation
+count with fused attention, the fp32 loss terms, ZeRO's model-state bytes), validated against
+measured per-rank peaks at small scale; colossal-parallel's counted communication bytes over
+given bandwidths, the pipeline bubble and offload traffic over PCIe and disk. Models: colossal's
+GPT/PaLM presets or a Hugging Face causal LM's local ``config.json``.
 """
 
 from ._activation import (

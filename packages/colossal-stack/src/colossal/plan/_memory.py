@@ -68,6 +68,16 @@ class MemoryBreakdown:
         held = max(self.activations, self.overlap + self.transient)
         return self.params + self.grads + self.optimizer + self.buffers + held
 
+    def at_peak(self) -> dict[str, float]:
+        """Bytes by kind at the peak moment (they sum to ``device_total``): the step's transients
+        count as gradients and buffers when they, not the activations, set the peak."""
+        out = {k: getattr(self, k) for k in ("params", "grads", "optimizer", "activations")}
+        out["buffers"] = self.buffers
+        if self.overlap + self.transient > self.activations:
+            out["grads"] += self.transient
+            out["activations"] = self.overlap
+        return out
+
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "device_total": self.device_total}
 

@@ -33,16 +33,17 @@ def plan_json(plan: Plan) -> dict[str, Any]:
 
 
 def print_plans(plans: list[Plan], title: str, top: int, console: Console | None = None) -> None:
-    """The ``top`` plans as a rich table, GiB per device by kind."""
+    """The ``top`` plans as a rich table, GiB per device by kind at the peak."""
     t = Table(title=title)
     for col in ("#", "layout", *_KINDS, "total", "host", "fits", "step s", "MFU"):
         t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
     for i, p in enumerate(plans[:top], 1):
         m = p.memory
+        split = m.at_peak()
         t.add_row(
             str(i),
             p.layout.describe(),
-            *(f"{getattr(m, k) / GiB:.1f}" for k in _KINDS),
+            *(f"{split[k] / GiB:.1f}" for k in _KINDS),
             f"{m.device_total / GiB:.1f}",
             f"{m.host / GiB:.0f}" + (f"+{m.disk / GiB:.0f}d" if m.disk else ""),
             "yes" if p.fits else "no",
@@ -66,7 +67,7 @@ def plot_memory(plans: list[Plan], path: Path, capacity: float) -> None:
     fig, ax = plt.subplots(figsize=(max(6, len(plans) * 0.9), 4.5))
     bottom = [0.0] * len(plans)
     for kind in _KINDS:
-        vals = [getattr(p.memory, kind) / GiB for p in plans]
+        vals = [p.memory.at_peak()[kind] / GiB for p in plans]
         ax.bar(range(len(plans)), vals, bottom=bottom, label=kind)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.axhline(capacity / GiB, color="k", linestyle="--", label="device memory")
