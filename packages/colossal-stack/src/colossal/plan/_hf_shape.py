@@ -48,9 +48,16 @@ def _load(path: Path) -> Any:
             f"--model hf:{path}: model_type {kind!r} is not a supported causal LM; supported: "
             f"{', '.join(HF_FAMILIES)}"
         )
-    from transformers import AutoConfig
-
-    return AutoConfig.for_model(**raw)
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        raise ConfigError(
+            "--model hf:PATH reads the config with transformers; pip install transformers"
+        ) from None
+    try:
+        return AutoConfig.for_model(**raw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--model hf:{path}: config.json does not load: {e}") from None
 
 
 def _dropout(c: Any) -> float:
