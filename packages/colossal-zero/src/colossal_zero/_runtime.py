@@ -14,7 +14,8 @@ longer needed in this backward; the master restores it), else into a parallel fp
 When every tensor of that chunk is READY_FOR_REDUCE the chunk is reduce-scattered (averaged over
 data-parallel ranks) into this rank's shard. At the end of backward, tensors that got no gradient
 (unused or frozen parameters) count as zeros so that every touched chunk is reduced, in chunk id
-order on every rank. After the first backward, a chunk whose only missing tensors are trainable
+order on every rank (with ``GeminiConfig.overlap_comm`` without waiting: [Note: overlap] in
+``_comm.py``). After the first backward, a chunk whose only missing tensors are trainable
 parameters that no operator read (then or now) is reduced as soon as the others arrive, so an
 unused parameter does not pin its chunk. Every rank must use the same parameters in a step.
 
