@@ -17,6 +17,7 @@ from torch import nn
 from colossal_contracts import ColossalError, ConfigError
 from colossal_memtrace import estimate_step
 from colossal_models import ByteTokenizer, load_corpus
+from colossal_parallel import ProcessMesh
 
 from .._dist import init_from_env, rank_and_world
 from .._peers import watch_peers
@@ -38,7 +39,7 @@ from ._display import (
     summary_table,
 )
 from ._guard import FiniteGuard
-from ._mesh import PLUGINS, MeshPlugin, check_mesh, hybrid_plugin, mesh_flags, state_shards
+from ._mesh import PLUGINS, check_mesh, hybrid_plugin, mesh_flags, state_shards
 from ._models import ModelSpec, resolve_model
 from ._outdir import METRICS, check_out, trim_metrics
 from ._preflight import check_fits
@@ -99,9 +100,16 @@ def _gemini_plugin(cfg: TrainConfig) -> Plugin:
         disk_dir=cfg.disk_dir,
         **tp,
     )
-    if tp and not isinstance(plugin, MeshPlugin):
-        raise ConfigError("GeminiPlugin with tp_size has no data_rank(); --tp cannot run on it")
     return plugin
+
+
+def _mesh_of(plugin: Plugin, cfg: TrainConfig) -> ProcessMesh | None:
+    """The plugin's process mesh once boosted (hybrid; Gemini with ``--tp``); None without one."""
+    if isinstance(plugin, HybridParallelPlugin) or (
+        isinstance(plugin, GeminiPlugin) and cfg.tp > 1
+    ):
+        return plugin.mesh  # type: ignore[union-attr]
+    return None
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -207,9 +215,9 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
     booster = Booster(plugin)
     model, optimizer = booster.boost(model, optimizer)
     # [Note: mesh data]: one batch per data-parallel coordinate, losses averaged over dp
-    mesh = isinstance(plugin, MeshPlugin) and (cfg.plugin == "hybrid" or cfg.tp > 1)
-    data_rank, dp = plugin.data_rank() if mesh else (rank, world)  # type: ignore[attr-defined]
-    dp_group = plugin.mesh.group("dp") if isinstance(plugin, HybridParallelPlugin) else None
+    mesh = _mesh_of(plugin, cfg)
+    data_rank, dp = (mesh.coord("dp"), mesh.size("dp")) if mesh else (rank, world)
+    dp_group = mesh.group("dp") if mesh else None
 
     out = cfg.out
     ckpt_root = out / "checkpoint"
@@ -228,8 +236,8 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         if start == cfg.steps:
             if main:
                 console.print(f"nothing to do: the run in {out} already reached step {start}")
-            if isinstance(plugin, HybridParallelPlugin):
-                plugin.close()
+            if mesh is not None:
+                plugin.close()  # type: ignore[attr-defined]
             return TrainResult([], float("nan"), 0.0, spec.num_params, info["path"], out)
     data_gen = torch.Generator()
     extra = {
@@ -322,8 +330,8 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         if records and "bytes_moved" in records[-1]:
             summary["memory timeline"] = str(plot_memory_timeline(records, out))
         console.print(summary_table(summary))
-    if isinstance(plugin, HybridParallelPlugin):
-        plugin.close()  # its process groups (collective)
+    if mesh is not None:
+        plugin.close()  # type: ignore[attr-defined]  # the mesh's process groups (collective)
     return result
 
 
@@ -339,8 +347,8 @@ def _activation_bytes(spec: ModelSpec, cfg: TrainConfig) -> int:
     return stats.peak_non_model("accelerator")
 
 
-def _plugin_label(cfg: TrainConfig, plugin: Plugin, mesh: bool) -> str:
-    if mesh:
+def _plugin_label(cfg: TrainConfig, plugin: Plugin, mesh: ProcessMesh | None) -> str:
+    if mesh is not None:
         return f"{cfg.plugin} ({plugin.describe()})"  # type: ignore[attr-defined]
     if not isinstance(plugin, GeminiPlugin):
         return str(cfg.plugin)

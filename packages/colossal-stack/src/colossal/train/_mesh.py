@@ -8,14 +8,14 @@ the hybrid plugin instead, which runs ZeRO 0 (the default), 1 or 2 over the data
 ZeRO-3 with tensor parallelism is ``--plugin gemini --tp N``. The older ``--plugin zero
 --zero-stage N`` means the same as ``--zero N``.
 
-[Note: mesh data] Every rank of one data-parallel coordinate (the tensor, pipeline and sequence
-ranks of one replica) trains on the same batch: the batch is drawn from the dp coordinate, not
-the rank, so the global batch is ``batch_size * dp`` sequences and is counted once.
+[Note: mesh data] Every rank of one data-parallel coordinate (``mesh.coord("dp")``: the tensor,
+pipeline and sequence ranks of one replica) trains on the same batch: the batch is drawn from the
+dp coordinate, not the rank, so the global batch is ``batch_size * dp`` sequences, counted once.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from colossal_contracts import ConfigError
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = [
     "PLUGINS",
     "SP_METHODS",
-    "MeshPlugin",
     "check_mesh",
     "hybrid_plugin",
     "mesh_flags",
@@ -39,19 +38,6 @@ __all__ = [
 PLUGINS = ("gemini", "zero", "ddp", "hybrid")
 SP_METHODS = ("ring", "ulysses", "megatron")
 _BY_STAGE = {0: "ddp", 1: "zero", 2: "zero", 3: "gemini"}
-
-
-@runtime_checkable
-class MeshPlugin(Protocol):
-    """A plugin that lays ranks out on a mesh: each tells which batch slice it trains on."""
-
-    def data_rank(self) -> tuple[int, int]:
-        """``(coordinate, size)`` along ``dp`` (known after ``Booster.boost``)."""
-        ...
-
-    def describe(self) -> str:
-        """The mesh as one line, e.g. ``dp2 x tp2(1d)``."""
-        ...
 
 
 def mesh_flags(cfg: TrainConfig) -> list[str]:
