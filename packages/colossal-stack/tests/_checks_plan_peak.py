@@ -20,7 +20,7 @@ import torch.distributed as dist
 from colossal import Booster, DDPPlugin, GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin
 from colossal_contracts import TierName
 from colossal_memtrace import LiveTensorTracker
-from colossal_models import GPT, GPTConfig
+from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig
 
 _ACC = TierName.ACCELERATOR
 
@@ -34,14 +34,17 @@ def _plugin(kind: str, settings: dict[str, Any]) -> Any:
     }[kind](**settings)
 
 
-def step_peak(kind: str, settings: dict[str, Any], cfg: GPTConfig, batch: int) -> dict[str, int]:
+def step_peak(
+    kind: str, settings: dict[str, Any], cfg: GPTConfig | PaLMConfig, batch: int
+) -> dict[str, int]:
     """Peak live bytes of this rank over the second step of ``kind`` with ``settings`` on a GPT
-    of ``cfg`` (``batch`` samples per data-parallel rank, ``cfg.max_seq_len`` tokens each)."""
+    or PaLM of ``cfg`` (``batch`` samples per data-parallel rank, ``cfg.max_seq_len`` tokens
+    each)."""
     tracker = LiveTensorTracker("cpu")
     with tracker:
         torch.manual_seed(0)
         plugin = _plugin(kind, settings)
-        model = GPT(cfg)
+        model = GPT(cfg) if isinstance(cfg, GPTConfig) else PaLM(cfg)
         booster = Booster(plugin)
         model, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
         g = torch.Generator().manual_seed(dist.get_rank() if dist.is_initialized() else 0)

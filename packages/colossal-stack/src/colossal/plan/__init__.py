@@ -19,7 +19,7 @@ from ._hardware import HARDWARE, Hardware, parse_bandwidth, parse_bytes
 from ._layout import METHODS, TP_MODES, Layout, enumerate_layouts
 from ._memory import PRECISIONS, MemoryBreakdown, device_memory
 from ._search import Plan, PlanRequest, evaluate, fewest_devices, plan_layouts
-from ._shape import ModelShape, from_gpt_config, gpt_shape, model_shape
+from ._shape import ModelShape, from_gpt_config, from_palm_config, gpt_shape, model_shape
 
 __all__ = [
     "ATTENTION",
@@ -40,6 +40,7 @@ __all__ = [
     "evaluate",
     "fewest_devices",
     "from_gpt_config",
+    "from_palm_config",
     "gpt_shape",
     "head_activation_bytes",
     "layer_activation_bytes",

@@ -59,6 +59,7 @@ def layer_activation_bytes(
     ffn: int = 0,
     kv_heads: int = 0,
     gated: bool = False,
+    norm_tensors: int = 1,
 ) -> float:
     """Bytes one rank stores for the backward pass of one layer (see [Note: activation formula]
     and [Note: runtime activations]; the defaults are the paper's count).
@@ -68,7 +69,11 @@ def layer_activation_bytes(
     ``act_bytes`` is the bytes of one activation element (2 for 16-bit, 4 for fp32). ``ffn``
     (0: ``4 h``), ``kv_heads`` (0: ``heads``) and ``gated`` (SwiGLU saves the gate, its SiLU, the
     up projection and their product: four ``ffn``-wide tensors, against the GELU MLP's two)
-    generalise the split part ``12 sbh`` to ``(2 + 2 kv/a + (4 or 2) ffn/h) sbh``.
+    generalise the split part ``12 sbh`` to ``(2 + 2 kv/a + (4 or 2) ffn/h) sbh``; the fused count
+    keeps ``kv = a``, since the runtime repeats shared key/value heads for the kernel, which saves
+    the copies. ``norm_tensors``: tensors each of the two norms saves (1 for ``nn.LayerNorm``; 2
+    for a norm built from autograd operations: the grid modes' LayerNorm, and ``nn.RMSNorm`` as
+    measured on this torch).
     """
     if recompute not in RECOMPUTE:
         raise ConfigError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
@@ -81,16 +86,15 @@ def layer_activation_bytes(
     if recompute == "full":
         return e * sbh / rep / sp
     masks = 2 if dropout else 0
-    f, kv = (ffn or 4 * h) / h, (kv_heads or a) / a
+    f = (ffn or 4 * h) / h
+    kv = 1.0 if attention == "fused" else (kv_heads or a) / a
     split = 2 + 2 * kv + (4 if gated else 2) * f
-    per = (4 * e + masks) * sbh / rep + split * e * sbh / t
+    per = ((2 + 2 * norm_tensors) * e + masks) * sbh / rep + split * e * sbh / t
     if attention == "math":
         if recompute != "selective":
             per += a * s * s * b * ((2 * e + 1) if dropout else e) / t
     else:
         per += 4 * a * s * b / t + 16 * s * b / rep
-        if tp_mode != "1d":
-            per += 2 * e * sbh / t  # the grid LayerNorm's second saved tensor
     return per / sp
 
 
@@ -131,12 +135,13 @@ def head_activation_bytes(
     grid_q: int = 1,
     sp: int = 1,
     act_bytes: int = 2,
+    norm_tensors: int = 1,
 ) -> float:
     """The runtime's output layer and loss at the peak, the start of the backward pass: the final
     LayerNorm's input and output (the head's input), its fp32 statistics, the fp32
     log-probabilities cross entropy saves (``4 s b V/t``, vocabulary-parallel) and, as backward
     starts, their gradient and the logits' gradient in fp32 (``8 s b V/t``); plus the int64 token
-    ids and targets (``16 s b``). Megatron's vocabulary-parallel loss also holds the 16-bit logits
+    ids and targets (``16 s b``); ``norm_tensors`` as in ``layer_activation_bytes``. Megatron's vocabulary-parallel loss also holds the 16-bit logits
     beside their fp32 copy (``2 s b V/t``). The grid modes (``tp_mode`` 2d/2.5d/3d, grid axis
     ``grid_q``) compute partial logits over the whole vocabulary for the rank's rows and hand a
     contiguous copy to the reduce-scatter (``2 e s b V/q``), and gather the tied weight's columns
@@ -144,7 +149,7 @@ def head_activation_bytes(
     s, b, e, V, h = seq / sp, batch, act_bytes, vocab, hidden
     grid = tp_mode != "1d"
     split = tp if (grid or megatron_sp) else 1
-    ln = ((3 if grid else 2) * e * h + 8) * s * b / split
+    ln = ((1 + norm_tensors) * e * h + 8) * s * b / split
     logits = 12 * s * b * V / tp
     if grid:
         logits += 2 * e * s * b * V / grid_q + e * V * h / grid_q

@@ -113,4 +113,5 @@ def hf_shape(path: str | Path) -> ModelShape:
         kv_heads=kv,
         gated=gated,
         max_positions=positions,
+        rmsnorm=gated,  # the Llama family's norm
     )

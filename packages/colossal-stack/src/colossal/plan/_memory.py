@@ -112,7 +112,8 @@ def activation_bytes(
     kw = dict(seq=seq_len, batch=lay.micro_batch, hidden=shape.hidden, tp=lay.tp, sp=lay.sp)
     layer = dict(kw, heads=shape.heads, tp_mode=mode, megatron_sp=sp_on, attention="fused")
     layer.update(act_bytes=act_bytes, dropout=shape.dropout > 0, ffn=shape.ffn)
-    layer.update(kv_heads=shape.kv_heads, gated=shape.gated)
+    norms = 2 if (mode != "1d" or shape.rmsnorm) else 1
+    layer.update(kv_heads=shape.kv_heads, gated=shape.gated, norm_tensors=norms)
     per = math.ceil(shape.layers / lay.pp) * layer_activation_bytes(
         **layer, recompute=lay.recompute
     )
@@ -126,6 +127,7 @@ def activation_bytes(
         megatron_sp=sp_on,
         grid_q=lay.grid_q,
         act_bytes=act_bytes,
+        norm_tensors=norms,
     )
     if lay.pp == 1:
         return per + running + max(head, working), 0.0

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from colossal_contracts import ConfigError
 from colossal_models import GPTConfig, PaLMConfig
 
-__all__ = ["ModelShape", "from_gpt_config", "gpt_shape", "model_shape"]
+__all__ = ["ModelShape", "from_gpt_config", "from_palm_config", "gpt_shape", "model_shape"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class ModelShape:
         ffn, kv_heads, gated: the MLP width (0: ``4 h``), key/value heads (0: ``heads``) and a
             gated (SwiGLU) MLP.
         max_positions: the longest sequence the model takes (0: unknown).
+        rmsnorm: the norms are RMSNorm (they save two tensors, see ``layer_activation_bytes``).
     """
 
     name: str
@@ -40,6 +41,7 @@ class ModelShape:
     kv_heads: int = 0
     gated: bool = False
     max_positions: int = 0
+    rmsnorm: bool = False
 
     @property
     def layer_params(self) -> float:
@@ -74,6 +76,25 @@ def from_gpt_config(g: GPTConfig, name: str) -> ModelShape:
     )
 
 
+def from_palm_config(p: PaLMConfig, name: str) -> ModelShape:
+    """The shape of ``PaLM(p)`` (its parallel block is counted as the sequential one)."""
+    return ModelShape(
+        name,
+        p.num_layers,
+        p.hidden_size,
+        p.num_heads,
+        p.vocab_size,
+        p.num_params(),
+        p.vocab_size * p.hidden_size * (1 if p.tie_embeddings else 2),
+        p.num_layers * 2 * p.hidden_size + p.hidden_size,
+        ffn=p.ffn_size,
+        kv_heads=p.num_kv_heads,
+        gated=True,
+        max_positions=p.max_seq_len,
+        rmsnorm=p.norm == "rmsnorm",
+    )
+
+
 def gpt_shape(layers: int, hidden: int, heads: int, *, seq_len: int = 2048) -> ModelShape:
     """A GPT of any size (GPT-2 vocabulary, ``seq_len`` learned positions), e.g. for a search of the
     largest model that fits."""
@@ -91,22 +112,8 @@ def model_shape(family: str, preset: str) -> ModelShape:
     if family == "gpt":
         return from_gpt_config(GPTConfig.preset(preset), f"gpt-{preset}")
     if family == "palm":
-        p = PaLMConfig.preset(preset)
-        embed = p.vocab_size * p.hidden_size * (1 if p.tie_embeddings else 2)
-        return ModelShape(
-            preset if preset.startswith(("palm", "llama")) else f"palm-{preset}",
-            p.num_layers,
-            p.hidden_size,
-            p.num_heads,
-            p.vocab_size,
-            p.num_params(),
-            embed,
-            p.num_layers * 2 * p.hidden_size + p.hidden_size,
-            ffn=p.ffn_size,
-            kv_heads=p.num_kv_heads,
-            gated=True,
-            max_positions=p.max_seq_len,
-        )
+        name = preset if preset.startswith(("palm", "llama")) else f"palm-{preset}"
+        return from_palm_config(PaLMConfig.preset(preset), name)
     raise ConfigError(
         f"unknown --model {family!r}; choose gpt, palm or hf:PATH (a local config.json or a saved "
         "model folder)"
