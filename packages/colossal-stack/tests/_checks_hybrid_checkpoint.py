@@ -52,16 +52,24 @@ def plain_steps(
 
 
 def hybrid_steps(
-    settings: dict, root: str, *, first: int, last: int, bias: bool, load: bool
+    settings: dict,
+    root: str,
+    *,
+    first: int,
+    last: int,
+    bias: bool,
+    load: bool,
+    save_root: str | None = None,
 ) -> list[float]:
     """Steps ``first..last-1`` on the layout ``settings``: boost a model of seed 0 (or, with
-    ``load``, of seed 7 and load ``root``'s latest checkpoint); save ``step-<last>``."""
+    ``load``, of seed 7 and load ``root/step-<first>``); save ``step-<last>`` under
+    ``save_root`` (default ``root``)."""
     plugin = HybridParallelPlugin(max_grad_norm=CLIP, **settings)
     model = make_model(bias=bias, seed=7 if load else 0)
     booster = Booster(plugin)
     model, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=LR))
     if load:
-        info = booster.load(model, opt, Path(root))
+        info = booster.load(model, opt, Path(root) / f"step-{first}")
         assert info["step"] == first, info
     mesh = plugin.mesh
     assert mesh is not None
@@ -75,6 +83,6 @@ def hybrid_steps(
         t = loss.detach().float().reshape(1)
         dist.all_reduce(t, group=mesh.group("dp"))
         losses.append(float(t) / dp)
-    booster.save(model, opt, Path(root), step=last)
+    booster.save(model, opt, Path(save_root or root), step=last)
     plugin.close()
     return losses

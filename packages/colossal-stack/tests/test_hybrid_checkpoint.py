@@ -58,6 +58,30 @@ def test_tp2_pp2_resumes_on_dp4_zero1(tp2_pp2_run, dp4_resume):
     assert _close(dp4_resume[1], ref[SAVE:]) <= 1e-5, (dp4_resume[1], ref[SAVE:])
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"tp_size": 4, "tp_mode": "2d"},
+        {"tp_size": 2, "sequence_parallel": "megatron", "zero_stage": 2},
+    ],
+    ids=["2d-tp4", "megatron-tp2-dp2-zero2"],
+)
+def test_tp2_pp2_resumes_on_other_tp_layouts(world, tp2_pp2_run, tmp_path, settings):
+    root, _ = tp2_pp2_run
+    ref, _ = _reference(False)
+    out = world(4).run(
+        hybrid_steps,
+        settings,
+        str(root),
+        first=SAVE,
+        last=SAVE + 3,
+        bias=False,
+        load=True,
+        save_root=str(tmp_path),
+    )
+    assert _close(out[0], ref[SAVE : SAVE + 3]) <= 1e-5, (out[0], ref[SAVE:])
+
+
 def test_zero1_checkpoint_loads_in_one_process(dp4_resume):
     """ZeRO-1's flat dp shards, saved at step 10, are the uninterrupted run's weights."""
     root, _ = dp4_resume
