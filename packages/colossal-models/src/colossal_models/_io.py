@@ -15,7 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LMIO"]
+__all__ = ["LMIO", "at_least_fp32"]
+
+
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 when it is of lower precision (losses are computed in fp32 at least;
+    a float64 model keeps float64 throughout)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 class LMIO(nn.Module):
@@ -42,4 +48,4 @@ class LMIO(nn.Module):
         logits = F.linear(h, weight)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), targets.flatten())

@@ -30,7 +30,7 @@ from colossal_parallel import (
     ulysses_attention,
 )
 
-from ._io import LMIO
+from ._io import LMIO, at_least_fp32
 from .gpt.model import GPT
 from .palm.model import PaLM
 
@@ -100,7 +100,7 @@ class SequenceIO(LMIO):
                 ]
             )
             return full[:, torch.argsort(order)]
-        local = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        local = F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), targets.flatten())
         return reduce_from_axis(local, comm, AXIS) / size  # backward: 1/sp of the local loss
 
 

@@ -47,7 +47,8 @@ def mesh_grad_norm(
     ``shardings`` keys, even one that owns no piece."""
     total = torch.zeros(2, dtype=torch.float64)  # [sum of squares, non-finite count]
     for g, rec in parts:
-        sq = torch.linalg.vector_norm(g, 2, dtype=torch.float32).double().square().cpu()
+        wd = torch.promote_types(g.dtype, torch.float32)  # fp64 gradients keep fp64
+        sq = torch.linalg.vector_norm(g, 2, dtype=wd).double().square().cpu()
         if not bool(torch.isfinite(sq)):
             total[1] += 1
         if rec is None or rec.counted_here:

@@ -52,7 +52,7 @@ from colossal_parallel import (
     split_to_layout,
 )
 
-from .._io import LMIO
+from .._io import LMIO, at_least_fp32
 from ._base import TpLayers
 from ._kv import GatheredKV, kv_sharing
 
@@ -158,7 +158,7 @@ class GridIO(LMIO):
             logits = grid_tied_logits(h, weight, self.mesh, self.layout)
         if targets is None:
             return gather_from_layout(logits, self.mesh, self.logits_layout)
-        return self.loss(logits.float(), targets, self.mesh, self.logits_layout)
+        return self.loss(at_least_fp32(logits), targets, self.mesh, self.logits_layout)
 
 
 class GridLayers(TpLayers):

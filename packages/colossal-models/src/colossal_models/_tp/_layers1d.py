@@ -26,7 +26,7 @@ from colossal_parallel import (
     vocab_parallel_cross_entropy,
 )
 
-from .._io import LMIO
+from .._io import LMIO, at_least_fp32
 from ._base import TpLayers
 from ._kv import GatheredKV, kv_sharing
 
@@ -77,7 +77,7 @@ class IO1D(LMIO):
         logits = F.linear(h, weight)  # (B, T, V/p): weight holds this rank's vocabulary rows
         if targets is None:
             return gather_along(logits, comm, AXIS, -1)
-        return vocab_parallel_cross_entropy(logits.float(), targets, self.mesh, axis=AXIS)
+        return vocab_parallel_cross_entropy(at_least_fp32(logits), targets, self.mesh, axis=AXIS)
 
 
 class Layers1D(TpLayers):

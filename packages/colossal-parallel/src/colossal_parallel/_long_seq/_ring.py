@@ -80,12 +80,13 @@ class _RingAttention(torch.autograd.Function):
         p, me = comm.size(axis), comm.coord(axis)
         B, H, L, D = q.shape
         scale = 1.0 / math.sqrt(D)
-        qf = q.detach().float()
+        wd = torch.promote_types(q.dtype, torch.float32)  # fp32 at least, fp64 stays fp64
+        qf = q.detach().to(wd)
         qsegs = _segments(L, p, me, layout, tile)
-        m = torch.full((B, H, L), _NEG)
-        lsum = torch.zeros(B, H, L)
-        acc = torch.zeros(B, H, L, D)
-        kv = torch.stack([k.detach(), v.detach()]).float().contiguous()  # (2, B, H, L, D)
+        m = torch.full((B, H, L), _NEG, dtype=wd)
+        lsum = torch.zeros(B, H, L, dtype=wd)
+        acc = torch.zeros(B, H, L, D, dtype=wd)
+        kv = torch.stack([k.detach(), v.detach()]).to(wd).contiguous()  # (2, B, H, L, D)
         for step in range(p):
             src = (me - step) % p
             nxt, works = _ring_step(comm, axis, kv, step) if step < p - 1 else (None, [])
@@ -118,11 +119,12 @@ class _RingAttention(torch.autograd.Function):
         p, me = comm.size(axis), comm.coord(axis)
         B, H, L, D = q.shape
         scale = 1.0 / math.sqrt(D)
-        qf, do = q.float(), dout.float()
+        wd = torch.promote_types(q.dtype, torch.float32)
+        qf, do = q.to(wd), dout.to(wd)
         delta = (do * out).sum(-1)  # (B, H, L)
         qsegs = _segments(L, p, me, layout, tile)
-        dq = torch.zeros(B, H, L, D)
-        kv = torch.stack([k, v]).float().contiguous()
+        dq = torch.zeros(B, H, L, D, dtype=wd)
+        kv = torch.stack([k, v]).to(wd).contiguous()
         dkv = torch.zeros_like(kv)  # gradient of the block held now; travels with it
         for step in range(p):
             src = (me - step) % p

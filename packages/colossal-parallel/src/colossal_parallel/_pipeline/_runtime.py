@@ -142,7 +142,7 @@ def run_pipeline(
     xs, ts = inputs.chunk(m), targets.chunk(m)
     box = _Mailbox(mesh)
     saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-    loss_sum = torch.zeros((), dtype=torch.float32)
+    loss_sum = torch.zeros((), dtype=torch.promote_types(boundary_dtype, torch.float32))
     timeline: list[tuple[Action, float, float]] = []
     for action in schedule.actions(p, me):
         mb, c = action.microbatch, action.chunk
@@ -160,7 +160,7 @@ def run_pipeline(
             if stage == last:
                 if out.dim() != 0:
                     raise ConfigError("the last pipeline stage must return a scalar loss")
-                loss_sum += out.detach().float()
+                loss_sum += out.detach().to(loss_sum.dtype)
                 out = out / m
             saved[(mb, c)] = (x, out)
             timeline.append((action, start, time.perf_counter()))

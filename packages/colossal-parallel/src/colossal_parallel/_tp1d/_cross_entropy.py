@@ -36,7 +36,7 @@ class _VocabParallelCE(torch.autograd.Function):
     ) -> torch.Tensor:
         v = logits.shape[-1]
         start = comm.coord(axis) * v
-        x = logits.float()
+        x = logits.to(torch.promote_types(logits.dtype, torch.float32))
         gmax = comm.all_reduce(x.max(dim=-1).values, axis, op=torch.distributed.ReduceOp.MAX)
         x = x - gmax.unsqueeze(-1)  # (N, V/p)
         inside = (target >= start) & (target < start + v)
