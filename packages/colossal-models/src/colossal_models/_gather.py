@@ -13,6 +13,8 @@ is recognised and skipped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -26,10 +28,14 @@ __all__ = ["gather_full_state_dict"]
 
 
 @torch.no_grad()
-def gather_full_state_dict(model: nn.Module, mesh: ProcessMesh) -> dict[str, torch.Tensor]:
+def gather_full_state_dict(
+    model: nn.Module, mesh: ProcessMesh, *, values: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """Full tensors, under the unsharded model's names, on every rank (collective over ``tp``).
 
-    ``model`` is a ``GPT`` or ``PaLM`` that ``parallelize(model, mesh, ...)`` sharded. Builds a
+    ``model`` is a ``GPT`` or ``PaLM`` that ``parallelize(model, mesh, ...)`` sharded.
+    ``values``: this rank's shard of each parameter by name, when the module's parameters do not
+    hold them (Gemini keeps them in chunks: pass its ``full_state_dict()``). Builds a
     float64 index copy of the unsharded model (see [Note: index model]): memory of the order of
     twice the unsharded parameters, so use it for export, not every step.
     """
@@ -50,14 +56,15 @@ def gather_full_state_dict(model: nn.Module, mesh: ProcessMesh) -> dict[str, tor
     flat: torch.Tensor | None = None
     filled = torch.zeros(total, dtype=torch.bool)
     for name, p in model.named_parameters():
-        if flat is None:
-            flat = torch.empty(total, dtype=p.dtype)
         idx = where[name].detach().reshape(-1).to(torch.long)
-        values = p.detach().reshape(-1).contiguous()
+        shard = p if values is None else values[name]
+        local = shard.detach().reshape(-1).contiguous()
+        if flat is None:
+            flat = torch.empty(total, dtype=local.dtype)
         idx_all = [torch.empty_like(idx) for _ in range(n)]
-        val_all = [torch.empty_like(values) for _ in range(n)]
+        val_all = [torch.empty_like(local) for _ in range(n)]
         dist.all_gather(idx_all, idx, group=group)
-        dist.all_gather(val_all, values, group=group)
+        dist.all_gather(val_all, local, group=group)
         idx_cat, val_cat = torch.cat(idx_all), torch.cat(val_all)
         real = idx_cat > 0
         flat[idx_cat[real]] = val_cat[real].to(flat.dtype)

@@ -130,7 +130,7 @@ class MeshConfig:
 
         Raises ``ConfigError`` when ``tp`` does not fit the mode.
         """
-        self._check_tp()
+        self.check_tp()
         if self.tp_mode == "1d":
             return (self.tp,)
         if self.tp_mode == "2d":
@@ -153,7 +153,8 @@ class MeshConfig:
         """``dp * pp * sp * tp``: the number of ranks this config needs."""
         return self.dp * self.pp * self.sp * self.tp
 
-    def _check_tp(self) -> None:
+    def check_tp(self) -> None:
+        """``ConfigError`` unless ``tp`` fits the mode's shape (no world size needed)."""
         tp, mode, d = self.tp, self.tp_mode, self.tp_depth
         if mode != "2.5d" and d != 1:
             raise ConfigError(
@@ -176,7 +177,7 @@ class MeshConfig:
 
     def validate(self, world_size: int) -> None:
         """Raise ``ConfigError`` unless the mode's shape rule holds and dp*pp*sp*tp == world_size."""
-        self._check_tp()
+        self.check_tp()
         if self.world_size != world_size:
             raise ConfigError(
                 f"dp*pp*sp*tp = {self.dp}*{self.pp}*{self.sp}*{self.tp} = {self.world_size} "

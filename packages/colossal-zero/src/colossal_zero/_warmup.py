@@ -99,7 +99,10 @@ def agree(group: dist.ProcessGroup, what: str, key: Sequence[int], describe) -> 
     keys = _gather_longs(key, group)
     if all(k == keys[0] for k in keys):
         return
-    lines = "; ".join(f"rank {r}: {describe(k)}" for r, k in enumerate(keys))
+    # global ranks: the group may be one tp coordinate's data-parallel ranks, not the world
+    lines = "; ".join(
+        f"rank {dist.get_global_rank(group, r)}: {describe(k)}" for r, k in enumerate(keys)
+    )
     raise DistributedError(
         f"ranks diverged at {what}: {lines}. Every data-parallel rank must use the same "
         "parameters in the same order in each step (as with DDP without "
