@@ -90,12 +90,10 @@ def _regions(held: _Held, kind: str) -> Iterator[tuple[Box, torch.Tensor]]:
                 yield piece.to_global(inter), piece.global_view(block[inter.slices(fb.offsets)])
 
 
-def _local_key(model: nn.Module) -> Callable[[str], str]:
-    """Name in the boosted model -> name in the parallelized model (pipeline chunks are named
-    ``chunks.<i>.<name>``)."""
-    if hasattr(model, "chunks") and not hasattr(model, "config"):
-        return lambda n: n.split(".", 2)[2]
-    return lambda n: n
+def _base(model: nn.Module) -> nn.Module:
+    """The module that carries the model's ``config``: a pipelined model's first chunk (its
+    parameters are named ``chunks.<i>.<name>``), else the model."""
+    return model.chunks[0] if hasattr(model, "chunks") and not hasattr(model, "config") else model
 
 
 def _held(
@@ -107,12 +105,14 @@ def _held(
 ) -> list[_Held]:
     """What this rank holds of every trainable parameter. ``fresh``: create missing Adam state
     (zeros) so a load can fill it in place."""
-    base = model.chunks[0] if hasattr(model, "chunks") and not hasattr(model, "config") else model
+    base = _base(model)
     maps = shard_map(base, mesh) if hasattr(base, "config") else None
-    key = _local_key(model)
+    piped = base is not model
 
     def smap(name: str, p: torch.Tensor) -> ShardMap:
-        return maps[key(name)] if maps is not None else ShardMap.whole(name, tuple(p.shape))
+        if maps is None:
+            return ShardMap.whole(name, tuple(p.shape))
+        return maps[name.split(".", 2)[2] if piped else name]
 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if isinstance(optimizer, LowLevelZeroOptimizer):
@@ -165,8 +165,7 @@ def _held_zero(opt: LowLevelZeroOptimizer, maps: dict[str, ShardMap]) -> list[_H
 
 
 def _model_info(model: nn.Module) -> dict[str, Any] | None:
-    base = model.chunks[0] if hasattr(model, "chunks") and not hasattr(model, "config") else model
-    config = getattr(base, "config", None)
+    config = getattr(_base(model), "config", None)
     if config is None or not dataclasses.is_dataclass(config):
         return None
     kind = type(config).__name__.removesuffix("Config")  # "GPT", "PaLM"
