@@ -1,4 +1,5 @@
-"""Rank-side checks of ``HybridParallelPlugin`` (run inside a colossal_testing World).
+"""Rank-side checks of ``HybridParallelPlugin`` and ``GeminiPlugin(tp_size=...)`` (run inside a
+colossal_testing World).
 
 Each case trains GPT (no biases: see [Note: pipeline vs tp] in colossal-models' pipeline checks)
 through the Booster next to the unsharded single-process model with ``torch.optim.AdamW`` and
@@ -6,28 +7,32 @@ the same clipping, on the same global batches, and reports the worst error of th
 the weights after the last step. The reference weights are sharded the way the plugin sharded
 the model (``parallelize`` of a copy on the same mesh), so each rank compares what it holds.
 Weight error is per parameter ``|w - ref| / |ref|`` (Frobenius norms), the worst parameter.
+``dtype="float64"`` runs model and reference in double precision (ZeRO and Gemini keep fp32
+parameters, so float64 cases use ``zero_stage=0``).
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file
 
-from colossal import Booster, HybridParallelPlugin
+from colossal import Booster, GeminiPlugin, HybridParallelPlugin
 from colossal_contracts import ConfigError
 from colossal_models import GPT, GPTConfig, parallelize
 
 B, T, LR, CLIP = 8, 16, 1e-3, 0.05
 
 
-def _model(layers: int) -> GPT:
+def _model(layers: int, dtype: str = "float32") -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(
         vocab_size=128, max_seq_len=T, num_layers=layers, num_heads=4, hidden_size=32, bias=False
     )
-    return GPT(cfg)
+    return GPT(cfg).to(getattr(torch, dtype))
 
 
 def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -39,10 +44,10 @@ def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _reference(layers: int, steps: int, m: int) -> tuple[list[float], GPT]:
+def _reference(layers: int, steps: int, m: int, dtype: str = "float32") -> tuple[list[float], GPT]:
     """Single-process AdamW on the global batch (gradients of ``m`` equal micro-batches summed,
     as the pipeline sums them), clipped at ``CLIP``."""
-    ref = _model(layers)
+    ref = _model(layers, dtype)
     opt = torch.optim.AdamW(ref.parameters(), lr=LR)
     losses = []
     for x, y in _batches(steps):
@@ -62,10 +67,37 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
-def train_case(settings: dict, steps: int, layers: int = 4) -> dict:
-    """``steps`` Booster steps of the plugin ``settings`` against the reference."""
+def _mean_over_dp(loss: torch.Tensor, group: dist.ProcessGroup, dp: int) -> float:
+    t = loss.detach().double().reshape(1)
+    dist.all_reduce(t, group=group)
+    return float(t) / dp
+
+
+def _errors(
+    losses: list[float], ref_losses: list[float], got: dict[str, torch.Tensor], want: GPT
+) -> dict:
+    """Worst relative loss error and worst per-parameter weight error (``got`` by the names of
+    the sharded model; ``want`` the reference sharded the same way)."""
+    params = dict(want.named_parameters())
+    errs = {n: _rel(v.detach().to(params[n].dtype), params[n].detach()) for n, v in got.items()}
+    worst = max(errs, key=errs.__getitem__)
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
+    return {
+        "loss_err": loss_err,
+        "weight_err": errs[worst],
+        "worst": worst,
+        "num_params": len(errs),
+    }
+
+
+def train_case(
+    settings: dict, steps: int, layers: int = 4, dtype: str = "float32", ref_dtype: str = ""
+) -> dict:
+    """``steps`` Booster steps of the hybrid plugin ``settings`` against the reference (in
+    ``ref_dtype``, default ``dtype``: a float64 reference of an fp32 run measures its distance
+    from exact arithmetic)."""
     plugin = HybridParallelPlugin(max_grad_norm=CLIP, **settings)
-    model = _model(layers)
+    model = _model(layers, dtype)
     booster = Booster(plugin)
     model, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=LR))
     mesh = plugin.mesh
@@ -81,30 +113,75 @@ def train_case(settings: dict, steps: int, layers: int = 4) -> dict:
             booster.backward(loss, opt)
         opt.step()
         opt.zero_grad()
-        t = loss.detach().float().reshape(1)
-        dist.all_reduce(t, group=mesh.group("dp"))
-        losses.append(float(t) / dp)
-    ref_losses, ref = _reference(layers, steps, plugin.microbatches)
-    want_model = copy.deepcopy(ref)
+        losses.append(_mean_over_dp(loss, mesh.group("dp"), dp))
+    ref_losses, ref = _reference(layers, steps, plugin.microbatches, ref_dtype or dtype)
+    want = copy.deepcopy(ref)
     if plugin.tp_size > 1:
-        parallelize(want_model, mesh, sequence_parallel=plugin.sequence_parallel == "megatron")
-    want = dict(want_model.named_parameters())
-    errs = {}
-    for n, p in model.named_parameters():
-        key = n.split(".", 2)[2] if n.startswith("chunks.") else n
-        errs[n] = _rel(p.detach().float(), want[key].detach())
-    worst = max(errs, key=errs.__getitem__)
-    loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
-    stats = booster.memory_stats()
-    plugin.close()
-    return {
-        "loss_err": loss_err,
-        "weight_err": errs[worst],
-        "worst": worst,
-        "num_params": len(errs),
-        "stats": stats,
-        "losses": losses,
+        parallelize(want, mesh, sequence_parallel=plugin.sequence_parallel == "megatron")
+    got = {
+        (n.split(".", 2)[2] if n.startswith("chunks.") else n): p
+        for n, p in model.named_parameters()
     }
+    out = _errors(losses, ref_losses, got, want)
+    out["stats"] = booster.memory_stats()
+    plugin.close()
+    return out
+
+
+def gemini_case(settings: dict, steps: int, root: str, layers: int = 2) -> dict:
+    """``GeminiPlugin(**settings)`` (tensor parallel) for ``steps`` steps against the reference,
+    saving a checkpoint half way; then a fresh plugin of the same layout loads it and redoes
+    the second half (``resume_err``: its losses against the uninterrupted run's), and the
+    consolidated ``model.safetensors`` is checked against the reference at that step."""
+    half = steps // 2
+    plugin = GeminiPlugin(max_grad_norm=CLIP, **settings)
+    booster, model, opt = _gemini_boost(plugin, layers)
+    mesh = plugin.mesh
+    assert mesh is not None
+    losses = _gemini_steps(booster, model, opt, mesh, _batches(steps)[:half])
+    saved = booster.save(model, opt, Path(root), step=half)
+    losses += _gemini_steps(booster, model, opt, mesh, _batches(steps)[half:])
+    stats = booster.memory_stats()
+    ref_losses, ref = _reference(layers, steps, 1)
+    want = parallelize(copy.deepcopy(ref), mesh)
+    out = _errors(losses, ref_losses, model.full_state_dict(), want)
+    out["stats"] = stats
+    plugin.close()
+
+    again = GeminiPlugin(max_grad_norm=CLIP, **settings)
+    booster, model, opt = _gemini_boost(again, layers)
+    assert again.mesh is not None
+    booster.load(model, opt, Path(root))
+    resumed = _gemini_steps(booster, model, opt, again.mesh, _batches(steps)[half:])
+    out["resume_err"] = max(abs(a - b) / abs(b) for a, b in zip(resumed, losses[half:]))
+    again.close()
+    if saved is not None:  # rank 0: the consolidated export equals the reference at ``half``
+        full = load_file(str(saved / "model.safetensors"))
+        _, ref_half = _reference(layers, half, 1)
+        out["export_err"] = max(_rel(full[n], p.detach()) for n, p in ref_half.named_parameters())
+        out["export_names"] = sorted(full) == sorted(ref_half.state_dict())
+        out["folders"] = sorted(p.name for p in saved.iterdir() if p.is_dir())
+    return out
+
+
+def _gemini_boost(plugin: GeminiPlugin, layers: int):  # type: ignore[no-untyped-def]
+    model = _model(layers)
+    booster = Booster(plugin)
+    model, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=LR))
+    return booster, model, opt
+
+
+def _gemini_steps(booster, model, opt, mesh, batches) -> list[float]:  # type: ignore[no-untyped-def]
+    coord, dp = mesh.coord("dp"), mesh.size("dp")
+    rows = slice(coord * B // dp, (coord + 1) * B // dp)
+    losses = []
+    for x, y in batches:
+        loss = model(x[rows], y[rows])
+        booster.backward(loss, opt)
+        opt.step()
+        opt.zero_grad()
+        losses.append(_mean_over_dp(loss, mesh.group("dp"), dp))
+    return losses
 
 
 def bad_settings() -> dict[str, str]:
@@ -112,15 +189,19 @@ def bad_settings() -> dict[str, str]:
     out: dict[str, str] = {}
     world = dist.get_world_size()
     cases = {
-        "not dividing": {"tp_size": 3},
-        "non-square 2d": {"tp_size": 2, "tp_mode": "2d"},
-        "zero 3": {"zero_stage": 3},
-        "stages > layers": {"pp_size": world},
+        "not dividing": (HybridParallelPlugin, {"tp_size": 3}),
+        "non-square 2d": (HybridParallelPlugin, {"tp_size": 2, "tp_mode": "2d"}),
+        "zero 3": (HybridParallelPlugin, {"zero_stage": 3}),
+        "stages > layers": (HybridParallelPlugin, {"pp_size": world}),
+        "gemini not dividing": (GeminiPlugin, {"tp_size": 3}),
+        "gemini non-cube 3d": (GeminiPlugin, {"tp_size": 4, "tp_mode": "3d"}),
+        "gemini tp mode": (GeminiPlugin, {"tp_size": 2, "tp_mode": "4d"}),
+        "gemini model": (GeminiPlugin, {"tp_size": 2}),
     }
-    for name, kw in cases.items():
+    for name, (cls, kw) in cases.items():
         try:
-            plugin = HybridParallelPlugin(**kw)
-            model = _model(2)
+            plugin = cls(**kw)
+            model = _model(2) if name != "gemini model" else torch.nn.Linear(4, 4)
             Booster(plugin).boost(model, torch.optim.AdamW(model.parameters()))
             out[name] = "no error"
             plugin.close()

@@ -1,17 +1,31 @@
-"""HybridParallelPlugin through the Booster: layouts of tensor, pipeline, sequence and data
-parallelism with ZeRO-1/2, clipping on, against single-process AdamW (checks in
-``_checks_hybrid.py``), and bad settings refused before any process group exists.
+"""HybridParallelPlugin and GeminiPlugin(tp_size=...) through the Booster: layouts of tensor
+(1d/2d/2.5d/3d), pipeline, sequence and data parallelism with ZeRO-1/2 or Gemini, clipping on in
+each, against single-process AdamW (checks in ``_checks_hybrid.py``), and bad settings refused
+before any process group exists.
 
-Tolerances: losses within 1e-5; weights within 1e-5 without tensor parallelism and 5e-5 with it
-(tensor parallelism's all-reduces sum in another order; AdamW turns ~1e-7 gradient differences
-into ~1e-5 weight differences after a few steps, see colossal-models' [Note: pipeline vs tp])."""
+[Note: hybrid tolerances] The parallel algorithm is exact: run in float64 (model and reference),
+every layout of ``CASES_8`` matches AdamW within ``FLOAT64_TOL`` = 1e-12 in losses and weights
+(measured <= 6.5e-14 after 10 steps). In fp32 the losses stay within the issue's 1e-5 (measured
+<= 1.5e-7), but the weights cannot: AdamW divides each gradient element by its own running
+magnitude, so the ~1e-7 rounding of a different summation order becomes ~1e-5 of the weights
+within a few steps. This is fp32's own limit, not tensor parallelism's: single-process fp32 AdamW
+is 6.4e-6 from the float64 result after 10 steps and 2.4e-6 from itself with the batch summed in
+two micro-batches; pure dp8 is 5.4e-6 from it. Two fp32 runs therefore differ by up to the sum of
+their distances from exact arithmetic; the worst measured is 4.1e-5 (3d tp8; 2.2e-5 of it from
+the float64 result). ``FP32_WEIGHT_TOL`` = 1e-4 is what fp32 can guarantee for these 10-step
+runs; the 4-rank cases keep their tighter measured bounds.
+"""
 
 from __future__ import annotations
 
 import pytest
-from _checks_hybrid import bad_settings, train_case
+from _checks_hybrid import bad_settings, gemini_case, train_case
 
 STEPS = 10
+STEPS_64 = 3  # the float64 runs show exactness; a few steps do (each adds rounding in fp32 only)
+LOSS_TOL = 1e-5
+FP32_WEIGHT_TOL = 1e-4
+FLOAT64_TOL = 1e-12
 
 CASES_4 = {
     "tp2-dp2-zero1": {"tp_size": 2, "zero_stage": 1},
@@ -25,20 +39,83 @@ CASES_4 = {
     },
 }
 
+# name -> (plugin settings, GPT layers, the mesh the plugin reports); the issue's 8-rank matrix,
+# clipping on in every case (the grid modes on 2 blocks: their 8 ranks each run every block)
+CASES_8: dict[str, tuple[dict, int, str]] = {
+    "1d-tp2-dp4-zero1": ({"tp_size": 2, "zero_stage": 1}, 4, "dp4 x tp2(1d), zero1"),
+    "2d-tp4-dp2-zero2": (
+        {"tp_size": 4, "tp_mode": "2d", "zero_stage": 2},
+        2,
+        "dp2 x tp4(2d), zero2",
+    ),
+    "2.5d-tp8-q2-d2": ({"tp_size": 8, "tp_mode": "2.5d", "tp_depth": 2}, 2, "dp1 x tp8(2.5d)"),
+    "3d-tp8": ({"tp_size": 8, "tp_mode": "3d"}, 2, "dp1 x tp8(3d)"),
+    "tp2-pp2-dp2-1f1b-zero1": (
+        {"tp_size": 2, "pp_size": 2, "microbatches": 2, "schedule": "1f1b", "zero_stage": 1},
+        4,
+        "dp2 x tp2(1d) x pp2(1f1b, m=2), zero1",
+    ),
+    # 4 stages x 2 virtual chunks: one block per chunk
+    "pp4-dp2-interleaved": (
+        {"pp_size": 4, "microbatches": 4, "schedule": "interleaved"},
+        8,
+        "dp2 x pp4(interleaved, m=4)",
+    ),
+    "ring-sp2-dp4": ({"sequence_parallel": "ring", "sp_size": 2}, 4, "dp4 x sp2(ring)"),
+}
+# float64 needs zero_stage=0 (ZeRO and Gemini keep fp32 parameters); ZeRO's shard update is
+# elementwise AdamW, checked in colossal-zero. One case per mechanism:
+# 2.5d with d=2 runs 2d's SUMMA on each depth layer, so 2d is covered by it.
+FLOAT64_CASES = ("2.5d-tp8-q2-d2", "3d-tp8", "tp2-pp2-dp2-1f1b-zero1", "pp4-dp2-interleaved")
+FLOAT64_CASES += ("ring-sp2-dp4",)
 
-def _check(out: list[dict], tp: bool) -> None:
+GEMINI_TP2 = {"tp_size": 2, "placement": "static", "accelerator_budget": "160KiB"}
+
+
+def _check(out: list[dict], weight_tol: float, loss_tol: float = LOSS_TOL) -> None:
     for r in out:
         assert r["num_params"] > 0
-        assert r["loss_err"] <= 1e-5, r
-        assert r["weight_err"] <= (5e-5 if tp else 1e-5), (r["worst"], r["weight_err"])
+        assert r["loss_err"] <= loss_tol, r
+        assert r["weight_err"] <= weight_tol, (r["worst"], r["weight_err"])
 
 
 @pytest.mark.parametrize("name", list(CASES_4))
 def test_four_rank_layouts_match_adamw(world, name):
     settings = CASES_4[name]
     out = world(4).run(train_case, settings, STEPS)
-    _check(out, settings.get("tp_size", 1) > 1)
+    _check(out, 5e-5 if settings.get("tp_size", 1) > 1 else 1e-5)
     assert out[0]["stats"]["mesh"]
+
+
+@pytest.mark.parametrize("name", list(CASES_8))
+def test_eight_rank_layouts_match_adamw(world, name):
+    settings, layers, mesh = CASES_8[name]
+    out = world(8).run(train_case, settings, STEPS, layers)
+    _check(out, FP32_WEIGHT_TOL)
+    stats = out[0]["stats"]
+    assert stats["mesh"] == mesh
+    if settings.get("tp_size", 1) > 1:  # grid modes count each sub-axis; the total is theirs
+        assert stats["comm_tp_bytes_total"] > 0
+
+
+@pytest.mark.parametrize("name", FLOAT64_CASES)
+def test_eight_rank_layouts_are_exact_in_float64(world, name):
+    settings, layers, _ = CASES_8[name]
+    out = world(8).run(train_case, {**settings, "zero_stage": 0}, STEPS_64, layers, "float64")
+    _check(out, FLOAT64_TOL, FLOAT64_TOL)
+
+
+def test_gemini_tp2_dp2_moves_chunks_matches_adamw_and_resumes(world, tmp_path):
+    out = world(4).run(gemini_case, GEMINI_TP2, STEPS, str(tmp_path))
+    _check(out, 1e-5)  # measured 3.6e-7: 2 layers, see [Note: hybrid tolerances]
+    for r in out:
+        assert r["stats"]["bytes_moved_total"] > 0  # the budget forced chunk moves
+        assert r["stats"]["mesh"] == "dp2 x tp2(1d), gemini"
+        assert r["stats"]["comm_tp_bytes_total"] > 0
+        assert r["resume_err"] <= 1e-6  # same layout: measured 0 (bit-identical)
+    first = out[0]
+    assert first["folders"] == ["tp1d-0-of-2", "tp1d-1-of-2"]
+    assert first["export_names"] and first["export_err"] <= 1e-5
 
 
 def test_bad_settings_are_one_line_config_errors(world):
@@ -47,4 +124,8 @@ def test_bad_settings_are_one_line_config_errors(world):
     assert "q*q" in out["non-square 2d"]
     assert "GeminiPlugin" in out["zero 3"] and "--tp" in out["zero 3"]
     assert "at most 2 stages" in out["stages > layers"]
+    assert "tp_size=3 does not divide the world size 4" in out["gemini not dividing"]
+    assert "q*q*q" in out["gemini non-cube 3d"]
+    assert "tp_mode must be one of" in out["gemini tp mode"]
+    assert "GPT and PaLM" in out["gemini model"]
     assert all("\n" not in v for v in out.values())

@@ -17,6 +17,7 @@ from torch import nn
 from colossal_chunk import DiskIOStats, check_disk_dir
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_memtrace import MomentRecorder
+from colossal_parallel import ProcessMesh
 from colossal_zero import (
     PLACEMENTS,
     PRECISIONS,
@@ -27,6 +28,17 @@ from colossal_zero import (
     load_sharded,
     save_sharded,
 )
+
+from ._gemini_tp import (
+    check_tp,
+    check_tp_inputs,
+    shard_for_tp,
+    tp_folder,
+    tp_full_state,
+    tp_mesh_config,
+    world_size,
+)
+from ._mesh_stats import axis_comm_bytes
 
 __all__ = ["FULL_MODEL_FILE", "GeminiPlugin", "parse_bytes"]
 
@@ -74,6 +86,11 @@ class GeminiPlugin:
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
         sharding: parameter name -> tensor-parallel layout (``colossal_models.describe_sharding``)
             so the norm and fp16 overflow agree over the whole mesh; None: data parallelism only.
+            Filled by the plugin when ``tp_size > 1``.
+        tp_size, tp_mode, tp_depth: tensor parallelism under Gemini (GPT and PaLM): the plugin
+            builds the mesh ``dp = world / tp_size``, shards the model through its plan, and
+            shards Gemini's chunks over ``dp`` (ZeRO-3 with tp; see [Note: Gemini with tp]).
+            ``tp_mode`` "1d", "2d" (tp = q*q), "2.5d" (q*q*tp_depth) or "3d" (q**3).
     """
 
     placement: str = "auto"
@@ -88,6 +105,10 @@ class GeminiPlugin:
     sharding: Mapping[str, ParamSharding] | None = field(default=None, repr=False)
     disk_budget: int | str | None = None
     disk_dir: str | Path | None = None
+    tp_size: int = 1
+    tp_mode: str = "1d"
+    tp_depth: int = 1
+    mesh: ProcessMesh | None = field(default=None, repr=False)
     _model: GeminiModule | None = field(default=None, repr=False)
     _moved: int = field(default=0, repr=False)
     _disk_io: DiskIOStats = field(default_factory=DiskIOStats, repr=False)
@@ -102,6 +123,7 @@ class GeminiPlugin:
                 f"unknown precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}"
             )
         self.gemini_config()  # validates the budgets
+        check_tp(self.tp_size, self.tp_mode, self.tp_depth)
         if self.disk_budget is not None:
             check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
 
@@ -123,10 +145,17 @@ class GeminiPlugin:
         """Apply Gemini to ``model`` and turn ``optimizer`` (Adam/AdamW, built on the plain
         model's parameters) into a ``GeminiOptimizer`` with the same groups."""
         cfg = self.gemini_config()
+        group: Any = "default"
+        if self.tp_size > 1:  # [Note: Gemini with tp]
+            check_tp_inputs(model, optimizer)
+            mesh_cfg = tp_mesh_config(world_size(), self.tp_size, self.tp_mode, self.tp_depth)
+            self.mesh = ProcessMesh(mesh_cfg)
+            optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh)
+            group = self.mesh.group("dp") if mesh_cfg.dp > 1 else None
         # the warmup step measures non-model bytes per moment (memtrace, through the contract)
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         recorder = MomentRecorder("cuda" if cuda else "cpu") if cfg.placement == "auto" else None
-        gm = apply_gemini(model, cfg, recorder=recorder)
+        gm = apply_gemini(model, cfg, group=group, recorder=recorder)
         opt = GeminiOptimizer.from_torch(
             gm, optimizer, max_grad_norm=self.max_grad_norm, sharding=self.sharding
         )
@@ -162,7 +191,24 @@ class GeminiPlugin:
             out["disk_read_bytes"], out["disk_written_bytes"] = io.bytes_read, io.bytes_written
             out["disk_read_s"], out["disk_write_s"] = io.read_s, io.write_s
         self._model.runtime.manager.reset_peaks()  # the next call reports the next step's peaks
+        if self.mesh is not None:
+            out["mesh"] = self.describe()
+            # the tp axes' counted bytes; Gemini's own dp gathers are not counted by the mesh
+            tp = axis_comm_bytes(self.mesh)
+            out.update({k: v for k, v in tp.items() if k != "comm_dp_bytes_total"})
         return out
+
+    def describe(self) -> str:
+        """The mesh as one line, e.g. ``dp2 x tp2(1d), gemini``."""
+        dp = world_size() // self.tp_size
+        tp = f" x tp{self.tp_size}({self.tp_mode})" if self.tp_size > 1 else ""
+        return f"dp{dp}{tp}, gemini"
+
+    def close(self) -> None:
+        """Destroy the tensor-parallel mesh's process groups (collective); no training after."""
+        if self.mesh is not None:
+            self.mesh.close()
+            self.mesh = None
 
     def save_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
@@ -170,15 +216,31 @@ class GeminiPlugin:
         """Every rank writes its shard (see colossal-zero's sharded layout); rank 0 also writes
         the consolidated fp32 ``model.safetensors`` when ``export_full_model``. Collective."""
         gm = _gemini_module(model)
-        save_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, path)
+        folder = self._shard_folder(path)
+        folder.mkdir(exist_ok=True)
+        save_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, folder)
         if self.export_full_model:
-            write_full_model(gm.full_state_dict(), path)  # collective gather, rank 0 writes
+            full = gm.full_state_dict()  # collective over dp
+            if self.mesh is not None:
+                full = tp_full_state(gm.module, full, self.mesh)  # collective over tp
+            write_full_model(full, path)  # rank 0 writes
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
         gm = _gemini_module(model)
-        load_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, path)
+        folder = self._shard_folder(path)
+        saved_tp = sorted(p.name for p in Path(path).glob("tp*-0-of-*"))
+        if (self.mesh is not None and not folder.is_dir()) or (self.mesh is None and saved_tp):
+            raise ConfigError(
+                f"checkpoint {path} was saved with another tensor-parallel layout (folders "
+                f"{saved_tp or 'none'}); resume with the tp_size and tp_mode it was saved with, "
+                "or load its consolidated model.safetensors into a plain model"
+            )
+        load_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, folder)
+
+    def _shard_folder(self, path: Path) -> Path:
+        return Path(path) if self.mesh is None else tp_folder(path, self.mesh)
 
 
 def _disk_subdir(disk_dir: str | Path | None) -> Path | None:

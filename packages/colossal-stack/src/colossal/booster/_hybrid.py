@@ -39,6 +39,7 @@ from colossal_parallel import (
 from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 
 from ._hybrid_checkpoint import load_layout, save_layout
+from ._mesh_stats import axis_comm_bytes
 
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
 
@@ -89,6 +90,7 @@ class HybridParallelPlugin:
     sharding: dict[str, ParamSharding] | None = field(default=None, repr=False)
     _stages: Any = field(default=None, repr=False)
     _optimizer: Any = field(default=None, repr=False)
+    _boundary_dtype: torch.dtype = field(default=torch.float32, repr=False)
 
     def __post_init__(self) -> None:
         for k in ("tp_size", "tp_depth", "sp_size", "pp_size", "microbatches"):
@@ -123,7 +125,7 @@ class HybridParallelPlugin:
 
     def _check_combination(self) -> None:
         sp, tp, pp = self.sequence_parallel, self.tp_size, self.pp_size
-        MeshConfig(tp=tp, tp_mode=self.tp_mode, tp_depth=self.tp_depth)._check_tp()  # type: ignore[arg-type]
+        MeshConfig(tp=tp, tp_mode=self.tp_mode, tp_depth=self.tp_depth).check_tp()  # type: ignore[arg-type]
         if sp in ("ring", "ulysses"):
             if tp > 1 or pp > 1:
                 raise ConfigError(
@@ -269,6 +271,8 @@ class HybridParallelPlugin:
             named = [(n, p) for n, p in out.named_parameters() if p.requires_grad]
             opt.register_step_pre_hook(lambda *_: self._reduce_and_clip(named))
         self._optimizer = opt
+        # activations between stages have the compute dtype (after ZeRO's cast to its precision)
+        self._boundary_dtype = params[0].dtype if params else torch.float32
         return out, opt
 
     def _layout(
@@ -350,6 +354,7 @@ class HybridParallelPlugin:
             inputs,
             targets,
             boundary_shape=self._stages.boundary_shape(b // self.microbatches, t),
+            boundary_dtype=self._boundary_dtype,
             tied=self._stages.tied,
         )
         with torch.no_grad():
@@ -372,10 +377,7 @@ class HybridParallelPlugin:
         """The mesh and the bytes counted per axis since construction."""
         if self.mesh is None:
             return {}
-        out: dict[str, Any] = {"mesh": self.describe()}
-        for axis in ("dp", "tp", "pp", "sp"):
-            if self.mesh.size(axis) > 1:
-                out[f"comm_{axis}_bytes_total"] = self.mesh.comm.counter.bytes(axis)
+        out: dict[str, Any] = {"mesh": self.describe(), **axis_comm_bytes(self.mesh)}
         if isinstance(self._optimizer, LowLevelZeroOptimizer):  # ZeRO counts its own dp bytes
             out["comm_dp_bytes_total"] = sum(self._optimizer.comm_bytes.values())
         return out

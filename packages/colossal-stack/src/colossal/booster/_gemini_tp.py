@@ -1,0 +1,114 @@
+"""Tensor parallelism under Gemini: the mesh ``dp x tp``, the sharded model and its layout.
+
+[Note: Gemini with tp] ``GeminiPlugin(tp_size > 1)`` builds ``ProcessMesh(dp = world / tp, tp,
+tp_mode)``, shards the model through its plan (``colossal_models.parallelize``) and applies
+Gemini over the ``dp`` group: each rank's chunks hold its tensor-parallel shards, and every chunk
+is sharded again over the dp ranks of the same tp coordinate (ZeRO-3 with tensor parallelism).
+Gemini agrees on the gradient norm and fp16 overflow over ``dp`` itself, and over the tp sub-axes
+through the layout ``describe_sharding`` reads off the plan. Gemini's rank agreement, gathers and
+reduce-scatters all run on the dp group, so the tp coordinates never see each other's chunks.
+
+Checkpoints: each tp coordinate is an ordinary Gemini checkpoint of its dp group in the folder
+``tp<mode>-<c>-of-<tp>`` (Gemini's sharded layout, so it resumes on the same tensor-parallel layout with
+any dp size), and the consolidated ``model.safetensors`` is gathered over tp as well.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from colossal_contracts import ConfigError, ParamSharding
+from colossal_models import GPT, PaLM, describe_sharding, gather_full_state_dict, parallelize
+from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
+
+__all__ = [
+    "check_tp",
+    "check_tp_inputs",
+    "shard_for_tp",
+    "tp_folder",
+    "tp_full_state",
+    "tp_mesh_config",
+    "world_size",
+]
+
+
+def check_tp(size: int, mode: str, depth: int) -> None:
+    """``ConfigError`` unless ``size`` ranks fit ``mode`` (q*q for 2d, q*q*depth, q**3)."""
+    for k, v in (("tp_size", size), ("tp_depth", depth)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"GeminiPlugin.{k} must be a positive int, got {v!r}")
+    if mode not in TP_MODES:
+        raise ConfigError(f"GeminiPlugin.tp_mode must be one of {TP_MODES}, got {mode!r}")
+    MeshConfig(tp=size, tp_mode=mode, tp_depth=depth).check_tp()  # type: ignore[arg-type]
+
+
+def tp_mesh_config(world_size: int, size: int, mode: str, depth: int) -> MeshConfig:
+    """``dp = world_size / size``; ``ConfigError`` when ``size`` does not divide the world."""
+    if world_size % size:
+        raise ConfigError(
+            f"tp_size={size} does not divide the world size {world_size}; launch a multiple of "
+            f"{size} ranks or choose a tp_size that divides {world_size}"
+        )
+    cfg = MeshConfig(dp=world_size // size, tp=size, tp_mode=mode, tp_depth=depth)  # type: ignore[arg-type]
+    cfg.validate(world_size)
+    return cfg
+
+
+def check_tp_inputs(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """``ConfigError`` unless ``model`` has a tensor-parallel plan and ``optimizer`` is an
+    Adam/AdamW of one parameter group (checked before the mesh exists)."""
+    if not isinstance(model, GPT | PaLM):
+        raise ConfigError(
+            f"GeminiPlugin(tp_size > 1) shards GPT and PaLM through their plans, got "
+            f"{type(model).__name__}; use tp_size=1 for other models"
+        )
+    if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        raise ConfigError(
+            f"Gemini trains with Adam or AdamW, got {type(optimizer).__name__}; build the "
+            "optimizer as torch.optim.AdamW(...)"
+        )
+    if len(optimizer.param_groups) != 1:
+        raise ConfigError(
+            "GeminiPlugin with tp_size > 1 rebuilds the optimizer on the sharded parameters and "
+            f"keeps one parameter group; got {len(optimizer.param_groups)}: pass one"
+        )
+
+
+def shard_for_tp(
+    model: nn.Module, optimizer: torch.optim.Optimizer, mesh: ProcessMesh
+) -> tuple[torch.optim.Optimizer, dict[str, ParamSharding]]:
+    """Shard ``model`` (see ``check_tp_inputs``) in place for ``mesh``; the user's optimizer
+    rebuilt on the sharded parameters (same class and hyperparameters) and every layout."""
+    parallelize(model, mesh)
+    sharding = describe_sharding(model, mesh)
+    keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
+    hyper = {k: v for k, v in optimizer.defaults.items() if k in keep}
+    params = [p for p in model.parameters() if p.requires_grad]
+    return type(optimizer)(params, **hyper), sharding
+
+
+def tp_folder(path: Path, mesh: ProcessMesh) -> Path:
+    """This tp coordinate's Gemini checkpoint folder under ``path``, e.g. ``tp1d-0-of-2`` (see
+    [Note: Gemini with tp])."""
+    return Path(path) / f"tp{mesh.config.tp_mode}-{mesh.coord('tp')}-of-{mesh.size('tp')}"
+
+
+def tp_full_state(
+    model: nn.Module, shards: dict[str, torch.Tensor], mesh: ProcessMesh
+) -> dict[str, torch.Tensor]:
+    """The unsharded state dict (parameters under the unsharded model's names, buffers) from
+    this rank's full tensor-parallel ``shards`` (Gemini's ``full_state_dict``). Collective over
+    the mesh's tp ranks."""
+    full = gather_full_state_dict(model, mesh, values=shards)
+    params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    full.update({n: v for n, v in shards.items() if n not in params})  # buffers
+    return full
+
+
+def world_size() -> int:
+    """The torch.distributed world size (1 when it is not initialised)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
