@@ -28,6 +28,9 @@ CASES = {
         "dp1 x tp2(1d) x pp2(1f1b, m=2)",
         ("tp", "pp"),
     ),
+    # ZeRO-3 with tensor parallelism: Gemini's chunks hold the tp shards (its dp bytes are not
+    # counted per axis)
+    "gemini-tp2-dp2": ({"plugin": "gemini", "tp": 2}, 2, "dp2 x tp2(1d), gemini", ("tp",)),
     "palm-pp2-dp2-zero1": (
         {"model": "palm", "pp": 2, "microbatches": 2, "zero": 1},
         2,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,16 +81,7 @@ def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
 
 def _gemini_plugin(cfg: TrainConfig) -> Plugin:
     """Gemini, with tensor parallelism inside its chunks for ``--tp N`` (ZeRO-3 with TP)."""
-    tp = {"tp_size": cfg.tp, "tp_mode": cfg.tp_mode} if cfg.tp > 1 else {}
-    if cfg.tp_depth != 1:
-        tp["tp_depth"] = cfg.tp_depth
-    missing = set(tp) - {f.name for f in fields(GeminiPlugin)}
-    if missing:
-        raise ConfigError(
-            f"this build's GeminiPlugin has no {', '.join(sorted(missing))}, so --plugin gemini "
-            f"cannot take --tp; drop --plugin gemini to run the hybrid plugin with --zero 1 or 2"
-        )
-    plugin = GeminiPlugin(
+    return GeminiPlugin(
         placement=cfg.placement,
         accelerator_budget=cfg.accelerator_budget,
         precision=cfg.precision,
@@ -98,9 +89,10 @@ def _gemini_plugin(cfg: TrainConfig) -> Plugin:
         host_budget=cfg.host_budget,
         disk_budget=cfg.disk_budget,
         disk_dir=cfg.disk_dir,
-        **tp,
+        tp_size=cfg.tp,
+        tp_mode=cfg.tp_mode,
+        tp_depth=cfg.tp_depth,
     )
-    return plugin
 
 
 def _mesh_of(plugin: Plugin, cfg: TrainConfig) -> ProcessMesh | None:
@@ -203,10 +195,9 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         )
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model = spec.build()
-    # the hybrid plugin rebuilds one parameter group: decay then applies to every parameter
-    params = (
-        model.parameters() if cfg.plugin == "hybrid" else _param_groups(model, cfg.weight_decay)
-    )
+    # plugins that shard the model rebuild one parameter group: decay applies to every parameter
+    one_group = cfg.plugin == "hybrid" or cfg.tp > 1
+    params = model.parameters() if one_group else _param_groups(model, cfg.weight_decay)
     optimizer = torch.optim.AdamW(
         params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )
