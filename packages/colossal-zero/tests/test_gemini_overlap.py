@@ -16,9 +16,9 @@ CASES = {  # name -> (config, accumulation steps, clipping)
         2,
         0.5,
     ),
-    "bf16 moves": (
+    "bf16 moves, accumulation": (  # masters: gradients in the parameter slots, stashed
         GeminiConfig(precision="bf16", accelerator_bytes=120_000, chunk_numel=8192),
-        1,
+        2,
         0.0,
     ),
 }

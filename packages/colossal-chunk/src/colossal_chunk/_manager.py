@@ -477,10 +477,16 @@ class ChunkManager:
         self._placement.move(c, tier)
         self._bind(c)
 
-    def settle(self) -> None:
-        """Finish every prefetch in flight. Call before writing shards outside the access
-        protocol (an optimizer step): a copy in flight would otherwise bring back old values.
-        Finishes every collective in flight too ([Note: collectives in flight])."""
+    def settle(self, chunks: Iterable[Chunk] | None = None) -> None:
+        """Finish every prefetch in flight (of ``chunks`` only, when given). Call before writing
+        shards outside the access protocol (an optimizer step, restoring parameters from fp32
+        masters): a copy in flight would otherwise bring back old values. Finishes collectives
+        in flight too ([Note: collectives in flight])."""
+        if chunks is not None:
+            for c in chunks:
+                self.in_flight.finish(c)
+                self._placement.settle(c)
+            return
         self.in_flight.finish_all()
         self._placement.settle_all(self.chunks)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from colossal_chunk import Chunk, ChunkManager
+from colossal_contracts import TensorState
 
 from ._precision import Precision
 from ._roles import ChunkRoles
@@ -45,7 +46,8 @@ class StepGradients:
             m.add_parallel("acc", torch.float32)
         c = m.chunks[cid]
         acc = m.parallel_chunk("acc", c)
-        m.in_flight.finish(self.working(c))  # its reduce-scatter writes the shard
+        # reduce-scatters and prefetch copies in flight write these shards: finish them first
+        m.settle([c, self.working(c), acc])
         src = self.working(c).shard
         acc.shard.add_(src.to(acc.shard.device, torch.float32))  # type: ignore[union-attr]
         rec.pending, rec.accumulated = False, True
@@ -54,11 +56,14 @@ class StepGradients:
 
     def restore_params(self, c: Chunk) -> None:
         """Copy the fp32 masters into the low-precision parameter shard of chunk ``c``."""
+        self._drop_gathered(c)
+        self.manager.settle([c])
         self.roles.restore(c)
 
     def gradients(self, c: Chunk) -> Chunk:
         """The chunk whose shard holds all of ``c``'s gradients of this step (the "acc" chunk
         after accumulation, else the working buffer): what the optimizer reads."""
+        self._drop_gathered(c)  # the optimizer writes c's shard next
         if self._chunks[c.chunk_id].accumulated:
             self.stash(c.chunk_id)
             return self.manager.parallel_chunk("acc", c)
@@ -79,3 +84,17 @@ class StepGradients:
                 self.manager.parallel_chunk("acc", cid).shard.zero_()  # type: ignore[union-attr]
             rec.pending = rec.accumulated = False
         self.got_grad.clear()
+
+    def _drop_gathered(self, c: Chunk) -> None:
+        """Before ``c``'s shard is written outside the access protocol: a gathered copy (kept
+        or gathered ahead by a forward since backward, [Note: overlap]) would go stale, so it
+        is given up (its slice equals the shard: nothing wrote the gathered buffer)."""
+        if c.world_size == 1 or not c.is_gathered or not c.all_in(TensorState.HOLD):
+            return
+        m = self.manager
+        m.in_flight.finish(c)
+        keep, m.keep_gathered = m.keep_gathered, None
+        try:
+            m.release_chunks([c])
+        finally:
+            m.keep_gathered = keep

@@ -41,6 +41,7 @@ from ._comm import CommSchedule, RankMaxStats
 from ._config import GeminiConfig
 from ._grads import StepGradients
 from ._hooks import AccessMode, label
+from ._lazy import LazyInit, LazyValues
 from ._setup import build_manager
 from ._state import ChunkGrads, TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree
@@ -66,6 +67,7 @@ class GeminiRuntime(StepGradients):
         config: GeminiConfig,
         group: dist.ProcessGroup | None,
         recorder: StepRecorder | None = None,
+        lazy: LazyInit | None = None,
     ):
         self.config, self.precision, self.group = config, config.precision_spec, group
         named = list(module.named_parameters())
@@ -73,7 +75,8 @@ class GeminiRuntime(StepGradients):
         self.aliases = {n: ids[id(p)] for n, p in module.named_parameters(remove_duplicate=False)}
         self.params = dict(named)
         self.names = {id(p): n for n, p in named}
-        originals = {n: p.data for n, p in named}
+        lazy_values = LazyValues(named, lazy)  # meta parameters: [Note: lazy init]
+        originals = {n: p.data for n, p in named if not p.is_meta}
         dtype = self.precision.param_dtype
         for n, p in named:
             if not p.is_floating_point():
@@ -82,8 +85,9 @@ class GeminiRuntime(StepGradients):
                     "only: make it a buffer instead"
                 )
             p.data = p.data.to(dtype)
+        lazy_values.swap_out()
         self.manager = build_manager(named, config, group)
-        self.manager.register(named)
+        self.manager.register(named, materialize=lazy_values.fill if lazy_values else None)
         if self.precision.master:
             self.manager.add_parallel("master", torch.float32)
             for c in self.manager.param_chunks():
@@ -92,13 +96,18 @@ class GeminiRuntime(StepGradients):
                     part = master.shard_view(name)
                     if part is not None:
                         view, a, b = part
-                        view.copy_(originals[name].reshape(-1)[a:b])
+                        value = originals.get(name)
+                        if value is None:  # lazy: materialized again, one tensor at a time
+                            value = lazy_values.original(self.params[name])
+                        view.copy_(value.reshape(-1)[a:b])
         else:
             self.manager.add_parallel("grad", torch.float32)
         del originals
         dev = self.manager.compute_device
         for buf_owner in module.modules():
             for bname, buf in buf_owner.named_buffers(recurse=False):
+                if buf.is_meta:
+                    buf = lazy_values.buffer(buf)
                 setattr(buf_owner, bname, buf.to(dev))
         for n, p in named:
             if p.requires_grad:
@@ -196,7 +205,12 @@ class GeminiRuntime(StepGradients):
             self.manager.set_moment(moment, prefetch=self.config.prefetch)
             if self._comm is not None:
                 with label("Gemini::gather_ahead"):
-                    self.manager.gather_ahead(self._comm.ahead(moment))
+                    ahead = self._comm.ahead(moment)
+                    if self.state is _T.BACKWARD:  # chunks reduced in this backward: done
+                        ahead = tuple(i for i in ahead if not self._chunks[i].pending)
+                    for cid in ahead:  # [Note: accumulation] before the shard is gathered
+                        self.stash(cid)
+                    self.manager.gather_ahead(ahead)
 
     def _agree_collective(self, op: str, chunk: Chunk) -> None:
         """See [Note: rank agreement]: before each collective of the warmup step."""
