@@ -4,6 +4,7 @@ The meta-package wires the micro-packages together: ``Booster`` and its plugins,
 and the ``colossal`` command.
 """
 
+from ._lazy import lazy_init
 from ._peers import RankFailedError
 from .booster import (
     Booster,
@@ -33,6 +34,7 @@ __all__ = [
     "build_plugin",
     "export_checkpoint",
     "latest_checkpoint",
+    "lazy_init",
     "load_layout_checkpoint",
     "train",
 ]

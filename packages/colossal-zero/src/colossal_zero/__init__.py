@@ -9,6 +9,7 @@ sharded checkpoints.
 from ._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
 from ._checkpoint import INDEX_FILE, consolidate, file_digest, load_sharded, save_sharded
 from ._config import PLACEMENTS, GeminiConfig
+from ._lazy import LazyInit
 from ._mesh_norm import GradNorm, mesh_grad_norm
 from ._module import GeminiModule, apply_gemini
 from ._optimizer import GeminiOptimizer
@@ -32,6 +33,7 @@ __all__ = [
     "GeminiOptimizer",
     "GradNorm",
     "HybridAdam",
+    "LazyInit",
     "LossScalerConfig",
     "LowLevelZeroOptimizer",
     "Precision",

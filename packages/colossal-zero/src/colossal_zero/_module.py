@@ -13,6 +13,7 @@ from colossal_chunk import ManagerStats
 from colossal_contracts import StepRecorder
 
 from ._config import GeminiConfig
+from ._lazy import LazyInit
 from ._runtime import GeminiRuntime
 
 __all__ = ["GeminiModule", "apply_gemini", "default_group"]
@@ -98,17 +99,20 @@ def apply_gemini(
     *,
     group: dist.ProcessGroup | str | None = "default",
     recorder: StepRecorder | None = None,
+    lazy: LazyInit | None = None,
 ) -> GeminiModule:
     """Put ``module``'s parameters into Gemini chunks and return it wrapped.
 
     ``group`` is the data-parallel group chunks are sharded across ("default": the world when
     more than one rank is running; None: no sharding). ``recorder`` measures the warmup step's
     non-model bytes moment by moment (colossal-memtrace's ``MomentRecorder``; see [Note: warmup]);
-    without one, every moment reserves ``config.non_model_bytes``. Parameters are cast to the precision's
+    without one, every moment reserves ``config.non_model_bytes``. A model built inside ``lazy``
+    (a ``LazyInit``) is materialized chunk by chunk straight into its tier ([Note: lazy init]).
+    Parameters are cast to the precision's
     dtype (fp32 masters keep their original values). Raises ``ConfigError`` before any training
     when the budget cannot hold one chunk in use, or the placement or precision is unknown.
     """
     config = config or GeminiConfig()
     pg = default_group() if group == "default" else group
-    runtime = GeminiRuntime(module, config, pg, recorder)  # type: ignore[arg-type]
+    runtime = GeminiRuntime(module, config, pg, recorder, lazy)  # type: ignore[arg-type]
     return GeminiModule(module, runtime)

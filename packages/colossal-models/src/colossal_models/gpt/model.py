@@ -92,8 +92,6 @@ class GPT(nn.Module):
         """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * layers)."""
         resid_std = 0.02 / math.sqrt(2 * self.config.num_layers)
         for name, p in self.named_parameters():
-            if p.device.type == "meta":
-                continue
             if name.endswith("bias"):
                 p.zero_()
             elif ".ln" in name or name.startswith("ln_f"):

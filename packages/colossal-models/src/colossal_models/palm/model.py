@@ -116,8 +116,6 @@ class PaLM(nn.Module):
         """N(0, 0.02) for matrices, output projections scaled by 1/sqrt(2 * layers); norms 1."""
         resid_std = 0.02 / math.sqrt(2 * self.config.num_layers)
         for name, p in self.named_parameters():
-            if p.device.type == "meta":
-                continue
             if p.dim() == 1:
                 p.fill_(1.0)
             else:

@@ -24,6 +24,7 @@ from colossal_zero import (
     GeminiConfig,
     GeminiModule,
     GeminiOptimizer,
+    LazyInit,
     apply_gemini,
     load_sharded,
     save_sharded,
@@ -76,6 +77,8 @@ class GeminiPlugin:
             background (None: no disk tier). Checked before training: ``disk_dir`` must exist,
             be writable and have this much free space.
         disk_dir: directory of the disk tier's files (None: the system's temporary directory).
+        lazy: the ``colossal.lazy_init()`` context the model was built in: its meta parameters
+            are materialized chunk by chunk straight into their tier (bit-identical to eager).
         max_grad_norm: clip the global gradient norm (0: no clipping).
         non_model_bytes: accelerator bytes kept free for activations during the warmup step
             (afterwards the auto policy plans each moment against the non-model bytes the
@@ -105,6 +108,7 @@ class GeminiPlugin:
     sharding: Mapping[str, ParamSharding] | None = field(default=None, repr=False)
     disk_budget: int | str | None = None
     disk_dir: str | Path | None = None
+    lazy: LazyInit | None = field(default=None, repr=False)
     tp_size: int = 1
     tp_mode: str = "1d"
     tp_depth: int = 1
@@ -155,7 +159,7 @@ class GeminiPlugin:
         # the warmup step measures non-model bytes per moment (memtrace, through the contract)
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         recorder = MomentRecorder("cuda" if cuda else "cpu") if cfg.placement == "auto" else None
-        gm = apply_gemini(model, cfg, group=group, recorder=recorder)
+        gm = apply_gemini(model, cfg, group=group, recorder=recorder, lazy=self.lazy)
         opt = GeminiOptimizer.from_torch(
             gm, optimizer, max_grad_norm=self.max_grad_norm, sharding=self.sharding
         )
