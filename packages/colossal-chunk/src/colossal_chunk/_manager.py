@@ -123,12 +123,15 @@ class ChunkManager:
         named_params: Iterable[tuple[str, torch.nn.Parameter]],
         *,
         order: Sequence[str] | None = None,
+        materialize: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> list[Chunk]:
         """Pack parameters into new chunks and point their ``.data`` into them.
 
         ``order`` lists names in first-use order (the compute order); names it lacks follow in the
         given order. A parameter seen twice (tied weights) is registered once. Chunks start on
-        ``config.home`` (spilling to host, then disk). Returns the new chunks.
+        ``config.home`` (spilling to host, then disk). With ``materialize``, a parameter's values
+        are ``materialize(param)``, asked for one chunk's tensors at a time (lazy initialization).
+        Returns the new chunks.
         """
         fresh: dict[str, torch.nn.Parameter] = {}
         for name, p in named_params:
@@ -156,7 +159,9 @@ class ChunkManager:
             self._params[name], self._name_of[id(p)] = p, name
             self._chunk_of[name] = c.chunk_id
         for c in new:
-            tensors = {n: fresh[n].data for n in c.records}
+            tensors = {
+                n: materialize(fresh[n]) if materialize else fresh[n].data for n in c.records
+            }
             storage = self._placement.place_new(c, TierName(self.config.home))
             c.fill_shard(storage, tensors)
             self._placement.written(c)
