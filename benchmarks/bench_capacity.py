@@ -263,8 +263,7 @@ def run(quick: bool, out_dir: Path, *, focus: bool = False) -> Report:
         "gaps of 30%: 29.1M fit, the next grid point had 37.9M).",
         "Bytes moved include the optimizer's staging copies (fp32 values and gradients taken to "
         "where host-resident Adam states are updated and back), which were not counted before.",
-        f"'{STATES_ON_ACC}': states_placement='demand': chunks sized for eight working sets "
-        "(not two) leave room beside them; Adam states that neither host nor disk can take "
+        f"'{STATES_ON_ACC}': states_placement='demand': Adam states that neither host nor disk can take "
         "start on the accelerator (kept there while two working sets stay free) and after "
         "warmup more move there into room no moment needs; states_on_acc_MiB: Adam state "
         "bytes on the accelerator at the end.",

@@ -54,11 +54,10 @@ def _chunk_numel(
         cap = sum(numels)
     else:  # the part of the budget chunks may use
         cap = max(0, config.accelerator_bytes - config.non_model_bytes)
-    # two working sets (an operator may read tensors of two chunks) should fit in the budget;
-    # states placed by demand want room left beside them, so chunks are a quarter of that
+    # two working sets (an operator may read tensors of two chunks) should fit in the budget
+    # (smaller chunks, to leave room for states, cost padding when a tensor nearly fills one)
     per_set = working_set_bytes(1, precision, 1)
-    sets = 8 if config.states_placement == "demand" and config.placement == "auto" else 2
-    limit = max(min(cap // (sets * per_set), _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
+    limit = max(min(cap // (2 * per_set), _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
     result = search_chunk_size(
         numels, max_numel=max(limit, unit), element_size=elem, world_size=world_size
     )
