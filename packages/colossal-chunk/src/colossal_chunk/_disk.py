@@ -15,6 +15,8 @@ process (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing
 the file to the device (``fdatasync``) and, with ``drop_cache``, drops its pages from the page
 cache, so host memory holds only the disk pages in use. A job holds the tensor it works on, so
 the mapping it advises stays alive; ``discard`` waits for a key's jobs before removing its file.
+Written pages are host memory until written out, so a writer waits once more than 32 MiB are
+behind (back-pressure): host memory for the disk tier stays bounded by that window.
 Both threads count bytes and seconds (``io_stats``): the disk throughput the tier achieved.
 """
 
@@ -44,6 +46,7 @@ __all__ = ["DiskIOStats", "DiskStore", "check_disk_dir"]
 _MADV_DONTNEED = 4
 _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _MIN_FREE = 1 << 20  # below this a filesystem counts as full
+_MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,7 @@ class DiskStore:
         self._lock = threading.Lock()
         self._counts = [0, 0.0, 0, 0.0]  # bytes read, read s, bytes written, write s
         self._reader: ThreadPoolExecutor | None = None
+        self._behind: list[tuple[Future[None], int]] = []  # write-behinds in flight, oldest first
         self._writer: ThreadPoolExecutor | None = None
         self._madvise = _madvise()
 
@@ -203,7 +207,13 @@ class DiskStore:
         self._warm.discard(key)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
-        self._track(p, self._writer.submit(self._write, p, tensor))
+        job = self._writer.submit(self._write, p, tensor)
+        self._track(p, job)
+        self._behind.append((job, p.nbytes))
+        # back-pressure: dirty pages are host memory until written out, so bound them
+        while sum(n for _, n in self._behind) > _MAX_BEHIND and len(self._behind) > 1:
+            self._behind.pop(0)[0].result()
+        self._behind = [(j, n) for j, n in self._behind if not j.done()]
 
     def drain(self) -> None:
         """Wait until every read-ahead and write-behind issued so far is done."""

@@ -1,0 +1,258 @@
+"""Capacity with a disk tier: the largest GPT that trains 3 steps under an emulated accelerator
+budget B, a host budget H and a disk budget D, against plain PyTorch under B alone; with the
+disk bytes read and written per step and the disk throughput the tier reached, against a plain
+sequential write and read of the same size in the same run, in the same directory.
+
+Gemini plans each moment (whole budget for chunks, the warmup's measured non-model bytes per
+moment; ``MomentRecorder``), chunks spill host -> disk when H is full (fp32 states are added
+last, so Adam states land on disk first), and the disk tier reads ahead / writes behind on its
+background threads ([Note: disk read-ahead and write-behind]). A run fits only if the tiers'
+accounting never exceeds B, H, D (a move past them is a ``CapacityError``) and the losses stay
+finite. Plain PyTorch fits when the traced peak of a full AdamW step is within B (the meta-device
+live-tensor estimate, as ``capacity`` does).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import torch
+from bench_capacity import BYTES_PER_PARAM, _cfg, _largest
+
+from colossal_contracts import CapacityError, ConfigError
+from colossal_memtrace import MomentRecorder, estimate_step
+from colossal_models import GPT, GPTConfig
+from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
+
+from _report import Report
+
+MiB, GiB = 2**20, 2**30
+STEPS = 3
+SEQ = 8  # tokens per step: activations of every block stay live until backward (Gemini does
+# not run under activation checkpointing), so they, not the states, bound depth within B
+_BLOCK = 8 * MiB
+
+
+def _inputs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (2, 1, SEQ), generator=g)
+    return x[0].to(device), x[1].to(device)
+
+
+def _trace(cfg: GPTConfig) -> tuple[int, int]:
+    """(peak bytes of a plain PyTorch AdamW step, peak non-model bytes): the meta-device
+    live-tensor estimate."""
+    stats = estimate_step(
+        lambda: GPT(cfg),
+        _inputs,
+        build_optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+        target="cpu",
+    )
+    return stats.peak_bytes("accelerator"), stats.peak_non_model("accelerator")
+
+
+def _io() -> tuple[int, int]:
+    c = psutil.Process().io_counters()
+    return c.read_bytes, c.write_bytes
+
+
+def _gemini_disk_fits(depth: int, width: int, b: int, h: int, d: int, where: Path) -> dict | None:
+    """Train a warmup step and 3 measured steps; the figures, or None when it does not fit."""
+    cfg = _cfg(depth, width)
+    non_model = _trace(cfg)[1]
+    gc.collect()
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gcfg = GeminiConfig(
+        precision="fp32",
+        placement="auto",
+        non_model_bytes=non_model,
+        accelerator_bytes=b,
+        host_bytes=h,
+        disk_bytes=d,
+        disk_dir=where / f"chunks-{depth}x{width}",
+        device="cpu",
+    )
+    recorder = MomentRecorder("cpu")
+    gm = None
+    try:
+        gm = apply_gemini(model, gcfg, group=None, recorder=recorder)
+        del model
+        gopt = GeminiOptimizer.from_torch(gm, opt)
+        x, y = _inputs(torch.device("cpu"))
+        losses, rss = [], []
+        first = gm.memory_stats()
+        io0, t0, dev0 = first.disk_io, time.perf_counter(), _io()
+        for i in range(STEPS + 1):  # step 0 is the warmup (traced); 1..3 are measured
+            if i == 1:
+                st = gm.memory_stats()
+                io0, t0, dev0 = st.disk_io, time.perf_counter(), _io()
+                gm.runtime.manager.reset_stats()
+            loss = gm(x, y)
+            gopt.backward(loss)
+            gopt.step()
+            gopt.zero_grad()
+            losses.append(loss.item())
+            rss.append(psutil.Process().memory_info().rss)
+        dt = (time.perf_counter() - t0) / STEPS
+        dev1 = _io()
+        stats = gm.memory_stats()
+    except (CapacityError, ConfigError) as exc:
+        recorder.close()
+        print(f"  {depth}x{width}: does not fit ({str(exc)[:120]})")
+        return None
+    finally:
+        if gm is not None:
+            gm.runtime.manager.close()
+    io = stats.disk_io - io0  # type: ignore[operator]
+    tiers = stats.tiers
+    assert tiers["accelerator"].peak_bytes <= b and tiers["host"].peak_bytes <= h
+    assert tiers["disk"].peak_bytes <= d
+    if not all(v == v for v in losses):
+        return None
+    return {
+        "params": cfg.num_params(),
+        "acc_peak_MiB": tiers["accelerator"].peak_bytes / MiB,
+        "host_peak_MiB": tiers["host"].peak_bytes / MiB,
+        "disk_peak_MiB": tiers["disk"].peak_bytes / MiB,
+        "disk_read_MiB_per_step": io.bytes_read / STEPS / MiB,
+        "disk_written_MiB_per_step": io.bytes_written / STEPS / MiB,
+        "device_read_MiB_per_step": (dev1[0] - dev0[0]) / STEPS / MiB,
+        "device_written_MiB_per_step": (dev1[1] - dev0[1]) / STEPS / MiB,
+        "tier_read_MiB_s": io.bytes_read / io.read_s / MiB if io.read_s else float("nan"),
+        "tier_write_MiB_s": io.bytes_written / io.write_s / MiB if io.write_s else float("nan"),
+        "moved_MiB_per_step": stats.bytes_moved / STEPS / MiB,
+        "step_s": dt,
+        "rss_peak_MiB": max(rss) / MiB,
+    }
+
+
+def _sequential(where: Path, nbytes: int) -> tuple[float, float]:
+    """(write MiB/s, read MiB/s) of one plain file of ``nbytes``: 8 MiB writes, fdatasync, the
+    pages dropped from the cache, then 8 MiB preads: the same path the tier's files take."""
+    path = where / "sequential.bin"
+    block = os.urandom(_BLOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        t0 = time.perf_counter()
+        done = 0
+        while done < nbytes:
+            done += os.write(fd, block[: min(_BLOCK, nbytes - done)])
+        os.fdatasync(fd)
+        write_s = time.perf_counter() - t0
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        buf = memoryview(bytearray(_BLOCK))
+        t0, got = time.perf_counter(), 0
+        while got < nbytes:
+            n = os.preadv(fd, [buf], got)
+            if n <= 0:
+                break
+            got += n
+        read_s = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return nbytes / write_s / MiB, nbytes / read_s / MiB
+
+
+def run(quick: bool, out_dir: Path) -> Report:
+    b, h, d = (8 * MiB, 64 * MiB, 512 * MiB) if quick else (32 * MiB, 512 * MiB, 4 * GiB)
+    # width: the largest parameter (an MLP matrix, 16 w^2 fp32 bytes) must fit B with room to
+    # spare; depth descending: the first that trains is the largest
+    width = 256 if quick else 512
+    depths = [40, 32, 24, 16] if quick else [80, 72, 64, 48]
+    where = Path(tempfile.mkdtemp(prefix="bench-disk-", dir=os.environ.get("BENCH_DISK_DIR")))
+    report = Report(
+        name="capacity_disk",
+        title=f"Largest GPT that trains 3 steps in an emulated {b // MiB} MiB accelerator budget "
+        f"+ {h // MiB} MiB host + {d / GiB:g} GiB disk",
+        columns=[
+            "method",
+            "depth",
+            "width",
+            "params",
+            "acc_peak_MiB",
+            "host_peak_MiB",
+            "disk_peak_MiB",
+            "disk_read_MiB_per_step",
+            "disk_written_MiB_per_step",
+            "tier_read_MiB_s",
+            "tier_write_MiB_s",
+            "step_s",
+            "rss_peak_MiB",
+        ],
+    )
+    try:
+        plain = None
+        for dp in [2, 4, 8]:
+            got = _largest(
+                lambda w, dp=dp: _trace(_cfg(dp, w))[0] <= b or None,
+                [64, 96, 128, 160, 192, 224, 256, 320],
+            )
+            if got and (plain is None or _cfg(dp, got[0]).num_params() > plain[2]):
+                plain = (dp, got[0], _cfg(dp, got[0]).num_params())
+        if plain:
+            peak = _trace(_cfg(plain[0], plain[1]))[0]
+            report.rows.append(
+                {"method": "plain PyTorch", "depth": plain[0], "width": plain[1],
+                 "params": plain[2], "acc_peak_MiB": peak / MiB}
+            )  # fmt: skip
+        best = None
+        for depth in depths:
+            print(f"trying Gemini + disk {depth}x{width} ...", flush=True)
+            fig = _gemini_disk_fits(depth, width, b, h, d, where)
+            if fig:
+                best = (depth, fig)
+                break
+        seq = (float("nan"), float("nan"))
+        if best:
+            depth, fig = best
+            report.rows.append(
+                {"method": "Gemini auto + disk", "depth": depth, "width": width, **fig}
+            )
+            size = int(max(fig["disk_written_MiB_per_step"], fig["disk_read_MiB_per_step"]) * MiB)
+            seq = _sequential(where, max(size, 64 * MiB))
+            report.rows.append(
+                {"method": "plain sequential file (same size, same dir)", "params": "-",
+                 "tier_write_MiB_s": seq[0], "tier_read_MiB_s": seq[1]}
+            )  # fmt: skip
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    limit = (b + h + d) / BYTES_PER_PARAM
+    n = best[1]["params"] if best else 0
+    plain_n = plain[2] if plain else 0
+    fig = best[1] if best else {}
+    report.summary = {
+        "B, H, D (MiB)": f"{b // MiB}, {h // MiB}, {d // MiB}",
+        "largest plain PyTorch params (under B)": plain_n,
+        "largest Gemini + disk params": n,
+        "Gemini + disk / plain": n / plain_n if plain_n else float("inf"),
+        "Gemini + disk / (B/16: plain's bound with no activations at all)": n / (b / 16),
+        "limit (B+H+D)/16 B per param": int(limit),
+        "Gemini + disk / limit": n / limit,
+        "disk write throughput / sequential": fig.get("tier_write_MiB_s", 0) / seq[0],
+        "disk read throughput / sequential": fig.get("tier_read_MiB_s", 0) / seq[1],
+        "aim: >= 120x plain": plain_n > 0 and n >= 120 * plain_n,
+        "aim: >= 85% of limit": n >= 0.85 * limit,
+    }
+    report.notes = [
+        "Accelerator emulated on the CPU (its capacity is the chunk manager's accounting); host "
+        "and disk budgets are enforced the same way. fp32, batch 1 x 8 tokens (few tokens: every block's activations stay live until backward, "
+        "and they, not the states, bound the depth within B), AdamW.",
+        "Disk bytes are what the tier's background threads read ahead and wrote behind "
+        "(fdatasync'ed, then dropped from the page cache); device bytes are the process's "
+        "storage I/O counters (psutil), which also see page faults that missed a read-ahead.",
+        "Tier throughput = bytes / seconds the background thread spent; the sequential row "
+        "writes and reads one plain file of the same size in the same directory, right after.",
+        "B/16 B per param bounds plain PyTorch with no activations at all; the ratio against "
+        "that bound is given too.",
+        "Shared machine: 2 CPU cores, other jobs running; its virtual disk is shared too.",
+    ]
+    return report
