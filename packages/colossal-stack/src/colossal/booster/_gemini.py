@@ -151,6 +151,11 @@ class GeminiPlugin:
         cfg = self.gemini_config()
         group: Any = "default"
         if self.tp_size > 1:  # [Note: Gemini with tp]
+            if self.lazy is not None:  # the plan shards real weights, lazy ones are meta
+                raise ConfigError(
+                    "GeminiPlugin(tp_size > 1) shards the model's weights through its plan and "
+                    "cannot take a lazily built (meta) model; build it eagerly, or use tp_size=1"
+                )
             check_tp_inputs(model, optimizer)
             mesh_cfg = tp_mesh_config(world_size(), self.tp_size, self.tp_mode, self.tp_depth)
             self.mesh = ProcessMesh(mesh_cfg)
