@@ -131,7 +131,7 @@ def run(quick: bool, out_dir: Path) -> Report:
     presets = ["tiny"] if quick else ["tiny", "mini"]
     ranks = (1, 2) if quick else (1, 2, 4)
     batch, seq = (4, 64) if quick else (8, 64)
-    steps = {"tiny": 3 if quick else 6, "mini": 4}
+    steps = {"tiny": 3 if quick else 5, "mini": 3}
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     for n in ranks:
