@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -46,12 +47,12 @@ def _inputs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return x[0].to(device), x[1].to(device)
 
 
-def _trace(cfg: GPTConfig) -> tuple[int, int]:
+def _trace(cfg: GPTConfig, inputs: Callable = _inputs) -> tuple[int, int]:
     """(peak bytes of a plain PyTorch AdamW step, peak non-model bytes) from the live-tensor
-    estimate on the meta device."""
+    estimate on the meta device, for the batch ``inputs(device)`` builds."""
     stats = estimate_step(
         lambda: GPT(cfg),
-        _inputs,
+        inputs,
         build_optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
         target="cpu",
     )

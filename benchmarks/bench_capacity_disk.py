@@ -23,11 +23,11 @@ from pathlib import Path
 
 import psutil
 import torch
-from bench_capacity import BYTES_PER_PARAM, _cfg, _largest
+from bench_capacity import BYTES_PER_PARAM, _cfg, _largest, _trace
 
 from colossal_contracts import CapacityError, ConfigError
-from colossal_memtrace import MomentRecorder, estimate_step
-from colossal_models import GPT, GPTConfig
+from colossal_memtrace import MomentRecorder
+from colossal_models import GPT
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
 from _report import Report
@@ -45,18 +45,6 @@ def _inputs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return x[0].to(device), x[1].to(device)
 
 
-def _trace(cfg: GPTConfig) -> tuple[int, int]:
-    """(peak bytes of a plain PyTorch AdamW step, peak non-model bytes): the meta-device
-    live-tensor estimate."""
-    stats = estimate_step(
-        lambda: GPT(cfg),
-        _inputs,
-        build_optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
-        target="cpu",
-    )
-    return stats.peak_bytes("accelerator"), stats.peak_non_model("accelerator")
-
-
 def _io() -> tuple[int, int]:
     c = psutil.Process().io_counters()
     return c.read_bytes, c.write_bytes
@@ -65,7 +53,7 @@ def _io() -> tuple[int, int]:
 def _gemini_disk_fits(depth: int, width: int, b: int, h: int, d: int, where: Path) -> dict | None:
     """Train a warmup step and 3 measured steps; the figures, or None when it does not fit."""
     cfg = _cfg(depth, width)
-    non_model = _trace(cfg)[1]
+    non_model = _trace(cfg, _inputs)[1]
     gc.collect()
     torch.manual_seed(0)
     model = GPT(cfg)
@@ -193,13 +181,13 @@ def run(quick: bool, out_dir: Path) -> Report:
         plain = None
         for dp in [2, 4, 8]:
             got = _largest(
-                lambda w, dp=dp: _trace(_cfg(dp, w))[0] <= b or None,
+                lambda w, dp=dp: _trace(_cfg(dp, w), _inputs)[0] <= b or None,
                 [64, 96, 128, 160, 192, 224, 256, 320],
             )
             if got and (plain is None or _cfg(dp, got[0]).num_params() > plain[2]):
                 plain = (dp, got[0], _cfg(dp, got[0]).num_params())
         if plain:
-            peak = _trace(_cfg(plain[0], plain[1]))[0]
+            peak = _trace(_cfg(plain[0], plain[1]), _inputs)[0]
             report.rows.append(
                 {"method": "plain PyTorch", "depth": plain[0], "width": plain[1],
                  "params": plain[2], "acc_peak_MiB": peak / MiB}
