@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 from torch.profiler import record_function
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ._saved import saved_param_views
+from ._saved import recompute_hooks, saved_param_views
 
 if TYPE_CHECKING:
     from ._runtime import GeminiRuntime
@@ -75,8 +75,15 @@ class AccessMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         names = self.rt.params_in(args, kwargs)
+        if names and self.rt.resident:  # [Note: resident steps]: nothing to access or wrap
+            self.rt.resident_op(names)
+            names = ()
         if not names:
-            return func(*args, **kwargs)
+            hooks = recompute_hooks(self._replay) if torch.is_grad_enabled() else None
+            if hooks is None:
+                return func(*args, **kwargs)
+            with hooks:  # [Note: checkpointed regions]
+                return func(*args, **kwargs)
         with label("Gemini::pre_forward"):
             self.rt.pre_op(names)
         frozen = tuple(n for n in names if not self.rt.params[n].requires_grad)
@@ -90,7 +97,7 @@ class AccessMode(TorchFunctionMode):
         try:
             if torch.is_grad_enabled():  # [Note: saved parameter views]
                 m = self.rt.manager
-                with saved_param_views(m, {m.chunk_of(n) for n in names}):
+                with saved_param_views(m, {m.chunk_of(n) for n in names}, self._replay):
                     out = func(*args, **kwargs)
             else:
                 out = func(*args, **kwargs)
@@ -98,6 +105,10 @@ class AccessMode(TorchFunctionMode):
             with label("Gemini::post_forward"):
                 self.rt.post_op(names)
         return _wrap_outputs(self.rt, names, out)
+
+    def _replay(self) -> AccessMode:
+        """The context a checkpointed region is recomputed in: this mode."""
+        return self
 
 
 def _wrap_outputs(rt: GeminiRuntime, names: tuple[str, ...], out: Any) -> Any:
