@@ -147,6 +147,20 @@ def _largest(fits, widths: list[int]) -> tuple[int, object] | None:  # type: ign
     return best
 
 
+def _widest(fits, widths: list[int]) -> tuple[int, object] | None:  # type: ignore[no-untyped-def]
+    """The largest width in ascending ``widths`` that fits, by bisection (fitting is monotone in
+    width at a fixed depth): about log2(len(widths)) trials instead of one per width."""
+    lo, hi, best = -1, len(widths), None  # widths[lo] fits (or none tried), widths[hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        got = fits(widths[mid])
+        if got:
+            lo, best = mid, (widths[mid], got)
+        else:
+            hi = mid
+    return best
+
+
 def _deepest(fits, lo: int, hi: int, got: object) -> tuple[int, object]:  # type: ignore[no-untyped-def]
     """The largest depth in [lo, hi] that fits, by bisection, given that ``lo`` fits (``got``)."""
     while lo < hi:
@@ -192,7 +206,10 @@ def run(quick: bool, out_dir: Path, *, focus: bool = False) -> Report:
             traces[(d, w)] = _trace(_cfg(d, w))
         return traces[(d, w)]
 
+    limit = (budget + host) / BYTES_PER_PARAM
+    t_start, trials = time.perf_counter(), [0]
     best: dict[str, int] = {}
+    best_at: dict[str, tuple[int, int]] = {}  # per method: (depth, width) of its best fit
     where: dict[str, dict[str, float]] = {}  # per method: bytes per parameter of its best fit
     for depth in depths:
         plain = (
@@ -210,15 +227,20 @@ def run(quick: bool, out_dir: Path, *, focus: bool = False) -> Report:
         for placement in methods:
 
             def fits(d: int, w: int, p: str = placement) -> dict | None:
+                trials[0] += 1
                 return _gemini_fits(_cfg(d, w), p, budget, host, trace(d, w)[1])
 
-            got = _largest(lambda w, d=depth: fits(d, w), widths)
+            # above the limit nothing can fit (every byte of state needs a home in B or H)
+            cands = [w for w in widths if _cfg(depth, w).num_params() <= limit]
+            got = _widest(lambda w, d=depth: fits(d, w), cands)
             if got:
                 w, fig = got
                 d = depth  # type: ignore[assignment]
                 nxt = [x for x in widths if x > w]
                 if nxt and placement != "static":  # refine: deeper at this width, by bisection
                     hi = -(-depth * nxt[0] ** 2 // w**2)  # about the next width's parameters
+                    while hi > depth and _cfg(hi, w).num_params() > limit:
+                        hi -= 1
                     d, fig = _deepest(lambda dd, w=w: fits(dd, w), depth, hi, fig)
                 n = _cfg(d, w).num_params()
                 spread = fig.pop("_where")  # type: ignore[union-attr]
@@ -229,7 +251,7 @@ def run(quick: bool, out_dir: Path, *, focus: bool = False) -> Report:
                 if n > best.get(placement, 0):
                     best[placement] = n
                     where[placement] = spread
-    limit = (budget + host) / BYTES_PER_PARAM
+                    best_at[placement] = (d, w)
     plain_n = best.get("plain", 0)
     report.summary = {
         "B (accelerator budget, MiB)": budget / MiB,
@@ -250,6 +272,17 @@ def run(quick: bool, out_dir: Path, *, focus: bool = False) -> Report:
         "aim: >= 10x plain": plain_n > 0 and best.get("auto", 0) >= 10 * plain_n,
         "aim: >= 80% of limit": best.get("auto", 0) >= 0.8 * limit,
     }
+    for method, reserve in (("auto", 1.0), ("auto per-moment", 1.1)):
+        if method in best_at:  # every chunk needs a home at the activation peak's moment
+            d, w = best_at[method]
+            room = budget + host - reserve * trace(d, w)[1]
+            report.summary[f"bound at the activation peak, {method}: (B + H - reserve) / 16"] = (
+                f"{int(room / BYTES_PER_PARAM)} params; best fit = "
+                f"{best[method] / (room / BYTES_PER_PARAM):.3f} of it"
+            )
+    report.summary["search: Gemini trials, minutes"] = (
+        f"{trials[0]}, {(time.perf_counter() - t_start) / 60:.1f}"
+    )
     for method, spread in where.items():
         if method.startswith("auto per-moment"):
             parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(spread.items()) if v >= 0.005)
@@ -257,11 +290,19 @@ def run(quick: bool, out_dir: Path, *, focus: bool = False) -> Report:
     report.notes = [
         "Accelerator emulated on the CPU: capacity is enforced by the chunk manager's accounting "
         "(chunk bytes) plus the traced activation peak; figures are labelled emulated.",
-        f"fp32 training (exact), AdamW, batch {BATCH} x {SEQ} tokens, byte vocabulary. Widths "
-        "are searched in ascending order per depth; then (Gemini rows except static) the depth "
-        "is raised by bisection at the largest width that fit, up to about the next width's "
-        "parameters, so a fit lands within one layer of the limit (the grid alone left "
-        "gaps of 30%: 29.1M fit, the next grid point had 37.9M).",
+        f"fp32 training (exact), AdamW, batch {BATCH} x {SEQ} tokens, byte vocabulary. Per depth "
+        "the largest fitting width is found by bisection over the width grid (only widths "
+        "whose parameters are within the limit: nothing above it can fit); then (Gemini rows "
+        "except static) the depth is raised by bisection at that width, up to about the next "
+        "width's parameters or the limit, so a fit lands within one layer of where it stops "
+        "fitting (the grid alone left gaps of 30%: 29.1M fit, the next grid point had 37.9M). "
+        "Each row's depth + 1 at its width did not fit (or would pass the limit).",
+        "Why per-moment planning fits no more than the single reserve here: at the moment of "
+        "the activation peak every chunk must be on the host or in the accelerator room left "
+        "beside the activations, so the bound is (B + H - reserve) / 16 B, not (B + H) / 16 B "
+        "(see the summary); both plans reserve about the same at that moment (per-moment adds "
+        "its 10% margin), and the host holds 94% of the states. Per-moment planning's gain is "
+        "in bytes moved and in room at the other moments (see movement.md).",
         "Bytes moved include the optimizer's staging copies (fp32 values and gradients taken to "
         "where host-resident Adam states are updated and back), which were not counted before.",
         f"'{STATES_ON_ACC}': states_placement='demand': Adam states that neither host nor disk can take "
