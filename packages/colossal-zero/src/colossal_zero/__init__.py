@@ -14,7 +14,9 @@ from ._mesh_norm import GradNorm, mesh_grad_norm
 from ._module import GeminiModule, apply_gemini
 from ._optimizer import GeminiOptimizer
 from ._precision import PRECISIONS, Precision
+from ._safetensors_stream import SafetensorsStream, TensorSpec, safetensors_header, tensor_bytes
 from ._scaler import DynamicLossScaler, LossScalerConfig
+from ._stream_state import iter_full_state
 from ._zero_checkpoint import load_zero_sharded, save_zero_sharded
 from ._zero_config import ZERO_STAGES, ZeroConfig
 from ._zero_formula import model_state_bytes_per_param, zero3_device_bytes
@@ -37,17 +39,22 @@ __all__ = [
     "LossScalerConfig",
     "LowLevelZeroOptimizer",
     "Precision",
+    "SafetensorsStream",
+    "TensorSpec",
     "ZeroConfig",
     "adamw_update",
     "apply_gemini",
     "consolidate",
     "file_digest",
     "global_grad_norm",
+    "iter_full_state",
     "load_sharded",
     "load_zero_sharded",
     "mesh_grad_norm",
     "model_state_bytes_per_param",
+    "safetensors_header",
     "save_sharded",
     "save_zero_sharded",
+    "tensor_bytes",
     "zero3_device_bytes",
 ]

@@ -9,24 +9,30 @@ its flattened value in each file, the aliases of tied parameters, the loss scale
 the SHA-256 and size of every shard file and the buffers file, checked when a file is first read
 (a shard swapped in from another run of the same shape is named, not loaded). Buffers are in
 ``gemini-buffers.safetensors``. Values are fp32 (the masters), whatever the precision.
+
+Saving and loading go chunk by chunk: a rank's file is streamed from its shards (its header is
+computed from the chunk records first, [Note: streamed safetensors]) and hashed while written;
+loading reads each parameter's element ranges through ``safe_open`` slices into its shard. No
+step holds more than one tensor beyond the chunks themselves.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from colossal_contracts import CheckpointError
 
 from ._module import GeminiModule
 from ._optimizer import STATE_KINDS, GeminiOptimizer
+from ._safetensors_stream import SafetensorsStream, TensorSpec
 
 __all__ = ["INDEX_FILE", "consolidate", "file_digest", "load_sharded", "save_sharded"]
 
@@ -68,17 +74,21 @@ def _fp32_chunk(model: GeminiModule, c: Any) -> Any:
     return rt.roles.fp32(c)
 
 
-@torch.no_grad()
-def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directory: Path) -> None:
-    """Write this rank's shard (and, on rank 0, the index and buffers) into ``directory``, which
-    must exist. Every rank of the model's group calls it; see [Note: sharded checkpoint layout]."""
-    rt, m = model.runtime, model.runtime.manager
-    rank, world = _rank_world(model)
-    tensors: dict[str, torch.Tensor] = {}
+_Item = tuple[TensorSpec, Callable[[], torch.Tensor]]  # what to write, how to read it then
+
+
+def _plan_shard(
+    model: GeminiModule, optimizer: GeminiOptimizer | None, world: int
+) -> tuple[dict[str, Any], list[tuple[list[Any], list[_Item]]]]:
+    """The index's ``params`` entries and, per parameter chunk, the chunks its values live in
+    and the tensors this rank writes from them (specs from the records: no value is read)."""
+    m = model.runtime.manager
     params: dict[str, Any] = {}
+    groups: list[tuple[list[Any], list[_Item]]] = []
     for c in m.param_chunks():
         fp32 = _fp32_chunk(model, c)
         states = [m.parallel_chunk(k, c) for k in STATE_KINDS] if optimizer is not None else []
+        items: list[_Item] = []
         for name, rec in c.records.items():
             ranges = []
             for r in range(world):
@@ -90,18 +100,47 @@ def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
             part = fp32.shard_view(name)
             if part is None:
                 continue
-            tensors[f"param/{name}"] = part[0].float().cpu().clone()
-            for kind, chunk in zip(STATE_KINDS, states, strict=True):
-                tensors[f"{kind}/{name}"] = chunk.shard_view(name)[0].cpu().clone()
+            numel = part[2] - part[1]
+            for kind, chunk in [("param", fp32), *zip(STATE_KINDS, states, strict=True)]:
+                spec = TensorSpec(f"{kind}/{name}", torch.float32, (numel,))
+                items.append((spec, lambda ch=chunk, n=name: ch.shard_view(n)[0].float()))
             if optimizer is not None and name in optimizer.steps:
-                tensors[f"step/{name}"] = optimizer.steps[name].reshape(1).cpu().clone()
+                spec = TensorSpec(f"step/{name}", torch.float32, (1,))
+                items.append((spec, lambda n=name: optimizer.steps[n].reshape(1).float()))
+        groups.append(([fp32, *states], items))
+    return params, groups
+
+
+@torch.no_grad()
+def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directory: Path) -> None:
+    """Write this rank's shard (and, on rank 0, the index and buffers) into ``directory``, which
+    must exist. Every rank of the model's group calls it; see [Note: sharded checkpoint layout].
+
+    Streams ([Note: streamed safetensors]): the file's header comes from the chunk records, then
+    the values are written chunk by chunk straight from their shards; a chunk on the disk tier is
+    read ahead while the one before it is written and its pages are let go after, one on the
+    accelerator is copied to the host one tensor at a time. Host memory beyond the chunks
+    themselves: one tensor (none on the host tier)."""
+    rt, m = model.runtime, model.runtime.manager
+    rank, world = _rank_world(model)
+    params, groups = _plan_shard(model, optimizer, world)
     shard = directory / _shard_file(rank, world)
-    save_file(tensors, str(shard))
-    files = _gather_digests(model, shard.name, file_digest(shard))
+    specs = [spec for _, items in groups for spec, _ in items]
+    with SafetensorsStream(shard, specs) as out:
+        for i, (chunks, items) in enumerate(groups):
+            if i + 1 < len(groups):
+                m.read_ahead(groups[i + 1][0])
+            for _, value in items:
+                out.write(value())
+            m.written(chunks)  # disk pages read here leave this process's memory
+    files = _gather_digests(model, shard.name, out.close())
     if rank == 0:
-        buffers = {n: b.detach().cpu().contiguous() for n, b in model.module.named_buffers()}
-        save_file(buffers, str(directory / BUFFERS_FILE))
-        files[BUFFERS_FILE] = file_digest(directory / BUFFERS_FILE)
+        buffers = [(n, b.detach()) for n, b in model.module.named_buffers()]
+        path = directory / BUFFERS_FILE
+        with SafetensorsStream(path, [TensorSpec.of(n, b) for n, b in buffers]) as bf:
+            for _, b in buffers:
+                bf.write(b)
+        files[BUFFERS_FILE] = bf.close()
         index = {
             "format": FORMAT,
             "world_size": world,
@@ -128,6 +167,7 @@ class _Reader:
             ) from err
         _validate_index(self.index, directory / INDEX_FILE)
         self._files: dict[int, Any] = {}
+        self._keys: dict[int, set[str]] = {}
 
     def verify(self, name: str) -> Path:
         """The path of the checkpoint file ``name``, after checking it against the index's
@@ -149,6 +189,7 @@ class _Reader:
             path = self.verify(_shard_file(rank, self.index["world_size"]))
             try:
                 self._files[rank] = safe_open(str(path), framework="pt")
+                self._keys[rank] = set(self._files[rank].keys())
             except (OSError, SafetensorError) as err:
                 raise CheckpointError(f"shard file {path} is missing or corrupt: {err}") from err
         return self._files[rank]
@@ -167,7 +208,7 @@ class _Reader:
                 continue
             f = self._file(rank)
             key = f"{kind}/{name}"
-            if key not in set(f.keys()):
+            if key not in self._keys[rank]:
                 return None
             out[lo - start : hi - start] = f.get_slice(key)[lo - a : hi - a]
         return out
@@ -175,7 +216,7 @@ class _Reader:
     def step(self, name: str) -> float | None:
         for rank, _, _ in self.index["params"][name]["ranges"]:
             f = self._file(rank)
-            if f"step/{name}" in set(f.keys()):
+            if f"step/{name}" in self._keys[rank]:
                 return float(f.get_tensor(f"step/{name}")[0])
         return None
 
@@ -214,6 +255,10 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
                     m.parallel_chunk(kind, c).shard_view(name)[0].copy_(value)  # type: ignore[index]
         if rt.precision.master:
             rt.restore_params(c)
+        # chunk by chunk: what was written into chunks on disk is written out of memory
+        m.written(
+            [c, fp32, *(m.parallel_chunk(k, c) for k in STATE_KINDS if optimizer is not None)]
+        )
     rt.clear_grads()
     if optimizer is not None and optimizer.scaler is not None and index.get("scaler"):
         optimizer.scaler.load_state_dict(index["scaler"])
