@@ -5,6 +5,7 @@ from ._auto import AutoPolicy
 from ._chunk import Chunk, PendingReduce, TensorRecord
 from ._config import ChunkConfig
 from ._disk import DiskIOStats, DiskStore, check_disk_dir
+from ._host_memory import host_empty, trim_host_heap
 from ._manager import ChunkManager
 from ._order import OrderStats, module_order, trace_order
 from ._policy import ChunkSummary, LruPolicy, PolicyContext, SimpleChunkInfo
@@ -37,10 +38,12 @@ __all__ = [
     "Tier",
     "TierStats",
     "check_disk_dir",
+    "host_empty",
     "module_order",
     "pack",
     "search_chunk_size",
     "simulate",
     "simulate_policy",
     "trace_order",
+    "trim_host_heap",
 ]

@@ -11,12 +11,14 @@ critical path. ``read_ahead(key)`` reads a payload's file sequentially into the 
 it is used (the manager issues it for chunks the plan says come next), so the later access maps
 pages already in memory. ``write_behind(key, tensor)`` is issued once a payload was written
 (moved to disk, or updated in place by the optimizer): it unmaps the payload's pages from this
-process (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing is lost), writes
-the file to the device (``fdatasync``) and, with ``drop_cache``, drops its pages from the page
-cache, so host memory holds only the disk pages in use. A job holds the tensor it works on, so
-the mapping it advises stays alive; ``discard`` waits for a key's jobs before removing its file.
-Written pages are host memory until written out, so a writer waits once more than 32 MiB are
-behind (back-pressure): host memory for the disk tier stays bounded by that window.
+process at once, on the caller's thread (``madvise(MADV_DONTNEED)``: dirty data moves to the
+page cache, nothing is lost), so the process's resident memory holds only the disk pages in use;
+then the writer thread writes the file to the device (``fdatasync``) and, with ``drop_cache``,
+drops its pages from the page cache. A job holds the tensor it works on, so the mapping stays
+alive; ``discard`` waits for a key's jobs before removing its file. Written pages are page
+cache until written out, so a writer waits once more than 32 MiB are behind (back-pressure):
+the page cache the disk tier dirties stays bounded by that window. The reader reads through one
+reused block buffer.
 Both threads count bytes and seconds (``io_stats``): the disk throughput the tier achieved.
 """
 
@@ -162,6 +164,7 @@ class DiskStore:
         self._lock = threading.Lock()
         self._counts = [0, 0.0, 0, 0.0]  # bytes read, read s, bytes written, write s
         self._reader: ThreadPoolExecutor | None = None
+        self._read_buf: mmap.mmap | None = None  # the reader thread's block buffer
         self._behind: list[tuple[Future[None], int]] = []  # write-behinds in flight, oldest first
         self._writer: ThreadPoolExecutor | None = None
         self._madvise = _madvise()
@@ -205,6 +208,11 @@ class DiskStore:
         if p is None or p.nbytes == 0:
             return
         self._warm.discard(key)
+        mine = tensor.untyped_storage().data_ptr() == p.base  # the mapping of this payload
+        if self._madvise is not None and mine and p.base % mmap.PAGESIZE == 0:
+            # unmapped from this process now (cheap), so its resident memory never holds more
+            # of the disk tier than the payloads in use; the page cache keeps the dirty data
+            self._madvise(p.base, p.nbytes, _MADV_DONTNEED)  # type: ignore[operator]
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
         job = self._writer.submit(self._write, p, tensor)
@@ -237,7 +245,9 @@ class DiskStore:
 
     def _read(self, p: _Payload) -> None:
         t0 = time.perf_counter()
-        buf = memoryview(bytearray(min(_READ_BLOCK, p.nbytes)))
+        if self._read_buf is None:  # one buffer, reused: only the pages a read touched are resident
+            self._read_buf = mmap.mmap(-1, _READ_BLOCK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf = memoryview(self._read_buf)[: min(_READ_BLOCK, p.nbytes)]
         done = 0
         while done < p.nbytes:
             n = os.preadv(p.fd, [buf[: min(len(buf), p.nbytes - done)]], done)
@@ -248,9 +258,6 @@ class DiskStore:
 
     def _write(self, p: _Payload, tensor: torch.Tensor) -> None:
         t0 = time.perf_counter()
-        mine = tensor.untyped_storage().data_ptr() == p.base  # the mapping of this payload
-        if self._madvise is not None and mine and p.base % mmap.PAGESIZE == 0:
-            self._madvise(p.base, p.nbytes, _MADV_DONTNEED)  # type: ignore[operator]
         os.fdatasync(p.fd)
         if self._drop_cache and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(p.fd, 0, 0, os.POSIX_FADV_DONTNEED)

@@ -41,6 +41,7 @@ from colossal_contracts import (
 from ._accounting import ManagerStats, TierStats
 from ._chunk import Chunk
 from ._config import ChunkConfig
+from ._host_memory import host_empty
 from ._pending import InFlight
 from ._placement import Placement, build_tiers
 from ._policy import ChunkSummary, LruPolicy, PolicyContext
@@ -195,7 +196,8 @@ class ChunkManager:
             if copy_params:
                 vals = {n: self._full_value(src, n) for n in src.records}
             else:
-                vals = {n: torch.zeros(r.shape, dtype=dtype) for n, r in src.records.items()}
+                # fresh mappings read as zeros without taking memory ([Note: host payloads])
+                vals = {n: host_empty(r.numel, dtype).view(r.shape) for n, r in src.records.items()}
             twin.fill_shard(storage, vals)
             self._placement.written(twin)
             twins[cid] = twin.chunk_id

@@ -15,6 +15,7 @@ import torch
 from colossal_contracts import CapacityError, TierName
 
 from ._disk import DiskStore
+from ._host_memory import host_empty
 
 __all__ = ["UNLIMITED", "Tier"]
 
@@ -82,9 +83,13 @@ class Tier:
         self._peak = self._used
 
     def allocate(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A new uninitialised 1-D payload on this tier (a file for disk). Does not reserve."""
+        """A new 1-D payload on this tier (a file for disk; on the CPU its own mapping, returned
+        to the system when dropped: [Note: host payloads]). Does not reserve."""
         if self.store is not None:
             return self.store.allocate(key, numel, dtype)
+        if self.device.type == "cpu" and not self.pin_memory:
+            return host_empty(numel, dtype)
+        # CUDA memory, or pinned host memory (the CUDA host allocator caches those blocks)
         return torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
 
     def discard(self, key: str) -> None:

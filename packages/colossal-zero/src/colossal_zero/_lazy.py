@@ -28,11 +28,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 from torch.utils._pytree import tree_map
 
+from colossal_chunk import host_empty, trim_host_heap
 from colossal_contracts import ConfigError
 
 __all__ = ["LazyInit", "LazyValues"]
 
 _WRITES = frozenset({"__setitem__", "copy_"})
+# factories whose values a fresh anonymous mapping already has (zeros; "empty" promises nothing)
+_ZERO_FACTORIES = frozenset({torch.empty, torch.zeros})
 
 
 @dataclass
@@ -73,6 +76,10 @@ class LazyInit(TorchFunctionMode):
     def __enter__(self) -> LazyInit:
         super().__enter__()
         return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        trim_host_heap()  # what the dry runs left in the C heap
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def, override]
         kwargs = dict(kwargs or {})
@@ -133,7 +140,11 @@ class LazyInit(TorchFunctionMode):
                 "build the model inside it, or build it eagerly"
             )
         base = self._replay(_storage(t), {})
-        return _view(base, t).clone()
+        out = _view(base, t)
+        whole = out.storage_offset() == 0 and out.is_contiguous()
+        if whole and out.numel() * out.element_size() == base.untyped_storage().nbytes():
+            return out  # the storage is t's alone: no copy
+        return out.clone()
 
     def forget(self, t: torch.Tensor) -> None:
         """Drop ``t``'s record once it is materialized (frees what the record holds)."""
@@ -157,7 +168,7 @@ class LazyInit(TorchFunctionMode):
         def real(x: Any) -> Any:
             if _is_meta(x):
                 if scratch:
-                    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu")
+                    return _scratch(x)
                 return _view(self._replay(_storage(x), done), x)
             if isinstance(x, torch.device) and x.type == "meta":
                 return torch.device("cpu")
@@ -165,6 +176,9 @@ class LazyInit(TorchFunctionMode):
                 return "cpu"
             return x
 
+        if op.func in _ZERO_FACTORIES and not any(map(_is_meta, op.args)):
+            with torch.no_grad():  # a new storage of zeros: in its own mapping, not the heap
+                return _scratch(op.func(*op.args, **op.kwargs))
         args, kwargs = tree_map(real, op.args), tree_map(real, op.kwargs)
         saved = None
         if op.rng is not None and not scratch:
@@ -176,6 +190,16 @@ class LazyInit(TorchFunctionMode):
         finally:
             if saved is not None:
                 torch.set_rng_state(saved)
+
+
+def _scratch(like: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor of zeros with ``like``'s shape, strides and dtype, in its own mapping (for
+    dry runs and materialized storages): from the heap, one after another, they grew the
+    process by about the model's size ([Note: host payloads] in colossal-chunk)."""
+    if like.numel() == 0:
+        return torch.empty_strided(like.shape, like.stride(), dtype=like.dtype)
+    span = 1 + sum((n - 1) * st for n, st in zip(like.shape, like.stride(), strict=True))
+    return host_empty(span, like.dtype).as_strided(like.shape, like.stride())
 
 
 def _view(base: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -181,7 +181,8 @@ class GeminiOptimizer(torch.optim.Optimizer):
                 m.read_ahead(self._written_by(ahead))
             self._update(c, owned, grad_scale)
             rt.stepped(c)
-            m.written(self._written_by(c))
+            # the gradients too: only read, but their mapped pages leave memory the same way
+            m.written(dict.fromkeys((*self._written_by(c), rt.gradients(c))))
         rt.clear_grads()
         if self.scaler is not None:
             self.scaler.update(False)

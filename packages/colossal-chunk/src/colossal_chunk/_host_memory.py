@@ -1,0 +1,44 @@
+"""Host memory that goes back to the operating system when it is dropped.
+
+[Note: host payloads] A chunk payload on the host (or on an emulated accelerator, which is host
+memory too) is its own anonymous private mapping, not a block of the C heap: glibc serves
+blocks of a few MiB from its heap once the first one was freed (its mmap threshold grows to the
+largest freed block) and keeps freed heap memory in the process, so payloads moved between tiers
+left the process's resident memory at the highest total it had ever held, not at the tiers'
+budgets. A mapping is unmapped when the last tensor viewing it is dropped, so host memory in use
+by payloads is what the tier accounting says, to the page. Fresh mappings are zero-filled.
+Short-lived tensors (a chunk being materialized, autograd's gradients) still come from the heap;
+``trim_host_heap`` hands what the heap freed back after such a phase.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+
+import torch
+
+__all__ = ["host_empty", "trim_host_heap"]
+
+
+def host_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D CPU tensor of ``numel`` zeros in its own anonymous mapping ([Note: host payloads])."""
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.empty(0, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buf, dtype=dtype, count=numel)  # keeps ``buf`` mapped while alive
+
+
+def trim_host_heap() -> None:
+    """Return the C heap's free memory to the operating system (glibc ``malloc_trim``; a no-op
+    elsewhere). Costs a walk over the heap's free blocks: call it after a phase, not per op."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        fn = ctypes.CDLL(None).malloc_trim  # the C library already loaded (dlopen(NULL))
+    except AttributeError:  # not glibc (musl has no malloc_trim)
+        return
+    fn.argtypes = [ctypes.c_size_t]
+    fn(0)
