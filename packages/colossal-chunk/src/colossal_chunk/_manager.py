@@ -13,6 +13,13 @@ path: when every chunk is already resident and gathered and the compute tier is 
 moment's room, ``access`` and ``release`` only change states (no tier is touched); otherwise
 ``access`` first evicts down to the moment's room (which may have shrunk since the last moment).
 
+[Note: resident fast path] ``fully_resident()`` says that a whole step can run without touching a
+tier: one rank (nothing is gathered or reduced across ranks), every parameter chunk on the
+compute tier and never evicted after use, no collective or copy in flight, no demand being
+recorded, and room at every moment of the step for what is there now plus the headroom a runtime
+asks for (chunks it may add lazily). Then ``access`` and ``release`` would only change states,
+and a runtime may skip them around operators for that step; the values computed are the same.
+
 [Note: collectives in flight] (``_pending.py``): ``gather_ahead`` and ``reduce(async_op=True)``
 start collectives that an access, a move, a re-pack or ``settle()`` of the chunk finishes. A
 runtime that sets ``keep_gathered`` keeps a chunk gathered after a release when the rule says it
@@ -45,7 +52,7 @@ from ._host_memory import host_empty
 from ._pending import InFlight
 from ._placement import Placement, build_tiers
 from ._policy import ChunkSummary, LruPolicy, PolicyContext
-from ._tier import Tier
+from ._tier import UNLIMITED, Tier
 
 __all__ = ["ChunkManager"]
 
@@ -96,6 +103,7 @@ class ChunkManager:
         self._parallel: dict[str, dict[int, int]] = {}  # kind -> param chunk id -> twin id
         self._spill: dict[str, int | None] = {}  # kind -> its add_parallel spill_reserve
         self._moment = 0
+        self._num_moments = 0  # moments of the longest step seen (set_moment), for the room check
         self._demand: dict[int, list[int]] | None = None  # moment -> [unfreeable, resident]
         self._closed = False
         self.before_collective = None
@@ -262,6 +270,8 @@ class ChunkManager:
         """Tell the policy the step reached ``moment``; with ``prefetch > 0`` also start copying
         the chunks of the next ``prefetch`` moments to the compute tier (within the budget)."""
         self._moment = moment
+        if moment >= self._num_moments:
+            self._num_moments = moment + 1
         self.policy.on_moment(moment)
         if prefetch > 0:
             self.prefetch(prefetch)
@@ -307,6 +317,21 @@ class ChunkManager:
                 return False
         return self.tiers[ACC].used_bytes <= self._placement.limit(self._moment)
 
+    def fully_resident(self, headroom: int = 0) -> bool:
+        """See [Note: resident fast path]; ``headroom``: compute-tier bytes that must stay free at
+        every moment besides what is there now. Costs one pass over chunks and moments."""
+        if self.world_size > 1 or self._demand is not None or self.in_flight.chunks:
+            return False
+        policy = self.policy
+        for c in self.chunks.values():
+            if c.kind == "param" and (c.tier is not ACC or policy.evict_after_use(c.chunk_id)):
+                return False
+        acc = self.tiers[ACC]
+        if acc.capacity_bytes >= UNLIMITED:
+            return True
+        need = acc.used_bytes + headroom
+        return all(self._placement.limit(m) >= need for m in range(max(1, self._num_moments)))
+
     def access_chunks(self, chunks: Iterable[Chunk | int], *, zero: bool = False) -> None:
         """Put every tensor of ``chunks`` in COMPUTE on the compute tier. Gathers sharded chunks, or
         with ``zero`` gives them a zero full buffer without communicating (gradient chunks)."""
@@ -314,6 +339,15 @@ class ChunkManager:
         for c in chunks:
             chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
             by_chunk[chunk.chunk_id] = list(chunk.records)
+        if not zero and not self.in_flight.chunks and self._resident(by_chunk):
+            for cid, names in by_chunk.items():  # the fast path of ``access``
+                c = self.chunks[cid]
+                for name in names:
+                    c.set_state(name, TensorState.COMPUTE)
+            self.policy.on_access(list(by_chunk), self._moment)
+            if self._demand is not None:
+                self._note_demand()
+            return
         self._access(by_chunk, zero=zero)
 
     def _access(self, by_chunk: dict[int, list[str]], *, zero: bool) -> None:

@@ -22,6 +22,14 @@ unused parameter does not pin its chunk. Every rank must use the same parameters
 [Note: accumulation] Reduced gradients wait in the working buffer until the optimizer step. If
 the chunk is needed again first (the next micro-batch), they are added into a lazily created
 fp32 "acc" chunk and, with masters, the parameters are restored from the masters.
+
+[Note: resident steps] When a step begins after warmup (not measured, one rank) and the manager
+says the step can run without touching a tier (colossal-chunk's [Note: resident fast path]), the
+step is *resident*: operators neither access nor release their parameters (they stay HOLD, in
+place), their outputs get no ``_PreBackward`` and their saved tensors no places ([Note: saved
+parameter views]: the storage cannot move), and gradients are written into chunk memory as
+above without re-accessing the parameter in fp32. Stashing for accumulation, the reductions and
+every value are those of the general path.
 """
 
 from __future__ import annotations
@@ -130,21 +138,27 @@ class GeminiRuntime(StepGradients):
         # [Note: overlap]: collectives ahead of use and without waiting, once the order is known
         self._overlap = config.overlap_comm and self.manager.world_size > 1
         self._comm: CommSchedule | None = None
+        self.resident = False  # [Note: resident steps]: decided as each forward begins
+        self._op_chunks: dict[tuple[str, ...], tuple[int, ...]] = {}  # names -> their chunk ids
         self._index_chunks()
 
     # ----- forward ------------------------------------------------------------------------------
     def params_in(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, ...]:
-        found: dict[str, None] = {}
-        for a in (*args, *kwargs.values()):
-            if isinstance(a, nn.Parameter):
-                n = self.names.get(id(a))
-                if n is not None:
-                    found[n] = None
-            elif isinstance(a, list | tuple):
+        """Registered parameters among ``args`` and ``kwargs`` (and lists or tuples in them). By
+        identity: a live object whose id is a parameter's is that parameter."""
+        names, found = self.names, None
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            n = names.get(id(a))
+            if n is not None:
+                found = found or {}
+                found[n] = None
+            elif type(a) is list or type(a) is tuple:
                 for b in a:
-                    if isinstance(b, nn.Parameter) and id(b) in self.names:
-                        found[self.names[id(b)]] = None
-        return tuple(found)
+                    n = names.get(id(b))
+                    if n is not None:
+                        found = found or {}
+                        found[n] = None
+        return tuple(found) if found else ()
 
     def _to(self, new: TrainingState) -> None:
         self.state = self.state.to(new)
@@ -174,6 +188,31 @@ class GeminiRuntime(StepGradients):
             self._repack_due = False
             self.manager.repack(self._warmup.first_use())
             self._index_chunks()
+        self.resident = (
+            not self._probing
+            and self._comm is None
+            and self.manager.fully_resident(self._lazy_headroom())
+        )
+
+    def _lazy_headroom(self) -> int:
+        """Compute-tier bytes the step may add: the fp32 "acc" chunks, until they exist."""
+        m = self.manager
+        if any(c.kind == "acc" for c in m.chunks.values()):
+            return 0
+        return sum(c.capacity * 4 for c in m.param_chunks())
+
+    def resident_op(self, names: tuple[str, ...]) -> None:
+        """``pre_op`` of a resident step ([Note: resident steps]): no access, no moment."""
+        self._used.update(names)
+        if self.group is not None:
+            self._digest.add(names)
+        ids = self._op_chunks.get(names)
+        if ids is None:
+            ids = tuple(dict.fromkeys(self.manager.chunk_of(n).chunk_id for n in names))
+            self._op_chunks[names] = ids
+        for cid in ids:
+            if self._chunks[cid].pending:
+                self.stash(cid)
 
     def pre_op(self, names: tuple[str, ...]) -> None:
         self._used.update(names)
@@ -267,14 +306,21 @@ class GeminiRuntime(StepGradients):
 
     def _collect(self, name: str, grad: torch.Tensor) -> None:
         c = self.manager.chunk_of(name)
-        if c.state(name) is not _S.COMPUTE:
-            self.stash(c.chunk_id)
-            self.manager.access([name])
-        if self.precision.master:
+        if self.resident and not self.precision.master:  # [Note: resident steps]
+            target = self._grad_chunk(c)
+            target.view(name).copy_(grad)
+            target.set_state(name, _S.READY_FOR_REDUCE)
+        elif self.precision.master:
+            if c.state(name) is not _S.COMPUTE:
+                self.stash(c.chunk_id)
+                self.manager.access([name])
             self.params[name].data.copy_(grad)
             self.manager.release([name], state=_S.READY_FOR_REDUCE, reshard=False)
             target = c
         else:
+            if c.state(name) is not _S.COMPUTE:
+                self.stash(c.chunk_id)
+                self.manager.access([name])
             target = self._grad_chunk(c)
             target.view(name).copy_(grad)
             target.set_state(name, _S.READY_FOR_REDUCE)
@@ -332,9 +378,8 @@ class GeminiRuntime(StepGradients):
         self._to(_T.POST_BACKWARD)
         m = self.manager
         for c in m.param_chunks():
-            busy = [n for n, r in c.records.items() if r.state is _S.COMPUTE]
-            if busy:
-                m.release(busy, state=_S.HOLD)
+            if c.pinned:
+                m.release([n for n, r in c.records.items() if r.state is _S.COMPUTE])
         for c in m.param_chunks():
             if self.precision.master:
                 if c.count(_S.READY_FOR_REDUCE) == 0:
@@ -383,6 +428,7 @@ class GeminiRuntime(StepGradients):
         gradients; a re-pack makes new ids and happens only when none does), with the trainable
         parameters warmup never read."""
         old, self._chunks = self._chunks, {}
+        self._op_chunks = {}
         for c in self.manager.param_chunks():
             rec = old.get(c.chunk_id) or ChunkGrads()
             unused = frozenset(n for n in c.records if n in self._never_read)
