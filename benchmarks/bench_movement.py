@@ -43,6 +43,7 @@ STATE_KINDS = ("master", "exp_avg", "exp_avg_sq")  # gradients: in the parameter
 BYTES = {"param": 2, "master": 4, "exp_avg": 4, "exp_avg_sq": 4}  # mixed precision
 ACT_BATCH, ACT_SEQ = 2, 256  # the activations of the "with activations" rows
 HYBRID = ", hybrid Adam"  # rows whose optimizer step updates states where they live
+CLEAN = ", unchanged chunks dropped (modelled)"  # [Note: clean evictions] in colossal-chunk
 
 
 def _activations(cfg, n_order: int, n_steps: int) -> list[int]:
@@ -235,6 +236,7 @@ def run(quick: bool, out_dir: Path) -> Report:
                     sizes,
                     cap,
                     _activations(cfg, len(order), len(steps)),
+                    _written(steps, len(order)),
                 )
                 hybrid = steps[: len(order)]  # the optimizer updates states where they live
                 _with_activations(
@@ -245,6 +247,7 @@ def run(quick: bool, out_dir: Path) -> Report:
                     sizes,
                     cap,
                     _activations(cfg, len(order), len(hybrid)),
+                    _written(hybrid, len(order)),
                     suffix=HYBRID,
                 )
             if preset == replay_preset:
@@ -277,6 +280,8 @@ def run(quick: bool, out_dir: Path) -> Report:
             ", ".join(f"{k} ({100 * v:.1f}%)" for k, v, _, _ in got if v >= 0.2) or "none"
         )
         report.summary[f"configurations where either moves bytes, {label}"] = len(got)
+        report.summary[f"unchanged chunks dropped (modelled), {label}: per-moment vs single "
+                       "reserve; vs per-moment copying them"] = _clean_savings(report.rows, suffix)  # fmt: skip
     report.summary |= {
         "auto worst x optimum": worst["auto"],
         "auto+prefetch worst x optimum": worst["auto+prefetch"],
@@ -333,6 +338,12 @@ def run(quick: bool, out_dir: Path) -> Report:
         "auto's saving, the optimum's (Belady on the per-moment room vs Belady on the single "
         "reserve's constant room: 'belady (optimum), single reserve' rows) and a ceiling (the "
         "optimum with no activations at all vs the single reserve).",
+        f"'{CLEAN[2:]}' rows: what keeping a home copy of every chunk loaded onto the "
+        "accelerator would save ([Note: clean evictions] in colossal_chunk's simulator): "
+        "evicting a chunk no step changed since its load (a parameter chunk in forward) copies "
+        "nothing back. ChunkManager does not do this (a move frees the source tier, so the "
+        "host would need room for a second copy of every resident chunk); the rows are a "
+        "simulation, not a measurement.",
         "Why the optimum gains little at 50% and 75% with states to the accelerator: a chunk "
         "stays resident from one use to the next only if it fits beside the activations at "
         "every moment in between, and the interval of every master and Adam chunk (used once, "
@@ -345,6 +356,30 @@ def run(quick: bool, out_dir: Path) -> Report:
     ]
     _plot(report, out_dir)
     return report
+
+
+def _clean_savings(rows: list[dict], suffix: str) -> str:
+    """Per configuration: per-moment's saving over the single reserve when unchanged chunks are
+    dropped, and what dropping them saves per-moment planning itself."""
+    out = []
+    for r in rows:
+        if r["policy"] != f"auto, single reserve, with activations{suffix}{CLEAN}":
+            continue
+        same = {
+            x["policy"]: x.get("MiB_per_iter")
+            for x in rows
+            if (x["preset"], x["budget"]) == (r["preset"], r["budget"])
+        }
+        per, copied = (
+            same[f"auto, with activations{suffix}{CLEAN}"],
+            same[f"auto, with activations{suffix}"],
+        )
+        if r["MiB_per_iter"] and copied:
+            out.append(
+                f"{r['preset']}/{r['budget']} {100 * (1 - per / r['MiB_per_iter']):.1f}%; "
+                f"{100 * (1 - per / copied):.1f}%"
+            )
+    return ", ".join(out) or "n/a"
 
 
 def _savings(rows: list[dict], suffix: str) -> list[tuple[str, float, float, float]]:
@@ -375,7 +410,15 @@ def _savings(rows: list[dict], suffix: str) -> list[tuple[str, float, float, flo
     return out
 
 
-def _with_activations(report, base, worst, steps, sizes, cap, act, suffix: str = "") -> None:
+def _written(steps, n_order: int) -> list[tuple[int, ...]]:
+    """The chunks each step writes: none in forward (parameters are read), the parameter chunks
+    in backward (gradients go into their slots), every chunk at the optimizer step."""
+    return [() if m < n_order // 2 else st for m, st in enumerate(steps)]
+
+
+def _with_activations(
+    report, base, worst, steps, sizes, cap, act, written, suffix: str = ""
+) -> None:
     """Rows where non-model data (activations) takes part of the budget at each step: Belady
     with the per-step room left, against auto told the same figures through a MemStatsSource."""
     room = [cap - a for a in act]
@@ -409,15 +452,19 @@ def _with_activations(report, base, worst, steps, sizes, cap, act, suffix: str =
     )
     stats = OrderStats([()] * len(steps), act)  # a MemStatsSource with the non-model peaks
     single = OrderStats([()] * len(steps), [max(act)] * len(steps))  # one constant reserve
-    for label, pf, st in (
-        (f"auto, with activations{suffix}", 0, stats),
-        (f"auto+prefetch, with activations{suffix}", 1, stats),
-        (f"auto, single reserve, with activations{suffix}", 0, single),
+    for label, pf, st, w in (
+        (f"auto, with activations{suffix}", 0, stats, None),
+        (f"auto+prefetch, with activations{suffix}", 1, stats, None),
+        (f"auto, single reserve, with activations{suffix}", 0, single, None),
+        (f"auto, with activations{suffix}{CLEAN}", 0, stats, written),
+        (f"auto, single reserve, with activations{suffix}{CLEAN}", 0, single, written),
     ):
         pol = AutoPolicy(st, lookahead=1)
         pol.set_schedule(steps)
         try:
-            res = simulate_policy(pol, steps, sizes, cap, iterations=ITERATIONS, prefetch=pf)
+            res = simulate_policy(
+                pol, steps, sizes, cap, iterations=ITERATIONS, prefetch=pf, written=w
+            )
         except CapacityError:
             report.rows.append({**base, "policy": f"{label}: CapacityError (reserve too big)"})
             worst[label] = float("inf")

@@ -163,3 +163,22 @@ def test_per_step_capacity_evicts_where_room_shrinks():
     assert squeezed.evictions == 2 and squeezed.loads == 5  # step 3 leaves room for one chunk
     with pytest.raises(ConfigError, match="one each"):
         simulate(steps, [10] * 3, [30, 30])
+
+
+def test_evicting_an_unwritten_chunk_moves_no_bytes():
+    steps = [0, 1, 2, 0, 1, 2]  # room for one chunk: every step evicts the previous one
+    every = simulate(steps, [10] * 3, 10)
+    assert simulate(steps, [10] * 3, 10, written=steps) == every  # all written: the default
+    read_only = simulate(steps, [10] * 3, 10, written=[()] * 6)
+    assert read_only.evictions == every.evictions == 5 and read_only.loads == every.loads
+    assert read_only.bytes_out == 0 and read_only.bytes_in == every.bytes_in == 60
+    only_1 = simulate(steps, [10] * 3, 10, written=[(), 1, (), (), (), ()])
+    assert only_1.bytes_out == 10  # chunk 1, written at step 1, is copied out once (step 2)
+    pol = AutoPolicy()
+    pol.set_schedule([(c,) for c in steps])
+    got = simulate_policy(pol, steps, [10] * 3, 10, written=[(), 1, (), (), (), ()])
+    assert got.bytes_out == 10 and got.bytes_in == 60
+    with pytest.raises(ConfigError, match="does not use"):
+        simulate(steps, [10] * 3, 10, written=[1, (), (), (), (), ()])
+    with pytest.raises(ConfigError, match="one each"):
+        simulate(steps, [10] * 3, 10, written=[()])

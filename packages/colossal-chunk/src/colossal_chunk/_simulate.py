@@ -6,6 +6,12 @@ making room evicts resident chunks not needed by the step (their bytes count as 
 tier never holds more than ``capacity`` bytes. This is exactly what ``ChunkManager`` does with one
 rank, so a policy's simulated bytes equal what the manager moves on the same trace.
 
+[Note: clean evictions] With ``written`` (the chunks each step writes), a replay models a home
+tier that keeps its copy of a loaded chunk: evicting a chunk no step wrote since its load drops it
+and moves no bytes (it still counts as an eviction). Without it every eviction copies the chunk
+out, which is what ``ChunkManager`` does (a move frees the source), so only the default matches the
+manager; ``written`` measures what keeping home copies would save.
+
 [Note: optimality] ``simulate`` evicts the resident chunk whose next use is furthest (Belady's MIN).
 With chunks of equal size (fixed-size chunks of one dtype) that minimises loads and thus bytes
 moved; with unequal sizes it is the classic furthest-next-use rule, a yardstick rather than a proof.
@@ -62,8 +68,16 @@ def _size_of(sizes: Mapping[int, int] | Sequence[int]) -> Mapping[int, int]:
 
 
 class _Tally:
-    def __init__(self, n_iter: int, capacity: int, size: Mapping[int, int]):
+    def __init__(
+        self,
+        n_iter: int,
+        capacity: int,
+        size: Mapping[int, int],
+        written: Sequence[Step] | None = None,
+    ):
         self.size, self.capacity = size, capacity
+        self.written = None if written is None else _steps(written)  # [Note: clean evictions]
+        self.dirty: set[int] = set()
         self.resident: dict[int, None] = {}
         self.used = self.peak = 0
         self.b_in = self.b_out = self.loads = self.evictions = 0
@@ -81,12 +95,18 @@ class _Tally:
         self.loads += 1
         self.per_iter[self.it] += self.size[cid]
 
+    def wrote(self, step_in_iteration: int, step: tuple[int, ...]) -> None:
+        """The step ran: its chunks are changed (all of them unless ``written`` says which)."""
+        self.dirty.update(step if self.written is None else self.written[step_in_iteration])
+
     def evict(self, cid: int) -> None:
         del self.resident[cid]
         self.used -= self.size[cid]
-        self.b_out += self.size[cid]
         self.evictions += 1
-        self.per_iter[self.it] += self.size[cid]
+        if cid in self.dirty or self.written is None:
+            self.dirty.discard(cid)
+            self.b_out += self.size[cid]
+            self.per_iter[self.it] += self.size[cid]
 
     def result(self) -> SimResult:
         return SimResult(
@@ -115,11 +135,14 @@ def simulate(
     capacity: int | Sequence[int],
     *,
     iterations: int = 1,
+    written: Sequence[Step] | None = None,
 ) -> SimResult:
     """Belady's MIN over ``accesses`` repeated ``iterations`` times, starting cold ([Note:
     optimality]). ``sizes`` gives each chunk id's bytes. ``capacity`` is one figure, or one per
-    step of an iteration (what model data may use while that step runs)."""
+    step of an iteration (what model data may use while that step runs). ``written``: the
+    chunks each step of an iteration writes ([Note: clean evictions]; default: all it uses)."""
     size = _size_of(sizes)
+    _check_written(written, accesses)
     steps = _steps(accesses) * iterations
     caps = [capacity] * len(accesses) if isinstance(capacity, int) else list(capacity)
     if len(caps) != len(accesses):
@@ -136,7 +159,7 @@ def simulate(
         for c in steps[t]:
             later[c] = t
     next_use: dict[int, float] = {}  # resident chunk -> next step that needs it
-    tally = _Tally(iterations, max(caps, default=0), size)
+    tally = _Tally(iterations, max(caps, default=0), size, written)
     for t, step in enumerate(steps):
         tally.it = t // n
         cap = caps[t]
@@ -154,7 +177,23 @@ def simulate(
             if c not in tally.resident:
                 tally.load(c)
             next_use[c] = nxt[t][c]
+        tally.wrote(t % n, step)
     return tally.result()
+
+
+def _check_written(written: Sequence[Step] | None, accesses: Sequence[Step]) -> None:
+    if written is None:
+        return
+    if len(written) != len(accesses):
+        raise ConfigError(
+            f"written has {len(written)} entries for {len(accesses)} steps; give one each"
+        )
+    for t, (w, a) in enumerate(zip(_steps(written), _steps(accesses))):
+        if not set(w) <= set(a):
+            raise ConfigError(
+                f"step {t} writes chunks {sorted(set(w) - set(a))} it does not use; a step "
+                "can write only the chunks it needs"
+            )
 
 
 def simulate_policy(
@@ -166,9 +205,11 @@ def simulate_policy(
     iterations: int = 1,
     prefetch: int = 0,
     context: PolicyContext | None = None,
+    written: Sequence[Step] | None = None,
 ) -> SimResult:
     """Replay ``accesses`` with ``policy`` deciding evictions, as ``ChunkManager`` would
     ([Note: simulated model]), including its optional hooks ([Note: policy hooks]).
+    ``written``: as for ``simulate`` ([Note: clean evictions]).
 
     ``prefetch`` > 0 loads the chunks of the next moments after each step when they fit without
     evicting a chunk needed sooner. ``context`` is passed to ``policy.bind`` (default: every chunk
@@ -183,7 +224,8 @@ def simulate_policy(
             tuple(ChunkSummary(c, "param", b) for c, b in sorted(size.items())), {}, capacity
         )
     )
-    tally = _Tally(iterations, capacity, size)
+    _check_written(written, accesses)
+    tally = _Tally(iterations, capacity, size, written)
 
     def limit(m: int) -> int:
         return min(capacity, policy.model_budget(capacity, m))
@@ -219,6 +261,7 @@ def simulate_policy(
                 if c not in tally.resident:
                     tally.load(c)
             policy.on_access(list(step), m)
+            tally.wrote(m, step)
             for c in step:
                 if policy.evict_after_use(c):
                     tally.evict(c)
