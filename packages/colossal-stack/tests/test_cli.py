@@ -17,6 +17,8 @@ from colossal_contracts import ConfigError
         (["train", "--steps", "-3"], "--steps must be positive"),
         (["train", "--corpus", "/definitely/not/here"], "does not exist"),
         (["train", "--plugin", "nope"], "unknown --plugin 'nope'"),
+        (["train", "--export", "all"], "unknown --export 'all'; choose one of: final, every"),
+        (["train", "--plugin", "ddp", "--export", "every"], "--export every applies to the"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):

@@ -50,3 +50,38 @@ def test_bad_settings_and_duplicates_are_config_errors(tmp_path):
     w.add("a", torch.zeros(2))
     with pytest.raises(ConfigError, match="twice"):
         w.add("a", torch.zeros(2))
+
+
+def test_each_tensor_is_on_disk_when_add_returns_and_none_is_kept(tmp_path):
+    """The writer streams ([Note: streamed export]): after ``add`` the tensor's bytes are in the
+    open shard's file and the writer keeps no reference to it (so it holds one tensor at most)."""
+    import gc
+    import weakref
+
+    w = ShardedSafetensorsWriter(tmp_path, max_shard_bytes=20_000)
+    alive = []
+    for i in range(5):
+        t = torch.full((500,), float(i))  # 2000 bytes
+        w.add(f"t{i}", t)
+        alive.append(weakref.ref(t))
+        part = next(tmp_path.glob(".model-part*.tmp"))
+        assert part.stat().st_size >= w._room + 2000 * (i + 1)
+        del t
+        gc.collect()
+        assert all(r() is None for r in alive)
+    w.add("bf16", torch.arange(7, dtype=torch.bfloat16))
+    w.close()
+    got = load_file(str(tmp_path / "model-00001-of-00001.safetensors"))
+    assert torch.equal(got["t3"], torch.full((500,), 3.0))
+    assert torch.equal(got["bf16"], torch.arange(7, dtype=torch.bfloat16))
+
+
+def test_a_shard_closes_when_its_header_room_is_full(tmp_path):
+    with ShardedSafetensorsWriter(tmp_path, max_shard_bytes=1 << 30) as w:
+        room = w._room
+        for i in range(room // 40):  # each entry takes more than 40 header bytes
+            w.add(f"layer.{i}.weight", torch.zeros(1))
+    index = json.loads((tmp_path / HF_INDEX).read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) >= 2
+    assert sum(len(load_file(str(tmp_path / f))) for f in files) == room // 40

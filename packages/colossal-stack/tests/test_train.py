@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from colossal import TrainConfig, train
+from colossal.booster import HF_INDEX
 from colossal_contracts import ConfigError
 
 
@@ -28,7 +29,7 @@ def test_loss_falls_and_outputs_are_written(tmp_path, small_corpus):
     assert [r["step"] for r in lines] == list(range(1, 31))
     assert {"step", "loss", "tokens_per_s"} <= set(lines[0])
     assert result.checkpoint == tmp_path / "run" / "checkpoint" / "step-30"
-    assert (result.checkpoint / "model.safetensors").is_file()
+    assert (result.checkpoint / HF_INDEX).is_file()  # --export final: the last checkpoint
 
 
 def test_resume_continues_with_the_same_losses(tmp_path, small_corpus):
@@ -36,6 +37,8 @@ def test_resume_continues_with_the_same_losses(tmp_path, small_corpus):
     train(_cfg(tmp_path / "b", small_corpus, steps=12, checkpoint_every=6))
     # pretend the second run stopped at step 6: point latest back and resume
     ckpt = tmp_path / "b" / "run" / "checkpoint"
+    assert not (ckpt / "step-6" / HF_INDEX).exists()  # only the final save exports
+    assert (ckpt / "step-12" / HF_INDEX).is_file()
     (ckpt / "latest").write_text("step-6\n")
     resumed = train(_cfg(tmp_path / "b", small_corpus, steps=12, resume=True))
     assert resumed.losses == pytest.approx(full.losses[6:], rel=1e-6)

@@ -8,7 +8,7 @@ from ._hybrid import HybridParallelPlugin, PipelineModule
 from ._hybrid_checkpoint import iter_full_tensors, load_layout_checkpoint, read_layout_index
 from ._plugin import Plugin
 from ._publish import find_checkpoint, latest_checkpoint
-from ._shard_writer import HF_INDEX, ShardedSafetensorsWriter
+from ._shard_writer import HF_INDEX, ShardedSafetensorsWriter, load_sharded_safetensors
 from ._zero import LowLevelZeroPlugin
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "iter_full_tensors",
     "latest_checkpoint",
     "load_layout_checkpoint",
+    "load_sharded_safetensors",
     "parse_bytes",
     "read_layout_index",
 ]

@@ -26,6 +26,7 @@ from colossal_zero import (
     GeminiOptimizer,
     LazyInit,
     apply_gemini,
+    iter_full_state,
     load_sharded,
     save_sharded,
 )
@@ -40,6 +41,7 @@ from ._gemini_tp import (
     world_size,
 )
 from ._mesh_stats import axis_comm_bytes
+from ._shard_writer import ShardedSafetensorsWriter
 
 __all__ = ["FULL_MODEL_FILE", "GeminiPlugin", "parse_bytes"]
 
@@ -84,8 +86,11 @@ class GeminiPlugin:
             (afterwards the auto policy plans each moment against the non-model bytes the
             warmup measured, through memtrace's ``MomentRecorder``); ``colossal train`` fills it
             from memtrace's static estimate of one step when a budget is given. None: 0.
-        export_full_model: also write a consolidated ``model.safetensors`` (fp32) beside the
-            shards of every checkpoint, loadable by plain PyTorch.
+        export_full_model: also write the consolidated fp32 model beside the shards of each
+            checkpoint, loadable by plain PyTorch and Hugging Face (``model-0000i-of-0000N
+            .safetensors`` and ``model.safetensors.index.json``, streamed one chunk at a time:
+            see ``save_checkpoint``). ``colossal train`` sets it per save (``--export``).
+        export_shard_bytes: the largest shard of that export ("2GiB", or bytes).
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
         sharding: parameter name -> tensor-parallel layout (``colossal_models.describe_sharding``)
             so the norm and fp16 overflow agree over the whole mesh; None: data parallelism only.
@@ -103,6 +108,7 @@ class GeminiPlugin:
     max_grad_norm: float = 0.0
     non_model_bytes: int | str | None = None
     export_full_model: bool = True
+    export_shard_bytes: int | str = "2GiB"
     name: str = "gemini"
     sharded_checkpoint: bool = True
     sharding: Mapping[str, ParamSharding] | None = field(default=None, repr=False)
@@ -127,6 +133,11 @@ class GeminiPlugin:
                 f"unknown precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}"
             )
         self.gemini_config()  # validates the budgets
+        if not parse_bytes(self.export_shard_bytes):
+            raise ConfigError(
+                f"export_shard_bytes must be a positive size such as '2GiB', got "
+                f"{self.export_shard_bytes!r}"
+            )
         check_tp(self.tp_size, self.tp_mode, self.tp_depth)
         if self.disk_budget is not None:
             check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
@@ -222,17 +233,31 @@ class GeminiPlugin:
     def save_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
-        """Every rank writes its shard (see colossal-zero's sharded layout); rank 0 also writes
-        the consolidated fp32 ``model.safetensors`` when ``export_full_model``. Collective."""
+        """Every rank streams its shard (see colossal-zero's sharded layout); with
+        ``export_full_model`` rank 0 also writes the consolidated fp32 model in bounded
+        safetensors shards with a Hugging Face index. Collective.
+
+        The export gathers one chunk at a time over dp and rank 0 writes its tensors before the
+        next is gathered, so no process holds the model (``iter_full_state``). With tp it is
+        not streamed: every rank gathers its tensor-parallel shard whole, then the model over tp
+        (``tp_full_state``), before rank 0 writes it tensor by tensor."""
         gm = _gemini_module(model)
         folder = self._shard_folder(path)
         folder.mkdir(exist_ok=True)
         save_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, folder)
-        if self.export_full_model:
-            full = gm.full_state_dict()  # collective over dp
-            if self.mesh is not None:
-                full = tp_full_state(gm.module, full, self.mesh)  # collective over tp
-            write_full_model(full, path)  # rank 0 writes
+        if not self.export_full_model:
+            return
+        tensors: Any = iter_full_state(gm)  # collective over dp: every rank iterates
+        if self.mesh is not None:
+            tensors = tp_full_state(gm.module, dict(tensors), self.mesh).items()  # over tp
+        limit = parse_bytes(self.export_shard_bytes)
+        if _rank() != 0:
+            for _ in tensors:
+                pass
+            return
+        with ShardedSafetensorsWriter(Path(path), max_shard_bytes=limit) as writer:  # type: ignore[arg-type]
+            for name, tensor in tensors:
+                writer.add(name, tensor)
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
@@ -244,7 +269,7 @@ class GeminiPlugin:
             raise ConfigError(
                 f"checkpoint {path} was saved with another tensor-parallel layout (folders "
                 f"{saved_tp or 'none'}); resume with the tp_size and tp_mode it was saved with, "
-                "or load its consolidated model.safetensors into a plain model"
+                "or load its consolidated export (model.safetensors.index.json) into a plain model"
             )
         load_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, folder)
 
@@ -267,10 +292,14 @@ def _gemini_module(model: nn.Module) -> GeminiModule:
     return model
 
 
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def write_full_model(full: dict[str, torch.Tensor], path: Path) -> None:
-    """Rank 0 writes the consolidated ``full`` state into ``path / FULL_MODEL_FILE``."""
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    if rank == 0:
+    """Rank 0 writes the consolidated ``full`` state into ``path / FULL_MODEL_FILE`` (one
+    file: the ZeRO plugin's export)."""
+    if _rank() == 0:
         save_file({k: v.contiguous() for k, v in _untie(full).items()}, str(path / FULL_MODEL_FILE))
 
 

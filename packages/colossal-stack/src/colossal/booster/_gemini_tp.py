@@ -10,7 +10,8 @@ reduce-scatters all run on the dp group, so the tp coordinates never see each ot
 
 Checkpoints: each tp coordinate is an ordinary Gemini checkpoint of its dp group in the folder
 ``tp<mode>-<c>-of-<tp>`` (Gemini's sharded layout, so it resumes on the same tensor-parallel layout with
-any dp size), and the consolidated ``model.safetensors`` is gathered over tp as well.
+any dp size), and the consolidated export (bounded shards with a Hugging Face index) is
+gathered over tp as well: whole on every rank, not streamed like the dp-only export.
 """
 
 from __future__ import annotations

@@ -158,6 +158,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         default=d.checkpoint_every,
         help="save every N steps; 0 saves only at the end (default: %(default)s)",
     )
+    p.add_argument(
+        "--export",
+        default=d.export,
+        help="which checkpoints also hold the consolidated fp32 model (safetensors shards + "
+        "model.safetensors.index.json) beside the sharded state: final (the last step's), "
+        "every, none (default: %(default)s)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.set_defaults(func=_run)
 
@@ -193,6 +200,7 @@ def _run(args: argparse.Namespace) -> int:
         max_grad_norm=args.max_grad_norm,
         lr=args.lr,
         checkpoint_every=args.checkpoint_every,
+        export=args.export,
         resume=args.resume,
     )
     train(cfg)

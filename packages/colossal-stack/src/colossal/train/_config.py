@@ -11,7 +11,9 @@ from colossal_parallel import SCHEDULES, TP_MODES
 
 from ._mesh import resolve_plugin
 
-__all__ = ["TrainConfig"]
+__all__ = ["EXPORTS", "TrainConfig"]
+
+EXPORTS = ("final", "every", "none")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,11 @@ class TrainConfig:
         lr: peak learning rate (linear warmup over 10% of steps, cosine decay to 10% of it).
         weight_decay: AdamW decay, applied to matrices only.
         checkpoint_every: save every N steps (0: only at the end).
+        export: which checkpoints also carry the consolidated fp32 model (bounded safetensors
+            shards with a Hugging Face ``model.safetensors.index.json``) beside the sharded
+            training state, for the gemini and zero plugins: "final" (the last step's only:
+            intermediate saves write just the shards), "every" or "none" (export later with
+            ``colossal.export_checkpoint``). ddp checkpoints are the full model already.
         resume: continue from the checkpoint under ``out`` (``out/checkpoint/latest``).
         log_every: refresh the progress display every N steps.
     """
@@ -82,6 +89,7 @@ class TrainConfig:
     lr: float = 2e-3
     weight_decay: float = 0.1
     checkpoint_every: int = 0
+    export: str = "final"
     resume: bool = False
     log_every: int = 1
     zero: int | None = None
@@ -132,6 +140,10 @@ class TrainConfig:
             raise ConfigError(
                 f"unknown --tp-mode {self.tp_mode!r}; choose one of: {', '.join(TP_MODES)}"
             )
+        if self.export not in EXPORTS:
+            raise ConfigError(
+                f"unknown --export {self.export!r}; choose one of: {', '.join(EXPORTS)}"
+            )
         if self.schedule not in SCHEDULES:
             raise ConfigError(
                 f"unknown --schedule {self.schedule!r}; choose one of: {', '.join(SCHEDULES)}"
@@ -145,6 +157,12 @@ class TrainConfig:
             raise ConfigError(
                 f"--activation-checkpointing runs on the hybrid plugin (--tp/--pp/--sp or "
                 f"--plugin hybrid), not {plugin}; drop it"
+            )
+        if self.export == "every" and plugin in ("ddp", "hybrid"):
+            raise ConfigError(
+                f"--export every applies to the gemini and zero plugins, not {plugin} (ddp "
+                "checkpoints are the full model; hybrid ones export with colossal.export_checkpoint"
+                "); drop it"
             )
         if self.max_grad_norm and plugin == "ddp":
             raise ConfigError(
@@ -173,6 +191,10 @@ class TrainConfig:
                     f"{', '.join(given)} applies to --plugin gemini only, not {self.plugin}; drop "
                     "it or use --plugin gemini"
                 )
+
+    def exports_at(self, step: int) -> bool:
+        """Whether the checkpoint saved after ``step`` carries the consolidated model."""
+        return self.export == "every" or (self.export == "final" and step == self.steps)
 
     def _check_tiers(self) -> None:
         """Host and disk budgets (Gemini only); the disk directory is checked before anything
@@ -242,6 +264,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "lr": (float, int),
     "weight_decay": (float, int),
     "checkpoint_every": int,
+    "export": str,
     "resume": bool,
     "log_every": int,
     "zero": (int, type(None)),

@@ -95,6 +95,13 @@ def _gemini_plugin(cfg: TrainConfig) -> Plugin:
     )
 
 
+def _choose_export(plugin: Plugin, cfg: TrainConfig, step: int) -> None:
+    """Before saving after ``step``: whether the plugins with a sharded state write the
+    consolidated model into this checkpoint too (``--export``)."""
+    if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin):
+        plugin.export_full_model = cfg.exports_at(step)
+
+
 def _mesh_of(plugin: Plugin, cfg: TrainConfig) -> ProcessMesh | None:
     """The plugin's process mesh once boosted (hybrid; Gemini with ``--tp``); None without one."""
     if isinstance(plugin, HybridParallelPlugin) or (
@@ -295,11 +302,13 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
                     record, advance=cfg.log_every if (step + 1) % cfg.log_every == 0 else 1
                 )
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                _choose_export(plugin, cfg, step + 1)
                 checkpoint = booster.save(model, optimizer, ckpt_root, step=step + 1, extra=extra)
     elapsed = time.perf_counter() - run_start
     if metrics is not None:
         metrics.close()
     if not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every:
+        _choose_export(plugin, cfg, cfg.steps)
         checkpoint = booster.save(model, optimizer, ckpt_root, step=cfg.steps, extra=extra)
     gen = torch.Generator().manual_seed(cfg.seed + 10_000)
     held_out = [corpus.batch(val_data, cfg.batch_size, cfg.seq_len, gen) for _ in range(4)]
