@@ -116,6 +116,28 @@ def run(quick: bool, out_dir: Path) -> Report:
         for r in report.rows
         if r["variant"] not in ("no prefetch", "no budget, states on host")
     }
+    for preset in presets:
+        row = {r["variant"]: r for r in report.rows if r["preset"] == preset}
+        off, on = row["no prefetch"], row["prefetch"]
+        report.summary[f"gain from prefetch ({preset}): step ms without, with; paired ratio"] = (
+            f"{off['ms']:.0f}, {on['ms']:.0f}; {on['median_paired_ratio']:.3f}"
+        )
+        host, acc = row["no budget, states on host"], row["no budget, states free (on acc)"]
+        report.summary[
+            f"gain from Adam states on the accelerator, no budget ({preset}): step ms host, "
+            "acc; paired ratio; MiB moved per step host, acc"
+        ] = (
+            f"{host['ms']:.0f}, {acc['ms']:.0f}; {acc['median_paired_ratio']:.3f}; "
+            f"{host['moved_MiB_per_step']:.1f}, {acc['moved_MiB_per_step']:.1f}"
+        )
+        dem = row["prefetch, states by demand"]
+        report.summary[
+            f"Adam states on the accelerator under the budget ({preset}): MiB there, "
+            "step ms vs prefetch alone, MiB moved per step vs prefetch alone"
+        ] = (
+            f"{dem['states_on_acc_MiB']:.1f}, {dem['ms']:.0f} vs {on['ms']:.0f}, "
+            f"{dem['moved_MiB_per_step']:.1f} vs {on['moved_MiB_per_step']:.1f}"
+        )
     report.notes = [
         "Emulated accelerator: a 'move' is a CPU memcpy and prefetch runs it on a worker thread, "
         "so the gain an H2D copy would get on a GPU is not visible here; this measures what "
