@@ -1,24 +1,35 @@
 """Chunk payloads kept in files on disk, memory-mapped so that they read back as CPU tensors.
 
-[Note: disk payloads] Each payload is one file of exactly its bytes, mapped with
-``torch.from_file(shared=True)``: writes go to the file, reads page in on demand. Files live in one
-directory the user picks (default: a fresh temporary directory); ``close()`` removes every file,
-and the directory too when the store created it (also when the store is garbage-collected or the
-interpreter exits without ``close``).
+[Note: disk payloads] Each payload is one file of exactly its bytes, preallocated
+(``posix_fallocate``: a full filesystem fails the allocation with a ``CapacityError`` instead of a
+SIGBUS at the first write through the mapping, and write-back allocates no blocks) and mapped with
+``torch.from_file(shared=True)``: writes go to the file, reads page in on demand. A new payload is
+written whole next (the move that created it), so its pages are mapped writable in one call
+(``MADV_POPULATE_WRITE``) instead of one fault per page. Files live in one directory the user
+picks (default: a fresh temporary directory); ``close()`` removes every file, and the directory
+too when the store created it (also when the store is garbage-collected or the interpreter exits
+without ``close``).
+
+[Note: scratch payloads] Payloads are a spill space, never read after the process ends, so
+writing one out needs its pages on the device, not a durable file: ``sync_file_range`` (write,
+wait) instead of ``fdatasync``, which also commits the filesystem journal once per file (one
+commit per payload, each a few MiB, was where the tier lost against one sequential file).
 
 [Note: disk read-ahead and write-behind] Two background threads keep disk traffic off the
-critical path. ``read_ahead(key)`` reads a payload's file sequentially into the page cache before
-it is used (the manager issues it for chunks the plan says come next), so the later access maps
-pages already in memory. ``write_behind(key, tensor)`` is issued once a payload was written
-(moved to disk, or updated in place by the optimizer): it unmaps the payload's pages from this
-process at once, on the caller's thread (``madvise(MADV_DONTNEED)``: dirty data moves to the
-page cache, nothing is lost), so the process's resident memory holds only the disk pages in use;
-then the writer thread writes the file to the device (``fdatasync``) and, with ``drop_cache``,
-drops its pages from the page cache. A job holds the tensor it works on, so the mapping stays
-alive; ``discard`` waits for a key's jobs before removing its file. Written pages are page
-cache until written out, so a writer waits once more than 32 MiB are behind (back-pressure):
-the page cache the disk tier dirties stays bounded by that window. The reader reads through one
-reused block buffer.
+critical path. ``read_ahead(key)`` brings a payload into memory before it is used (the manager
+issues it for chunks the plan says come next): ``MADV_POPULATE_READ`` over the payload's own
+mapping (held while it runs) reads the file and maps its pages into the process in one call, so
+the later access takes no page fault; without it (another kernel, the mapping gone) the file is
+read sequentially into the page cache through one reused block buffer. ``write_behind(key,
+tensor)`` is issued once a payload was written (moved to disk, or updated in place by the
+optimizer): it unmaps the payload's pages from this process at once, on the caller's thread
+(``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing is lost), so the
+process's resident memory holds only the disk pages in use; then the writer thread writes the
+file out ([Note: scratch payloads]) and, with ``drop_cache``, drops its pages from the page
+cache. A job holds the tensor it works on, so the mapping stays alive; ``discard`` waits for a
+key's jobs before removing its file. Written pages are page cache until written out, so a writer
+waits once more than 32 MiB are behind (back-pressure): the page cache the disk tier dirties
+stays bounded by that window.
 Both threads count bytes and seconds (``io_stats``): the disk throughput the tier achieved.
 """
 
@@ -27,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import mmap
 import os
 import shutil
@@ -41,14 +53,17 @@ from pathlib import Path
 
 import torch
 
-from colossal_contracts import ConfigError
+from colossal_contracts import CapacityError, ConfigError
 
 __all__ = ["DiskIOStats", "DiskStore", "check_disk_dir"]
 
 _MADV_DONTNEED = 4
+_MADV_POPULATE_READ = 22  # Linux >= 5.14
+_MADV_POPULATE_WRITE = 23
 _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _MIN_FREE = 1 << 20  # below this a filesystem counts as full
 _MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
+_SYNC_OUT = 1 | 2 | 4  # sync_file_range: wait for earlier writeback, write, wait for it
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,7 @@ class DiskIOStats:
     Attributes:
         bytes_read: bytes read ahead from payload files.
         read_s: seconds the reader thread spent reading.
-        bytes_written: bytes written behind to the device (fdatasync'ed).
+        bytes_written: bytes written behind to the device ([Note: scratch payloads]).
         write_s: seconds the writer thread spent writing.
     """
 
@@ -79,10 +94,11 @@ class DiskIOStats:
 @dataclass
 class _Payload:
     path: Path
-    fd: int  # kept open for read-ahead and fdatasync
+    fd: int  # kept open for read-ahead and write-out
     base: int  # address of the mapping (0 for an empty payload)
     nbytes: int
     jobs: list[Future[None]]
+    mapping: weakref.ref[torch.Tensor] | None = None  # the tensor over ``base``, while alive
 
 
 def check_disk_dir(directory: str | os.PathLike[str] | None, budget: int | None) -> int:
@@ -124,12 +140,39 @@ def check_disk_dir(directory: str | os.PathLike[str] | None, budget: int | None)
     return free
 
 
+def _preallocate(fd: int, nbytes: int, path: Path) -> None:
+    """Reserve the payload's blocks now: a full filesystem is an error here, not a SIGBUS when
+    a page of the mapping is first written, and write-back allocates nothing."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate
+            return
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise CapacityError(
+            f"disk tier cannot allocate {nbytes:,} bytes in {str(path.parent)!r} "
+            f"({exc.strerror}); free space there or lower disk_bytes"
+        ) from exc
+
+
 def _madvise() -> object | None:
     if not sys.platform.startswith("linux"):
         return None
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     fn = libc.madvise
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return fn
+
+
+def _sync_file_range() -> object | None:
+    """Linux's ``sync_file_range`` (ctypes releases the GIL around it), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    fn = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).sync_file_range
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     return fn
 
 
@@ -168,6 +211,7 @@ class DiskStore:
         self._behind: list[tuple[Future[None], int]] = []  # write-behinds in flight, oldest first
         self._writer: ThreadPoolExecutor | None = None
         self._madvise = _madvise()
+        self._sync_range = _sync_file_range()
 
     @property
     def directory(self) -> Path:
@@ -186,8 +230,14 @@ class DiskStore:
         if numel == 0:
             self._files[key] = _Payload(path, fd, 0, 0, [])
             return torch.empty(0, dtype=dtype)
+        _preallocate(fd, nbytes, path)
         t = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
-        self._files[key] = _Payload(path, fd, t.untyped_storage().data_ptr(), nbytes, [])
+        base = t.untyped_storage().data_ptr()
+        if self._madvise is not None and base % mmap.PAGESIZE == 0:
+            # the caller writes the whole payload next: map every page writable in one call
+            # instead of one fault per page (a no-op where the kernel lacks it)
+            self._madvise(base, nbytes, _MADV_POPULATE_WRITE)  # type: ignore[operator]
+        self._files[key] = _Payload(path, fd, base, nbytes, [], weakref.ref(t))
         return t
 
     # ----- background I/O ([Note: disk read-ahead and write-behind]) ----------------------------
@@ -245,6 +295,16 @@ class DiskStore:
 
     def _read(self, p: _Payload) -> None:
         t0 = time.perf_counter()
+        t = p.mapping() if p.mapping is not None else None  # held: the mapping stays alive
+        if (
+            t is not None
+            and self._madvise is not None
+            and p.base % mmap.PAGESIZE == 0
+            and t.untyped_storage().data_ptr() == p.base
+            and self._madvise(p.base, p.nbytes, _MADV_POPULATE_READ) == 0  # type: ignore[operator]
+        ):  # read into the page cache and mapped here: the access takes no page faults
+            self._add(0, p.nbytes, time.perf_counter() - t0)
+            return
         if self._read_buf is None:  # one buffer, reused: only the pages a read touched are resident
             self._read_buf = mmap.mmap(-1, _READ_BLOCK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         buf = memoryview(self._read_buf)[: min(_READ_BLOCK, p.nbytes)]
@@ -258,7 +318,9 @@ class DiskStore:
 
     def _write(self, p: _Payload, tensor: torch.Tensor) -> None:
         t0 = time.perf_counter()
-        os.fdatasync(p.fd)
+        # [Note: scratch payloads]: written out, not made durable (no journal commit per file)
+        if self._sync_range is None or self._sync_range(p.fd, 0, p.nbytes, _SYNC_OUT) != 0:  # type: ignore[operator]
+            os.fdatasync(p.fd)
         if self._drop_cache and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(p.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         self._add(2, p.nbytes, time.perf_counter() - t0)
