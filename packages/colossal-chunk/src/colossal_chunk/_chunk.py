@@ -87,6 +87,8 @@ class Chunk:
     full: torch.Tensor | None  # 1-D, capacity, on the compute device while gathered
     tier: TierName | None  # where the shard lives (set by the manager)
     _counts: dict[TensorState, int]  # tensors per state, kept by _set: counts in constant time
+    _spans: dict[str, tuple[int, int, int, int] | None]  # name -> its part of this rank's shard
+    # (start and end in the shard, start and end in the tensor's elements); None: no part
     _inflight: PendingReduce | _PendingGather | None  # [Note: one collective in flight]
 
     def __init__(
@@ -110,6 +112,7 @@ class Chunk:
         self.records, self.used = {}, 0
         self.shard, self.full, self.tier = None, None, None
         self._counts = dict.fromkeys(TensorState, 0)
+        self._spans = {}
         self._inflight = None
 
     # ----- layout -------------------------------------------------------------------------------
@@ -119,7 +122,7 @@ class Chunk:
 
     @property
     def element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def shard_bytes(self) -> int:
@@ -155,6 +158,9 @@ class Chunk:
         rec = TensorRecord(name, self.used, numel, shape, first)
         self.records[name] = rec
         self._counts[first] += 1
+        lo = self.rank * self.shard_numel
+        a, b = max(lo, self.used), min(lo + self.shard_numel, self.used + numel)
+        self._spans[name] = (a - lo, b - lo, a - self.used, b - self.used) if a < b else None
         self.used += numel
         return rec
 
@@ -341,12 +347,11 @@ class Chunk:
     def shard_view(self, name: str) -> tuple[torch.Tensor, int, int] | None:
         """This rank's part of tensor ``name``: (1-D view into the shard, start, end) in the
         tensor's flattened elements, or None when the shard holds none of it."""
-        rec = self.records[name]
-        lo = self.rank * self.shard_numel
-        a, b = max(lo, rec.offset), min(lo + self.shard_numel, rec.end)
-        if a >= b or self.shard is None:
+        span = self._spans[name]
+        if span is None or self.shard is None:
             return None
-        return self.shard[a - lo : b - lo], a - rec.offset, b - rec.offset
+        a, b, start, end = span
+        return self.shard[a:b], start, end
 
     def state(self, name: str) -> TensorState:
         return self.records[name].state

@@ -150,7 +150,9 @@ class GeminiOptimizer(torch.optim.Optimizer):
             for n in names:
                 # every rank counts every tensor's steps: after a re-pack in first-use order
                 # ([Note: first-use order]) a rank may come to hold a slice it did not hold
-                step = self.steps.setdefault(n, torch.zeros((), dtype=torch.float32))
+                step = self.steps.get(n)
+                if step is None:
+                    step = self.steps[n] = torch.zeros((), dtype=torch.float32)
                 if fp32.shard_view(n) is None:
                     elsewhere.append(step)
                     continue
@@ -223,11 +225,14 @@ class GeminiOptimizer(torch.optim.Optimizer):
                 m.count_copy(grads.tier, home, gv.numel() * gv.element_size())  # type: ignore[arg-type]
             if gv.device != dev or gv.dtype != torch.float32:
                 gv = gv.to(dev, torch.float32)
-            row = rows.setdefault(self.group_of[n], ([], [], [], [], []))
-            for lst, t in zip(
-                row, (pv, gv, avg.shard_view(n)[0], sq.shard_view(n)[0], self.steps[n]), strict=True
-            ):  # type: ignore[index]
-                lst.append(t)
+            row = rows.get(self.group_of[n])
+            if row is None:
+                row = rows[self.group_of[n]] = ([], [], [], [], [])
+            row[0].append(pv)
+            row[1].append(gv)
+            row[2].append(avg.shard_view(n)[0])  # type: ignore[index]
+            row[3].append(sq.shard_view(n)[0])  # type: ignore[index]
+            row[4].append(self.steps[n])
         for gi, (ps, gs, avgs, sqs, steps) in rows.items():
             hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
             adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
