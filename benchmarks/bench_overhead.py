@@ -14,6 +14,9 @@ from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
 from _report import Report
 
+WARM = 3  # Gemini: traced warmup, re-pack in first-use order, state-placement measurement
+AIMS = {"micro": 1.15, "mini": 1.05}  # Gemini / plain AdamW (issue 13)
+
 
 def _build(preset: str, method: str):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
@@ -63,8 +66,9 @@ def run(quick: bool, out_dir: Path) -> Report:
     )  # fmt: skip
     for preset in presets:
         runners = {m: _Runner(preset, m, batch, seq) for m in methods}
-        for r in runners.values():
-            r.step()  # warm caches; Gemini's first step is its traced warmup
+        for _ in range(WARM):  # Gemini's steady state starts after WARM steps ([Note:
+            for r in runners.values():  # resident steps] in colossal_zero._runtime)
+                r.step()
         times: dict[str, list[float]] = {m: [] for m in methods}
         for _ in range(steps):  # alternate step by step: every method sees the same load
             for m in methods:
@@ -88,19 +92,24 @@ def run(quick: bool, out_dir: Path) -> Report:
                 "ratio_vs_fused": g / med["plain (AdamW fused)"],
             }
         )
-    last = report.rows[-1]
-    report.summary = {
-        f"Gemini / plain AdamW default ({last['preset']})": last["ratio_vs_default"],
-        f"Gemini / plain AdamW fused ({last['preset']})": last["ratio_vs_fused"],
-        f"median paired ratio ({last['preset']})": last["median_paired_ratio"],
-        "aim: <= 1.10 vs plain": last["ratio_vs_default"] <= 1.10,
-    }
+    report.summary = {}
+    for row in report.rows:
+        p = row["preset"]
+        report.summary[f"Gemini / plain AdamW default ({p})"] = row["ratio_vs_default"]
+        report.summary[f"median paired ratio ({p})"] = row["median_paired_ratio"]
+        report.summary[f"Gemini / plain AdamW fused ({p})"] = row["ratio_vs_fused"]
+        if p in AIMS:
+            report.summary[f"aim: <= {AIMS[p]} vs plain default ({p})"] = (
+                row["ratio_vs_default"] <= AIMS[p]
+            )
     report.notes = [
         "No budget: every chunk stays on the compute tier (the emulated accelerator on a CPU), "
         "so the difference is Gemini's bookkeeping: operator hooks, gradient copies into "
         "chunks, the fused shard update.",
         f"batch {batch} x {seq} tokens; the methods alternate step by step ({steps} steps each "
-        "after a warmup step); medians, and the median of step-by-step ratios; "
+        f"after {WARM} warm-up steps: Gemini's traced warmup, its re-pack in first-use order and "
+        "the optimizer's state-placement measurement; from then on every step is resident, "
+        "skipping the access protocol); medians, and the median of step-by-step ratios; "
         "torch's default AdamW on CPU is the per-tensor implementation, 'fused' is fused=True.",
         "The machine is shared (2 cores); figures move with its load.",
     ]

@@ -105,7 +105,7 @@ def timing_rank(preset: str, batch: int, seq: int, steps: int) -> dict[str, Any]
     if n == 1:
         methods[PLAIN] = _Torch(preset, PLAIN)
     times: dict[str, list[float]] = {k: [] for k in methods}
-    warm = 2  # Gemini's first step is its traced warmup
+    warm = 3  # Gemini: traced warmup, re-pack, state-placement measurement
     for i in range(steps + warm):
         order = list(methods.items())
         k = i % len(order)
@@ -180,7 +180,8 @@ def run(quick: bool, out_dir: Path) -> Report:
         "byte budget, so moves are memory copies, FSDP2's offload copies CPU to CPU, and "
         "collectives run on gloo over loopback.",
         "Per rank count one process world; every method runs each step (barrier, step, barrier) "
-        "in a rotating order; 2 warm-up steps dropped; median and inter-quartile range of the "
+        "in a rotating order; 3 warm-up steps dropped (Gemini's traced warmup, re-pack and "
+        "state-placement measurement); median and inter-quartile range of the "
         "timed steps (rank 0's clock).",
         "The host has 2 cores shared with other jobs (load average far above 2 during the run), "
         "and 4 ranks share those 2 cores: absolute times are noisy and large; only the ratios "
