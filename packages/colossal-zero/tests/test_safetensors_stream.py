@@ -42,3 +42,27 @@ def test_wrong_or_missing_tensors_are_refused(tmp_path):
     s.write(torch.zeros(2))
     with pytest.raises(CheckpointError, match="not written"):
         s.close()
+
+
+def test_range_reader_reads_slices_into_given_storage_and_names_corrupt_files(tmp_path):
+    from safetensors.torch import save_file
+
+    from colossal_zero._safetensors_stream import SafetensorsRangeReader
+
+    a = torch.randn(100)
+    save_file({"a": a, "s": torch.tensor([3.0])}, str(tmp_path / "x.safetensors"))
+    r = SafetensorsRangeReader(tmp_path / "x.safetensors")
+    dst = torch.zeros(200)
+    r.read_into("a", 30, dst[10:50])  # elements 30..70 into the middle of a larger buffer
+    assert torch.equal(dst[10:50], a[30:70]) and not dst[:10].any() and not dst[50:].any()
+    half = torch.zeros(10, dtype=torch.bfloat16)  # another dtype: through one host copy
+    r.read_into("a", 0, half)
+    assert torch.equal(half, a[:10].bfloat16())
+    with pytest.raises(CheckpointError, match="fewer elements"):
+        r.read_into("a", 95, torch.zeros(10))
+    assert r.keys() == {"a", "s"} and torch.equal(r.get("s"), torch.tensor([3.0]))
+    r.close()
+    for i, junk in enumerate((b"", b"\xff" * 16, (20).to_bytes(8, "little") + b"{not json" * 3)):
+        (tmp_path / f"bad{i}").write_bytes(junk)
+        with pytest.raises(CheckpointError, match="corrupt"):
+            SafetensorsRangeReader(tmp_path / f"bad{i}")

@@ -12,8 +12,9 @@ the SHA-256 and size of every shard file and the buffers file, checked when a fi
 
 Saving and loading go chunk by chunk: a rank's file is streamed from its shards (its header is
 computed from the chunk records first, [Note: streamed safetensors]) and hashed while written;
-loading reads each parameter's element ranges through ``safe_open`` slices into its shard. No
-step holds more than one tensor beyond the chunks themselves.
+loading ``pread``s each parameter's element ranges from the files straight into its shard
+(``SafetensorsRangeReader``: no file is mapped). No step holds more than one tensor beyond the
+chunks themselves.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 
 from colossal_contracts import CheckpointError
 
 from ._module import GeminiModule
 from ._optimizer import STATE_KINDS, GeminiOptimizer
-from ._safetensors_stream import SafetensorsStream, TensorSpec
+from ._safetensors_stream import SafetensorsRangeReader, SafetensorsStream, TensorSpec
 
 __all__ = ["INDEX_FILE", "consolidate", "file_digest", "load_sharded", "save_sharded"]
 
@@ -166,7 +167,7 @@ class _Reader:
                 f"{directory} has no readable {INDEX_FILE}: {err}; is it a Gemini checkpoint?"
             ) from err
         _validate_index(self.index, directory / INDEX_FILE)
-        self._files: dict[int, Any] = {}
+        self._files: dict[int, SafetensorsRangeReader] = {}
         self._keys: dict[int, set[str]] = {}
 
     def verify(self, name: str) -> Path:
@@ -184,24 +185,22 @@ class _Reader:
                 )
         return path
 
-    def _file(self, rank: int) -> Any:
+    def _file(self, rank: int) -> SafetensorsRangeReader:
         if rank not in self._files:
             path = self.verify(_shard_file(rank, self.index["world_size"]))
-            try:
-                self._files[rank] = safe_open(str(path), framework="pt")
-                self._keys[rank] = set(self._files[rank].keys())
-            except (OSError, SafetensorError) as err:
-                raise CheckpointError(f"shard file {path} is missing or corrupt: {err}") from err
+            self._files[rank] = SafetensorsRangeReader(path)
+            self._keys[rank] = self._files[rank].keys()
         return self._files[rank]
 
-    def read(self, kind: str, name: str, start: int, end: int) -> torch.Tensor | None:
-        """Elements ``[start, end)`` of the flattened ``kind/name``; None if it was not saved."""
+    def read_into(self, kind: str, name: str, start: int, out: torch.Tensor) -> bool:
+        """Elements ``[start, start + out.numel())`` of the flattened ``kind/name`` into ``out``
+        (read from each rank's file that holds some); False if it was not saved."""
         meta = self.index["params"].get(name)
         if meta is None:
             raise CheckpointError(
                 f"{self.directory} has no parameter {name!r}; was it saved from another model?"
             )
-        out = torch.empty(end - start, dtype=torch.float32)
+        end = start + out.numel()
         for rank, a, b in meta["ranges"]:
             lo, hi = max(a, start), min(b, end)
             if lo >= hi:
@@ -209,16 +208,26 @@ class _Reader:
             f = self._file(rank)
             key = f"{kind}/{name}"
             if key not in self._keys[rank]:
-                return None
-            out[lo - start : hi - start] = f.get_slice(key)[lo - a : hi - a]
-        return out
+                return False
+            f.read_into(key, lo - a, out[lo - start : hi - start])
+        return True
+
+    def read(self, kind: str, name: str, start: int, end: int) -> torch.Tensor | None:
+        """Elements ``[start, end)`` of the flattened ``kind/name``; None if it was not saved."""
+        out = torch.empty(end - start, dtype=torch.float32)
+        return out if self.read_into(kind, name, start, out) else None
 
     def step(self, name: str) -> float | None:
         for rank, _, _ in self.index["params"][name]["ranges"]:
             f = self._file(rank)
             if f"step/{name}" in self._keys[rank]:
-                return float(f.get_tensor(f"step/{name}")[0])
+                return float(f.get(f"step/{name}")[0])
         return None
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
 
 @torch.no_grad()
@@ -245,14 +254,12 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
             part = fp32.shard_view(name)
             if part is None:
                 continue
-            view, a, b = part
-            view.copy_(reader.read("param", name, a, b))  # type: ignore[arg-type]
+            view, a, _ = part
+            reader.read_into("param", name, a, view)  # straight into the shard
             if optimizer is None or not index["optimizer"]:
                 continue
             for kind in STATE_KINDS:
-                value = reader.read(kind, name, a, b)
-                if value is not None:
-                    m.parallel_chunk(kind, c).shard_view(name)[0].copy_(value)  # type: ignore[index]
+                reader.read_into(kind, name, a, m.parallel_chunk(kind, c).shard_view(name)[0])  # type: ignore[index]
         if rt.precision.master:
             rt.restore_params(c)
         # chunk by chunk: what was written into chunks on disk is written out of memory
@@ -262,6 +269,7 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     rt.clear_grads()
     if optimizer is not None and optimizer.scaler is not None and index.get("scaler"):
         optimizer.scaler.load_state_dict(index["scaler"])
+    reader.close()
     buffers = reader.directory / BUFFERS_FILE
     if buffers.exists():
         reader.verify(BUFFERS_FILE)
@@ -283,6 +291,7 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
             numel *= d
         value = reader.read("param", name, 0, numel)
         full[name] = value.view(meta["shape"])  # type: ignore[union-attr]
+    reader.close()
     out = {alias: full[canon].clone() for alias, canon in reader.index["aliases"].items()}
     buffers = directory / BUFFERS_FILE
     if buffers.exists():

@@ -6,7 +6,10 @@ allows trailing spaces as padding) and the tensors' bytes. When every tensor's n
 shape are known before any value is read (a Gemini shard: its chunk records), the header is
 computed first and each value is written straight from its storage (CPU tensors are not copied;
 others are copied to the host one tensor at a time) and hashed on the way, so the writer never
-holds more than the tensor it is handed and the file's SHA-256 needs no second read.
+holds more than the tensor it is handed and the file's SHA-256 needs no second read. Reading
+back is the mirror image: ``SafetensorsRangeReader`` parses the header and ``pread``s an element
+range of a tensor straight into the caller's storage (a chunk's shard): no mapping of the file,
+no intermediate tensor.
 """
 
 from __future__ import annotations
@@ -25,7 +28,15 @@ import torch
 
 from colossal_contracts import CheckpointError
 
-__all__ = ["SafetensorsStream", "TensorSpec", "safetensors_header", "tensor_bytes"]
+__all__ = [
+    "SafetensorsRangeReader",
+    "SafetensorsStream",
+    "TensorSpec",
+    "safetensors_header",
+    "tensor_bytes",
+]
+
+_HEADER_MAX = 100 << 20  # safetensors' own bound on a header
 
 _DTYPES = {
     torch.float64: "F64",
@@ -163,3 +174,86 @@ class SafetensorsStream:
             self.close()
         else:
             self._fh.close()
+
+
+class SafetensorsRangeReader:
+    """Element ranges of the tensors of one safetensors file, read into given storage.
+
+    ``CheckpointError`` naming the file when its header is unreadable or inconsistent with its
+    size. The file stays open until ``close``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        try:
+            self._fh = open(self.path, "rb")  # noqa: SIM115 (closed by close)
+        except OSError as err:
+            raise CheckpointError(
+                f"shard file {self.path} is missing or unreadable: {err}"
+            ) from err
+        try:
+            self._table, self._data = self._parse()
+        except CheckpointError:
+            self._fh.close()
+            raise
+
+    def _parse(self) -> tuple[dict[str, Any], int]:
+        size = os.fstat(self._fh.fileno()).st_size
+        head = self._fh.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        bad = CheckpointError(f"shard file {self.path} is corrupt (not a safetensors file)")
+        if not 0 < n <= min(_HEADER_MAX, size - 8):
+            raise bad
+        try:
+            table = json.loads(self._fh.read(n))
+        except (UnicodeDecodeError, ValueError) as err:
+            raise bad from err
+        if not isinstance(table, dict):
+            raise bad
+        table.pop("__metadata__", None)
+        names = {v: k for k, v in _DTYPES.items()}
+        for entry in table.values():
+            ok = isinstance(entry, dict) and entry.get("dtype") in names
+            offsets = entry.get("data_offsets") if ok else None
+            if not (
+                isinstance(offsets, list)
+                and len(offsets) == 2
+                and 0 <= offsets[0] <= offsets[1] <= size - 8 - n
+            ):
+                raise bad
+            entry["dtype"] = names[entry["dtype"]]
+        return table, 8 + n
+
+    def keys(self) -> set[str]:
+        return set(self._table)
+
+    def read_into(self, key: str, start: int, out: torch.Tensor) -> None:
+        """Elements ``[start, start + out.numel())`` of the flattened ``key`` into ``out`` (a
+        contiguous CPU tensor of the file's dtype; others go through one host copy)."""
+        entry = self._table[key]
+        dst = out
+        if out.device.type != "cpu" or not out.is_contiguous() or out.dtype != entry["dtype"]:
+            dst = torch.empty(out.shape, dtype=entry["dtype"])
+        size = dst.element_size()
+        lo, hi = entry["data_offsets"]
+        offset = self._data + lo + start * size
+        if offset + dst.numel() * size > self._data + hi:
+            raise CheckpointError(f"{self.path}: {key} has fewer elements than the index says")
+        view = memoryview(dst.reshape(-1).view(torch.uint8).numpy())
+        done = 0
+        while done < len(view):
+            got = os.preadv(self._fh.fileno(), [view[done:]], offset + done)
+            if got <= 0:
+                raise CheckpointError(f"{self.path} ended early reading {key}")
+            done += got
+        if dst is not out:
+            out.copy_(dst)
+
+    def get(self, key: str) -> torch.Tensor:
+        """The whole tensor ``key``."""
+        entry = self._table[key]
+        out = torch.empty(entry["shape"], dtype=entry["dtype"])
+        self.read_into(key, 0, out)
+        return out
+
+    def close(self) -> None:
+        self._fh.close()
