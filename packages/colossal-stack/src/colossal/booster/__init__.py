@@ -3,7 +3,7 @@
 from ._booster import Booster
 from ._ddp import DDPPlugin
 from ._export import export_checkpoint
-from ._gemini import GeminiPlugin, parse_bytes
+from ._gemini import GeminiPlugin, export_gemini, parse_bytes
 from ._hybrid import HybridParallelPlugin, PipelineModule
 from ._hybrid_checkpoint import iter_full_tensors, load_layout_checkpoint, read_layout_index
 from ._plugin import Plugin
@@ -22,6 +22,7 @@ __all__ = [
     "Plugin",
     "ShardedSafetensorsWriter",
     "export_checkpoint",
+    "export_gemini",
     "find_checkpoint",
     "iter_full_tensors",
     "latest_checkpoint",

@@ -43,7 +43,7 @@ from ._gemini_tp import (
 from ._mesh_stats import axis_comm_bytes
 from ._shard_writer import ShardedSafetensorsWriter
 
-__all__ = ["FULL_MODEL_FILE", "GeminiPlugin", "parse_bytes"]
+__all__ = ["FULL_MODEL_FILE", "GeminiPlugin", "export_gemini", "parse_bytes"]
 
 FULL_MODEL_FILE = "model.safetensors"
 _UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -245,19 +245,9 @@ class GeminiPlugin:
         folder = self._shard_folder(path)
         folder.mkdir(exist_ok=True)
         save_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, folder)
-        if not self.export_full_model:
-            return
-        tensors: Any = iter_full_state(gm)  # collective over dp: every rank iterates
-        if self.mesh is not None:
-            tensors = tp_full_state(gm.module, dict(tensors), self.mesh).items()  # over tp
-        limit = parse_bytes(self.export_shard_bytes)
-        if _rank() != 0:
-            for _ in tensors:
-                pass
-            return
-        with ShardedSafetensorsWriter(Path(path), max_shard_bytes=limit) as writer:  # type: ignore[arg-type]
-            for name, tensor in tensors:
-                writer.add(name, tensor)
+        if self.export_full_model:
+            limit = parse_bytes(self.export_shard_bytes)
+            export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=self.mesh)  # type: ignore[arg-type]
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
@@ -290,6 +280,25 @@ def _gemini_module(model: nn.Module) -> GeminiModule:
     if not isinstance(model, GeminiModule):
         raise ConfigError("GeminiPlugin checkpoints need the model that Booster.boost returned")
     return model
+
+
+def export_gemini(
+    model: GeminiModule, path: Path, *, max_shard_bytes: int, mesh: ProcessMesh | None = None
+) -> None:
+    """Rank 0 writes ``model``'s consolidated fp32 state into ``path`` as safetensors shards of
+    at most ``max_shard_bytes`` with a Hugging Face index. Collective over the model's dp group
+    (and ``mesh``'s tp ranks). Without tp it streams: one chunk is gathered at a time and its
+    tensors are written before the next (``iter_full_state``), so no rank holds the model."""
+    tensors: Any = iter_full_state(model)  # collective over dp: every rank iterates
+    if mesh is not None:
+        tensors = tp_full_state(model.module, dict(tensors), mesh).items()  # over tp, whole
+    if _rank() != 0:
+        for _ in tensors:
+            pass
+        return
+    with ShardedSafetensorsWriter(path, max_shard_bytes=max_shard_bytes) as writer:
+        for name, tensor in tensors:
+            writer.add(name, tensor)
 
 
 def _rank() -> int:
