@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from colossal_contracts import (
+    LEGAL_TRANSITIONS,
     ConfigError,
     StateTransitionError,
     TensorState,
@@ -300,10 +301,10 @@ class Chunk:
         returned handle's ``wait()`` runs (call it before reading the shard or reducing again).
         ``accumulate`` adds the result to the shard instead of overwriting it (with one rank the
         buffer *is* the shard, so the caller accumulates into it directly)."""
-        waiting = [
-            r.name for r in self.records.values() if r.state is not TensorState.READY_FOR_REDUCE
-        ]
-        if waiting:
+        if self._counts[TensorState.READY_FOR_REDUCE] != len(self.records):
+            waiting = [
+                r.name for r in self.records.values() if r.state is not TensorState.READY_FOR_REDUCE
+            ]
             raise StateTransitionError(
                 f"chunk {self.chunk_id} cannot reduce before every tensor is READY_FOR_REDUCE; "
                 f"still waiting on {waiting[:4]}"
@@ -364,7 +365,8 @@ class Chunk:
         old = rec.state
         if old is new:
             return
-        check_transition(old, new, what=f"tensor {rec.name!r} of chunk {self.chunk_id}")
+        if new not in LEGAL_TRANSITIONS[old]:  # raises, naming the tensor
+            check_transition(old, new, what=f"tensor {rec.name!r} of chunk {self.chunk_id}")
         rec.state = new
         counts = self._counts
         counts[old] -= 1

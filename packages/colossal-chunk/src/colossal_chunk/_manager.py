@@ -19,6 +19,9 @@ compute tier and never evicted after use, no collective or copy in flight, no de
 recorded, and room at every moment of the step for what is there now plus the headroom a runtime
 asks for (chunks it may add lazily). Then ``access`` and ``release`` would only change states,
 and a runtime may skip them around operators for that step; the values computed are the same.
+Until the layout or the moment changes (``register``, ``add_parallel``, ``move``, ``set_moment``,
+``track_demand``, ``gather_ahead``, ``prefetch``), the manager's own fast paths then skip their
+room check too: it held for every moment when ``fully_resident`` answered.
 
 [Note: collectives in flight] (``_pending.py``): ``gather_ahead`` and ``reduce(async_op=True)``
 start collectives that an access, a move, a re-pack or ``settle()`` of the chunk finishes. A
@@ -104,6 +107,7 @@ class ChunkManager:
         self._spill: dict[str, int | None] = {}  # kind -> its add_parallel spill_reserve
         self._moment = 0
         self._num_moments = 0  # moments of the longest step seen (set_moment), for the room check
+        self._steady = False  # fully_resident() said yes and nothing changed since
         self._demand: dict[int, list[int]] | None = None  # moment -> [unfreeable, resident]
         self._closed = False
         self.before_collective = None
@@ -142,6 +146,7 @@ class ChunkManager:
         are ``materialize(param)``, asked for one chunk's tensors at a time (lazy initialization).
         Returns the new chunks.
         """
+        self._steady = False
         fresh: dict[str, torch.nn.Parameter] = {}
         for name, p in named_params:
             if (
@@ -193,6 +198,7 @@ class ChunkManager:
         of its room stay free, kept there: [Note: kept chunks])."""
         if kind == "param" or kind in self._parallel:
             raise ConfigError(f"parallel chunk kind {kind!r} is taken; pick another name")
+        self._steady = False
         twins = {}
         for cid in [c.chunk_id for c in self.chunks.values() if c.kind == "param"]:
             src = self.chunks[cid]
@@ -269,7 +275,7 @@ class ChunkManager:
     def set_moment(self, moment: int, *, prefetch: int = 0) -> None:
         """Tell the policy the step reached ``moment``; with ``prefetch > 0`` also start copying
         the chunks of the next ``prefetch`` moments to the compute tier (within the budget)."""
-        self._moment = moment
+        self._moment, self._steady = moment, False
         if moment >= self._num_moments:
             self._num_moments = moment + 1
         self.policy.on_moment(moment)
@@ -315,11 +321,15 @@ class ChunkManager:
             c = self.chunks[cid]
             if c.tier is not ACC or not c.is_gathered:
                 return False
-        return self.tiers[ACC].used_bytes <= self._placement.limit(self._moment)
+        return self._steady or self.tiers[ACC].used_bytes <= self._placement.limit(self._moment)
 
     def fully_resident(self, headroom: int = 0) -> bool:
         """See [Note: resident fast path]; ``headroom``: compute-tier bytes that must stay free at
         every moment besides what is there now. Costs one pass over chunks and moments."""
+        self._steady = self._fully_resident(headroom)
+        return self._steady
+
+    def _fully_resident(self, headroom: int) -> bool:
         if self.world_size > 1 or self._demand is not None or self.in_flight.chunks:
             return False
         policy = self.policy
@@ -387,6 +397,7 @@ class ChunkManager:
         could free (chunks in use or awaiting reduction, kept chunks) and the most held there
         at all; read them from ``demand``. ``on=False`` stops recording and forgets them."""
         self._demand = {} if on else None
+        self._steady = False
 
     @property
     def demand(self) -> dict[int, tuple[int, int]]:
@@ -484,6 +495,7 @@ class ChunkManager:
         their gathered buffers fit in this moment's room (nothing is evicted for them); returns
         how many started. Collective: every rank must pass the same chunks in the same state."""
         pl, acc, issued = self._placement, self.tiers[ACC], 0
+        self._steady = False
         for item in chunks:
             c = self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
             if c.world_size == 1 or c.is_gathered or c.tier is not ACC:
@@ -504,6 +516,7 @@ class ChunkManager:
         is in COMPUTE."""
         c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
         tier = TierName(tier)
+        self._steady = False
         self.in_flight.finish(c)
         if tier is not ACC and c.world_size > 1 and c.is_gathered:
             self._placement.drop_gathered(c, c.release())
@@ -538,7 +551,7 @@ class ChunkManager:
         evicts only chunks needed later than the one fetched.
         """
         next_use = self.policy.next_use
-        issued = 0
+        issued, self._steady = 0, False
         for cid in self.policy.upcoming(self._moment, horizon):
             c = self.chunks[cid]
             if self._placement.prefetch(
