@@ -14,7 +14,7 @@ from colossal_memtrace import MomentRecorder
 from colossal_models import GPT, GPTConfig, apply_activation_checkpointing
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
-STEPS, LR, NUMEL = 4, 3e-3, 8192
+STEPS, LR, NUMEL = 3, 3e-3, 8192
 CHUNK = NUMEL * 4  # bytes of one fp32 chunk
 CFG = GPTConfig(vocab_size=256, max_seq_len=32, num_layers=3, num_heads=2, hidden_size=32)
 
@@ -116,7 +116,7 @@ def _non_model_peak(checkpointed: bool) -> int:
     apply_activation_checkpointing(model, enabled=checkpointed)
     gm = apply_gemini(model, GeminiConfig(precision="fp32", device="cpu"), group=None)
     opt = GeminiOptimizer.from_torch(gm, torch.optim.AdamW(model.parameters(), lr=LR))
-    x, y = torch.randint(0, 256, (2, 8, 64), generator=torch.Generator().manual_seed(1))
+    x, y = torch.randint(0, 256, (2, 4, 64), generator=torch.Generator().manual_seed(1))
     for i in range(2):
         if i == 1:
             gm.runtime.measure_next_step(MomentRecorder())
