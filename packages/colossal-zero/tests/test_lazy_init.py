@@ -3,10 +3,12 @@ eager construction under the same seed (GPT, PaLM, a Hugging Face GPT-2 from a c
 random generator where eager construction leaves it, and train under Gemini exactly as the eager
 model does."""
 
+import weakref
+
 import pytest
 import torch
 
-from colossal_contracts import ConfigError
+from colossal_contracts import ConfigError, TierName
 from colossal_zero import GeminiConfig, GeminiOptimizer, LazyInit, apply_gemini
 
 
@@ -87,3 +89,103 @@ def test_meta_model_without_its_lazy_context_is_a_config_error():
         model = _gpt()
     with pytest.raises(ConfigError, match="lazy_init"):
         apply_gemini(model, GeminiConfig(device="cpu"), group=None)
+
+
+def _disk_config(tmp_path, precision: str, chunk: int) -> GeminiConfig:
+    # host room for two fp32 chunks: most chunks, and most states, live on the disk tier
+    return GeminiConfig(
+        precision=precision, device="cpu", chunk_numel=chunk, accelerator_bytes=6 * chunk * 4,
+        host_bytes=2 * chunk * 4, disk_bytes=None, disk_dir=tmp_path,
+    )  # fmt: skip
+
+
+def _deeper_gpt():
+    models = pytest.importorskip("colossal_models")
+    GPT, GPTConfig = models.GPT, models.GPTConfig
+    return GPT(GPTConfig(vocab_size=256, max_seq_len=32, num_layers=4, num_heads=2, hidden_size=64))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_lazy_setup_holds_at_most_one_chunk_of_materialized_values(tmp_path, precision):
+    """Every value lazy init materializes is counted while it is alive: at no moment of setup
+    do they add up to more than one fp32 chunk (the model is seven), and the tiers stay within
+    their budgets, so host memory beyond the budgets is one chunk's worth."""
+    chunk = 32768
+    torch.manual_seed(0)
+    with LazyInit() as lazy:
+        model = _deeper_gpt()
+    live: dict[int, int] = {}  # serial -> bytes of a materialized value still alive
+    peak, serial = [0], [0]
+    materialize = lazy.materialize
+
+    def counted(t: torch.Tensor) -> torch.Tensor:
+        out = materialize(t)
+        serial[0] += 1
+        live[serial[0]] = out.untyped_storage().nbytes()
+        weakref.finalize(out, live.pop, serial[0], None)
+        peak[0] = max(peak[0], sum(live.values()))
+        return out
+
+    lazy.materialize = counted  # type: ignore[method-assign]
+    config = _disk_config(tmp_path, precision, chunk)
+    gm = apply_gemini(model, config, group=None, lazy=lazy)
+    manager = gm.runtime.manager
+    total = sum(p.numel() for p in model.parameters()) * 4
+    assert len(manager.param_chunks()) >= 6 and total > 5 * chunk * 4
+    assert serial[0] >= len(list(model.parameters()))  # every value came through the counter
+    assert 0 < peak[0] <= chunk * 4, (peak[0], chunk * 4)
+    assert not live  # nothing materialized outlives setup
+    tiers = manager.tiers
+    assert tiers[TierName.HOST].peak_bytes <= config.host_bytes
+    assert tiers[TierName.ACCELERATOR].peak_bytes == 0
+    assert tiers[TierName.DISK].used_bytes > 0
+    manager.close()
+
+
+def test_lazy_init_on_the_disk_tier_trains_like_eager_and_adamw(tmp_path):
+    """Lazy and eager builds under host and accelerator budgets that spill most chunks and
+    states to disk train bit-identically (clipping on: the norm streams the gradients on disk
+    through memory), and match plain AdamW with the same clipping within 1e-5."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 256, (2, 2, 32), generator=g)
+    torch.manual_seed(0)
+    plain = _deeper_gpt()
+    ref = torch.optim.AdamW(plain.parameters(), lr=1e-3)
+    ref_losses = []
+    for _ in range(3):
+        loss = plain(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
+        ref.step()
+        ref.zero_grad()
+        ref_losses.append(loss.item())
+    runs = []
+    for lazy_mode in (False, True):
+        torch.manual_seed(0)
+        lazy = LazyInit() if lazy_mode else None
+        if lazy is not None:
+            with lazy:
+                model = _deeper_gpt()
+        else:
+            model = _deeper_gpt()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        config = _disk_config(tmp_path / str(lazy_mode), "fp32", 32768)
+        gm = apply_gemini(model, config, group=None, lazy=lazy)
+        gopt = GeminiOptimizer.from_torch(gm, opt, max_grad_norm=0.5)
+        losses = []
+        for _ in range(3):
+            loss = gm(x, y)
+            gopt.backward(loss)
+            gopt.step()
+            gopt.zero_grad()
+            losses.append(loss.item())
+        assert gm.memory_stats().tiers["disk"].peak_bytes > 0
+        runs.append((losses, gm.full_state_dict()))
+        gm.runtime.manager.close()
+    (a, sa), (b, sb) = runs
+    assert a == b
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert max(abs(u - v) for u, v in zip(a, ref_losses, strict=True)) < 1e-5
+    want = dict(plain.named_parameters())
+    worst = max((sa[k] - want[k].detach()).abs().max().item() for k in want)
+    assert worst < 1e-5, worst

@@ -178,6 +178,7 @@ class ChunkManager:
             }
             storage = self._placement.place_new(c, TierName(self.config.home))
             c.fill_shard(storage, tensors)
+            del tensors  # lazy init: this chunk's values go before the next chunk's are made
             self._placement.written(c)
             self._bind(c)
         self._bind_policy()

@@ -139,14 +139,14 @@ class GeminiOptimizer(torch.optim.Optimizer):
         rt, m = self.rt, self.rt.manager
         self._place_states()
         todo: list[tuple[Chunk, list[str]]] = []  # chunks with gradients, their owned names
-        norm_parts: list[tuple[torch.Tensor, ParamSharding | None]] = []
+        norm_parts: list[tuple[Chunk, list[tuple[torch.Tensor, ParamSharding | None]]]] = []
         elsewhere: list[torch.Tensor] = []  # step counts of tensors other ranks hold
         for c in m.param_chunks():
             names = [n for n in c.records if n in rt.got_grad and n in self.group_of]
             if not names:
                 continue
             grads, fp32 = rt.gradients(c), rt.roles.fp32(c)
-            owned = []
+            owned, parts = [], []
             for n in names:
                 # every rank counts every tensor's steps: after a re-pack in first-use order
                 # ([Note: first-use order]) a rank may come to hold a slice it did not hold
@@ -157,9 +157,10 @@ class GeminiOptimizer(torch.optim.Optimizer):
                     elsewhere.append(step)
                     continue
                 owned.append(n)
-                norm_parts.append((grads.shard_view(n)[0], self.sharding.get(n)))  # type: ignore[index]
+                parts.append((grads.shard_view(n)[0], self.sharding.get(n)))  # type: ignore[index]
             todo.append((c, owned))
-        found = mesh_grad_norm(norm_parts, group=rt.group, shardings=self.sharding)
+            norm_parts.append((grads, parts))
+        found = mesh_grad_norm(self._streamed(norm_parts), group=rt.group, shardings=self.sharding)
         scale = self.loss_scale
         self.last_grad_norm = found.norm / scale
         self.skipped_last = self.scaler is not None and found.overflow
@@ -183,8 +184,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
                 m.read_ahead(self._written_by(ahead))
             self._update(c, owned, grad_scale)
             rt.stepped(c)
-            # the gradients too: only read, but their mapped pages leave memory the same way
-            m.written(dict.fromkeys((*self._written_by(c), rt.gradients(c))))
+            m.written(self._written_by(c))
         rt.clear_grads()
         if self.scaler is not None:
             self.scaler.update(False)
@@ -242,8 +242,19 @@ class GeminiOptimizer(torch.optim.Optimizer):
             m.keep_on_compute(held, keep=False)
 
     def _written_by(self, c: Chunk) -> list[Chunk]:
-        """The chunks whose shards the update of ``c`` writes (fp32 values, states, ``c``)."""
-        return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c)))
+        """The chunks whose shards the update of ``c`` writes (fp32 values, states, ``c``), and
+        the gradients it reads: on disk, their mapped pages must leave memory the same way."""
+        grads = self.rt.gradients(c)
+        return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c, grads)))
+
+    def _streamed(
+        self, per_chunk: list[tuple[Chunk, list[tuple[torch.Tensor, ParamSharding | None]]]]
+    ) -> Iterable[tuple[torch.Tensor, ParamSharding | None]]:
+        """Each chunk's gradient pieces for the norm, then the chunk is let go: on disk its
+        mapped pages leave memory (read all at once, every gradient on disk was resident)."""
+        for grads, parts in per_chunk:
+            yield from parts
+            self.rt.manager.written([grads])
 
     def _states_of(self, c: Chunk) -> list[Chunk]:
         """The chunks that live where ``c``'s Adam states live (the masters with them)."""
