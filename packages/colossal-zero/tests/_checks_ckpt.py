@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import torch
@@ -18,15 +19,24 @@ def _barrier() -> None:
 
 def train_and_save(
     config: GeminiConfig, directory: str, steps: int, batch: int
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Train, save; the gathered ``full_state_dict`` and the streamed ``iter_full_state``
-    (each tensor copied as it comes: the stream's views last until the next chunk)."""
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int, int]:
+    """Train, save; the gathered ``full_state_dict``, the streamed ``iter_full_state`` (each
+    tensor copied as it comes), the most gathered buffers the stream kept alive at once (each
+    tensor's base, tracked by weak reference) and the number of chunks."""
     model, opt = make(config)
     train(model, opt, steps, batch)
     save_sharded(model, opt, Path(directory))
     _barrier()
-    streamed = {n: t.clone() for n, t in iter_full_state(model)}
-    return model.full_state_dict(), streamed
+    streamed: dict[str, torch.Tensor] = {}
+    bases: list[weakref.ref] = []
+    most = 0
+    for name, t in iter_full_state(model):
+        streamed[name] = t.clone()
+        bases.append(weakref.ref(t if t._base is None else t._base))
+        del t
+        most = max(most, len({id(b()) for b in bases if b() is not None}))
+    chunks = len(model.runtime.manager.param_chunks())
+    return model.full_state_dict(), streamed, most, chunks
 
 
 def load_and_save(config: GeminiConfig, src: str, dst: str) -> tuple[dict[str, torch.Tensor], int]:

@@ -52,8 +52,9 @@ def test_round_trip_is_bit_identical_across_dp_sizes_and_the_disk_tier(world, tm
     two, one, disk, back = (tmp_path / d for d in ("dp2", "dp1", "disk", "dp2-again"))
     for d in (two, one, disk, back):
         d.mkdir()
-    full, streamed = world(2).run(checks.train_and_save, cfg, str(two), 3, BATCH)[0]
-    assert _equal(streamed, full)  # one chunk at a time, the same values and names
+    full, streamed, most, chunks = world(2).run(checks.train_and_save, cfg, str(two), 3, BATCH)[0]
+    assert _equal(streamed, full)  # the same values and names,
+    assert chunks > 2 and most == 1  # one gathered chunk alive at a time (buffers: no chunk)
     assert _equal(checks.load_and_save(cfg, str(two), str(one))[0], full)  # dp2 -> dp1
     from_disk, disk_bytes = checks.load_and_save(on_disk, str(one), str(disk))
     assert disk_bytes > 0 and _equal(from_disk, full)  # chunks in files read and written
