@@ -161,6 +161,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--export",
         default=d.export,
+        metavar="{final,every,none}",
         help="which checkpoints also hold the consolidated fp32 model (safetensors shards + "
         "model.safetensors.index.json) beside the sharded state: final (the last step's), "
         "every, none (default: %(default)s)",
