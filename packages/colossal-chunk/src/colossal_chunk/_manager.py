@@ -48,14 +48,14 @@ from colossal_contracts import (
     TierName,
 )
 
-from ._accounting import ManagerStats, TierStats
+from ._books import ManagerBooks
 from ._chunk import Chunk
 from ._config import ChunkConfig
 from ._host_memory import host_empty
 from ._pending import InFlight
 from ._placement import Placement, build_tiers
 from ._policy import ChunkSummary, LruPolicy, PolicyContext
-from ._tier import UNLIMITED, Tier
+from ._tier import UNLIMITED
 
 __all__ = ["ChunkManager"]
 
@@ -64,7 +64,7 @@ _DISK_AHEAD = 4  # moments ahead whose chunks on disk are read into memory early
 Tensorish = torch.Tensor | str
 
 
-class ChunkManager:
+class ChunkManager(ManagerBooks):
     """Chunks of parameters (and parallel chunks of gradients / master weights) under tier budgets.
 
     See [Note: parameter views] and [Note: access protocol]. ``group`` is the data-parallel process
@@ -122,10 +122,6 @@ class ChunkManager:
     def chunk_numel(self) -> int:
         """Elements per chunk: ``config.chunk_numel`` rounded up to a multiple of the world size."""
         return -(-self.config.chunk_numel // self.world_size) * self.world_size
-
-    @property
-    def tiers(self) -> dict[TierName, Tier]:
-        return self._placement.tiers
 
     @property
     def compute_device(self) -> torch.device:
@@ -388,41 +384,6 @@ class ChunkManager:
         if self._demand is not None:
             self._note_demand()
 
-    def _note_demand(self) -> None:
-        row = self._demand.setdefault(self._moment, [0, 0])  # type: ignore[union-attr]
-        row[0] = max(row[0], self._placement.demand_bytes(self.chunks.values()))
-        row[1] = max(row[1], self.tiers[ACC].used_bytes)
-
-    def track_demand(self, on: bool = True) -> None:
-        """From now on record (afresh), per moment, the most compute-tier bytes that no eviction
-        could free (chunks in use or awaiting reduction, kept chunks) and the most held there
-        at all; read them from ``demand``. ``on=False`` stops recording and forgets them."""
-        self._demand = {} if on else None
-        self._steady = False
-
-    @property
-    def demand(self) -> dict[int, tuple[int, int]]:
-        """Moment -> (bytes no eviction could free, bytes resident) that ``track_demand``
-        recorded at its accesses (empty when not tracking)."""
-        return {m: (a, b) for m, (a, b) in (self._demand or {}).items()}
-
-    def keep_on_compute(self, chunks: Iterable[Chunk | int], *, keep: bool = True) -> None:
-        """Keep ``chunks`` on the compute tier, never evicted nor displaced by a prefetch (they
-        must be there already); ``keep=False`` lets them go. See [Note: kept chunks]."""
-        for c in chunks:
-            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
-            if keep and chunk.tier is not ACC:
-                raise StateTransitionError(
-                    f"chunk {chunk.chunk_id} is on {chunk.tier}; move it to the compute tier "
-                    "before keeping it there"
-                )
-            (self._placement.kept.add if keep else self._placement.kept.discard)(chunk.chunk_id)
-
-    def count_copy(self, src: TierName | str, dst: TierName | str, nbytes: int) -> None:
-        """Count ``nbytes`` copied from tier ``src`` to ``dst`` outside the manager (a staging
-        copy of an optimizer step), so that ``stats`` shows every byte that crossed tiers."""
-        self._placement.count_copy(TierName(src), TierName(dst), nbytes)
-
     def release(
         self,
         items: Iterable[Tensorish],
@@ -628,48 +589,6 @@ class ChunkManager:
     def _model_budget(self, moment: int) -> int:
         cap = self.tiers[ACC].capacity_bytes
         return self.policy.model_budget(cap, moment)
-
-    def stats(self) -> ManagerStats:
-        """Per-tier bytes in use and peak, and bytes/count of moves per direction (a prefetch is
-        counted when issued; until it completes both its source and destination hold bytes)."""
-        tiers = {
-            n.value: TierStats(n.value, t.capacity_bytes, t.used_bytes, t.peak_bytes, t.emulated)
-            for n, t in self.tiers.items()
-        }
-        padding = sum(c.padding * c.element_size for c in self.chunks.values())
-        return ManagerStats(
-            tiers,
-            self._placement.move_stats(),
-            len(self.chunks),
-            padding,
-            self._placement.disk_io(),
-        )
-
-    def model_data_bytes(self, tier: TierName | str) -> int:
-        """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data)."""
-        t = self.tiers.get(TierName(tier))
-        return 0 if t is None else t.used_bytes
-
-    def reset_peaks(self) -> None:
-        """Start new peak windows on every tier (say, at the start of an iteration)."""
-        for t in self.tiers.values():
-            t.reset_peak()
-
-    def model_tensors(self) -> list[torch.Tensor]:
-        """Every chunk payload (shards, and gathered buffers where they are separate)."""
-        out = []
-        for c in self.chunks.values():
-            if c.shard is not None:
-                out.append(c.shard)
-            if c.full is not None and c.full is not c.shard:
-                out.append(c.full)
-        return out
-
-    def reset_stats(self) -> None:
-        """Zero the move counters and start new peak windows (say, at the start of an iteration)."""
-        self._placement.moves.clear()
-        for t in self.tiers.values():
-            t.reset_peak()
 
     def close(self) -> None:
         """Finish copies in flight and remove disk files. The manager is unusable afterwards."""

@@ -1,0 +1,114 @@
+"""The chunk manager's books: per-moment demand on the compute tier (what state placement plans
+with), kept chunks, copies made outside the manager, per-tier bytes and peaks, and the payload
+tensors a memory tracer counts as model data.
+
+``ChunkManager`` inherits these methods; they read its chunks, placement and current moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from colossal_contracts import StateTransitionError, TierName
+
+from ._accounting import ManagerStats, TierStats
+from ._chunk import Chunk
+from ._placement import Placement
+from ._tier import Tier
+
+__all__ = ["ManagerBooks"]
+
+ACC = TierName.ACCELERATOR
+
+
+class ManagerBooks:
+    """What the manager counts and records; see the module docstring."""
+
+    chunks: dict[int, Chunk]  # every chunk by id (the manager's)
+    _placement: Placement  # where payloads live (the manager's)
+    _moment: int  # the moment the step is at (the manager's)
+    _demand: dict[int, list[int]] | None  # moment -> [unfreeable, resident]; None: not tracking
+    _steady: bool  # [Note: resident fast path]: fully_resident() held and nothing changed since
+
+    @property
+    def tiers(self) -> dict[TierName, Tier]:
+        return self._placement.tiers
+
+    def _note_demand(self) -> None:
+        row = self._demand.setdefault(self._moment, [0, 0])  # type: ignore[union-attr]
+        row[0] = max(row[0], self._placement.demand_bytes(self.chunks.values()))
+        row[1] = max(row[1], self.tiers[ACC].used_bytes)
+
+    def track_demand(self, on: bool = True) -> None:
+        """From now on record (afresh), per moment, the most compute-tier bytes that no eviction
+        could free (chunks in use or awaiting reduction, kept chunks) and the most held there
+        at all; read them from ``demand``. ``on=False`` stops recording and forgets them."""
+        self._demand = {} if on else None
+        self._steady = False
+
+    @property
+    def demand(self) -> dict[int, tuple[int, int]]:
+        """Moment -> (bytes no eviction could free, bytes resident) that ``track_demand``
+        recorded at its accesses (empty when not tracking)."""
+        return {m: (a, b) for m, (a, b) in (self._demand or {}).items()}
+
+    def keep_on_compute(self, chunks: Iterable[Chunk | int], *, keep: bool = True) -> None:
+        """Keep ``chunks`` on the compute tier, never evicted nor displaced by a prefetch (they
+        must be there already); ``keep=False`` lets them go. See [Note: kept chunks]."""
+        for c in chunks:
+            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            if keep and chunk.tier is not ACC:
+                raise StateTransitionError(
+                    f"chunk {chunk.chunk_id} is on {chunk.tier}; move it to the compute tier "
+                    "before keeping it there"
+                )
+            (self._placement.kept.add if keep else self._placement.kept.discard)(chunk.chunk_id)
+
+    def count_copy(self, src: TierName | str, dst: TierName | str, nbytes: int) -> None:
+        """Count ``nbytes`` copied from tier ``src`` to ``dst`` outside the manager (a staging
+        copy of an optimizer step), so that ``stats`` shows every byte that crossed tiers."""
+        self._placement.count_copy(TierName(src), TierName(dst), nbytes)
+
+    def stats(self) -> ManagerStats:
+        """Per-tier bytes in use and peak, and bytes/count of moves per direction (a prefetch is
+        counted when issued; until it completes both its source and destination hold bytes)."""
+        tiers = {
+            n.value: TierStats(n.value, t.capacity_bytes, t.used_bytes, t.peak_bytes, t.emulated)
+            for n, t in self.tiers.items()
+        }
+        padding = sum(c.padding * c.element_size for c in self.chunks.values())
+        return ManagerStats(
+            tiers,
+            self._placement.move_stats(),
+            len(self.chunks),
+            padding,
+            self._placement.disk_io(),
+        )
+
+    def model_data_bytes(self, tier: TierName | str) -> int:
+        """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data)."""
+        t = self.tiers.get(TierName(tier))
+        return 0 if t is None else t.used_bytes
+
+    def reset_peaks(self) -> None:
+        """Start new peak windows on every tier (say, at the start of an iteration)."""
+        for t in self.tiers.values():
+            t.reset_peak()
+
+    def model_tensors(self) -> list[torch.Tensor]:
+        """Every chunk payload (shards, and gathered buffers where they are separate)."""
+        out = []
+        for c in self.chunks.values():
+            if c.shard is not None:
+                out.append(c.shard)
+            if c.full is not None and c.full is not c.shard:
+                out.append(c.full)
+        return out
+
+    def reset_stats(self) -> None:
+        """Zero the move counters and start new peak windows (say, at the start of an iteration)."""
+        self._placement.moves.clear()
+        for t in self.tiers.values():
+            t.reset_peak()
