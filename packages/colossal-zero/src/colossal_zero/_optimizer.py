@@ -177,14 +177,17 @@ class GeminiOptimizer(torch.optim.Optimizer):
             s += 1
         for n in {n for _, owned in todo for n in owned}:
             self.steps[n] += 1
+        disk = TierName.DISK in m.tiers  # without a disk tier there is nothing to stream
         for i, (c, owned) in enumerate(todo):  # chunks on disk stream through memory: read
             # ahead two chunks, write behind each one updated (colossal-chunk's
             # [Note: disk read-ahead and write-behind])
-            for ahead, _ in todo[i : i + 3] if i == 0 else todo[i + 2 : i + 3]:
-                m.read_ahead(self._written_by(ahead))
+            if disk:
+                for ahead, _ in todo[i : i + 3] if i == 0 else todo[i + 2 : i + 3]:
+                    m.read_ahead(self._written_by(ahead))
             self._update(c, owned, grad_scale)
             rt.stepped(c)
-            m.written(self._written_by(c))
+            if disk:
+                m.written(self._written_by(c))
         rt.clear_grads()
         if self.scaler is not None:
             self.scaler.update(False)
