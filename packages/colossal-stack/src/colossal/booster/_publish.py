@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from colossal_contracts import CheckpointError
-from colossal_zero import file_digest
+from colossal_zero import INDEX_FILE, file_digest
 
 __all__ = [
     "LATEST",
@@ -58,13 +58,26 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _written_digests(directory: Path) -> dict[str, dict]:
+    """Digests a Gemini save computed while writing its files (its index's ``files``), so
+    they are not read a second time; {} when there is no such index."""
+    try:
+        files = json.loads((directory / INDEX_FILE).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
 def _write_manifest(directory: Path, step: int) -> None:
     files = {}
+    known = _written_digests(directory)
     for f in sorted(directory.iterdir()):
         if f.is_file() and f.name != MANIFEST:
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-            files[f.name] = file_digest(f)
+            digest = known.get(f.name)
+            ok = isinstance(digest, dict) and digest.get("bytes") == f.stat().st_size
+            files[f.name] = digest if ok else file_digest(f)
     body = json.dumps({"format": 1, "step": step, "files": files}, indent=1)
     with open(directory / MANIFEST, "w") as fh:
         fh.write(body)
