@@ -43,11 +43,13 @@ FORMAT = 1
 
 
 def file_digest(path: Path) -> dict[str, Any]:
-    """``{"sha256": hex, "bytes": size}`` of a file, read in 8 MiB blocks."""
+    """``{"sha256": hex, "bytes": size}`` of a file, read into one reused 1 MiB buffer."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(8 << 20):
-            h.update(block)
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            h.update(view[:n])
     return {"sha256": h.hexdigest(), "bytes": path.stat().st_size}
 
 
