@@ -3,10 +3,13 @@ around operators; losses and final weights must be those of the general path bit
 
 from __future__ import annotations
 
+import functools
+
 import _checks_zero as checks
 import pytest
 import torch
 from _zero_model import param_groups
+from torch.utils.checkpoint import checkpoint
 
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
@@ -18,13 +21,21 @@ CASES = {  # name -> (config, accumulation, clipping, build keywords, frozen pre
         GeminiConfig(precision="fp32", chunk_numel=8192), 2, 0.5, {"unused": True}, FREEZE
     ),
     "bf16 accumulation, clipping": (GeminiConfig(precision="bf16", chunk_numel=8192), 2, 0.5, {}, ()),
+    "fp32 activation checkpointing": (
+        GeminiConfig(precision="fp32", chunk_numel=8192), 1, 0.0, {"checkpoint": True}, ()
+    ),
 }  # fmt: skip
 
 
 def _run(case: str, *, resident: bool) -> tuple[list[float], dict[str, torch.Tensor], list[bool]]:
     """Losses, final weights, and per forward whether the step ran resident."""
     config, accum, clip, kw, freeze = CASES[case]
+    kw = dict(kw)
+    recompute = kw.pop("checkpoint", False)
     plain = checks.build(**kw)
+    if recompute:  # every block recomputed in backward (non-reentrant torch.utils.checkpoint)
+        for blk in plain.blocks:
+            blk.forward = functools.partial(checkpoint, blk.forward, use_reentrant=False)
     for n, p in plain.named_parameters():
         if n.startswith(freeze) and freeze:
             p.requires_grad_(False)
