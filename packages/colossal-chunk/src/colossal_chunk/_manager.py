@@ -20,8 +20,9 @@ recorded, and room at every moment of the step for what is there now plus the he
 asks for (chunks it may add lazily). Then ``access`` and ``release`` would only change states,
 and a runtime may skip them around operators for that step; the values computed are the same.
 Until the layout or the moment changes (``register``, ``add_parallel``, ``move``, ``set_moment``,
-``track_demand``, ``gather_ahead``, ``prefetch``), the manager's own fast paths then skip their
-room check too: it held for every moment when ``fully_resident`` answered.
+``track_demand``, ``gather_ahead``, ``prefetch``, an access off the fast path), the manager's own
+fast paths then skip their room check too: it held for every moment when ``fully_resident``
+answered.
 
 [Note: collectives in flight] (``_pending.py``): ``gather_ahead`` and ``reduce(async_op=True)``
 start collectives that an access, a move, a re-pack or ``settle()`` of the chunk finishes. A
@@ -358,6 +359,7 @@ class ChunkManager(ManagerBooks):
         self._access(by_chunk, zero=zero)
 
     def _access(self, by_chunk: dict[int, list[str]], *, zero: bool) -> None:
+        self._steady = False  # bytes may arrive on the compute tier: check the room again
         chunks = [self.chunks[i] for i in by_chunk]
         pl = self._placement
         for c in chunks:
