@@ -65,7 +65,7 @@ class TensorSpec:
         n = 1
         for d in self.shape:
             n *= d
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return n * self.dtype.itemsize
 
     @classmethod
     def of(cls, name: str, tensor: torch.Tensor) -> TensorSpec:
