@@ -301,7 +301,7 @@ def run(quick: bool, out_dir: Path, *, focus: bool = False) -> Report:
         "the activation peak every chunk must be on the host or in the accelerator room left "
         "beside the activations, so the bound is (B + H - reserve) / 16 B, not (B + H) / 16 B "
         "(see the summary); both plans reserve about the same at that moment (per-moment adds "
-        "its 10% margin), and the host holds 94% of the states. Per-moment planning's gain is "
+        "its 10% margin), and the host holds over 90% of the state bytes (host_peak_MiB). Per-moment planning's gain is "
         "in bytes moved and in room at the other moments (see movement.md).",
         "Bytes moved include the optimizer's staging copies (fp32 values and gradients taken to "
         "where host-resident Adam states are updated and back), which were not counted before.",
