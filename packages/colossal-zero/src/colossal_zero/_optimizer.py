@@ -21,7 +21,7 @@ from colossal_chunk import AutoPolicy, Chunk
 from colossal_contracts import ConfigError, ParamSharding, TierName
 
 from ._adam import AdamHyper, adamw_update
-from ._mesh_norm import mesh_grad_norm
+from ._mesh_norm import piece_squares, reduce_squares
 from ._module import GeminiModule
 from ._scaler import DynamicLossScaler
 from ._setup import working_set_bytes
@@ -160,7 +160,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
                 parts.append((grads.shard_view(n)[0], self.sharding.get(n)))  # type: ignore[index]
             todo.append((c, owned))
             norm_parts.append((grads, parts))
-        found = mesh_grad_norm(self._streamed(norm_parts), group=rt.group, shardings=self.sharding)
+        found = reduce_squares(self._squares(norm_parts), group=rt.group, shardings=self.sharding)
         scale = self.loss_scale
         self.last_grad_norm = found.norm / scale
         self.skipped_last = self.scaler is not None and found.overflow
@@ -250,14 +250,17 @@ class GeminiOptimizer(torch.optim.Optimizer):
         grads = self.rt.gradients(c)
         return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c, grads)))
 
-    def _streamed(
+    def _squares(
         self, per_chunk: list[tuple[Chunk, list[tuple[torch.Tensor, ParamSharding | None]]]]
-    ) -> Iterable[tuple[torch.Tensor, ParamSharding | None]]:
-        """Each chunk's gradient pieces for the norm, then the chunk is let go: on disk its
-        mapped pages leave memory (read all at once, every gradient on disk was resident)."""
+    ) -> list[tuple[float, bool]]:
+        """Each chunk's gradient pieces' squared norms (one ``piece_squares`` per chunk), then the
+        chunk is let go: on disk its mapped pages leave memory (read all at once, every gradient
+        on disk was resident)."""
+        out: list[tuple[float, bool]] = []
         for grads, parts in per_chunk:
-            yield from parts
+            out += piece_squares(parts)
             self.rt.manager.written([grads])
+        return out
 
     def _states_of(self, c: Chunk) -> list[Chunk]:
         """The chunks that live where ``c``'s Adam states live (the masters with them)."""
