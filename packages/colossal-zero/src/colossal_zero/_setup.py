@@ -26,6 +26,7 @@ from ._precision import Precision
 __all__ = ["build_manager", "working_set_bytes"]
 
 _MAX_DEFAULT_CHUNK = 1 << 25  # elements per chunk when no budget bounds it (64 MiB in bf16)
+_MIN_CHUNKS = 4  # with no budget, the search stays below total / _MIN_CHUNKS elements per chunk
 
 
 def working_set_bytes(chunk_numel: int, precision: Precision, world_size: int) -> int:
@@ -51,13 +52,17 @@ def _chunk_numel(
             )
         return n
     if config.accelerator_bytes is None:
-        cap = sum(numels)
+        # no budget: at least _MIN_CHUNKS chunks (so gathers can run ahead of compute), and
+        # the size with least padding below that ([Note: packing] leaves a chunk's tail empty
+        # when the next tensor does not fit: a bound at the largest tensor wastes ~40%)
+        cap_numel = sum(numels) // _MIN_CHUNKS
     else:  # the part of the budget chunks may use
         cap = max(0, config.accelerator_bytes - config.non_model_bytes)
-    # two working sets (an operator may read tensors of two chunks) should fit in the budget
-    # (smaller chunks, to leave room for states, cost padding when a tensor nearly fills one)
-    per_set = working_set_bytes(1, precision, 1)
-    limit = max(min(cap // (2 * per_set), _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
+        # two working sets (an operator may read tensors of two chunks) should fit in the
+        # budget (smaller chunks, to leave room for states, cost padding when a tensor nearly
+        # fills one)
+        cap_numel = cap // (2 * working_set_bytes(1, precision, 1))
+    limit = max(min(cap_numel, _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
     result = search_chunk_size(
         numels, max_numel=max(limit, unit), element_size=elem, world_size=world_size
     )
