@@ -99,7 +99,9 @@ def save_kill_trial(root: Path, corpus: Path, rng: random.Random, *, resave: boo
         shutil.copytree(_finished_run(root, corpus), out)
         (ckpt / "latest").write_text("step-1\n")
         argv.append("--resume")
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = root / "trial-stderr.txt"
+    with open(log, "w") as err_file:  # the child keeps its own descriptor
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err_file)
     t0 = time.monotonic()
     while proc.poll() is None and time.monotonic() - t0 < 600:
         if (ckpt / "latest").exists() and _latest_step(ckpt) >= (2 if resave else 1):
@@ -111,6 +113,10 @@ def save_kill_trial(root: Path, corpus: Path, rng: random.Random, *, resave: boo
     finished_first = proc.poll() is not None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    early = []  # a run that ended on its own before any save: its exit status and last line
+    if finished_first and latest_before == 0:
+        lines = log.read_text(errors="replace").strip().splitlines()
+        early = [f"exit {proc.returncode}: {lines[-1] if lines else '(no output)'}"]
     complete_after = _complete_steps(ckpt)
     lost = sorted(complete_before - complete_after)
     latest_after = _latest_step(ckpt)
@@ -131,6 +137,7 @@ def save_kill_trial(root: Path, corpus: Path, rng: random.Random, *, resave: boo
         "resume_error": error,
         "latest_before": latest_before,
         "finished_before_kill": finished_first,
+        "ended_before_first_save": early,
     }
 
 
@@ -222,6 +229,7 @@ def run(quick: bool, out_dir: Path) -> Report:
         for resave in (False, True):
             results = [save_kill_trial(root, corpus, rng, resave=resave) for _ in range(trials)]
             errors = sorted({e for r in results for e in r["resume_error"]})
+            early = sorted({e for r in results for e in r["ended_before_first_save"]})
             report.rows.append(
                 {
                     "case": "kill -9 during re-saves" if resave else "kill -9 during saves",
@@ -235,6 +243,7 @@ def run(quick: bool, out_dir: Path) -> Report:
                         f"latest step at kill: {sorted(r['latest_before'] for r in results)}; "
                         f"finished before the kill: {sum(r['finished_before_kill'] for r in results)}"
                         + (f"; resume errors: {errors}" if errors else "")
+                        + (f"; runs that ended before their first save: {early}" if early else "")
                     ),
                 }
             )
