@@ -4,6 +4,7 @@ measured side by side in one run (methods alternate step by step, same model and
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -134,6 +135,7 @@ def run(quick: bool, out_dir: Path) -> Report:
     steps = {"tiny": 3 if quick else 5, "mini": 3}
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
+    load_before = os.getloadavg()[0]
     for n in ranks:
         with World(n, timeout_s=1800) as world:
             for preset in presets:
@@ -183,9 +185,10 @@ def run(quick: bool, out_dir: Path) -> Report:
         "in a rotating order; 3 warm-up steps dropped (Gemini's traced warmup, re-pack and "
         "state-placement measurement); median and inter-quartile range of the "
         "timed steps (rank 0's clock).",
-        "The host has 2 cores shared with other jobs (load average far above 2 during the run), "
-        "and 4 ranks share those 2 cores: absolute times are noisy and large; only the ratios "
-        "taken within one rank count mean anything, and they move with the load.",
+        f"Host: {os.cpu_count()} cores; 1-minute load average {load_before:.1f} before the run "
+        f"and {os.getloadavg()[0]:.1f} at its end (the run's own ranks count). 4 ranks share "
+        "those cores: absolute times are large; the ratios taken within one rank count are "
+        "what to read, and they move with the load.",
     ]
     return Report(
         name="scaling",

@@ -469,7 +469,7 @@ class ChunkManager(ManagerBooks):
             if self.before_collective is not None:
                 self.before_collective("all-gather", c)
             acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
-            c.start_gather(acc.allocate(f"{c.kind}-{c.chunk_id}-full", c.capacity, c.dtype))
+            c.start_gather(acc.allocate_gathered(c.capacity, c.dtype))
             self.in_flight.add(c)
             issued += 1
         return issued

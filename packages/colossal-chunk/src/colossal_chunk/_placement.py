@@ -199,7 +199,7 @@ class Placement:
             return
         acc = self.tiers[ACC]
         acc.reserve(chunk.full_bytes, what=f"gathered chunk {chunk.chunk_id}")
-        full = acc.allocate(_key(chunk, ACC) + "-full", chunk.capacity, chunk.dtype)
+        full = acc.allocate_gathered(chunk.capacity, chunk.dtype)
         if zero:
             chunk.materialize(full)
         else:

@@ -92,6 +92,15 @@ class Tier:
         # CUDA memory, or pinned host memory (the CUDA host allocator caches those blocks)
         return torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
 
+    def allocate_gathered(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A gathered chunk's buffer (dropped when the chunk is released, so short-lived):
+        uninitialized, from the allocator's cache (the C heap on the CPU, as CUDA's caching
+        allocator on a GPU), not a fresh mapping: a new mapping per gather costs a page fault
+        and a zero-fill per page every step ([Note: host payloads]). Does not reserve."""
+        if self.store is not None:
+            raise ValueError(f"the {self.name.value} tier holds no gathered buffers")
+        return torch.empty(numel, dtype=dtype, device=self.device)
+
     def discard(self, key: str) -> None:
         """Forget the payload of ``key`` (removes its file on disk; no-op elsewhere)."""
         if self.store is not None:
