@@ -304,15 +304,19 @@ class ChunkManager(ManagerBooks):
             for cid in by_chunk:
                 self.in_flight.finish(self.chunks[cid])
         if self._resident(by_chunk):  # fast path ([Note: access protocol])
-            for cid, names in by_chunk.items():
-                c = self.chunks[cid]
-                for name in names:
-                    c.set_state(name, TensorState.COMPUTE)
-            self.policy.on_access(list(by_chunk), self._moment)
-            if self._demand is not None:
-                self._note_demand()
+            self._access_resident(by_chunk)
             return
         self._access(by_chunk, zero=False)
+
+    def _access_resident(self, by_chunk: dict[int, list[str]]) -> None:
+        """``access`` when every chunk is gathered on the compute tier and fits: states only."""
+        for cid, names in by_chunk.items():
+            c = self.chunks[cid]
+            for name in names:
+                c.set_state(name, TensorState.COMPUTE)
+        self.policy.on_access(list(by_chunk), self._moment)
+        if self._demand is not None:
+            self._note_demand()
 
     def _resident(self, by_chunk: dict[int, list[str]]) -> bool:
         for cid in by_chunk:
@@ -348,13 +352,7 @@ class ChunkManager(ManagerBooks):
             chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
             by_chunk[chunk.chunk_id] = list(chunk.records)
         if not zero and not self.in_flight.chunks and self._resident(by_chunk):
-            for cid, names in by_chunk.items():  # the fast path of ``access``
-                c = self.chunks[cid]
-                for name in names:
-                    c.set_state(name, TensorState.COMPUTE)
-            self.policy.on_access(list(by_chunk), self._moment)
-            if self._demand is not None:
-                self._note_demand()
+            self._access_resident(by_chunk)  # the fast path of ``access``
             return
         self._access(by_chunk, zero=zero)
 
