@@ -60,12 +60,7 @@ def test_gemini_from_lazy_init_trains_like_eager(precision):
     runs = []
     for lazy_mode in (False, True):
         torch.manual_seed(0)
-        lazy = LazyInit() if lazy_mode else None
-        if lazy is not None:
-            with lazy:
-                model = _gpt()
-        else:
-            model = _gpt()
+        model, lazy = _built(_gpt, lazy_mode)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         gm = apply_gemini(
             model, GeminiConfig(precision=precision, device="cpu"), group=None, lazy=lazy
@@ -97,6 +92,14 @@ def _disk_config(tmp_path, precision: str, chunk: int) -> GeminiConfig:
         precision=precision, device="cpu", chunk_numel=chunk, accelerator_bytes=6 * chunk * 4,
         host_bytes=2 * chunk * 4, disk_bytes=None, disk_dir=tmp_path,
     )  # fmt: skip
+
+
+def _built(factory, lazy_mode):
+    """``factory()``'s model, and the ``LazyInit`` it was built under when ``lazy_mode``."""
+    if not lazy_mode:
+        return factory(), None
+    with LazyInit() as lazy:
+        return factory(), lazy
 
 
 def _deeper_gpt():
@@ -162,12 +165,7 @@ def test_lazy_init_on_the_disk_tier_trains_like_eager_and_adamw(tmp_path):
     runs = []
     for lazy_mode in (False, True):
         torch.manual_seed(0)
-        lazy = LazyInit() if lazy_mode else None
-        if lazy is not None:
-            with lazy:
-                model = _deeper_gpt()
-        else:
-            model = _deeper_gpt()
+        model, lazy = _built(_deeper_gpt, lazy_mode)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         config = _disk_config(tmp_path / str(lazy_mode), "fp32", 32768)
         gm = apply_gemini(model, config, group=None, lazy=lazy)
