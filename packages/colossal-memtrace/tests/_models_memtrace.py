@@ -7,6 +7,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 def linear_chain(dims: list[int]) -> nn.Sequential:
@@ -37,18 +38,27 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    """Embedding, ``num_layers`` blocks, LayerNorm, a head tied to the embedding; returns the loss."""
+    """Embedding, ``num_layers`` blocks, LayerNorm, a head tied to the embedding; returns the loss.
+    ``checkpointed`` runs each block under non-reentrant ``torch.utils.checkpoint``."""
 
-    def __init__(self, vocab: int = 64, hidden: int = 32, heads: int = 2, num_layers: int = 2):
+    def __init__(
+        self,
+        vocab: int = 64,
+        hidden: int = 32,
+        heads: int = 2,
+        num_layers: int = 2,
+        checkpointed: bool = False,
+    ):
         super().__init__()
         self.wte = nn.Embedding(vocab, hidden)
         self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(num_layers))
         self.ln_f = nn.LayerNorm(hidden)
+        self.checkpointed = checkpointed
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx)
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 

@@ -66,6 +66,44 @@ def test_attention_kernel_matters_and_target_picks_it():
         estimate_step(build, inputs, target="tpu")
 
 
+def test_estimate_of_a_checkpointed_model():
+    """Blocks under torch.utils.checkpoint are recomputed in backward, where the attention mimic
+    must be active too (else the recompute's shapes differ and checkpoint raises): the estimate
+    matches the measured step, its recompute moments are backward ones, and it keeps fewer
+    activations than the same model without checkpointing."""
+
+    def inputs(device):
+        idx = torch.randint(0, 64, (2, 128), generator=torch.Generator().manual_seed(0))
+        return idx.to(device), idx.roll(1, 1).to(device)
+
+    est, measured = {}, {}
+    for ckpt in (False, True):
+
+        def build(ckpt=ckpt):
+            return TinyLM(64, 32, 4, 3, checkpointed=ckpt)
+
+        torch.manual_seed(0)
+        model = build()
+        opt = torch.optim.Adam(model.parameters())
+        measured[ckpt] = trace_step(model, inputs(torch.device("cpu")), optimizer=opt)
+        est[ckpt] = estimate_step(build, inputs, build_optimizer=torch.optim.Adam)
+    ck, m = est[True], measured[True]
+    assert [x.label for x in ck.moments] == [x.label for x in m.moments]
+    assert abs(ck.peak_bytes() / m.peak_bytes() - 1) < 0.02
+    again = [x for x in ck.moments if x.label.startswith("recompute:")]
+    assert {x.label for x in again} == {
+        x.label.replace("bwd:", "recompute:")
+        for x in ck.moments
+        if x.label.startswith("bwd:blocks.")
+    }
+    assert all(x.phase == "backward" for x in again)
+    acc = "accelerator"
+    assert ck.peak_non_model(acc) < 0.7 * est[False].peak_non_model(acc)
+    assert ck.model_bytes(ck.num_moments() - 1, acc) == est[False].model_bytes(
+        est[False].num_moments() - 1, acc
+    )
+
+
 def test_estimate_allocates_nothing_for_a_large_model():
     def build():
         return TinyLM(vocab=50_000, hidden=2048, heads=16, num_layers=4)  # ~1.2 GB of fp32 params

@@ -6,6 +6,14 @@ storages the real step would hold. Two things can differ from a real run: kernel
 implementation by device (scaled-dot-product attention runs its math form on meta, materialising
 the (B, H, T, T) scores, where the CPU and CUDA pick fused kernels: ``target`` makes meta call the
 fused kernel the target would use), and kernel-internal scratch memory, which is invisible in both.
+
+[Note: attention mimic in recompute] Torch function modes are not active in backward, where
+``torch.utils.checkpoint`` (non-reentrant) recomputes a region: its recompute would run the math
+attention and materialise scores forward never had (on meta the recomputed shapes then differ from
+the saved ones, and checkpoint raises). So inside a region, where checkpoint's saved-tensor hooks
+are installed, every call the mode sees runs under hooks that hand each saved tensor to
+checkpoint's pack and run checkpoint's unpack, which is what recomputes, inside a fresh mimic.
+The live-tensor tracker is a dispatch mode, which backward keeps, so it counts the recompute.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._C._autograd import _top_saved_tensors_default_hooks
+from torch.autograd.graph import saved_tensors_hooks
 from torch.overrides import TorchFunctionMode
 
 from colossal_contracts import ConfigError
@@ -29,14 +39,40 @@ _SDPA_ARGS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 TARGETS = ("cpu", "cuda")
 
 
+class _Outer:
+    """What an outer pack hook (checkpoint's) returned, with the unpack hook that takes it."""
+
+    __slots__ = ("packed", "unpack")
+
+    def __init__(self, packed: Any, unpack: Callable[[Any], torch.Tensor]):
+        self.packed, self.unpack = packed, unpack
+
+
 class _FusedAttentionOnMeta(TorchFunctionMode):
-    """Route ``F.scaled_dot_product_attention`` on meta to the fused kernel ``target`` would use."""
+    """Route ``F.scaled_dot_product_attention`` on meta to the fused kernel ``target`` would use,
+    in checkpoint's recompute too ([Note: attention mimic in recompute])."""
 
     def __init__(self, target: str):
         super().__init__()
         self.target = target
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        outer = _top_saved_tensors_default_hooks(False)
+        if outer is None:
+            return self._call(func, args, kwargs)
+        pack_outer, unpack_outer = outer
+
+        def pack(t: torch.Tensor) -> _Outer:
+            return _Outer(pack_outer(t), unpack_outer)
+
+        def unpack(x: _Outer) -> torch.Tensor:
+            with _FusedAttentionOnMeta(self.target):  # checkpoint may recompute here
+                return x.unpack(x.packed)
+
+        with saved_tensors_hooks(pack, unpack):
+            return self._call(func, args, kwargs)
+
+    def _call(self, func: Any, args: Any, kwargs: Any) -> Any:
         kwargs = dict(kwargs or {})
         if func is not F.scaled_dot_product_attention or args[0].device.type != "meta":
             return func(*args, **kwargs)

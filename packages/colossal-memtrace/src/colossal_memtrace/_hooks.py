@@ -2,6 +2,8 @@
 
 [Note: moments] A moment opens at each of these boundaries and lasts until the next one:
 - ``fwd:<module>``: forward pre-hook of a module that owns parameters directly;
+  ``recompute:<module>`` (phase ``backward``) when that forward runs again in backward, in a
+  ``torch.utils.checkpoint`` region;
 - ``bwd:<module>``: the gradient of that module's output is ready (a tensor hook on its output),
   i.e. its backward is about to run;
 - ``use:<parameter>``: an operator read a parameter that the open moment did not declare (a tied
@@ -205,10 +207,13 @@ class HookTracer:
             h.append(self.optimizer.register_step_post_hook(self._opt_post))
 
     def _fwd_pre(self, label: str, own: tuple[str, ...]) -> Any:
-        label = f"fwd:{label}"
+        fwd, again = f"fwd:{label}", f"recompute:{label}"
 
         def hook(module: nn.Module, args: Any) -> None:
-            self._begin(label, "forward", own)
+            if torch._C._current_autograd_node() is None:
+                self._begin(fwd, "forward", own)
+            else:  # a checkpointed region recomputed in backward
+                self._begin(again, "backward", own)
 
         return hook
 

@@ -29,8 +29,9 @@ class Moment:
 
     Attributes:
         index: position in the step, from 0.
-        label: what opened it: ``fwd:<module>``, ``bwd:<module>``, ``use:<parameter>`` (a
-            parameter read outside its module, e.g. a tied head), ``optimizer``, ``start``.
+        label: what opened it: ``fwd:<module>``, ``bwd:<module>``, ``recompute:<module>`` (a
+            checkpointed forward run again in backward), ``use:<parameter>`` (a parameter read
+            outside its module, e.g. a tied head), ``optimizer``, ``start``.
         phase: ``forward``, ``backward``, ``optimizer`` or ``other``.
         params: parameter names (as in ``model.named_parameters()``) used, in order of use.
         model_bytes: tier -> model-data bytes when the moment ended.
