@@ -67,6 +67,8 @@ _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _MIN_FREE = 1 << 20  # below this a filesystem counts as full
 _MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
 _SYNC_OUT = 1 | 2 | 4  # sync_file_range: wait for earlier writeback, write, wait for it
+_SYNC_START = 2  # sync_file_range: start writing dirty pages out, do not wait
+_FADV_WILLNEED, _FADV_DONTNEED = 3, 4  # posix_fadvise advice (Linux)
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class _Payload:
     nbytes: int
     jobs: list[Future[None]]
     mapping: weakref.ref[torch.Tensor] | None = None  # the tensor over ``base``, while alive
+    started: bool = False  # its queued read or write is already in flight in the kernel
 
 
 def check_disk_dir(directory: str | os.PathLike[str] | None, budget: int | None) -> int:
@@ -161,22 +164,35 @@ def _preallocate(fd: int, nbytes: int, path: Path) -> None:
         ) from exc
 
 
-def _madvise() -> object | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    fn = libc.madvise
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return fn
+@dataclass(frozen=True)
+class _Libc:
+    """The C library calls the store makes, twice: ``wait_*`` release the interpreter lock
+    around the call (they block on the device), ``start_*`` keep it (they only queue I/O in the
+    kernel or drop clean pages, and returning from them must not wait for the lock:
+    [Note: disk read-ahead and write-behind])."""
 
+    wait_madvise: ctypes._CFuncPtr
+    wait_sync_range: ctypes._CFuncPtr
+    start_sync_range: ctypes._CFuncPtr
+    start_fadvise: ctypes._CFuncPtr
 
-def _sync_file_range() -> object | None:
-    """Linux's ``sync_file_range`` (ctypes releases the GIL around it), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    fn = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).sync_file_range
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return fn
+    @staticmethod
+    def load() -> _Libc | None:
+        """Linux's libc (``madvise``, ``sync_file_range``, ``posix_fadvise``), or None."""
+        if not sys.platform.startswith("linux"):
+            return None
+        name = ctypes.util.find_library("c")
+        fns = []
+        for lib, fn, args in (
+            (ctypes.CDLL, "madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
+            (ctypes.CDLL, "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]),
+            (ctypes.PyDLL, "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]),
+            (ctypes.PyDLL, "posix_fadvise", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]),
+        ):  # fmt: skip
+            f = getattr(lib(name, use_errno=True), fn)
+            f.argtypes = args
+            fns.append(f)
+        return _Libc(*fns)
 
 
 class DiskStore:
@@ -213,8 +229,9 @@ class DiskStore:
         self._read_buf: mmap.mmap | None = None  # the reader thread's block buffer
         self._behind: list[tuple[Future[None], int]] = []  # write-behinds in flight, oldest first
         self._writer: ThreadPoolExecutor | None = None
-        self._madvise = _madvise()
-        self._sync_range = _sync_file_range()
+        self._queued: dict[str, list[_Payload]] = {"read": [], "write": []}  # not yet started
+        self._libc = _Libc.load()
+        self._madvise = None if self._libc is None else self._libc.wait_madvise
 
     @property
     def directory(self) -> Path:
@@ -252,6 +269,7 @@ class DiskStore:
         self._warm.add(key)
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, "colossal-disk-read")
+        self._queue("read", p)
         self._track(p, self._reader.submit(self._read, p))
 
     def write_behind(self, key: str, tensor: torch.Tensor) -> None:
@@ -268,6 +286,7 @@ class DiskStore:
             self._madvise(p.base, p.nbytes, _MADV_DONTNEED)  # type: ignore[operator]
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
+        self._queue("write", p)
         job = self._writer.submit(self._write, p, tensor)
         self._track(p, job)
         self._behind.append((job, p.nbytes))
@@ -296,8 +315,32 @@ class DiskStore:
         for j in jobs:
             j.result()
 
+    def _queue(self, kind: str, p: _Payload) -> None:
+        with self._lock:
+            p.started = False
+            self._queued[kind].append(p)
+
+    def _start_queued(self, kind: str) -> None:
+        """Queue the device I/O of every payload waiting for this thread in the kernel now
+        (read: ``POSIX_FADV_WILLNEED``; write: ``SYNC_FILE_RANGE_WRITE``), without giving up
+        the interpreter lock; each job then only waits for its own."""
+        with self._lock:
+            todo, self._queued[kind] = self._queued[kind], []
+        if self._libc is None:
+            return
+        for q in todo:
+            if q.started or q.nbytes == 0:
+                continue
+            q.started = True
+            with contextlib.suppress(OSError):  # the file was discarded meanwhile
+                if kind == "read":
+                    self._libc.start_fadvise(q.fd, 0, q.nbytes, _FADV_WILLNEED)
+                else:
+                    self._libc.start_sync_range(q.fd, 0, q.nbytes, _SYNC_START)
+
     def _read(self, p: _Payload) -> None:
         t0 = time.perf_counter()
+        self._start_queued("read")
         t = p.mapping() if p.mapping is not None else None  # held: the mapping stays alive
         if (
             t is not None
@@ -321,11 +364,16 @@ class DiskStore:
 
     def _write(self, p: _Payload, tensor: torch.Tensor) -> None:
         t0 = time.perf_counter()
+        self._start_queued("write")
         # [Note: scratch payloads]: written out, not made durable (no journal commit per file)
-        if self._sync_range is None or self._sync_range(p.fd, 0, p.nbytes, _SYNC_OUT) != 0:  # type: ignore[operator]
+        lc = self._libc
+        if lc is None or lc.wait_sync_range(p.fd, 0, p.nbytes, _SYNC_OUT) != 0:
             os.fdatasync(p.fd)
-        if self._drop_cache and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(p.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if self._drop_cache:  # clean pages now: dropping them does not block
+            if lc is not None:
+                lc.start_fadvise(p.fd, 0, 0, _FADV_DONTNEED)
+            elif hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(p.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         self._add(2, p.nbytes, time.perf_counter() - t0)
 
     def _add(self, at: int, nbytes: int, seconds: float) -> None:
