@@ -8,7 +8,7 @@ Every model folder has the same shape: ``config`` (dataclass and presets), ``mod
 from ._attention import CausalAttention
 from ._checkpointing import apply_activation_checkpointing
 from ._corpus import Corpus, default_corpus_path, load_corpus
-from ._gather import gather_full_state_dict
+from ._gather import all_shard_maps, gather_full_state_dict, gather_full_tensor, stream_full_state
 from ._hf_load import (
     HF_TP_ADAPTERS,
     HFCausalLM,
@@ -53,6 +53,7 @@ __all__ = [
     "Piece",
     "PipelineStages",
     "ShardMap",
+    "all_shard_maps",
     "apply_activation_checkpointing",
     "apply_sequence_parallel",
     "default_corpus_path",
@@ -60,6 +61,7 @@ __all__ = [
     "flat_range_boxes",
     "from_hf",
     "gather_full_state_dict",
+    "gather_full_tensor",
     "hf_adapter_config",
     "hf_max_positions",
     "hf_num_params",
@@ -70,4 +72,5 @@ __all__ = [
     "parallelize_evoformer",
     "shard_map",
     "split_into_stages",
+    "stream_full_state",
 ]

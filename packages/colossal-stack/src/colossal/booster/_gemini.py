@@ -17,6 +17,7 @@ from torch import nn
 from colossal_chunk import DiskIOStats, check_disk_dir
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_memtrace import MomentRecorder
+from colossal_models import ShardMap
 from colossal_parallel import ProcessMesh
 from colossal_zero import (
     PLACEMENTS,
@@ -36,8 +37,9 @@ from ._gemini_tp import (
     check_tp_inputs,
     shard_for_tp,
     tp_folder,
-    tp_full_state,
     tp_mesh_config,
+    tp_shard_maps,
+    tp_stream_state,
     world_size,
 )
 from ._mesh_stats import axis_comm_bytes
@@ -119,6 +121,7 @@ class GeminiPlugin:
     tp_mode: str = "1d"
     tp_depth: int = 1
     mesh: ProcessMesh | None = field(default=None, repr=False)
+    _tp_maps: list[dict[str, ShardMap]] | None = field(default=None, repr=False)
     _model: GeminiModule | None = field(default=None, repr=False)
     _moved: int = field(default=0, repr=False)
     _disk_io: DiskIOStats = field(default_factory=DiskIOStats, repr=False)
@@ -171,6 +174,7 @@ class GeminiPlugin:
             mesh_cfg = tp_mesh_config(world_size(), self.tp_size, self.tp_mode, self.tp_depth)
             self.mesh = ProcessMesh(mesh_cfg)
             optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh)
+            self._tp_maps = tp_shard_maps(model, self.mesh)  # for the streamed export
             group = self.mesh.group("dp") if mesh_cfg.dp > 1 else None
         # the warmup step measures non-model bytes per moment (memtrace, through the contract)
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
@@ -238,16 +242,16 @@ class GeminiPlugin:
         safetensors shards with a Hugging Face index. Collective.
 
         The export gathers one chunk at a time over dp and rank 0 writes its tensors before the
-        next is gathered, so no process holds the model (``iter_full_state``). With tp it is
-        not streamed: every rank gathers its tensor-parallel shard whole, then the model over tp
-        (``tp_full_state``), before rank 0 writes it tensor by tensor."""
+        next is gathered, so no process holds the model (``iter_full_state``). With tp each of
+        those tensors is assembled over tp on rank 0 alone before it is written
+        (``tp_stream_state``): no process holds the model either."""
         gm = _gemini_module(model)
         folder = self._shard_folder(path)
         folder.mkdir(exist_ok=True)
         save_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, folder)
         if self.export_full_model:
             limit = parse_bytes(self.export_shard_bytes)
-            export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=self.mesh)  # type: ignore[arg-type]
+            export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=self.mesh, maps=self._tp_maps)  # type: ignore[arg-type]
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
@@ -283,15 +287,23 @@ def _gemini_module(model: nn.Module) -> GeminiModule:
 
 
 def export_gemini(
-    model: GeminiModule, path: Path, *, max_shard_bytes: int, mesh: ProcessMesh | None = None
+    model: GeminiModule,
+    path: Path,
+    *,
+    max_shard_bytes: int,
+    mesh: ProcessMesh | None = None,
+    maps: list[dict[str, ShardMap]] | None = None,
 ) -> None:
     """Rank 0 writes ``model``'s consolidated fp32 state into ``path`` as safetensors shards of
     at most ``max_shard_bytes`` with a Hugging Face index. Collective over the model's dp group
-    (and ``mesh``'s tp ranks). Without tp it streams: one chunk is gathered at a time and its
-    tensors are written before the next (``iter_full_state``), so no rank holds the model."""
+    (and ``mesh``'s tp ranks). It streams: one chunk is gathered at a time and its tensors are
+    written before the next (``iter_full_state``), so no rank holds the model; with tp each
+    tensor is first assembled over tp on rank 0 (``tp_stream_state``; ``maps``: the plugin's
+    ``tp_shard_maps``, computed here when not given)."""
     tensors: Any = iter_full_state(model)  # collective over dp: every rank iterates
     if mesh is not None:
-        tensors = tp_full_state(model.module, dict(tensors), mesh).items()  # over tp, whole
+        maps = maps if maps is not None else tp_shard_maps(model.module, mesh)
+        tensors = tp_stream_state(model.module, tensors, mesh, maps)  # over tp, tensor by tensor
     if _rank() != 0:
         for _ in tensors:
             pass

@@ -10,12 +10,17 @@ reduce-scatters all run on the dp group, so the tp coordinates never see each ot
 
 Checkpoints: each tp coordinate is an ordinary Gemini checkpoint of its dp group in the folder
 ``tp<mode>-<c>-of-<tp>`` (Gemini's sharded layout, so it resumes on the same tensor-parallel layout with
-any dp size), and the consolidated export (bounded shards with a Hugging Face index) is
-gathered over tp as well: whole on every rank, not streamed like the dp-only export.
+any dp size). The consolidated export (bounded shards with a Hugging Face index) streams as the
+dp-only one does: Gemini gathers one chunk at a time over dp, and each of its tensors is
+assembled over tp on the first rank of global rank 0's tp group alone (``tp_stream_state``,
+[Note: streamed tp gather] in colossal-models) and written before the next; the other tp groups
+only take part in their dp gathers. No rank holds more than one gathered chunk, one full tensor
+and one peer's shard beyond its own shards.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -23,7 +28,15 @@ import torch.distributed as dist
 from torch import nn
 
 from colossal_contracts import ConfigError, ParamSharding
-from colossal_models import GPT, PaLM, describe_sharding, gather_full_state_dict, parallelize
+from colossal_models import (
+    GPT,
+    PaLM,
+    ShardMap,
+    all_shard_maps,
+    describe_sharding,
+    parallelize,
+    stream_full_state,
+)
 from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
 
 __all__ = [
@@ -31,8 +44,9 @@ __all__ = [
     "check_tp_inputs",
     "shard_for_tp",
     "tp_folder",
-    "tp_full_state",
     "tp_mesh_config",
+    "tp_shard_maps",
+    "tp_stream_state",
     "world_size",
 ]
 
@@ -98,16 +112,25 @@ def tp_folder(path: Path, mesh: ProcessMesh) -> Path:
     return Path(path) / f"tp{mesh.config.tp_mode}-{mesh.coord('tp')}-of-{mesh.size('tp')}"
 
 
-def tp_full_state(
-    model: nn.Module, shards: dict[str, torch.Tensor], mesh: ProcessMesh
-) -> dict[str, torch.Tensor]:
-    """The unsharded state dict (parameters under the unsharded model's names, buffers) from
-    this rank's full tensor-parallel ``shards`` (Gemini's ``full_state_dict``). Collective over
-    the mesh's tp ranks."""
-    full = gather_full_state_dict(model, mesh, values=shards)
-    params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
-    full.update({n: v for n, v in shards.items() if n not in params})  # buffers
-    return full
+def tp_shard_maps(model: nn.Module, mesh: ProcessMesh) -> list[dict[str, ShardMap]]:
+    """What every tp peer holds of each parameter of the sharded ``model`` (by tp group rank),
+    for the streamed export. Collective over tp; builds an index copy of the unsharded model
+    once (as ``describe_sharding`` does), so it is computed when the model is sharded."""
+    return all_shard_maps(model, mesh)
+
+
+def tp_stream_state(
+    model: nn.Module,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    mesh: ProcessMesh,
+    maps: list[dict[str, ShardMap]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The unsharded state (parameters under the unsharded model's names, then buffers) from
+    this rank's tensor-parallel ``tensors`` (Gemini's ``iter_full_state``), yielded on global
+    rank 0 alone, one tensor at a time. Collective: over tp in rank 0's tp group, which
+    assembles each tensor; every rank iterates to the end (see [Note: Gemini with tp])."""
+    writes = 0 in dist.get_process_group_ranks(mesh.group("tp"))
+    yield from stream_full_state(model, mesh, tensors, maps, gather=writes)
 
 
 def world_size() -> int:
