@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,9 +80,27 @@ def to_markdown(report: Report, env: dict[str, Any], quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(report: Report, results_dir: Path, quick: bool) -> tuple[Path, Path]:
-    """Write ``NAME.json`` and ``NAME.md``; return their paths."""
+def result_stem(stem: str, quick: bool) -> str:
+    """The file stem a result is written under: ``--quick`` runs add ``_quick``, so a small run
+    never overwrites a full run's figures (``NAME.json`` / ``NAME.md`` are full runs only)."""
+    return f"{stem}_quick" if quick else stem
+
+
+def write(
+    report: Report, results_dir: Path, quick: bool, figures_dir: Path | None = None
+) -> tuple[Path, Path]:
+    """Write ``NAME.json`` and ``NAME.md`` (``NAME_quick.*`` for a quick run: ``result_stem``);
+    return their paths. Plots the benchmark wrote under ``figures_dir`` (default
+    ``results_dir``) are moved beside them under the same rule (``movement_quick.png``)."""
     results_dir.mkdir(parents=True, exist_ok=True)
+    src = figures_dir or results_dir
+    figures = []
+    for fig in report.figures:
+        name = result_stem(Path(fig).stem, quick) + Path(fig).suffix
+        if src / fig != results_dir / name:
+            shutil.move(src / fig, results_dir / name)
+        figures.append(name)
+    report = dataclasses.replace(report, figures=figures)
     env = environment()
     payload = {
         "name": report.name,
@@ -93,8 +113,9 @@ def write(report: Report, results_dir: Path, quick: bool) -> tuple[Path, Path]:
         "notes": report.notes,
         "figures": report.figures,
     }
-    js = results_dir / f"{report.name}.json"
-    md = results_dir / f"{report.name}.md"
+    stem = result_stem(report.name, quick)
+    js = results_dir / f"{stem}.json"
+    md = results_dir / f"{stem}.md"
     js.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     md.write_text(to_markdown(report, env, quick))
     return js, md

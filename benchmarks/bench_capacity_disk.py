@@ -180,7 +180,7 @@ def run(quick: bool, out_dir: Path) -> Report:
     )
     where = Path(tempfile.mkdtemp(prefix="bench-disk-", dir=os.environ.get("BENCH_DISK_DIR")))
     report = Report(
-        name="capacity_disk_quick" if quick else "capacity_disk",
+        name="capacity_disk",  # run.py writes capacity_disk_quick.* for --quick
         title=f"Largest GPT that trains 3 steps in an emulated {b // MiB} MiB accelerator budget "
         f"+ {h // MiB} MiB host + {d / GiB:g} GiB disk",
         columns=[

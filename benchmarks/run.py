@@ -4,7 +4,9 @@
 
 runs ``benchmarks/bench_NAME.py``'s ``run(quick=..., out_dir=...)``, prints its table and writes
 ``benchmarks/results/NAME.json`` and ``NAME.md``. ``--quick`` is a smaller run that finishes
-within a minute on a 2-core machine. ``python benchmarks/run.py --list`` lists the benchmarks.
+within a minute on a 2-core machine; it writes ``NAME_quick.json`` and ``NAME_quick.md`` (and
+its plots as ``*_quick.png``), so it never overwrites a full run's results.
+``python benchmarks/run.py --list`` lists the benchmarks.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -41,12 +44,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sys.path.insert(0, str(HERE))
-    from _report import environment, to_markdown, write
+    from _report import write
 
     module = importlib.import_module(f"bench_{args.name}")
-    report = module.run(quick=args.quick, out_dir=RESULTS)
-    js, md = write(report, RESULTS, args.quick)
-    print(to_markdown(report, environment(), args.quick))
+    if args.quick:  # plots go to a scratch folder first: the full run's keep their names
+        with tempfile.TemporaryDirectory(prefix=f"bench-{args.name}-") as scratch:
+            report = module.run(quick=True, out_dir=Path(scratch))
+            js, md = write(report, RESULTS, True, figures_dir=Path(scratch))
+    else:
+        report = module.run(quick=False, out_dir=RESULTS)
+        js, md = write(report, RESULTS, False)
+    print(md.read_text(), end="")
     print(f"wrote {js.relative_to(HERE.parent)} and {md.relative_to(HERE.parent)}")
     return 0
 
