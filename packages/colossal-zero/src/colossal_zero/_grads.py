@@ -1,7 +1,18 @@
 """The gradients of a step between the end of backward and the optimizer step, as Gemini's
 runtime keeps them ([Note: gradients in chunks] and [Note: accumulation] in ``_runtime.py``):
 what the optimizer reads (``gradients``), what it calls after updating (``stepped``), and the
-stash of earlier micro-batches' gradients."""
+stash of earlier micro-batches' gradients.
+
+[Note: kept gradients] In a resident step on one rank without fp32 masters (the runtime's
+``keeping``) there is nothing to reduce, so a parameter's gradient is not copied into the fp32
+"grad" chunk: the runtime keeps autograd's own tensor in its chunk's record (as plain PyTorch
+keeps ``p.grad``) and the optimizer reads it there (``grad_pieces``), which saves one copy of
+every gradient per step. Whatever else needs the working buffer gets it filled first
+(``_fill_working``: kept gradients in their slots, the chunk's other tensors zero, what the
+general path writes), and a stash adds kept gradients into the "acc" chunk directly (adding the
+zeros is skipped: ``x + 0.0 == x`` for every sum that holds, none is ``-0.0``), so every value is
+bit for bit the general path's. Kept gradients are compute-tier memory beside the chunks: the
+runtime keeps them only when the manager shows room for them at every moment."""
 
 from __future__ import annotations
 
@@ -46,10 +57,16 @@ class StepGradients:
             m.add_parallel("acc", torch.float32)
         c = m.chunks[cid]
         acc = m.parallel_chunk("acc", c)
-        # reduce-scatters and prefetch copies in flight write these shards: finish them first
-        m.settle([c, self.working(c), acc])
-        src = self.working(c).shard
-        acc.shard.add_(src.to(acc.shard.device, torch.float32))  # type: ignore[union-attr]
+        if rec.kept:  # [Note: kept gradients]: one rank, nothing in flight
+            dev = acc.shard.device  # type: ignore[union-attr]
+            for n, g in rec.kept.items():
+                acc.shard_view(n)[0].add_(g.reshape(-1).to(dev, torch.float32))  # type: ignore[index]
+            rec.kept.clear()
+        else:
+            # reduce-scatters and prefetch copies in flight write these shards: finish them first
+            m.settle([c, self.working(c), acc])
+            src = self.working(c).shard
+            acc.shard.add_(src.to(acc.shard.device, torch.float32))  # type: ignore[union-attr]
         rec.pending, rec.accumulated = False, True
         if self.precision.master:
             self.restore_params(c)
@@ -60,20 +77,55 @@ class StepGradients:
         self.manager.settle([c])
         self.roles.restore(c)
 
+    def grad_home(self, c: Chunk) -> Chunk:
+        """The chunk that holds ``c``'s gradients of this step, or stands for kept ones (on its
+        tier), without filling or stashing anything: the "acc" chunk after accumulation, else
+        the working buffer."""
+        if self._chunks[c.chunk_id].accumulated:
+            return self.manager.parallel_chunk("acc", c)
+        return self.working(c)
+
     def gradients(self, c: Chunk) -> Chunk:
         """The chunk whose shard holds all of ``c``'s gradients of this step (the "acc" chunk
         after accumulation, else the working buffer): what the optimizer reads."""
         self._drop_gathered(c)  # the optimizer writes c's shard next
-        if self._chunks[c.chunk_id].accumulated:
+        rec = self._chunks[c.chunk_id]
+        if rec.accumulated:
             self.stash(c.chunk_id)
             return self.manager.parallel_chunk("acc", c)
+        if rec.kept:
+            self._fill_working(c)
         return self.working(c)
+
+    def grad_pieces(self, c: Chunk, names: list[str]) -> list[torch.Tensor]:
+        """This rank's flat gradient slice of each of ``names`` (tensors of chunk ``c`` that
+        this rank holds a slice of), what the optimizer reads: the kept gradients themselves
+        where they are kept ([Note: kept gradients]), else views of ``gradients(c)``'s shard."""
+        rec = self._chunks[c.chunk_id]
+        kept = rec.kept
+        if kept and not rec.accumulated and all(n in kept for n in names):
+            return [kept[n].reshape(-1) for n in names]
+        grads = self.gradients(c)
+        return [grads.shard_view(n)[0] for n in names]  # type: ignore[index]
+
+    def _fill_working(self, c: Chunk) -> None:
+        """Write chunk ``c``'s kept gradients into its working buffer (one rank: the shard) and
+        zeros into its other tensors' slots, as the general path leaves it."""
+        rec = self._chunks[c.chunk_id]
+        g = self.working(c)
+        for n in c.records:
+            view = g.shard_view(n)[0]  # type: ignore[index]
+            grad = rec.kept.get(n)
+            view.copy_(grad.reshape(-1)) if grad is not None else view.zero_()
+        rec.kept.clear()
 
     def stepped(self, c: Chunk) -> None:
         """The optimizer updated chunk ``c``'s fp32 shard: refresh low-precision parameters."""
         if self.precision.master:
             self.restore_params(c)
-        self._chunks[c.chunk_id].pending = False
+        rec = self._chunks[c.chunk_id]
+        rec.pending = False
+        rec.kept.clear()
 
     def clear_grads(self) -> None:
         """Forget every gradient (after a step, or ``zero_grad``)."""
@@ -83,6 +135,7 @@ class StepGradients:
             if rec.accumulated:
                 self.manager.parallel_chunk("acc", cid).shard.zero_()  # type: ignore[union-attr]
             rec.pending = rec.accumulated = False
+            rec.kept.clear()
         self.got_grad.clear()
 
     def _drop_gathered(self, c: Chunk) -> None:

@@ -8,6 +8,17 @@ the tier where they live (``adamw_update``; [Note: state placement]), chunk by c
 staging copies never exceed one chunk, then refreshes the low-precision parameters from the
 masters. Gradient clipping and fp16 overflow checks use the norm over all shards of all ranks,
 and over the tensor-parallel axes that ``sharding`` names ([Note: mesh-wide norms]).
+
+[Note: one fused call] Chunks whose update moves and stages nothing (their fp32 values,
+gradients and states already on one device, no disk tier) are updated together: one
+``adamw_update`` per param group over all their tensors instead of one per chunk. The kernel
+updates every element on its own, so the values are those of the chunk-by-chunk update.
+
+[Note: norm on demand] Only clipping and the fp16 loss scaler need the gradient norm before
+the update. Without either, on one rank without tensor-parallel axes and when every chunk is
+updated in place, ``step`` does not compute it: ``last_grad_norm`` computes it when first read,
+from the step's gradient pieces (the same pieces, so the same value), which stay valid until
+``zero_grad`` or the next forward; a later first read is an error.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ __all__ = ["GeminiOptimizer"]
 
 STATE_KINDS = ("exp_avg", "exp_avg_sq")
 ACC = TierName.ACCELERATOR
+_Rows = dict[int, tuple[list[torch.Tensor], ...]]  # param group -> values, grads, m, v, steps
 
 
 class GeminiOptimizer(torch.optim.Optimizer):
@@ -81,7 +93,8 @@ class GeminiOptimizer(torch.optim.Optimizer):
         self.steps: dict[str, torch.Tensor] = {}  # name -> float32 scalar step count
         prec = self.rt.precision
         self.scaler = DynamicLossScaler(self.rt.config.loss_scaler) if prec.loss_scaling else None
-        self.last_grad_norm: float = 0.0
+        self._grad_norm = 0.0
+        self._norm_due: tuple[list[tuple[torch.Tensor, ParamSharding | None]], int] | None = None
         self.state_plan = StatePlan(0, (), 0)  # [Note: state placement]
         self._tracking_for: object = None  # the chunk layout whose demand is being measured
         self._placed_for: object = None  # the chunk layout the states were placed for
@@ -122,6 +135,23 @@ class GeminiOptimizer(torch.optim.Optimizer):
         )
 
     @property
+    def last_grad_norm(self) -> float:
+        """The unscaled global gradient norm of the last step (see [Note: norm on demand]: read
+        it before ``zero_grad`` and the next forward when nothing else needed it)."""
+        due = self._norm_due
+        if due is not None:
+            parts, forwards = due
+            if forwards != self.rt.forwards:
+                raise ConfigError(
+                    "GeminiOptimizer.last_grad_norm was first read after zero_grad or the next forward; "
+                    "without clipping or a loss scaler the norm is computed when read: read it "
+                    "right after step()"
+                )
+            self._norm_due = None
+            self._grad_norm = reduce_squares(piece_squares(parts)).norm
+        return self._grad_norm
+
+    @property
     def loss_scale(self) -> float:
         return self.scaler.scale if self.scaler is not None else 1.0
 
@@ -131,6 +161,8 @@ class GeminiOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget collected gradients (restoring parameters whose storage held them)."""
+        if self._norm_due is not None:  # [Note: norm on demand]: its pieces go too
+            self._norm_due = ([], -1)
         self.rt.clear_grads()
 
     @torch.no_grad()
@@ -139,14 +171,17 @@ class GeminiOptimizer(torch.optim.Optimizer):
         rt, m = self.rt, self.rt.manager
         self._place_states()
         todo: list[tuple[Chunk, list[str]]] = []  # chunks with gradients, their owned names
-        norm_parts: list[tuple[Chunk, list[tuple[torch.Tensor, ParamSharding | None]]]] = []
+        norm_parts: list[tuple[Chunk | None, list[tuple[torch.Tensor, ParamSharding | None]]]] = []
         elsewhere: list[torch.Tensor] = []  # step counts of tensors other ranks hold
+        pieces: dict[int, list[torch.Tensor]] = {}  # chunk id -> gradient slices of its owned
+        disk = TierName.DISK in m.tiers  # without a disk tier there is nothing to stream
+        roles, got, group_of = rt.roles, rt.got_grad, self.group_of
         for c in m.param_chunks():
-            names = [n for n in c.records if n in rt.got_grad and n in self.group_of]
+            names = [n for n in c.records if n in got and n in group_of]
             if not names:
                 continue
-            grads, fp32 = rt.gradients(c), rt.roles.fp32(c)
-            owned, parts = [], []
+            fp32 = roles.fp32(c)
+            owned = []
             for n in names:
                 # every rank counts every tensor's steps: after a re-pack in first-use order
                 # ([Note: first-use order]) a rank may come to hold a slice it did not hold
@@ -157,13 +192,27 @@ class GeminiOptimizer(torch.optim.Optimizer):
                     elsewhere.append(step)
                     continue
                 owned.append(n)
-                parts.append((grads.shard_view(n)[0], self.sharding.get(n)))  # type: ignore[index]
+            got_pieces = pieces[c.chunk_id] = rt.grad_pieces(c, owned) if owned else []
+            parts = [(g, self.sharding.get(n)) for n, g in zip(owned, got_pieces, strict=True)]
             todo.append((c, owned))
-            norm_parts.append((grads, parts))
-        found = reduce_squares(self._squares(norm_parts), group=rt.group, shardings=self.sharding)
+            norm_parts.append((rt.gradients(c) if disk else None, parts))
+        in_place = {c.chunk_id for c, _ in todo if self._in_place(c, pieces[c.chunk_id], disk)}
         scale = self.loss_scale
-        self.last_grad_norm = found.norm / scale
-        self.skipped_last = self.scaler is not None and found.overflow
+        if (  # [Note: norm on demand]
+            self.max_grad_norm == 0
+            and self.scaler is None
+            and m.world_size == 1
+            and not self.sharding
+            and len(in_place) == len(todo)
+        ):
+            self._norm_due = ([p for _, parts in norm_parts for p in parts], rt.forwards)
+            overflow = False
+        else:
+            found = reduce_squares(
+                self._squares(norm_parts), group=rt.group, shardings=self.sharding
+            )
+            self._norm_due, self._grad_norm, overflow = None, found.norm / scale, found.overflow
+        self.skipped_last = self.scaler is not None and overflow
         if self.skipped_last:
             self.scaler.update(True)  # type: ignore[union-attr]
             rt.clear_grads()
@@ -173,25 +222,81 @@ class GeminiOptimizer(torch.optim.Optimizer):
             coef = self.max_grad_norm / (self.last_grad_norm + 1e-6)
             if coef < 1.0:
                 grad_scale = scale / coef
-        for s in elsewhere:
-            s += 1
-        for n in {n for _, owned in todo for n in owned}:
-            self.steps[n] += 1
-        disk = TierName.DISK in m.tiers  # without a disk tier there is nothing to stream
-        for i, (c, owned) in enumerate(todo):  # chunks on disk stream through memory: read
-            # ahead two chunks, write behind each one updated (colossal-chunk's
-            # [Note: disk read-ahead and write-behind])
+        counts = elsewhere + [self.steps[n] for n in {n: None for _, ow in todo for n in ow}]
+        if counts:
+            torch._foreach_add_(counts, 1.0)
+        rows: _Rows = {}  # [Note: one fused call]: param group -> its tensors
+        joined: list[Chunk] = []  # the chunks in rows
+        for i, (c, owned) in enumerate(todo):
+            if c.chunk_id in in_place:
+                self._join(c, owned, pieces[c.chunk_id], rows)
+                joined.append(c)
+                continue
+            self._run(rows, joined, grad_scale)  # first the joined ones before it
+            # chunks on disk stream through memory: read ahead this update set and up to two after it, soonest first, while the host
+            # budget's read-ahead window has room; write behind each one updated (colossal-chunk's
+            # [Note: disk read-ahead and write-behind] and [Note: read-ahead window])
             if disk:
-                for ahead, _ in todo[i : i + 3] if i == 0 else todo[i + 2 : i + 3]:
-                    m.read_ahead(self._written_by(ahead))
+                for ahead, _ in todo[i : i + 3]:
+                    if not m.read_ahead(self._written_by(ahead)):
+                        break
             self._update(c, owned, grad_scale)
             rt.stepped(c)
             if disk:
                 m.written(self._written_by(c))
+        self._run(rows, joined, grad_scale)
         rt.clear_grads()
         if self.scaler is not None:
             self.scaler.update(False)
         return loss
+
+    def _in_place(self, c: Chunk, grads: list[torch.Tensor], disk: bool) -> bool:
+        """Whether chunk ``c``'s update moves and stages nothing ([Note: one fused call]): no disk
+        tier, states on the host or everything already on the accelerator, one device, fp32."""
+        if disk:
+            return False
+        rt, m = self.rt, self.rt.manager
+        avg = m.parallel_chunk(STATE_KINDS[0], c)
+        fp32 = rt.roles.fp32(c)
+        if avg.tier is ACC and (fp32.tier is not ACC or rt.grad_home(c).tier is not ACC):
+            return False
+        dev = avg.shard.device  # type: ignore[union-attr]
+        if fp32.shard.device != dev:  # type: ignore[union-attr]
+            return False
+        return all(g.device == dev and g.dtype == torch.float32 for g in grads)
+
+    def _join(self, c: Chunk, names: list[str], grads: list[torch.Tensor], rows: _Rows) -> None:
+        """Add chunk ``c``'s tensors (``names``, their gradient slices ``grads``) to ``rows``,
+        counting the copies its tiers stand for as ``_update`` does."""
+        rt, m = self.rt, self.rt.manager
+        avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
+        home, fp32, gtier = avg.tier, rt.roles.fp32(c), rt.grad_home(c).tier
+        for n, gv in zip(names, grads, strict=True):
+            pv = fp32.shard_view(n)[0]  # type: ignore[index]
+            if fp32.tier is not home:
+                nbytes = pv.numel() * pv.element_size()
+                m.count_copy(fp32.tier, home, nbytes)  # type: ignore[arg-type]
+                m.count_copy(home, fp32.tier, nbytes)  # type: ignore[arg-type]
+            if gtier is not home:
+                m.count_copy(gtier, home, gv.numel() * gv.element_size())  # type: ignore[arg-type]
+            row = rows.get(self.group_of[n])
+            if row is None:
+                row = rows[self.group_of[n]] = ([], [], [], [], [])
+            row[0].append(pv)
+            row[1].append(gv)
+            row[2].append(avg.shard_view(n)[0])  # type: ignore[index]
+            row[3].append(sq.shard_view(n)[0])  # type: ignore[index]
+            row[4].append(self.steps[n])
+
+    def _run(self, rows: _Rows, joined: list[Chunk], grad_scale: float) -> None:
+        """Update the joined chunks' tensors, one call per param group; empties both."""
+        for gi, (ps, gs, avgs, sqs, steps) in rows.items():
+            hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
+            adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
+        for c in joined:
+            self.rt.stepped(c)
+        rows.clear()
+        joined.clear()
 
     def _update(self, c: Chunk, names: list[str], grad_scale: float) -> None:
         """Adam on chunk ``c``'s fp32 slices ``names``, where its states live ([Note: state
@@ -251,15 +356,18 @@ class GeminiOptimizer(torch.optim.Optimizer):
         return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c, grads)))
 
     def _squares(
-        self, per_chunk: list[tuple[Chunk, list[tuple[torch.Tensor, ParamSharding | None]]]]
+        self, per_chunk: list[tuple[Chunk | None, list[tuple[torch.Tensor, ParamSharding | None]]]]
     ) -> list[tuple[float, bool]]:
         """Each chunk's gradient pieces' squared norms (one ``piece_squares`` per chunk), then the
         chunk is let go: on disk its mapped pages leave memory (read all at once, every gradient
         on disk was resident)."""
+        if all(grads is None for grads, _ in per_chunk):  # nothing on disk: one call for all
+            return piece_squares([p for _, parts in per_chunk for p in parts])
         out: list[tuple[float, bool]] = []
         for grads, parts in per_chunk:
             out += piece_squares(parts)
-            self.rt.manager.written([grads])
+            if grads is not None:  # a disk tier (else nothing to let go)
+                self.rt.manager.written([grads])
         return out
 
     def _states_of(self, c: Chunk) -> list[Chunk]:

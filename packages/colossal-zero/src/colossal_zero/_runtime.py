@@ -28,8 +28,10 @@ says the step can run without touching a tier (colossal-chunk's [Note: resident 
 step is *resident*: operators neither access nor release their parameters (they stay HOLD, in
 place), their outputs get no ``_PreBackward`` and their saved tensors no places ([Note: saved
 parameter views]: the storage cannot move), and gradients are written into chunk memory as
-above without re-accessing the parameter in fp32. Stashing for accumulation, the reductions and
-every value are those of the general path.
+above without re-accessing the parameter in fp32; on one rank without masters, when the
+manager shows room for them, they are not copied at all ([Note: kept gradients] in
+``_grads.py``). Stashing for accumulation, the reductions and every value are those of the
+general path.
 """
 
 from __future__ import annotations
@@ -139,6 +141,14 @@ class GeminiRuntime(StepGradients):
         self._overlap = config.overlap_comm and self.manager.world_size > 1
         self._comm: CommSchedule | None = None
         self.resident = False  # [Note: resident steps]: decided as each forward begins
+        self.keeping = False  # [Note: kept gradients] in _grads.py: decided with resident
+        self.forwards = (
+            0  # forwards begun: tells a reader whether gradients are still the last step's
+        )
+        self._kept_now: set[int] = set()  # chunk ids that kept a gradient in this backward
+        self._kept_bytes = sum(  # what kept gradients hold at most: one per trainable parameter
+            p.numel() * dtype.itemsize for p in self.params.values() if p.requires_grad
+        )
         self._op_chunks: dict[tuple[str, ...], tuple[int, ...]] = {}  # names -> their chunk ids
         self._index_chunks()
 
@@ -166,7 +176,9 @@ class GeminiRuntime(StepGradients):
     def begin_forward(self) -> None:
         if self.state is _T.BACKWARD:  # the previous backward raised: forget its partial state
             self._grad_done.clear()
+            self._kept_now.clear()
         self._to(_T.FORWARD)
+        self.forwards += 1
         self._moment = 0
         self._used.clear()
         self._digest.reset()
@@ -188,11 +200,16 @@ class GeminiRuntime(StepGradients):
             self._repack_due = False
             self.manager.repack(self._warmup.first_use())
             self._index_chunks()
-        self.resident = (
-            not self._probing
-            and self._comm is None
-            and self.manager.fully_resident(self._lazy_headroom())
+        m = self.manager
+        resident = not self._probing and self._comm is None
+        headroom = self._lazy_headroom()
+        self.keeping = (  # room for autograd's gradients beside the chunks: keep them
+            resident
+            and m.world_size == 1
+            and not self.precision.master
+            and m.fully_resident(headroom + self._kept_bytes)
         )
+        self.resident = self.keeping or (resident and m.fully_resident(headroom))
 
     def _lazy_headroom(self) -> int:
         """Compute-tier bytes the step may add: the fp32 "acc" chunks, until they exist."""
@@ -220,6 +237,7 @@ class GeminiRuntime(StepGradients):
         for cid in {self.manager.chunk_of(n).chunk_id for n in names}:
             self.stash(cid)
         self._access(names)
+        self._gather_next()
 
     def post_op(self, names: tuple[str, ...]) -> None:
         m = self.manager
@@ -242,14 +260,27 @@ class GeminiRuntime(StepGradients):
             self.manager.set_moment(moment)
         else:
             self.manager.set_moment(moment, prefetch=self.config.prefetch)
-            if self._comm is not None:
-                with label("Gemini::gather_ahead"):
-                    ahead = self._comm.ahead(moment)
-                    if self.state is _T.BACKWARD:  # chunks reduced in this backward: done
-                        ahead = tuple(i for i in ahead if not self._chunks[i].pending)
-                    for cid in ahead:  # [Note: accumulation] before the shard is gathered
-                        self.stash(cid)
-                    self.manager.gather_ahead(ahead)
+
+    def _gather_next(self, grads_for: Sequence[str] = ()) -> None:
+        """[Note: overlap]: start the next moment's all-gathers once this moment's chunks are
+        accessed (their room comes first), leaving room for the gradient chunks that this
+        moment's backward opens for ``grads_for``."""
+        if self._comm is None or self._recording:
+            return
+        with label("Gemini::gather_ahead"):
+            ahead = self._comm.ahead(self._moment - 1)
+            if self.state is _T.BACKWARD:  # chunks reduced in this backward: done
+                ahead = tuple(i for i in ahead if not self._chunks[i].pending)
+            if not ahead:
+                return
+            for cid in ahead:  # [Note: accumulation] before the shard is gathered
+                self.stash(cid)
+            m, free = self.manager, 0
+            if grads_for and not self.precision.master:
+                for cid in {m.chunk_of(n).chunk_id for n in grads_for}:
+                    if not self._chunks[cid].open:
+                        free += m.access_bytes(m.parallel_chunk("grad", cid))
+            m.gather_ahead(ahead, keep_free=free)
 
     def _agree_collective(self, op: str, chunk: Chunk) -> None:
         """See [Note: rank agreement]: before each collective of the warmup step."""
@@ -280,6 +311,7 @@ class GeminiRuntime(StepGradients):
                 self.stash(cid)
         if todo:
             self._access(todo)
+        self._gather_next([n for n in todo if self.params[n].requires_grad])
 
     def post_backward(self, names: tuple[str, ...]) -> None:
         """After an operator's backward: frozen parameters it read go back to HOLD."""
@@ -296,6 +328,11 @@ class GeminiRuntime(StepGradients):
             rt = ref()
             if rt is None:
                 return
+            if rt.keeping:  # [Note: kept gradients]: no copy, nothing to reduce
+                grad, p.grad = p.grad, None
+                if grad is not None:
+                    rt._keep(name, grad)
+                return
             with label("Gemini::post_accumulate_grad"):
                 rt._start_backward()
                 grad, p.grad = p.grad, None
@@ -303,6 +340,19 @@ class GeminiRuntime(StepGradients):
                     rt._collect(name, grad)
 
         return hook
+
+    def _keep(self, name: str, grad: torch.Tensor) -> None:
+        """Keep ``grad`` as ``name``'s gradient of this step ([Note: kept gradients])."""
+        self._start_backward()
+        cid = self._cid_of[name]
+        rec = self._chunks[cid]
+        if cid not in self._kept_now:
+            self._kept_now.add(cid)
+            if rec.pending:  # an earlier micro-batch's, not stashed by a forward: as _grad_chunk
+                self.stash(cid)
+        rec.kept[name] = grad
+        rec.pending = True
+        self.got_grad.add(name)
 
     def _collect(self, name: str, grad: torch.Tensor) -> None:
         c = self.manager.chunk_of(name)
@@ -393,6 +443,7 @@ class GeminiRuntime(StepGradients):
             self._fill_and_reduce(c, rest)
         m.settle()  # the optimizer writes shards next: no copy of one may be in flight
         self._grad_done.clear()
+        self._kept_now.clear()
         self._to(_T.IDLE)
         if self._recording:
             self._recording = False
@@ -429,6 +480,7 @@ class GeminiRuntime(StepGradients):
         parameters warmup never read."""
         old, self._chunks = self._chunks, {}
         self._op_chunks = {}
+        self._cid_of = {n: c.chunk_id for c in self.manager.param_chunks() for n in c.records}
         for c in self.manager.param_chunks():
             rec = old.get(c.chunk_id) or ChunkGrads()
             unused = frozenset(n for n in c.records if n in self._never_read)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+import torch
+
 from colossal_contracts import StateTransitionError
 
 __all__ = ["ChunkGrads", "TrainingState"]
@@ -60,9 +62,12 @@ class ChunkGrads:
         pending: its working buffer holds reduced gradients not yet stepped or stashed.
         accumulated: its fp32 "acc" chunk holds gradients of earlier micro-batches.
         unused: trainable parameters of the chunk that the warmup step never read.
+        kept: autograd's own gradients of this step, by name, not yet copied into the working
+            buffer ([Note: kept gradients] in ``_grads.py``); non-empty only while ``pending``.
     """
 
     open: bool = False
     pending: bool = False
     accumulated: bool = False
     unused: frozenset[str] = field(default_factory=frozenset)
+    kept: dict[str, torch.Tensor] = field(default_factory=dict)
