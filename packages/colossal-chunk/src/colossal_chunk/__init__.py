@@ -9,6 +9,7 @@ from ._host_memory import host_empty, trim_host_heap
 from ._manager import ChunkManager
 from ._order import OrderStats, module_order, trace_order
 from ._policy import ChunkSummary, LruPolicy, PolicyContext, SimpleChunkInfo
+from ._read_ahead import ReadAheadWindow
 from ._search import ChunkSizeResult, pack, search_chunk_size
 from ._simulate import SimResult, simulate, simulate_policy
 from ._static import StaticPolicy
@@ -31,6 +32,7 @@ __all__ = [
     "OrderStats",
     "PendingReduce",
     "PolicyContext",
+    "ReadAheadWindow",
     "SimResult",
     "SimpleChunkInfo",
     "StaticPolicy",

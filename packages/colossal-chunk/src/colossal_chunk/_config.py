@@ -27,6 +27,9 @@ class ChunkConfig:
             ("cpu" forces the emulated accelerator even where CUDA exists).
         home: tier where chunks are placed at registration ("host" or "accelerator").
         pin_memory: allocate host payloads in pinned memory when the accelerator is CUDA.
+        read_ahead_bytes: bytes of ``host_bytes`` kept for disk pages read ahead of use
+            ([Note: read-ahead window]); None: up to four fp32 shards, at most a quarter of
+            ``host_bytes``. Only with a disk tier and a host budget.
     """
 
     chunk_numel: int
@@ -37,6 +40,7 @@ class ChunkConfig:
     device: str = "auto"
     home: str = "host"
     pin_memory: bool = True
+    read_ahead_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_numel <= 0:
@@ -44,7 +48,7 @@ class ChunkConfig:
                 f"chunk_numel must be positive, got {self.chunk_numel}; "
                 "use search_chunk_size() to choose one from the parameter sizes"
             )
-        for field_name in ("accelerator_bytes", "host_bytes", "disk_bytes"):
+        for field_name in ("accelerator_bytes", "host_bytes", "disk_bytes", "read_ahead_bytes"):
             value = getattr(self, field_name)
             if value is not None and value < 0:
                 raise ConfigError(f"{field_name} must be >= 0 or None (no limit), got {value}")

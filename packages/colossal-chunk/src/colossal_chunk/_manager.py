@@ -56,6 +56,7 @@ from ._host_memory import host_empty
 from ._pending import InFlight
 from ._placement import Placement, build_tiers
 from ._policy import ChunkSummary, LruPolicy, PolicyContext
+from ._read_ahead import ReadAheadWindow, window_bytes
 from ._tier import UNLIMITED
 
 __all__ = ["ChunkManager"]
@@ -114,7 +115,11 @@ class ChunkManager(ManagerBooks):
         self.before_collective = None
         self.keep_gathered = None
         self._placement = Placement(
-            build_tiers(config), self.policy, self._model_budget, rebind=self._bind
+            build_tiers(config),
+            self.policy,
+            self._model_budget,
+            rebind=self._bind,
+            read_ahead_bytes=window_bytes(config, self.world_size),
         )
         self.in_flight = InFlight(self._placement.drop_gathered, self._bind)
 
@@ -280,13 +285,23 @@ class ChunkManager(ManagerBooks):
         if prefetch > 0:
             self.prefetch(prefetch)
         if TierName.DISK in self.tiers:  # [Note: disk read-ahead and write-behind]
-            for cid in self.policy.upcoming(moment, _DISK_AHEAD):
-                self._placement.read_ahead(self.chunks[cid])
+            self.read_ahead(self.policy.upcoming(moment, _DISK_AHEAD))
 
-    def read_ahead(self, chunks: Iterable[Chunk | int]) -> None:
-        """Start reading the shards of ``chunks`` that live on disk into memory (used soon)."""
+    def read_ahead(self, chunks: Iterable[Chunk | int]) -> bool:
+        """Start reading the shards of ``chunks`` that live on disk into memory (used soon, in
+        this order) while the read-ahead window has room; False once it had none ([Note:
+        read-ahead window]: the rest are not read ahead)."""
         for c in chunks:
-            self._placement.read_ahead(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
+            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            if not self._placement.read_ahead(chunk):
+                return False
+        return True
+
+    @property
+    def read_ahead_window(self) -> ReadAheadWindow:
+        """The books of disk pages read ahead of use within the host budget ([Note: read-ahead
+        window])."""
+        return self._placement.read_ahead_window
 
     def written(self, chunks: Iterable[Chunk | int]) -> None:
         """Say that the shards of ``chunks`` were written in place (an optimizer step): those on

@@ -29,6 +29,7 @@ from ._config import ChunkConfig
 from ._disk import DiskIOStats, DiskStore
 from ._policy import SimpleChunkInfo
 from ._prefetch import PendingCopy, Prefetcher
+from ._read_ahead import ReadAheadWindow
 from ._tier import UNLIMITED, Tier
 
 __all__ = ["Placement", "build_tiers"]
@@ -81,10 +82,15 @@ class Placement:
         policy: PlacementPolicy,
         budget: Callable[[int], int],
         rebind: Callable[[Chunk], None] = lambda chunk: None,
+        *,
+        read_ahead_bytes: int = UNLIMITED,
     ):
         """``rebind(chunk)`` is called whenever a chunk's storage changes here, so that views
-        into the old storage (parameters' ``.data``) are re-pointed and the old storage freed."""
+        into the old storage (parameters' ``.data``) are re-pointed and the old storage freed.
+        ``read_ahead_bytes``: the host bytes disk pages read ahead may take ([Note: read-ahead
+        window]), reserved on the host tier now."""
         self.tiers, self.policy, self._budget = tiers, policy, budget
+        self.read_ahead_window = ReadAheadWindow(tiers[HOST], read_ahead_bytes)
         self._rebind = rebind
         self.moves = {}
         self.kept: set[int] = set()  # [Note: kept chunks]
@@ -167,6 +173,8 @@ class Placement:
         s = self.tiers[src]  # type: ignore[index]
         s.free(chunk.shard_bytes)
         s.discard(_key(chunk, src))  # type: ignore[arg-type]
+        if src is DISK:
+            self.read_ahead_window.drop(chunk)
         chunk.tier = dst
         self._count(src, dst, chunk.shard_bytes)  # type: ignore[arg-type]
 
@@ -205,14 +213,22 @@ class Placement:
         else:
             chunk.gather(full)
 
-    def read_ahead(self, chunk: Chunk) -> None:
-        """Start reading ``chunk``'s shard into memory if it lives on disk (for a use soon)."""
-        if chunk.tier is DISK:
-            self.tiers[DISK].read_ahead(_key(chunk, DISK))
+    def read_ahead(self, chunk: Chunk) -> bool:
+        """Start reading ``chunk``'s shard into memory if it lives on disk (for a use soon) and
+        the read-ahead window has room for it; False when it has not ([Note: read-ahead
+        window])."""
+        if chunk.tier is not DISK:
+            return True
+        if not self.read_ahead_window.admit(chunk):
+            return False
+        self.tiers[DISK].read_ahead(_key(chunk, DISK))
+        return True
 
     def written(self, chunk: Chunk) -> None:
-        """``chunk``'s shard was written in place: if it lives on disk, start writing it out."""
+        """``chunk``'s shard was written in place: if it lives on disk, start writing it out
+        (its pages leave this process's memory now)."""
         if chunk.tier is DISK and chunk.shard is not None:
+            self.read_ahead_window.drop(chunk)
             self.tiers[DISK].write_behind(_key(chunk, DISK), chunk.shard)
 
     def disk_io(self) -> DiskIOStats | None:
@@ -230,6 +246,8 @@ class Placement:
             t = self.tiers[chunk.tier]
             t.free(chunk.shard_bytes)
             t.discard(_key(chunk, chunk.tier))
+            if chunk.tier is DISK:
+                self.read_ahead_window.drop(chunk)
         chunk.shard = chunk.full = None
         chunk.tier = None
 
@@ -343,6 +361,8 @@ class Placement:
         self._rebind(chunk)
         src.free(chunk.shard_bytes)
         src.discard(_key(chunk, src.name))
+        if src.name is DISK:
+            self.read_ahead_window.drop(chunk)
         chunk.tier = ACC
 
     def settle_all(self, chunks: dict[int, Chunk]) -> None:

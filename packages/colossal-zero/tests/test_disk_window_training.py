@@ -1,0 +1,85 @@
+"""Training under a host budget with most chunks and Adam states on disk: at every moment of
+forward and backward and at every read-ahead of the optimizer step, host payloads plus the disk
+bytes read ahead stay within the host budget ([Note: read-ahead window] in colossal-chunk), the
+window is used (read-aheads happen and some are refused), and the losses are plain AdamW's."""
+
+import pytest
+import torch
+
+from colossal_contracts import TierName
+from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
+
+CHUNK = 8192  # elements: a 32 KiB fp32 shard
+SHARD = CHUNK * 4
+
+
+def _gpt():
+    models = pytest.importorskip("colossal_models")  # colossal-zero does not depend on it
+    cfg = models.GPTConfig(
+        vocab_size=256, max_seq_len=16, num_layers=2, num_heads=2, hidden_size=32
+    )
+    return models.GPT(cfg)
+
+
+def test_host_payloads_and_pages_read_ahead_stay_within_the_host_budget(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 256, (2, 2, 16), generator=g)
+    torch.manual_seed(0)
+    plain = _gpt()
+    ref = torch.optim.AdamW(plain.parameters(), lr=1e-3)
+    ref_losses = []
+    for _ in range(2):
+        loss = plain(x, y)
+        loss.backward()
+        ref.step()
+        ref.zero_grad()
+        ref_losses.append(loss.item())
+
+    torch.manual_seed(0)
+    model = _gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    config = GeminiConfig(
+        device="cpu", chunk_numel=CHUNK, accelerator_bytes=6 * SHARD, host_bytes=8 * SHARD,
+        disk_bytes=None, disk_dir=tmp_path,
+    )  # fmt: skip
+    gm = apply_gemini(model, config, group=None)
+    gopt = GeminiOptimizer.from_torch(gm, opt)
+    m = gm.runtime.manager
+    window = m.read_ahead_window
+    assert window.window_bytes == 2 * SHARD  # the default: a quarter of the host budget
+    host = m.tiers[TierName.HOST]
+    checks, refused = [0], [0]
+
+    def check() -> None:
+        payloads = sum(c.shard_bytes for c in m.chunks.values() if c.tier is TierName.HOST)
+        assert payloads + window.ahead_bytes <= host.capacity_bytes
+        assert payloads <= host.capacity_bytes - window.window_bytes
+        assert window.ahead_bytes <= window.window_bytes
+        checks[0] += 1
+
+    set_moment, read_ahead = m.set_moment, m.read_ahead
+
+    def spied_set_moment(*args, **kwargs):  # every moment of forward and backward
+        set_moment(*args, **kwargs)
+        check()
+
+    def spied_read_ahead(chunks):  # every read-ahead, the optimizer's among them
+        done = read_ahead(chunks)
+        refused[0] += not done
+        check()
+        return done
+
+    m.set_moment, m.read_ahead = spied_set_moment, spied_read_ahead
+    losses = []
+    for _ in range(2):
+        loss = gm(x, y)
+        gopt.backward(loss)
+        gopt.step()
+        gopt.zero_grad()
+        losses.append(loss.item())
+    states = sum(c.shard_bytes for c in m.chunks.values())
+    assert states >= 3 * host.capacity_bytes  # most of the model lives on disk
+    assert checks[0] > 50 and refused[0] > 0 and window.peak_bytes == window.window_bytes
+    assert m.stats().disk_io.bytes_read > 0
+    m.close()
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-5)
