@@ -44,6 +44,8 @@ class GeminiModule(nn.Module):
             args, kwargs = tree_map(lambda t: _to(t, dev), (args, kwargs))
         self.runtime.begin_forward()
         try:
+            if self.runtime.keeping:  # [Note: kept gradients]: no operator needs a hook
+                return self.module(*args, **kwargs)
             with self.runtime.mode:
                 return self.module(*args, **kwargs)
         finally:
