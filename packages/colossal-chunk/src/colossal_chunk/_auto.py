@@ -64,6 +64,7 @@ class AutoPolicy(LruPolicy):
         self._chunk_of: Mapping[str, int] = {}
         self._schedule: list[tuple[int, ...]] | None = None  # chunk ids per moment
         self._uses: dict[int, list[int]] = {}  # chunk id -> sorted moments that use it
+        self._budgets: dict[tuple[int, int], int] = {}  # (capacity, moment) -> model budget
         self._rebuild()
 
     # ----- what the policy knows ----------------------------------------------------------------
@@ -86,6 +87,7 @@ class AutoPolicy(LruPolicy):
         return self._schedule is not None
 
     def _rebuild(self) -> None:
+        self._budgets.clear()  # the trace (or the chunks) changed: budgets are computed again
         if self.stats is None or not self._chunk_of or self.stats.num_moments() == 0:
             return
         sched = []
@@ -125,17 +127,21 @@ class AutoPolicy(LruPolicy):
         return list(out)
 
     def model_budget(self, capacity: int, moment: int) -> int:
-        """See [Note: auto budget]."""
+        """See [Note: auto budget]. Computed once per moment of a trace (an access asks often)."""
         if self._schedule is None:
             return int(capacity * self.warmup_share)
         if self.stats is None or self.stats.num_moments() == 0:
             return capacity  # a schedule given directly, without non-model figures
         n = self.stats.num_moments()
-        peak = max(
-            self.stats.non_model_peak((moment + k) % n, self.tier)
-            for k in range(self.lookahead + 1)
-        )
-        return max(0, capacity - math.ceil(peak * (1.0 + self.margin)))
+        key = (capacity, moment % n)
+        budget = self._budgets.get(key)
+        if budget is None:
+            peak = max(
+                self.stats.non_model_peak((moment + k) % n, self.tier)
+                for k in range(self.lookahead + 1)
+            )
+            budget = self._budgets[key] = max(0, capacity - math.ceil(peak * (1.0 + self.margin)))
+        return budget
 
     def choose_evictions(
         self, candidates: Sequence[ChunkInfo], needed_bytes: int, *, moment: int

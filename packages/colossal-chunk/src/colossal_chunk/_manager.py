@@ -29,6 +29,14 @@ start collectives that an access, a move, a re-pack or ``settle()`` of the chunk
 runtime that sets ``keep_gathered`` keeps a chunk gathered after a release when the rule says it
 is used again soon. Every rank must make the same calls, as for any collective.
 
+[Note: gathers ahead] ``gather_ahead`` is the budgeted path's overlap: a chunk a coming moment
+uses is all-gathered while the current moment computes, its shard first brought to the compute
+tier if it is on the host (finishing its prefetch, else a copy). Room is made the way a
+prefetch makes it: only chunks whose next use comes after that chunk's are evicted, furthest
+first, and nothing when they cannot free enough (then the chunk is gathered at its access, as
+without overlap). Under a tight budget this turns the waits on synchronous all-gathers into
+gathers that run beside compute; the bytes moved are those the access would have moved.
+
 [Note: first-use order] ``repack(order)`` re-packs every parameter, and every parallel chunk with
 it, in the order given (the compute order a warmup traced), so that tensors used together share
 a chunk. Values of every kind are kept exactly; chunk ids change.
@@ -359,9 +367,13 @@ class ChunkManager(ManagerBooks):
         need = acc.used_bytes + headroom
         return all(self._placement.limit(m) >= need for m in range(max(1, self._num_moments)))
 
-    def access_chunks(self, chunks: Iterable[Chunk | int], *, zero: bool = False) -> None:
+    def access_chunks(
+        self, chunks: Iterable[Chunk | int], *, zero: bool = False, discard: bool = False
+    ) -> None:
         """Put every tensor of ``chunks`` in COMPUTE on the compute tier. Gathers sharded chunks, or
-        with ``zero`` gives them a zero full buffer without communicating (gradient chunks)."""
+        with ``zero`` gives them a zero full buffer without communicating (gradient chunks).
+        With ``discard`` (and ``zero``) the shards' values are dead (a reduce-scatter will
+        overwrite them): a shard brought to the compute tier is not copied."""
         by_chunk = {}
         for c in chunks:
             chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
@@ -369,9 +381,9 @@ class ChunkManager(ManagerBooks):
         if not zero and not self.in_flight.chunks and self._resident(by_chunk):
             self._access_resident(by_chunk)  # the fast path of ``access``
             return
-        self._access(by_chunk, zero=zero)
+        self._access(by_chunk, zero=zero, discard=discard and zero)
 
-    def _access(self, by_chunk: dict[int, list[str]], *, zero: bool) -> None:
+    def _access(self, by_chunk: dict[int, list[str]], *, zero: bool, discard: bool = False) -> None:
         self._steady = False  # bytes may arrive on the compute tier: check the room again
         chunks = [self.chunks[i] for i in by_chunk]
         pl = self._placement
@@ -387,7 +399,7 @@ class ChunkManager(ManagerBooks):
             what=f"accessing chunks {list(by_chunk)}",
         )
         for c in chunks:
-            pl.move(c, ACC)
+            pl.move(c, ACC, copy=not discard)
             check = self.before_collective
             if check is not None and not zero and c.world_size > 1 and not c.is_gathered:
                 check("all-gather", c)
@@ -467,18 +479,31 @@ class ChunkManager(ManagerBooks):
         self._placement.drop_gathered(c, c.reduce_scatter(average=average))
         self._bind(c)
 
-    def gather_ahead(self, chunks: Iterable[Chunk | int]) -> int:
-        """Start all-gathering sharded ``chunks`` whose shards are on the compute tier, while
-        their gathered buffers fit in this moment's room (nothing is evicted for them); returns
-        how many started. Collective: every rank must pass the same chunks in the same state."""
+    def gather_ahead(self, chunks: Iterable[Chunk | int], *, keep_free: int = 0) -> int:
+        """Start all-gathering sharded ``chunks`` for a coming moment, while their shards and
+        gathered buffers fit in this moment's room less ``keep_free`` bytes, making room by
+        evicting only chunks used after them ([Note: gathers ahead]); returns how many started.
+        Collective: every rank must pass the same chunks in the same state."""
         pl, acc, issued = self._placement, self.tiers[ACC], 0
         self._steady = False
+        next_use = self.policy.next_use
         for item in chunks:
             c = self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
-            if c.world_size == 1 or c.is_gathered or c.tier is not ACC:
+            if c.world_size == 1 or c.is_gathered:
                 continue
-            if acc.used_bytes + c.full_bytes > pl.limit(self._moment):
+            if c.tier is TierName.DISK:
+                continue  # brought in by its access, after the disk read-ahead
+            if not pl.room_before(
+                pl.need_for_access(c, gather=True) + keep_free,
+                moment=self._moment,
+                target_use=next_use(c.chunk_id, self._moment),
+                chunks=self.chunks.values(),
+                skip=c,
+            ):
                 break
+            if c.tier is not ACC:
+                self.in_flight.finish(c)
+                pl.move(c, ACC)  # finishes its prefetch, or copies the shard in now
             if self.before_collective is not None:
                 self.before_collective("all-gather", c)
             acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
@@ -486,6 +511,12 @@ class ChunkManager(ManagerBooks):
             self.in_flight.add(c)
             issued += 1
         return issued
+
+    def access_bytes(self, chunk: Chunk | int) -> int:
+        """Compute-tier bytes an access of ``chunk`` would add now (its shard, if elsewhere,
+        and its gathered buffer, if sharded and not gathered)."""
+        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
+        return self._placement.need_for_access(c, gather=True)
 
     def move(self, chunk: Chunk | int, tier: TierName | str) -> None:
         """Move a chunk's shard to ``tier`` (releasing its gathered buffer if it leaves the compute

@@ -155,8 +155,10 @@ class Placement:
             return acc.allocate(_key(chunk, ACC), chunk.shard_numel, chunk.dtype)
         raise self._no_room_anywhere(chunk)
 
-    def move(self, chunk: Chunk, dst: TierName) -> None:
-        """Copy ``chunk``'s shard to ``dst`` (reserving there first) and free it where it was."""
+    def move(self, chunk: Chunk, dst: TierName, *, copy: bool = True) -> None:
+        """Copy ``chunk``'s shard to ``dst`` (reserving there first) and free it where it was;
+        without ``copy`` its values are dead and only storage moves (the new shard is not
+        filled)."""
         self.settle(chunk)
         src = chunk.tier
         if src is dst:
@@ -167,7 +169,7 @@ class Placement:
             )
         d = self.tiers[dst]
         d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
-        chunk.replace_shard(d.allocate(_key(chunk, dst), chunk.shard_numel, chunk.dtype))
+        chunk.replace_shard(d.allocate(_key(chunk, dst), chunk.shard_numel, chunk.dtype), copy=copy)
         d.write_behind(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
         self._rebind(chunk)
         s = self.tiers[src]  # type: ignore[index]
@@ -323,25 +325,10 @@ class Placement:
         if chunk.tier is ACC or chunk.chunk_id in self._pending or chunk.pinned:
             return False
         acc = self.tiers[ACC]
-        short = acc.used_bytes + chunk.shard_bytes - self.limit(moment)
-        if short > 0:
-            next_use = self.policy.next_use
-            later = [
-                c
-                for c in chunks
-                if c.chunk_id != chunk.chunk_id
-                and c.chunk_id not in self.kept
-                and c.movable
-                and self.acc_bytes(c) > 0
-                and next_use(c.chunk_id, moment) > target_use
-            ]
-            later.sort(key=lambda c: -next_use(c.chunk_id, moment))
-            if sum(self.acc_bytes(c) for c in later) < short:
-                return False
-            for c in later:
-                if short <= 0:
-                    break
-                short -= self.offload(c)
+        if not self.room_before(
+            chunk.shard_bytes, moment=moment, target_use=target_use, chunks=chunks, skip=chunk
+        ):
+            return False
         acc.reserve(chunk.shard_bytes, what=f"prefetch of chunk {chunk.chunk_id}")
         dst = acc.allocate(_key(chunk, ACC), chunk.shard_numel, chunk.dtype)
         if self._prefetcher is None:
@@ -349,6 +336,40 @@ class Placement:
         src_tier = self.tiers[chunk.tier]  # type: ignore[index]
         self._pending[chunk.chunk_id] = (self._prefetcher.copy(dst, chunk.shard), src_tier)
         self._count(src_tier.name, ACC, chunk.shard_bytes)  # counted when issued
+        return True
+
+    def room_before(
+        self,
+        needed: int,
+        *,
+        moment: int,
+        target_use: float,
+        chunks: Iterable[Chunk],
+        skip: Chunk,
+    ) -> bool:
+        """Make ``needed`` more bytes fit in ``moment``'s room by evicting only chunks (other than
+        ``skip``) whose next use comes after ``target_use``, furthest first; False, with nothing
+        evicted, when those chunks cannot free enough."""
+        short = self.tiers[ACC].used_bytes + needed - self.limit(moment)
+        if short <= 0:
+            return True
+        next_use = self.policy.next_use
+        later = [
+            (use, c)
+            for c in chunks
+            if c is not skip
+            and c.chunk_id not in self.kept
+            and c.movable
+            and self.acc_bytes(c) > 0
+            and (use := next_use(c.chunk_id, moment)) > target_use
+        ]
+        if sum(self.acc_bytes(c) for _, c in later) < short:
+            return False
+        later.sort(key=lambda uc: -uc[0])
+        for _, c in later:
+            if short <= 0:
+                break
+            short -= self.offload(c)
         return True
 
     def settle(self, chunk: Chunk) -> None:
