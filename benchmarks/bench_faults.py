@@ -3,12 +3,24 @@ kill a rank of a two-rank run; count checkpoints lost, resumes that fail, and ho
 surviving rank takes to stop (and whether it names the dead one).
 
 A save trial trains GPT-nano with a checkpoint every step (so most of the wall time after the
-first step is spent saving) and kills the process at a uniformly random moment in the 3 s after
-its first checkpoint is published. A re-save trial first finishes a run, points `latest` back to step 1 and
-resumes, so every save replaces a complete step directory (the path that used to delete before
-renaming), and is killed the same way. Just before each kill the complete step directories and
-the step `latest` names are recorded; afterwards none of them may be missing or incomplete, the
-checkpoint found must be at least as new, and `colossal train --resume` must succeed.
+first step is spent saving) and kills the process at a uniformly random point of its save phase,
+timed by the run itself ([Note: kill timing]). A re-save trial first finishes a run, points
+`latest` back to step 1 and resumes, so every save replaces a complete step directory (the path
+that used to delete before renaming), and is killed the same way. Just before each kill the
+complete step directories and the step `latest` names are recorded; afterwards none of them may
+be missing or incomplete, the checkpoint found must be at least as new, and `colossal train
+--resume` must succeed. After the kill, a hidden `.step-N-*` directory (or `.latest.tmp`) left in
+the checkpoint folder says the kill landed inside a save: the process is dead, so the folder
+shows exactly what it was doing.
+
+[Note: kill timing] A fixed window after the first publish outlives a fast run (on a quiet
+machine 14 of 40 kills hit the exit of a 30-step run, not a save). Instead each trial draws a
+save uniformly among the run's saves but its first (``target``, up to the final step's) and a
+uniform fraction ``frac``, polls the checkpoint folder every 2 ms, and kills ``frac`` of one
+save's duration after that save's temporary directory appears; a save's duration is the median
+measured in this same run (temporary directory seen to ``latest`` naming it), so the timing
+follows the machine's pace. A save shorter than it was before ends before the kill: such a kill
+lands between saves (or, after the final one, in the run's exit) and is counted so.
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ from rich.console import Console
 
 from colossal import TrainConfig, train
 from colossal.booster import find_checkpoint
-from colossal.booster._publish import is_complete
+from colossal.booster._publish import LATEST, is_complete
 from colossal_models import default_corpus_path
 
 from _report import Report
@@ -70,6 +82,49 @@ def _complete_steps(ckpt: Path, *, published_only: bool = False) -> set[int]:
     return out
 
 
+def _published(ckpt: Path) -> int:
+    """The step ``latest`` names (0 before any): one small read, cheap enough to poll."""
+    try:
+        return _step_of((ckpt / LATEST).read_text().strip()) or 0
+    except OSError:
+        return 0
+
+
+def _saving(ckpt: Path) -> bool:
+    """A save's temporary directory (or the pointer's temporary file) is in ``ckpt``."""
+    if not ckpt.is_dir():
+        return False
+    return any(p.name.startswith(".step-") or p.name == f".{LATEST}.tmp" for p in ckpt.iterdir())
+
+
+def _hidden_steps(ckpt: Path) -> set[int]:
+    """Steps whose save's temporary ``.step-N-*`` directory is in ``ckpt``."""
+    if not ckpt.is_dir():
+        return set()
+    steps = (_step_of(p.name) for p in ckpt.iterdir() if p.name.startswith(".step-"))
+    return {s for s in steps if s is not None}
+
+
+def _wait_for_kill_point(proc: subprocess.Popen, ckpt: Path, target: int, frac: float) -> float:
+    """Return at fraction ``frac`` of the save of step ``target`` (see [Note: kill timing]), or
+    when the run ends (or after 600 s); returns the estimate of one save's seconds used."""
+    started: dict[int, float] = {}  # step -> when its temporary directory was first seen
+    took: list[float] = []  # seconds from that to ``latest`` naming the step
+    t0 = time.monotonic()
+    while proc.poll() is None and time.monotonic() - t0 < 600:
+        now, step = time.monotonic(), _published(ckpt)
+        for j in _hidden_steps(ckpt):
+            started.setdefault(j, now)
+        for j in [j for j in started if j <= step]:
+            took.append(now - started.pop(j))
+        if target in started or step >= target:  # a save too quick to see: kill now
+            estimate = statistics.median(took) if took else 0.0
+            time.sleep(frac * estimate if target in started else 0.0)
+            return estimate
+        time.sleep(0.002)
+    return 0.0
+
+
 def _latest_step(ckpt: Path) -> int:
     found = find_checkpoint(ckpt)
     return (_step_of(found.name) or 0) if found else 0
@@ -102,17 +157,15 @@ def save_kill_trial(root: Path, corpus: Path, rng: random.Random, *, resave: boo
     log = root / "trial-stderr.txt"
     with open(log, "w") as err_file:  # the child keeps its own descriptor
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err_file)
-    t0 = time.monotonic()
-    while proc.poll() is None and time.monotonic() - t0 < 600:
-        if (ckpt / "latest").exists() and _latest_step(ckpt) >= (2 if resave else 1):
-            break  # the first (re-)save is published: kills from here on hit saves
-        time.sleep(0.01)
-    time.sleep(rng.uniform(0.0, 3.0))
+    first, last = (2 if resave else 1), int(STEPS)
+    target, frac = rng.randint(first + 1, last), rng.random()
+    save_s = _wait_for_kill_point(proc, ckpt, target, frac)
     complete_before = _complete_steps(ckpt)
     latest_before = _latest_step(ckpt)
     finished_first = proc.poll() is not None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    in_save = _saving(ckpt)  # the dead process left its save's temporary directory
     early = []  # a run that ended on its own before any save: its exit status and last line
     if finished_first and latest_before == 0:
         lines = log.read_text(errors="replace").strip().splitlines()
@@ -125,7 +178,8 @@ def save_kill_trial(root: Path, corpus: Path, rng: random.Random, *, resave: boo
         print(f"faults: lost {lost}, latest {latest_before} -> {latest_after}: {seen}")
     error = []
     try:  # in this process: one interpreter start per trial is enough
-        train(_config(corpus, out, steps=int(STEPS) + 1, resume=True), console=_QUIET)
+        # one step past the checkpoint it finds (and its save) shows the resume works
+        train(_config(corpus, out, steps=latest_after + 1, resume=True), console=_QUIET)
     except Exception as err:
         error = [f"{type(err).__name__}: {err}"]
     # the resume's save cleaned up: every step complete before the kill is a published step-N
@@ -137,6 +191,10 @@ def save_kill_trial(root: Path, corpus: Path, rng: random.Random, *, resave: boo
         "resume_error": error,
         "latest_before": latest_before,
         "finished_before_kill": finished_first,
+        "kill_point": (target, frac),
+        "save_s": save_s,
+        "in_save": in_save,
+        "after_last_save": finished_first or latest_before >= last,
         "ended_before_first_save": early,
     }
 
@@ -220,6 +278,9 @@ def run(quick: bool, out_dir: Path) -> Report:
             "completed_checkpoints_lost",
             "resume_ok",
             "not_step_dirs_after_resume",
+            "kills_in_a_save",
+            "kills_between_saves",
+            "kills_after_last_save",
             "detail",
         ],
     )
@@ -239,8 +300,15 @@ def run(quick: bool, out_dir: Path) -> Report:
                     "not_step_dirs_after_resume": sum(
                         r["unpublished_after_resume"] for r in results
                     ),
+                    "kills_in_a_save": sum(r["in_save"] for r in results),
+                    "kills_between_saves": sum(
+                        not r["in_save"] and not r["after_last_save"] for r in results
+                    ),
+                    "kills_after_last_save": sum(r["after_last_save"] for r in results),
                     "detail": (
                         f"latest step at kill: {sorted(r['latest_before'] for r in results)}; "
+                        "one save as measured in the runs, median s: "
+                        f"{statistics.median(r['save_s'] for r in results):.3f}; "
                         f"finished before the kill: {sum(r['finished_before_kill'] for r in results)}"
                         + (f"; resume errors: {errors}" if errors else "")
                         + (f"; runs that ended before their first save: {early}" if early else "")
@@ -276,11 +344,22 @@ def run(quick: bool, out_dir: Path) -> Report:
     report.summary["resumes that worked"] = (
         f"{sum(r['resume_ok'] for r in saves)}/{sum(r['trials'] for r in saves)}"
     )
+    report.summary["kills inside a save / between saves / after the last save"] = (
+        f"{sum(r['kills_in_a_save'] for r in saves)} / "
+        f"{sum(r['kills_between_saves'] for r in saves)} / "
+        f"{sum(r['kills_after_last_save'] for r in saves)}"
+    )
     report.notes += [
         "Save trials: GPT-nano (Gemini, fp32, 30 steps) with --checkpoint-every 1; SIGKILL at a "
-        "uniform random moment in the 3 s after the first checkpoint is published (re-save "
+        "uniform random point of one of the run's saves (its first excepted), timed by the "
+        "median save duration measured in the same run (temporary directory seen to `latest` "
+        "naming the step; polled every 2 ms; re-save "
         "trials: a finished run's latest moved back to step 1, resumed, so each save replaces a "
-        "complete step; killed in the 3 s after the first re-save). 'Lost' counts steps held "
+        "complete step; its first re-save excepted). 'In a save' counts kills that "
+        "left a save's hidden .step-N-* directory (or .latest.tmp) behind: the dead process "
+        "was between creating it and publishing it; 'between saves' the others of a run that "
+        "had not published its last step; 'after the last save' kills of a run already "
+        "exiting. 'Lost' counts steps held "
         "by a complete directory (step-N, or the hidden new copy `latest` names mid-swap) just "
         "before "
         "the kill and not complete after, plus a `latest` that resolves to an older step; "
