@@ -24,22 +24,8 @@ Until the layout or the moment changes (``register``, ``add_parallel``, ``move``
 fast paths then skip their room check too: it held for every moment when ``fully_resident``
 answered.
 
-[Note: collectives in flight] (``_pending.py``): ``gather_ahead`` and ``reduce(async_op=True)``
-start collectives that an access, a move, a re-pack or ``settle()`` of the chunk finishes. A
-runtime that sets ``keep_gathered`` keeps a chunk gathered after a release when the rule says it
-is used again soon. Every rank must make the same calls, as for any collective.
-
-[Note: gathers ahead] ``gather_ahead`` is the budgeted path's overlap: a chunk a coming moment
-uses is all-gathered while the current moment computes, its shard first brought to the compute
-tier if it is on the host (finishing its prefetch, else a copy). Room is made the way a
-prefetch makes it: only chunks whose next use comes after that chunk's are evicted, furthest
-first, and nothing when they cannot free enough (then the chunk is gathered at its access, as
-without overlap). Under a tight budget this turns the waits on synchronous all-gathers into
-gathers that run beside compute; the bytes moved are those the access would have moved.
-
-[Note: first-use order] ``repack(order)`` re-packs every parameter, and every parallel chunk with
-it, in the order given (the compute order a warmup traced), so that tensors used together share
-a chunk. Values of every kind are kept exactly; chunk ids change.
+Collectives on chunks and when they finish are in ``_collectives.py`` ([Note: collectives in
+flight], [Note: gathers ahead]); re-packing in first-use order is in ``_repack.py``.
 """
 
 from __future__ import annotations
@@ -52,19 +38,20 @@ import torch.distributed as dist
 from colossal_contracts import (
     ConfigError,
     PlacementPolicy,
-    StateTransitionError,
     TensorState,
     TierName,
 )
 
 from ._books import ManagerBooks
 from ._chunk import Chunk
+from ._collectives import ManagerCollectives
 from ._config import ChunkConfig
 from ._host_memory import host_empty
 from ._pending import InFlight
 from ._placement import Placement, build_tiers
 from ._policy import ChunkSummary, LruPolicy, PolicyContext
 from ._read_ahead import ReadAheadWindow, window_bytes
+from ._repack import ManagerRepack
 from ._tier import UNLIMITED
 
 __all__ = ["ChunkManager"]
@@ -74,7 +61,7 @@ _DISK_AHEAD = 4  # moments ahead whose chunks on disk are read into memory early
 Tensorish = torch.Tensor | str
 
 
-class ChunkManager(ManagerBooks):
+class ChunkManager(ManagerBooks, ManagerCollectives, ManagerRepack):
     """Chunks of parameters (and parallel chunks of gradients / master weights) under tier budgets.
 
     See [Note: parameter views] and [Note: access protocol]. ``group`` is the data-parallel process
@@ -464,54 +451,6 @@ class ChunkManager(ManagerBooks):
             if moved:  # else storage is unchanged: the views still point at it
                 self._bind(c)
 
-    def reduce(self, chunk: Chunk | int, *, average: bool = True, async_op: bool = False) -> None:
-        """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard
-        (averaged over ranks); collective over the manager's group. Tensors end in HOLD/FREE.
-        With ``async_op`` the shard is written when the chunk's collective is finished
-        ([Note: collectives in flight])."""
-        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
-        if self.before_collective is not None and c.world_size > 1:
-            self.before_collective("reduce-scatter", c)
-        if async_op:
-            c.start_reduce_scatter(average=average)
-            self.in_flight.add(c)
-            return
-        self._placement.drop_gathered(c, c.reduce_scatter(average=average))
-        self._bind(c)
-
-    def gather_ahead(self, chunks: Iterable[Chunk | int], *, keep_free: int = 0) -> int:
-        """Start all-gathering sharded ``chunks`` for a coming moment, while their shards and
-        gathered buffers fit in this moment's room less ``keep_free`` bytes, making room by
-        evicting only chunks used after them ([Note: gathers ahead]); returns how many started.
-        Collective: every rank must pass the same chunks in the same state."""
-        pl, acc, issued = self._placement, self.tiers[ACC], 0
-        self._steady = False
-        next_use = self.policy.next_use
-        for item in chunks:
-            c = self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
-            if c.world_size == 1 or c.is_gathered:
-                continue
-            if c.tier is TierName.DISK:
-                continue  # brought in by its access, after the disk read-ahead
-            if not pl.room_before(
-                pl.need_for_access(c, gather=True) + keep_free,
-                moment=self._moment,
-                target_use=next_use(c.chunk_id, self._moment),
-                chunks=self.chunks.values(),
-                skip=c,
-            ):
-                break
-            if c.tier is not ACC:
-                self.in_flight.finish(c)
-                pl.move(c, ACC)  # finishes its prefetch, or copies the shard in now
-            if self.before_collective is not None:
-                self.before_collective("all-gather", c)
-            acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
-            c.start_gather(acc.allocate_gathered(c.capacity, c.dtype))
-            self.in_flight.add(c)
-            issued += 1
-        return issued
-
     def access_bytes(self, chunk: Chunk | int) -> int:
         """Compute-tier bytes an access of ``chunk`` would add now (its shard, if elsewhere,
         and its gathered buffer, if sharded and not gathered)."""
@@ -539,19 +478,6 @@ class ChunkManager(ManagerBooks):
         self._placement.move(c, tier)
         self._bind(c)
 
-    def settle(self, chunks: Iterable[Chunk] | None = None) -> None:
-        """Finish every prefetch in flight (of ``chunks`` only, when given). Call before writing
-        shards outside the access protocol (an optimizer step, restoring parameters from fp32
-        masters): a copy in flight would otherwise bring back old values. Finishes collectives
-        in flight too ([Note: collectives in flight])."""
-        if chunks is not None:
-            for c in chunks:
-                self.in_flight.finish(c)
-                self._placement.settle(c)
-            return
-        self.in_flight.finish_all()
-        self._placement.settle_all(self.chunks)
-
     def prefetch(self, horizon: int = 1) -> int:
         """Start copying chunks the policy says the next ``horizon`` moments need; returns how many.
 
@@ -570,55 +496,6 @@ class ChunkManager(ManagerBooks):
             ):
                 issued += 1
         return issued
-
-    # ----- layout -------------------------------------------------------------------------------
-    def registration_order(self) -> list[str]:
-        """Parameter names in the order they sit in chunks."""
-        return [n for c in self.param_chunks() for n in c.records]
-
-    def repack(self, order: Sequence[str]) -> list[Chunk]:
-        """Re-pack every chunk in ``order``; see [Note: first-use order]. Collective when chunks
-        are sharded. Every tensor must be HOLD or FREE. Returns the new parameter chunks."""
-        self.settle()
-        busy = [c.chunk_id for c in self.chunks.values() if not c.movable]
-        if busy:
-            raise StateTransitionError(
-                f"cannot re-pack chunks while chunks {busy[:4]} hold tensors in use; release them"
-            )
-        values: dict[str, dict[str, torch.Tensor]] = {}  # kind -> name -> full value
-        dtypes: dict[str, torch.dtype] = {}
-        for c in self.chunks.values():
-            full = self._full_copy(c)
-            dtypes[c.kind] = c.dtype
-            kind = values.setdefault(c.kind, {})
-            for name, rec in c.records.items():
-                kind[name] = full[rec.offset : rec.end].view(rec.shape)
-            self._placement.forget(c)
-        params, kinds = dict(self._params), list(self._parallel)
-        self.chunks, self._params, self._name_of, self._chunk_of = {}, {}, {}, {}
-        self._parallel = {}
-        for name, p in params.items():
-            p.data = values["param"][name]
-        new = self.register(params.items(), order=order)
-        for kind in kinds:
-            for twin in self.add_parallel(kind, dtypes[kind], spill_reserve=self._spill[kind]):
-                for name in twin.records:
-                    part = twin.shard_view(name)
-                    if part is not None:
-                        view, a, b = part
-                        view.copy_(values[kind][name].reshape(-1)[a:b])
-        return new
-
-    def _full_copy(self, c: Chunk) -> torch.Tensor:
-        """A CPU copy of the whole chunk ``c`` (all-gathered from the shards when sharded)."""
-        if c.world_size == 1:
-            return c.shard.detach().cpu().clone()  # type: ignore[union-attr]
-        nccl = dist.get_backend(self.group) == "nccl"
-        dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        shard = c.shard.detach().to(dev).contiguous()  # type: ignore[union-attr]
-        full = torch.empty(c.capacity, dtype=c.dtype, device=dev)
-        dist.all_gather_into_tensor(full, shard, group=self.group)
-        return full.cpu()
 
     # ----- views and books ----------------------------------------------------------------------
     def _bind(self, chunk: Chunk) -> None:

@@ -1,0 +1,108 @@
+"""The chunk manager's collectives: reduce-scatters, all-gathers ahead of use, and finishing
+what is in flight.
+
+[Note: collectives in flight] (``_pending.py``): ``gather_ahead`` and ``reduce(async_op=True)``
+start collectives that an access, a move, a re-pack or ``settle()`` of the chunk finishes. A
+runtime that sets ``keep_gathered`` keeps a chunk gathered after a release when the rule says it
+is used again soon. Every rank must make the same calls, as for any collective.
+
+[Note: gathers ahead] ``gather_ahead`` is the budgeted path's overlap: a chunk a coming moment
+uses is all-gathered while the current moment computes, its shard first brought to the compute
+tier if it is on the host (finishing its prefetch, else a copy). Room is made the way a
+prefetch makes it: only chunks whose next use comes after that chunk's are evicted, furthest
+first, and nothing when they cannot free enough (then the chunk is gathered at its access, as
+without overlap). Under a tight budget this turns the waits on synchronous all-gathers into
+gathers that run beside compute; the bytes moved are those the access would have moved.
+
+``ChunkManager`` inherits these methods; they read its chunks, placement, policy and moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from colossal_contracts import PlacementPolicy, TierName
+
+from ._chunk import Chunk
+from ._pending import InFlight
+from ._placement import Placement
+from ._tier import Tier
+
+__all__ = ["ManagerCollectives"]
+
+ACC = TierName.ACCELERATOR
+
+
+class ManagerCollectives:
+    """Collectives on chunks; see the module docstring."""
+
+    chunks: dict[int, Chunk]  # every chunk by id (the manager's)
+    policy: PlacementPolicy  # the manager's
+    in_flight: InFlight  # the manager's: chunks with a collective started here
+    before_collective: Callable[[str, Chunk], None] | None  # the manager's
+    _placement: Placement  # the manager's
+    _moment: int  # the manager's
+    _steady: bool  # [Note: resident fast path]: the manager's
+    tiers: dict[TierName, Tier]  # the manager's (a property there)
+    _bind: Callable[[Chunk], None]  # the manager's: re-points a chunk's parameter views
+
+    def reduce(self, chunk: Chunk | int, *, average: bool = True, async_op: bool = False) -> None:
+        """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard
+        (averaged over ranks); collective over the manager's group. Tensors end in HOLD/FREE.
+        With ``async_op`` the shard is written when the chunk's collective is finished
+        ([Note: collectives in flight])."""
+        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
+        if self.before_collective is not None and c.world_size > 1:
+            self.before_collective("reduce-scatter", c)
+        if async_op:
+            c.start_reduce_scatter(average=average)
+            self.in_flight.add(c)
+            return
+        self._placement.drop_gathered(c, c.reduce_scatter(average=average))
+        self._bind(c)
+
+    def gather_ahead(self, chunks: Iterable[Chunk | int], *, keep_free: int = 0) -> int:
+        """Start all-gathering sharded ``chunks`` for a coming moment, while their shards and
+        gathered buffers fit in this moment's room less ``keep_free`` bytes, making room by
+        evicting only chunks used after them ([Note: gathers ahead]); returns how many started.
+        Collective: every rank must pass the same chunks in the same state."""
+        pl, acc, issued = self._placement, self.tiers[ACC], 0
+        self._steady = False
+        next_use = self.policy.next_use
+        for item in chunks:
+            c = self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
+            if c.world_size == 1 or c.is_gathered:
+                continue
+            if c.tier is TierName.DISK:
+                continue  # brought in by its access, after the disk read-ahead
+            if not pl.room_before(
+                pl.need_for_access(c, gather=True) + keep_free,
+                moment=self._moment,
+                target_use=next_use(c.chunk_id, self._moment),
+                chunks=self.chunks.values(),
+                skip=c,
+            ):
+                break
+            if c.tier is not ACC:
+                self.in_flight.finish(c)
+                pl.move(c, ACC)  # finishes its prefetch, or copies the shard in now
+            if self.before_collective is not None:
+                self.before_collective("all-gather", c)
+            acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
+            c.start_gather(acc.allocate_gathered(c.capacity, c.dtype))
+            self.in_flight.add(c)
+            issued += 1
+        return issued
+
+    def settle(self, chunks: Iterable[Chunk] | None = None) -> None:
+        """Finish every prefetch in flight (of ``chunks`` only, when given). Call before writing
+        shards outside the access protocol (an optimizer step, restoring parameters from fp32
+        masters): a copy in flight would otherwise bring back old values. Finishes collectives
+        in flight too ([Note: collectives in flight])."""
+        if chunks is not None:
+            for c in chunks:
+                self.in_flight.finish(c)
+                self._placement.settle(c)
+            return
+        self.in_flight.finish_all()
+        self._placement.settle_all(self.chunks)

@@ -1,0 +1,85 @@
+"""Re-packing the chunk manager's chunks in first-use order.
+
+[Note: first-use order] ``repack(order)`` re-packs every parameter, and every parallel chunk with
+it, in the order given (the compute order a warmup traced), so that tensors used together share
+a chunk. Values of every kind are kept exactly; chunk ids change.
+
+``ChunkManager`` inherits these methods; they rebuild its chunks through ``register`` and
+``add_parallel``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from colossal_contracts import StateTransitionError
+
+from ._chunk import Chunk
+from ._placement import Placement
+
+__all__ = ["ManagerRepack"]
+
+
+class ManagerRepack:
+    """``repack`` and the layout it reads; see the module docstring. Uses the manager's
+    ``register``, ``add_parallel``, ``param_chunks`` and ``settle``."""
+
+    chunks: dict[int, Chunk]  # every chunk by id (the manager's)
+    group: dist.ProcessGroup | None  # the manager's
+    _placement: Placement  # the manager's
+    _params: dict[str, torch.nn.Parameter]  # the manager's
+    _name_of: dict[int, str]  # the manager's
+    _chunk_of: dict[str, int]  # the manager's
+    _parallel: dict[str, dict[int, int]]  # the manager's
+    _spill: dict[str, int | None]  # the manager's
+
+    def registration_order(self) -> list[str]:
+        """Parameter names in the order they sit in chunks."""
+        return [n for c in self.param_chunks() for n in c.records]
+
+    def repack(self, order: Sequence[str]) -> list[Chunk]:
+        """Re-pack every chunk in ``order``; see [Note: first-use order]. Collective when chunks
+        are sharded. Every tensor must be HOLD or FREE. Returns the new parameter chunks."""
+        self.settle()
+        busy = [c.chunk_id for c in self.chunks.values() if not c.movable]
+        if busy:
+            raise StateTransitionError(
+                f"cannot re-pack chunks while chunks {busy[:4]} hold tensors in use; release them"
+            )
+        values: dict[str, dict[str, torch.Tensor]] = {}  # kind -> name -> full value
+        dtypes: dict[str, torch.dtype] = {}
+        for c in self.chunks.values():
+            full = self._full_copy(c)
+            dtypes[c.kind] = c.dtype
+            kind = values.setdefault(c.kind, {})
+            for name, rec in c.records.items():
+                kind[name] = full[rec.offset : rec.end].view(rec.shape)
+            self._placement.forget(c)
+        params, kinds = dict(self._params), list(self._parallel)
+        self.chunks, self._params, self._name_of, self._chunk_of = {}, {}, {}, {}
+        self._parallel = {}
+        for name, p in params.items():
+            p.data = values["param"][name]
+        new = self.register(params.items(), order=order)
+        for kind in kinds:
+            for twin in self.add_parallel(kind, dtypes[kind], spill_reserve=self._spill[kind]):
+                for name in twin.records:
+                    part = twin.shard_view(name)
+                    if part is not None:
+                        view, a, b = part
+                        view.copy_(values[kind][name].reshape(-1)[a:b])
+        return new
+
+    def _full_copy(self, c: Chunk) -> torch.Tensor:
+        """A CPU copy of the whole chunk ``c`` (all-gathered from the shards when sharded)."""
+        if c.world_size == 1:
+            return c.shard.detach().cpu().clone()  # type: ignore[union-attr]
+        nccl = dist.get_backend(self.group) == "nccl"
+        dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        shard = c.shard.detach().to(dev).contiguous()  # type: ignore[union-attr]
+        full = torch.empty(c.capacity, dtype=c.dtype, device=dev)
+        dist.all_gather_into_tensor(full, shard, group=self.group)
+        return full.cpu()
