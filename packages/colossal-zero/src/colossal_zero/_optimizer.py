@@ -95,6 +95,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
         self.scaler = DynamicLossScaler(self.rt.config.loss_scaler) if prec.loss_scaling else None
         self._grad_norm = 0.0
         self._norm_due: tuple[list[tuple[torch.Tensor, ParamSharding | None]], int] | None = None
+        self._views: dict[int, tuple[tuple, tuple[str, ...], list[tuple]]] = {}  # see _join
         self.state_plan = StatePlan(0, (), 0)  # [Note: state placement]
         self._tracking_for: object = None  # the chunk layout whose demand is being measured
         self._placed_for: object = None  # the chunk layout the states were placed for
@@ -245,6 +246,8 @@ class GeminiOptimizer(torch.optim.Optimizer):
             if disk:
                 m.written(self._written_by(c))
         self._run(rows, joined, grad_scale)
+        for cid in [cid for cid in self._views if cid not in in_place]:  # moved, or re-packed
+            del self._views[cid]  # their views would hold the old storage
         rt.clear_grads()
         if self.scaler is not None:
             self.scaler.update(False)
@@ -267,26 +270,34 @@ class GeminiOptimizer(torch.optim.Optimizer):
 
     def _join(self, c: Chunk, names: list[str], grads: list[torch.Tensor], rows: _Rows) -> None:
         """Add chunk ``c``'s tensors (``names``, their gradient slices ``grads``) to ``rows``,
-        counting the copies its tiers stand for as ``_update`` does."""
+        counting the copies its tiers stand for as ``_update`` does. The views of its fp32 and
+        state shards are kept from the last step while those shards stay the same tensors."""
         rt, m = self.rt, self.rt.manager
         avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
         home, fp32, gtier = avg.tier, rt.roles.fp32(c), rt.grad_home(c).tier
-        for n, gv in zip(names, grads, strict=True):
-            pv = fp32.shard_view(n)[0]  # type: ignore[index]
+        shards, key = (fp32.shard, avg.shard, sq.shard), tuple(names)
+        hit = self._views.get(c.chunk_id)
+        if hit is None or hit[1] != key or any(a is not b for a, b in zip(hit[0], shards)):
+            per = [
+                (self.group_of[n], *(ch.shard_view(n)[0] for ch in (fp32, avg, sq)), self.steps[n])  # type: ignore[index]
+                for n in names
+            ]
+            hit = self._views[c.chunk_id] = (shards, key, per)  # type: ignore[assignment]
+        for (gi, pv, av, sv, step), gv in zip(hit[2], grads, strict=True):
             if fp32.tier is not home:
                 nbytes = pv.numel() * pv.element_size()
                 m.count_copy(fp32.tier, home, nbytes)  # type: ignore[arg-type]
                 m.count_copy(home, fp32.tier, nbytes)  # type: ignore[arg-type]
             if gtier is not home:
                 m.count_copy(gtier, home, gv.numel() * gv.element_size())  # type: ignore[arg-type]
-            row = rows.get(self.group_of[n])
+            row = rows.get(gi)
             if row is None:
-                row = rows[self.group_of[n]] = ([], [], [], [], [])
+                row = rows[gi] = ([], [], [], [], [])
             row[0].append(pv)
             row[1].append(gv)
-            row[2].append(avg.shard_view(n)[0])  # type: ignore[index]
-            row[3].append(sq.shard_view(n)[0])  # type: ignore[index]
-            row[4].append(self.steps[n])
+            row[2].append(av)
+            row[3].append(sv)
+            row[4].append(step)
 
     def _run(self, rows: _Rows, joined: list[Chunk], grad_scale: float) -> None:
         """Update the joined chunks' tensors, one call per param group; empties both."""
