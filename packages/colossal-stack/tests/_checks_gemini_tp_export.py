@@ -25,11 +25,14 @@ from colossal_zero import iter_full_state
 B, T = 4, 16
 
 
+_TENSORS = (torch.Tensor, torch.nn.Parameter)  # exact types: isinstance on every object is slow
+
+
 def _live_bytes() -> int:
     """Bytes of every distinct CPU tensor storage the garbage collector can reach."""
     seen: dict[int, int] = {}
     for o in gc.get_objects():
-        if isinstance(o, torch.Tensor) and o.device.type == "cpu":
+        if type(o) in _TENSORS and o.device.type == "cpu":
             st = o.untyped_storage()
             seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())

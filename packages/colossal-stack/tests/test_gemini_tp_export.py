@@ -15,7 +15,7 @@ from _checks_gemini_tp_export import streamed_export_case
 
 SLACK = 16 << 10
 CASES = {
-    "1d-dp2-tp2": {"tp_size": 2, "placement": "static", "accelerator_budget": "160KiB"},
+    "1d-dp2-tp2": {"tp_size": 2, "placement": "static"},
     "2d-tp4": {"tp_size": 4, "tp_mode": "2d", "placement": "static"},
 }
 

@@ -199,7 +199,7 @@ def _senders(maps: Sequence[ShardMap], dst: int) -> list[int]:
         if sum(b.numel for b in rest) < sum(b.numel for b in left):
             out.append(r)
             left = rest
-    if left:
+    if sum(b.numel for b in left):
         raise ConfigError(
             f"gather_full_tensor: the shards of {first.name!r} do not cover it; pass every tp "
             "rank's shard_map of the model that parallelize(model, mesh) returned"
