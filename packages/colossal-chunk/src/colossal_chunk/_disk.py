@@ -278,7 +278,12 @@ class DiskStore:
         p = self._files.get(key)
         if p is None or p.nbytes == 0:
             return
-        self._warm.discard(key)
+        if key in self._warm:  # a read-ahead not done yet would map the pages again after
+            self._warm.discard(key)  # the unmap below: cancel it if queued, else wait for it
+            jobs, p.jobs = p.jobs, []
+            for j in jobs:
+                if not j.cancel():
+                    j.result()
         mine = tensor.untyped_storage().data_ptr() == p.base  # the mapping of this payload
         if self._madvise is not None and mine and p.base % mmap.PAGESIZE == 0:
             # unmapped from this process now (cheap), so its resident memory never holds more

@@ -280,7 +280,11 @@ class ChunkManager(ManagerBooks, ManagerCollectives, ManagerRepack):
         if prefetch > 0:
             self.prefetch(prefetch)
         if TierName.DISK in self.tiers:  # [Note: disk read-ahead and write-behind]
-            self.read_ahead(self.policy.upcoming(moment, _DISK_AHEAD))
+            # within this step: the next step's first chunks, read ahead now, would hold the
+            # read-ahead window through the optimizer step ([Note: read-ahead window])
+            ahead = min(_DISK_AHEAD, self._num_moments - 1 - moment)
+            if ahead > 0:
+                self.read_ahead(self.policy.upcoming(moment, ahead))
 
     def read_ahead(self, chunks: Iterable[Chunk | int]) -> bool:
         """Start reading the shards of ``chunks`` that live on disk into memory (used soon, in

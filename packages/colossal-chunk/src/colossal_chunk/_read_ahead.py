@@ -9,7 +9,11 @@ H - W), and a read-ahead is issued only while the bytes read ahead and not yet u
 its own, fit in W. A payload's pages leave the process when it is written behind (moved to disk,
 or updated in place) or discarded (its chunk moved off disk); its bytes leave the window then.
 So at every moment: host payloads + disk bytes read ahead <= H. Callers ask soonest-needed
-first and stop at the first refusal, so the window slides along the step as chunks are used.
+first and stop at the first refusal, so the window slides along the step as chunks are used;
+forward and backward read ahead within the step only (the next step's first chunks would hold
+the window through the optimizer step, whose update sets then could not be read ahead). A
+write-behind cancels (or waits for) its payload's read-ahead not yet done, which would map the
+pages again after the unmap.
 
 Not counted: pages a use maps on demand because its payload was not read ahead (the window was
 full, or too small for it): one use at a time, at most one optimizer update set (fp32 values,

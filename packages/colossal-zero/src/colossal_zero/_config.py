@@ -31,6 +31,9 @@ class GeminiConfig:
             when the host budget is full: fp32 masters and Adam states first (they are added
             last), then cold parameter chunks evicted from the accelerator.
         disk_dir: directory of the disk tier's files (None: a temporary one, removed on close).
+        read_ahead_bytes: bytes of ``host_bytes`` kept for disk pages read ahead of their use
+            (colossal-chunk's [Note: read-ahead window]; 0: no read-ahead, None: the default,
+            up to four fp32 chunks and at most a quarter of ``host_bytes``).
         chunk_numel: elements per chunk; None searches for the size with least padding.
         device: "auto", "cuda" or "cpu" (an emulated accelerator), as ``ChunkConfig.device``.
         non_model_bytes: bytes of the compute tier kept free for activations while nothing is
@@ -57,6 +60,7 @@ class GeminiConfig:
     host_bytes: int | None = None
     disk_bytes: int | None = 0
     disk_dir: str | os.PathLike[str] | None = None
+    read_ahead_bytes: int | None = None
     chunk_numel: int | None = None
     device: str = "auto"
     non_model_bytes: int = 0
@@ -72,7 +76,13 @@ class GeminiConfig:
             raise ConfigError(
                 f"unknown placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}"
             )
-        for name in ("accelerator_bytes", "host_bytes", "disk_bytes", "chunk_numel"):
+        for name in (
+            "accelerator_bytes",
+            "host_bytes",
+            "disk_bytes",
+            "chunk_numel",
+            "read_ahead_bytes",
+        ):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0 or None, got {value}")

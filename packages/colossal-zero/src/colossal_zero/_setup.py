@@ -116,6 +116,7 @@ def build_manager(
         host_bytes=config.host_bytes,
         disk_bytes=config.disk_bytes,
         disk_dir=config.disk_dir,
+        read_ahead_bytes=config.read_ahead_bytes,
         device=config.device,
         home=TierName.HOST.value,
     )

@@ -81,6 +81,9 @@ class GeminiPlugin:
             background (None: no disk tier). Checked before training: ``disk_dir`` must exist,
             be writable and have this much free space.
         disk_dir: directory of the disk tier's files (None: the system's temporary directory).
+        read_ahead_budget: bytes of ``host_budget`` kept for disk pages read ahead of their use
+            (0: no read-ahead; None: up to four fp32 chunks, at most a quarter of the host
+            budget); with a host budget, the host's payloads and these pages fit in it together.
         lazy: the ``colossal.lazy_init()`` context the model was built in: its meta parameters
             are materialized chunk by chunk straight into their tier (bit-identical to eager).
         max_grad_norm: clip the global gradient norm (0: no clipping).
@@ -116,6 +119,7 @@ class GeminiPlugin:
     sharding: Mapping[str, ParamSharding] | None = field(default=None, repr=False)
     disk_budget: int | str | None = None
     disk_dir: str | Path | None = None
+    read_ahead_budget: int | str | None = None
     lazy: LazyInit | None = field(default=None, repr=False)
     tp_size: int = 1
     tp_mode: str = "1d"
@@ -154,6 +158,7 @@ class GeminiPlugin:
             host_bytes=parse_bytes(self.host_budget),
             disk_bytes=0 if self.disk_budget is None else parse_bytes(self.disk_budget),
             disk_dir=_disk_subdir(self.disk_dir) if self.disk_budget is not None else None,
+            read_ahead_bytes=parse_bytes(self.read_ahead_budget),
             non_model_bytes=parse_bytes(self.non_model_bytes) or 0,
         )
 
