@@ -234,9 +234,10 @@ class GeminiOptimizer(torch.optim.Optimizer):
                 joined.append(c)
                 continue
             self._run(rows, joined, grad_scale)  # first the joined ones before it
-            # chunks on disk stream through memory: read ahead this update set and up to two after it, soonest first, while the host
-            # budget's read-ahead window has room; write behind each one updated (colossal-chunk's
-            # [Note: disk read-ahead and write-behind] and [Note: read-ahead window])
+            # chunks on disk stream through memory: read ahead this update set and up to two
+            # after it, soonest first, while the host budget's read-ahead window has room; write
+            # behind each one updated (colossal-chunk's [Note: disk read-ahead and write-behind]
+            # and [Note: read-ahead window])
             if disk:
                 for ahead, _ in todo[i : i + 3]:
                     if not m.read_ahead(self._written_by(ahead)):
