@@ -77,3 +77,46 @@ def test_read_ahead_without_the_mapping_still_reads_the_file(tmp_path):
     back = torch.from_file(str(tmp_path / "c0.bin"), size=NUMEL)
     assert torch.equal(back, torch.full((NUMEL,), 3.0))
     store.close()
+
+
+def test_payloads_of_one_kind_share_a_file_in_slots_reused_as_zeros(tmp_path):
+    store = DiskStore(tmp_path)
+    a = store.allocate("exp_avg-0@disk", 1000, torch.float32)  # 4,000 bytes: one page
+    b = store.allocate("exp_avg-1@disk", 1000, torch.float32)
+    store.allocate("param-0@disk", 10, torch.float32)
+    a.fill_(1.0)
+    b.fill_(2.0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp_avg.bin", "param.bin"]
+    on_disk = torch.from_file(str(tmp_path / "exp_avg.bin"), size=2048)  # two page slots
+    assert on_disk[:1000].eq(1.0).all() and on_disk[1024:2024].eq(2.0).all()
+    store.discard("exp_avg-0@disk")
+    c = store.allocate("exp_avg-2@disk", 1000, torch.float32)  # `a` still maps slot 0
+    assert a.eq(1.0).all() and c.eq(0.0).all()  # a new slot: the old tensor keeps its bytes
+    del a
+    store.discard("exp_avg-1@disk")
+    del b
+    again = store.allocate("exp_avg-1@disk", 1000, torch.float32)  # its own slot back, zeroed
+    assert again.eq(0.0).all()
+    again.fill_(5.0)
+    on_disk = torch.from_file(str(tmp_path / "exp_avg.bin"), size=3072)
+    assert on_disk[1024:2024].eq(5.0).all() and on_disk.numel() == 3 * 1024  # no fourth slot
+    store.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_io_seconds_count_while_io_is_in_flight(tmp_path):
+    store = DiskStore(tmp_path)
+    ts = [store.allocate(f"g-{i}", NUMEL // 4, torch.float32) for i in range(4)]
+    for i, t in enumerate(ts):
+        t.fill_(float(i))
+        store.write_behind(f"g-{i}", t)
+    store.drain()
+    for i in range(4):
+        store.read_ahead(f"g-{i}")
+    store.drain()
+    io = store.io_stats()
+    assert (io.bytes_written, io.bytes_read) == (NUMEL * 4, NUMEL * 4)
+    assert io.write_s > 0 and io.read_s > 0
+    assert store.io_stats() == io  # nothing in flight: the seconds stand still
+    assert [t[0].item() for t in ts] == [0.0, 1.0, 2.0, 3.0]
+    store.close()

@@ -1,9 +1,10 @@
 """Chunk payloads kept in files on disk, memory-mapped so that they read back as CPU tensors.
 
-[Note: disk payloads] Each payload is one file of exactly its bytes, preallocated
-(``posix_fallocate``: a full filesystem fails the allocation with a ``CapacityError`` instead of a
-SIGBUS at the first write through the mapping, and write-back allocates no blocks) and mapped with
-``torch.from_file(shared=True)``: writes go to the file, reads page in on demand. A new payload is
+[Note: disk payloads] Each payload is one slot of a file it shares with the payloads of its
+kind ([Note: disk payload layout]), preallocated (``posix_fallocate``: a full filesystem fails
+the allocation with a ``CapacityError`` instead of a SIGBUS at the first write through the
+mapping, and write-back allocates no blocks) and mapped shared (``mmap`` of its range): writes
+go to the file, reads page in on demand. A new payload is
 written whole next (the move that created it), so its pages are mapped writable in one call
 (``MADV_POPULATE_WRITE``) instead of one fault per page. Files live in one directory the user
 picks (default: a fresh temporary directory); ``close()`` removes every file, and the directory
@@ -20,28 +21,31 @@ critical path. ``read_ahead(key)`` brings a payload into memory before it is use
 issues it for chunks the plan says come next): ``MADV_POPULATE_READ`` over the payload's own
 mapping (held while it runs) reads the file and maps its pages into the process in one call, so
 the later access takes no page fault; without it (another kernel, the mapping gone) the file is
-read sequentially into the page cache through one reused block buffer. ``write_behind(key,
+read sequentially into the page cache through one reused block buffer. The read is queued in
+the kernel when it is issued (``POSIX_FADV_WILLNEED``, on the caller's thread, through a ctypes
+call that keeps the interpreter lock): the device reads while the reader thread waits to run
+(with a main thread busy in Python, taking the lock back after each blocking call costs up to
+the 5 ms switch interval, about what a 4 MiB read takes), and the reader only maps what came. ``write_behind(key,
 tensor)`` is issued once a payload was written (moved to disk, or updated in place by the
 optimizer): it unmaps the payload's pages from this process at once, on the caller's thread
 (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing is lost), so the
 process's resident memory holds only the disk pages in use; then the writer thread writes the
 file out ([Note: scratch payloads]) and, with ``drop_cache``, drops its pages from the page
 cache. A job holds the tensor it works on, so the mapping stays alive; ``discard`` waits for a
-key's jobs before removing its file. Written pages are page cache until written out, so a writer
+key's jobs before freeing its slot. Written pages are page cache until written out, so a writer
 waits once more than 32 MiB are behind (back-pressure): the page cache the disk tier dirties
 stays bounded by that window.
-Both threads count bytes and seconds (``io_stats``): the disk throughput the tier achieved.
-Their seconds include taking the interpreter lock back after each call: with a main thread
-busy in Python, the same read-aheads measured about half their rate beside an idle one, so
-few, large payloads are read and written at rates closer to the device's.
+``io_stats`` counts bytes, and seconds during which at least one read (or write) was in
+flight, from its issue to the end of its job: the throughput the device gave the tier, timed as
+a sequential file is (first write to its ``fdatasync``), overlapping jobs counted once. The
+seconds include the threads' waits to take the interpreter lock back (a finished read counts
+until its thread runs), so a main thread busy in Python lowers the rate they show.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
-import errno
 import mmap
 import os
 import shutil
@@ -56,7 +60,9 @@ from pathlib import Path
 
 import torch
 
-from colossal_contracts import CapacityError, ConfigError
+from colossal_contracts import ConfigError
+
+from ._disk_files import Slot, SlotFile, SlotFiles
 
 __all__ = ["DiskIOStats", "DiskStore", "check_disk_dir"]
 
@@ -67,7 +73,6 @@ _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _MIN_FREE = 1 << 20  # below this a filesystem counts as full
 _MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
 _SYNC_OUT = 1 | 2 | 4  # sync_file_range: wait for earlier writeback, write, wait for it
-_SYNC_START = 2  # sync_file_range: start writing dirty pages out, do not wait
 _FADV_WILLNEED, _FADV_DONTNEED = 3, 4  # posix_fadvise advice (Linux)
 
 
@@ -98,13 +103,14 @@ class DiskIOStats:
 
 @dataclass
 class _Payload:
-    path: Path
-    fd: int  # kept open for read-ahead and write-out
+    file: SlotFile | None  # where it lives ([Note: disk payload layout]); None when empty
+    slot: Slot | None
+    fd: int  # the file's, open for read-ahead and write-out
+    offset: int  # of its bytes in the file
     base: int  # address of the mapping (0 for an empty payload)
     nbytes: int
     jobs: list[Future[None]]
-    mapping: weakref.ref[torch.Tensor] | None = None  # the tensor over ``base``, while alive
-    started: bool = False  # its queued read or write is already in flight in the kernel
+    mapping: weakref.ref[mmap.mmap] | None = None  # the mapping at ``base``, while alive
 
 
 def check_disk_dir(directory: str | os.PathLike[str] | None, budget: int | None) -> int:
@@ -146,24 +152,6 @@ def check_disk_dir(directory: str | os.PathLike[str] | None, budget: int | None)
     return free
 
 
-def _preallocate(fd: int, nbytes: int, path: Path) -> None:
-    """Reserve the payload's blocks now: a full filesystem is an error here, not a SIGBUS when
-    a page of the mapping is first written, and write-back allocates nothing."""
-    if not hasattr(os, "posix_fallocate"):
-        return
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-    except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate
-            return
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        raise CapacityError(
-            f"disk tier cannot allocate {nbytes:,} bytes in {str(path.parent)!r} "
-            f"({exc.strerror}); free space there or lower disk_bytes"
-        ) from exc
-
-
 @dataclass(frozen=True)
 class _Libc:
     """The C library calls the store makes, twice: ``wait_*`` release the interpreter lock
@@ -173,7 +161,6 @@ class _Libc:
 
     wait_madvise: ctypes._CFuncPtr
     wait_sync_range: ctypes._CFuncPtr
-    start_sync_range: ctypes._CFuncPtr
     start_fadvise: ctypes._CFuncPtr
 
     @staticmethod
@@ -186,7 +173,6 @@ class _Libc:
         for lib, fn, args in (
             (ctypes.CDLL, "madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
             (ctypes.CDLL, "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]),
-            (ctypes.PyDLL, "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]),
             (ctypes.PyDLL, "posix_fadvise", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]),
         ):  # fmt: skip
             f = getattr(lib(name, use_errno=True), fn)
@@ -196,9 +182,10 @@ class _Libc:
 
 
 class DiskStore:
-    """Memory-mapped files, one per payload key, in ``directory``; see [Note: disk payloads].
+    """Memory-mapped payloads in files of ``directory``; see [Note: disk payloads] and
+    [Note: disk payload layout].
 
-    Invariant: ``key in self`` exactly while a file for ``key`` exists.
+    Invariant: ``key in self`` exactly while a slot of a file holds ``key``'s payload.
     """
 
     _dir: Path
@@ -220,7 +207,8 @@ class DiskStore:
                     "pass a writable directory as disk_dir, or None for a temporary one"
                 ) from exc
         self._files = {}
-        self._remove = weakref.finalize(self, _remove_all, self._files, self._dir, self._owns_dir)
+        self._slots = SlotFiles(self._dir)
+        self._remove = weakref.finalize(self, _remove_all, self._slots, self._dir, self._owns_dir)
         self._drop_cache = drop_cache
         self._warm: set[str] = set()  # keys read ahead since they were last written
         self._lock = threading.Lock()
@@ -229,7 +217,7 @@ class DiskStore:
         self._read_buf: mmap.mmap | None = None  # the reader thread's block buffer
         self._behind: list[tuple[Future[None], int]] = []  # write-behinds in flight, oldest first
         self._writer: ThreadPoolExecutor | None = None
-        self._queued: dict[str, list[_Payload]] = {"read": [], "write": []}  # not yet started
+        self._busy = {0: (0, 0.0), 2: (0, 0.0)}  # reads, writes: (in flight, since when)
         self._libc = _Libc.load()
         self._madvise = None if self._libc is None else self._libc.wait_madvise
 
@@ -243,21 +231,21 @@ class DiskStore:
     def allocate(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A 1-D tensor of ``numel`` elements backed by a new file; its content is zeros."""
         self.discard(key)
-        path = self._dir / f"{key}.bin"
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.ftruncate(fd, max(nbytes, 1))
         if numel == 0:
-            self._files[key] = _Payload(path, fd, 0, 0, [])
+            self._files[key] = _Payload(None, None, -1, 0, 0, 0, [])
             return torch.empty(0, dtype=dtype)
-        _preallocate(fd, nbytes, path)
-        t = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+        f, slot, zeros = self._slots.take(key, nbytes)
+        mm = mmap.mmap(f.fd, nbytes, offset=slot.offset)  # shared: writes go to the file
+        t = torch.frombuffer(mm, dtype=dtype, count=numel)  # keeps ``mm`` mapped while alive
         base = t.untyped_storage().data_ptr()
         if self._madvise is not None and base % mmap.PAGESIZE == 0:
             # the caller writes the whole payload next: map every page writable in one call
             # instead of one fault per page (a no-op where the kernel lacks it)
             self._madvise(base, nbytes, _MADV_POPULATE_WRITE)  # type: ignore[operator]
-        self._files[key] = _Payload(path, fd, base, nbytes, [], weakref.ref(t))
+        if not zeros:  # a reused slot whose old bytes could not be punched out
+            t.zero_()
+        self._files[key] = _Payload(f, slot, f.fd, slot.offset, base, nbytes, [], weakref.ref(mm))
         return t
 
     # ----- background I/O ([Note: disk read-ahead and write-behind]) ----------------------------
@@ -269,7 +257,7 @@ class DiskStore:
         self._warm.add(key)
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, "colossal-disk-read")
-        self._queue("read", p)
+        self._start(0, p)
         self._track(p, self._reader.submit(self._read, p))
 
     def write_behind(self, key: str, tensor: torch.Tensor) -> None:
@@ -291,7 +279,7 @@ class DiskStore:
             self._madvise(p.base, p.nbytes, _MADV_DONTNEED)  # type: ignore[operator]
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
-        self._queue("write", p)
+        self._start(2, p)
         job = self._writer.submit(self._write, p, tensor)
         self._track(p, job)
         self._behind.append((job, p.nbytes))
@@ -306,9 +294,13 @@ class DiskStore:
             self._wait(p)
 
     def io_stats(self) -> DiskIOStats:
-        """Bytes and seconds of background I/O since the store was created."""
+        """Bytes and seconds of background I/O since the store was created (seconds: while at
+        least one read, or write, was in flight; [Note: disk read-ahead and write-behind])."""
+        now = time.perf_counter()
         with self._lock:
             r, rs, w, ws = self._counts
+            (nr, r0), (nw, w0) = self._busy[0], self._busy[2]
+        rs, ws = rs + (now - r0 if nr else 0.0), ws + (now - w0 if nw else 0.0)
         return DiskIOStats(int(r), float(rs), int(w), float(ws))
 
     def _track(self, p: _Payload, job: Future[None]) -> None:
@@ -320,81 +312,84 @@ class DiskStore:
         for j in jobs:
             j.result()
 
-    def _queue(self, kind: str, p: _Payload) -> None:
+    def _start(self, at: int, p: _Payload) -> None:
+        """A read (``at`` 0) or write (2) of ``p`` is in flight from now. A read is queued in
+        the kernel at once, on the caller's thread and keeping the interpreter lock
+        (``POSIX_FADV_WILLNEED``): the device works while the reader waits to run, and then
+        only maps what was read. (A write is not started early: a ``SYNC_FILE_RANGE_WRITE``
+        from here left some payloads' pages in the page cache after the writer's wait and
+        drop, measured with ``fincore``.)"""
         with self._lock:
-            p.started = False
-            self._queued[kind].append(p)
-
-    def _start_queued(self, kind: str) -> None:
-        """Queue the device I/O of every payload waiting for this thread in the kernel now
-        (read: ``POSIX_FADV_WILLNEED``; write: ``SYNC_FILE_RANGE_WRITE``), without giving up
-        the interpreter lock; each job then only waits for its own."""
-        with self._lock:
-            todo, self._queued[kind] = self._queued[kind], []
-        if self._libc is None:
-            return
-        for q in todo:
-            if q.started or q.nbytes == 0:
-                continue
-            q.started = True
-            with contextlib.suppress(OSError):  # the file was discarded meanwhile
-                if kind == "read":
-                    self._libc.start_fadvise(q.fd, 0, q.nbytes, _FADV_WILLNEED)
-                else:
-                    self._libc.start_sync_range(q.fd, 0, q.nbytes, _SYNC_START)
+            n, since = self._busy[at]
+            self._busy[at] = (n + 1, time.perf_counter() if n == 0 else since)
+        if at == 0 and self._libc is not None:
+            self._libc.start_fadvise(p.fd, p.offset, p.nbytes, _FADV_WILLNEED)
 
     def _read(self, p: _Payload) -> None:
-        t0 = time.perf_counter()
-        self._start_queued("read")
-        t = p.mapping() if p.mapping is not None else None  # held: the mapping stays alive
+        done = 0
+        try:
+            done = self._read_into(p)
+        finally:
+            self._add(0, done)
+
+    def _read_into(self, p: _Payload) -> int:
+        """Bring ``p``'s bytes into memory; returns how many were read."""
+        mm = p.mapping() if p.mapping is not None else None  # held: the mapping stays alive
         if (
-            t is not None
+            mm is not None
             and self._madvise is not None
             and p.base % mmap.PAGESIZE == 0
-            and t.untyped_storage().data_ptr() == p.base
             and self._madvise(p.base, p.nbytes, _MADV_POPULATE_READ) == 0  # type: ignore[operator]
         ):  # read into the page cache and mapped here: the access takes no page faults
-            self._add(0, p.nbytes, time.perf_counter() - t0)
-            return
+            return p.nbytes
         if self._read_buf is None:  # one buffer, reused: only the pages a read touched are resident
             self._read_buf = mmap.mmap(-1, _READ_BLOCK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         buf = memoryview(self._read_buf)[: min(_READ_BLOCK, p.nbytes)]
         done = 0
         while done < p.nbytes:
-            n = os.preadv(p.fd, [buf[: min(len(buf), p.nbytes - done)]], done)
+            n = os.preadv(p.fd, [buf[: min(len(buf), p.nbytes - done)]], p.offset + done)
             if n <= 0:
                 break
             done += n
-        self._add(0, done, time.perf_counter() - t0)
+        return done
 
     def _write(self, p: _Payload, tensor: torch.Tensor) -> None:
-        t0 = time.perf_counter()
-        self._start_queued("write")
         # [Note: scratch payloads]: written out, not made durable (no journal commit per file)
-        lc = self._libc
-        if lc is None or lc.wait_sync_range(p.fd, 0, p.nbytes, _SYNC_OUT) != 0:
-            os.fdatasync(p.fd)
-        if self._drop_cache:  # clean pages now: dropping them does not block
-            if lc is not None:
-                lc.start_fadvise(p.fd, 0, 0, _FADV_DONTNEED)
-            elif hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(p.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        self._add(2, p.nbytes, time.perf_counter() - t0)
+        done = 0
+        try:
+            lc = self._libc
+            if lc is None or lc.wait_sync_range(p.fd, p.offset, p.nbytes, _SYNC_OUT) != 0:
+                os.fdatasync(p.fd)
+            done = p.nbytes
+            if self._drop_cache:  # clean pages now: dropping them does not block
+                if lc is not None:
+                    lc.start_fadvise(p.fd, p.offset, p.nbytes, _FADV_DONTNEED)
+                elif hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(p.fd, p.offset, p.nbytes, os.POSIX_FADV_DONTNEED)
+        finally:
+            self._add(2, done)
 
-    def _add(self, at: int, nbytes: int, seconds: float) -> None:
+    def _add(self, at: int, nbytes: int) -> None:
+        """A read (``at`` 0) or write (2) started by ``_start`` is done: count its bytes, and
+        the seconds since the first in flight once none is left."""
+        now = time.perf_counter()
         with self._lock:
             self._counts[at] += nbytes
-            self._counts[at + 1] += seconds
+            n, since = self._busy[at]
+            self._busy[at] = (n - 1, since)
+            if n == 1:
+                self._counts[at + 1] += now - since
 
     # ----- lifetime -----------------------------------------------------------------------------
     def discard(self, key: str) -> None:
-        """Remove the file of ``key`` (tensors still mapping it stay readable until dropped)."""
+        """Free the slot of ``key`` (tensors still mapping it stay readable until dropped)."""
         p = self._files.pop(key, None)
         if p is not None:
             self._wait(p)
             self._warm.discard(key)
-            os.close(p.fd)
-            p.path.unlink(missing_ok=True)
+            if p.file is not None and p.slot is not None:
+                mm = p.mapping() if p.mapping is not None else None
+                self._slots.give_back(p.file, p.slot, mm)
 
     def close(self) -> None:
         """Remove every file, and the directory when this store created it."""
@@ -407,11 +402,7 @@ class DiskStore:
         self._remove()
 
 
-def _remove_all(files: dict[str, _Payload], directory: Path, owns_dir: bool) -> None:
-    for p in files.values():
-        with contextlib.suppress(OSError):
-            os.close(p.fd)
-        p.path.unlink(missing_ok=True)
-    files.clear()
+def _remove_all(slots: SlotFiles, directory: Path, owns_dir: bool) -> None:
+    slots.close()
     if owns_dir:
         shutil.rmtree(directory, ignore_errors=True)
