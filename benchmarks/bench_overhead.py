@@ -108,8 +108,9 @@ def run(quick: bool, out_dir: Path) -> Report:
             )
     report.notes = [
         "No budget: every chunk stays on the compute tier (the emulated accelerator on a CPU), "
-        "so the difference is Gemini's bookkeeping: operator hooks, gradient copies into "
-        "chunks, the fused shard update.",
+        "so the difference is Gemini's bookkeeping: in resident steps on one rank a "
+        "post-accumulate-grad hook per parameter that keeps autograd's gradient, and the "
+        "update of every chunk's shards in one fused AdamW call.",
         f"batch {batch} x {seq} tokens; the methods alternate step by step in a rotating order "
         f"({steps} steps each "
         f"after {WARM} warm-up steps: Gemini's traced warmup, its re-pack in first-use order and "

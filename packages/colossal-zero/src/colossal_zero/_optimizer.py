@@ -228,11 +228,13 @@ class GeminiOptimizer(torch.optim.Optimizer):
             torch._foreach_add_(counts, 1.0)
         rows: _Rows = {}  # [Note: one fused call]: param group -> its tensors
         joined: list[Chunk] = []  # the chunks in rows
+        moving = False  # a chunk updated alone may move others: the rest go alone too
         for i, (c, owned) in enumerate(todo):
-            if c.chunk_id in in_place:
+            if c.chunk_id in in_place and not moving:
                 self._join(c, owned, pieces[c.chunk_id], rows)
                 joined.append(c)
                 continue
+            moving = True
             self._run(rows, joined, grad_scale)  # first the joined ones before it
             # chunks on disk stream through memory: read ahead this update set and up to two
             # after it, soonest first, while the host budget's read-ahead window has room; write
@@ -247,8 +249,8 @@ class GeminiOptimizer(torch.optim.Optimizer):
             if disk:
                 m.written(self._written_by(c))
         self._run(rows, joined, grad_scale)
-        for cid in [cid for cid in self._views if cid not in in_place]:  # moved, or re-packed
-            del self._views[cid]  # their views would hold the old storage
+        for cid in [cid for cid in self._views if cid not in in_place or moving]:
+            del self._views[cid]  # moved or re-packed (or maybe, in a step that moved)
         rt.clear_grads()
         if self.scaler is not None:
             self.scaler.update(False)
