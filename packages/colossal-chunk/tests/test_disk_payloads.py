@@ -5,6 +5,7 @@ write-behind takes the pages out of this process and a read-ahead maps them back
 import errno
 import os
 import sys
+import time
 
 import psutil
 import pytest
@@ -119,4 +120,21 @@ def test_io_seconds_count_while_io_is_in_flight(tmp_path):
     assert io.write_s > 0 and io.read_s > 0
     assert store.io_stats() == io  # nothing in flight: the seconds stand still
     assert [t[0].item() for t in ts] == [0.0, 1.0, 2.0, 3.0]
+    store.close()
+
+
+def test_queued_write_behinds_go_out_together_and_cancelled_jobs_end(tmp_path):
+    store = DiskStore(tmp_path)
+    ts = [store.allocate(f"m-{i}", NUMEL // 8, torch.float32) for i in range(8)]
+    for i, t in enumerate(ts):
+        t.fill_(float(i))
+        store.read_ahead(f"m-{i}")  # written next: a queued read-ahead is cancelled
+        store.write_behind(f"m-{i}", t)
+    store.drain()
+    io = store.io_stats()
+    assert io.bytes_written == 8 * NUMEL // 2
+    time.sleep(0.01)
+    assert store.io_stats() == io  # every read and write ended, cancelled ones too
+    back = torch.from_file(str(tmp_path / "m.bin"), size=NUMEL)  # eight consecutive slots
+    assert torch.equal(back, torch.arange(8.0).repeat_interleave(NUMEL // 8))
     store.close()

@@ -113,6 +113,12 @@ class _Payload:
     mapping: weakref.ref[mmap.mmap] | None = None  # the mapping at ``base``, while alive
 
 
+@dataclass(eq=False)
+class _Write:
+    p: _Payload
+    tensor: torch.Tensor  # held: the mapping stays alive until it is written out
+
+
 def check_disk_dir(directory: str | os.PathLike[str] | None, budget: int | None) -> int:
     """Check that the disk tier can use ``directory`` (None: the temporary directory) for
     ``budget`` bytes (None: no limit) before anything runs; returns its free bytes.
@@ -218,6 +224,7 @@ class DiskStore:
         self._behind: list[tuple[Future[None], int]] = []  # write-behinds in flight, oldest first
         self._writer: ThreadPoolExecutor | None = None
         self._busy = {0: (0, 0.0), 2: (0, 0.0)}  # reads, writes: (in flight, since when)
+        self._writes: list[_Write] = []  # write-behinds not yet taken by the writer
         self._libc = _Libc.load()
         self._madvise = None if self._libc is None else self._libc.wait_madvise
 
@@ -258,7 +265,9 @@ class DiskStore:
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, "colossal-disk-read")
         self._start(0, p)
-        self._track(p, self._reader.submit(self._read, p))
+        job = self._reader.submit(self._read, p)
+        job.add_done_callback(lambda j: j.cancelled() and self._add(0, 0))  # never ran
+        self._track(p, job)
 
     def write_behind(self, key: str, tensor: torch.Tensor) -> None:
         """Start writing ``key``'s payload (``tensor``, its mapping) to the device and dropping
@@ -280,7 +289,11 @@ class DiskStore:
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
         self._start(2, p)
-        job = self._writer.submit(self._write, p, tensor)
+        w = _Write(p, tensor)
+        with self._lock:
+            self._writes.append(w)
+        job = self._writer.submit(self._write)
+        job.add_done_callback(lambda j: j.cancelled() and self._cancel_write(w))
         self._track(p, job)
         self._behind.append((job, p.nbytes))
         # back-pressure: dirty pages are host memory until written out, so bound them
@@ -353,21 +366,41 @@ class DiskStore:
             done += n
         return done
 
-    def _write(self, p: _Payload, tensor: torch.Tensor) -> None:
-        # [Note: scratch payloads]: written out, not made durable (no journal commit per file)
-        done = 0
+    def _write(self) -> None:
+        """Write out every write-behind queued so far (one job's own may already be out, with
+        an earlier job's batch): consecutive slots of a file in one ``sync_file_range`` each,
+        so the device gets the whole run at once and the thread takes the lock back once."""
+        with self._lock:
+            batch, self._writes = self._writes, []
+        if not batch:
+            return
+        done = False
         try:
-            lc = self._libc
-            if lc is None or lc.wait_sync_range(p.fd, p.offset, p.nbytes, _SYNC_OUT) != 0:
-                os.fdatasync(p.fd)
-            done = p.nbytes
-            if self._drop_cache:  # clean pages now: dropping them does not block
-                if lc is not None:
-                    lc.start_fadvise(p.fd, p.offset, p.nbytes, _FADV_DONTNEED)
-                elif hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(p.fd, p.offset, p.nbytes, os.POSIX_FADV_DONTNEED)
+            for fd, offset, nbytes in _runs([w.p for w in batch]):
+                self._write_out(fd, offset, nbytes)
+            done = True
         finally:
-            self._add(2, done)
+            for w in batch:
+                self._add(2, w.p.nbytes if done else 0)
+
+    def _write_out(self, fd: int, offset: int, nbytes: int) -> None:
+        # [Note: scratch payloads]: written out, not made durable (no journal commit per file)
+        lc = self._libc
+        if lc is None or lc.wait_sync_range(fd, offset, nbytes, _SYNC_OUT) != 0:
+            os.fdatasync(fd)
+        if self._drop_cache:  # clean pages now: dropping them does not block
+            if lc is not None:
+                lc.start_fadvise(fd, offset, nbytes, _FADV_DONTNEED)
+            elif hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+
+    def _cancel_write(self, w: _Write) -> None:
+        """``w``'s job was cancelled before it ran: end its write unless a batch took it."""
+        with self._lock:
+            if w not in self._writes:
+                return
+            self._writes.remove(w)
+        self._add(2, 0)
 
     def _add(self, at: int, nbytes: int) -> None:
         """A read (``at`` 0) or write (2) started by ``_start`` is done: count its bytes, and
@@ -400,6 +433,19 @@ class DiskStore:
                 pool.shutdown(wait=True)
         self._reader = self._writer = None
         self._remove()
+
+
+def _runs(payloads: list[_Payload]) -> list[tuple[int, int, int]]:
+    """(fd, offset, nbytes) of each run of consecutive slots among ``payloads`` (each once)."""
+    order = sorted({id(p): p for p in payloads}.values(), key=lambda p: (p.fd, p.offset))
+    runs: list[tuple[int, int, int, int]] = []  # fd, offset, nbytes, slot end
+    for p in order:
+        if runs and runs[-1][0] == p.fd and runs[-1][3] == p.offset:
+            fd, offset, _, _ = runs[-1]
+            runs[-1] = (fd, offset, p.offset + p.nbytes - offset, p.offset + p.slot.capacity)  # type: ignore[union-attr]
+        else:
+            runs.append((p.fd, p.offset, p.nbytes, p.offset + p.slot.capacity))  # type: ignore[union-attr]
+    return [(fd, offset, n) for fd, offset, n, _ in runs]
 
 
 def _remove_all(slots: SlotFiles, directory: Path, owns_dir: bool) -> None:
