@@ -25,16 +25,18 @@ read sequentially into the page cache through one reused block buffer. The read 
 the kernel when it is issued (``POSIX_FADV_WILLNEED``, on the caller's thread, through a ctypes
 call that keeps the interpreter lock): the device reads while the reader thread waits to run
 (with a main thread busy in Python, taking the lock back after each blocking call costs up to
-the 5 ms switch interval, about what a 4 MiB read takes), and the reader only maps what came. ``write_behind(key,
-tensor)`` is issued once a payload was written (moved to disk, or updated in place by the
-optimizer): it unmaps the payload's pages from this process at once, on the caller's thread
-(``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing is lost), so the
-process's resident memory holds only the disk pages in use; then the writer thread writes the
-file out ([Note: scratch payloads]) and, with ``drop_cache``, drops its pages from the page
-cache. A job holds the tensor it works on, so the mapping stays alive; ``discard`` waits for a
-key's jobs before freeing its slot. Written pages are page cache until written out, so a writer
-waits once more than 32 MiB are behind (back-pressure): the page cache the disk tier dirties
-stays bounded by that window.
+the 5 ms switch interval, about what a 4 MiB read takes), and the reader only maps what came.
+``write_behind(key, tensor)`` is issued once a payload was written (moved to disk, or updated in
+place by the optimizer): it unmaps the payload's pages from this process at once, on the
+caller's thread (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing is
+lost), so the process's resident memory holds only the disk pages in use; then the writer thread
+writes it out ([Note: scratch payloads]) and, with ``drop_cache``, drops its pages from the page
+cache: every write-behind queued when it runs, each run of consecutive slots of a file in one
+call (the device gets the run whole; the thread waits for the interpreter lock once per run). A
+job holds the tensor it works on, so the mapping stays alive; ``discard`` waits for a key's jobs
+before freeing its slot. Written pages are page cache until written out, so a writer waits once
+more than 32 MiB are behind (back-pressure): the page cache the disk tier dirties stays bounded
+by that window.
 ``io_stats`` counts bytes, and seconds during which at least one read (or write) was in
 flight, from its issue to the end of its job: the throughput the device gave the tier, timed as
 a sequential file is (first write to its ``fdatasync``), overlapping jobs counted once. The
@@ -62,6 +64,7 @@ import torch
 
 from colossal_contracts import ConfigError
 
+from ._disk_check import check_disk_dir
 from ._disk_files import Slot, SlotFile, SlotFiles
 
 __all__ = ["DiskIOStats", "DiskStore", "check_disk_dir"]
@@ -70,7 +73,6 @@ _MADV_DONTNEED = 4
 _MADV_POPULATE_READ = 22  # Linux >= 5.14
 _MADV_POPULATE_WRITE = 23
 _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
-_MIN_FREE = 1 << 20  # below this a filesystem counts as full
 _MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
 _SYNC_OUT = 1 | 2 | 4  # sync_file_range: wait for earlier writeback, write, wait for it
 _FADV_WILLNEED, _FADV_DONTNEED = 3, 4  # posix_fadvise advice (Linux)
@@ -119,45 +121,6 @@ class _Write:
     tensor: torch.Tensor  # held: the mapping stays alive until it is written out
 
 
-def check_disk_dir(directory: str | os.PathLike[str] | None, budget: int | None) -> int:
-    """Check that the disk tier can use ``directory`` (None: the temporary directory) for
-    ``budget`` bytes (None: no limit) before anything runs; returns its free bytes.
-
-    ``ConfigError`` (one line, naming the fix) when it is missing, not a directory, unwritable,
-    on a full filesystem, or has less free space than ``budget``. Writes only a probe file it
-    removes again.
-    """
-    where = Path(tempfile.gettempdir() if directory is None else directory)
-    if not where.exists():
-        raise ConfigError(
-            f"disk tier directory {str(where)!r} does not exist; create it or pass another "
-            "--disk-dir (disk_dir)"
-        )
-    if not where.is_dir():
-        raise ConfigError(f"disk tier directory {str(where)!r} is not a directory; pass a folder")
-    try:
-        with tempfile.TemporaryFile(dir=where, prefix=".colossal-probe-") as f:
-            f.write(b"\0")
-            f.flush()
-    except OSError as exc:
-        raise ConfigError(
-            f"disk tier directory {str(where)!r} is not writable ({exc.strerror}); pass a "
-            "directory you can write to as --disk-dir (disk_dir)"
-        ) from exc
-    free = shutil.disk_usage(where).free
-    if free < _MIN_FREE:
-        raise ConfigError(
-            f"disk tier directory {str(where)!r} is on a full filesystem ({free:,} bytes free); "
-            "free space there or pass another --disk-dir (disk_dir)"
-        )
-    if budget is not None and budget > free:
-        raise ConfigError(
-            f"disk budget of {budget:,} bytes is larger than the {free:,} bytes free under "
-            f"{str(where)!r}; lower --disk-budget (disk_budget) to at most {free:,} or free space"
-        )
-    return free
-
-
 @dataclass(frozen=True)
 class _Libc:
     """The C library calls the store makes, twice: ``wait_*`` release the interpreter lock
@@ -176,11 +139,12 @@ class _Libc:
             return None
         name = ctypes.util.find_library("c")
         fns = []
+        i32, i64 = ctypes.c_int, ctypes.c_int64
         for lib, fn, args in (
-            (ctypes.CDLL, "madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
-            (ctypes.CDLL, "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]),
-            (ctypes.PyDLL, "posix_fadvise", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]),
-        ):  # fmt: skip
+            (ctypes.CDLL, "madvise", [ctypes.c_void_p, ctypes.c_size_t, i32]),
+            (ctypes.CDLL, "sync_file_range", [i32, i64, i64, ctypes.c_uint]),
+            (ctypes.PyDLL, "posix_fadvise", [i32, i64, i64, i32]),
+        ):
             f = getattr(lib(name, use_errno=True), fn)
             f.argtypes = args
             fns.append(f)
@@ -440,11 +404,12 @@ def _runs(payloads: list[_Payload]) -> list[tuple[int, int, int]]:
     order = sorted({id(p): p for p in payloads}.values(), key=lambda p: (p.fd, p.offset))
     runs: list[tuple[int, int, int, int]] = []  # fd, offset, nbytes, slot end
     for p in order:
+        end = p.offset + (p.slot.capacity if p.slot is not None else p.nbytes)
         if runs and runs[-1][0] == p.fd and runs[-1][3] == p.offset:
             fd, offset, _, _ = runs[-1]
-            runs[-1] = (fd, offset, p.offset + p.nbytes - offset, p.offset + p.slot.capacity)  # type: ignore[union-attr]
+            runs[-1] = (fd, offset, p.offset + p.nbytes - offset, end)
         else:
-            runs.append((p.fd, p.offset, p.nbytes, p.offset + p.slot.capacity))  # type: ignore[union-attr]
+            runs.append((p.fd, p.offset, p.nbytes, end))
     return [(fd, offset, n) for fd, offset, n, _ in runs]
 
 
