@@ -363,8 +363,9 @@ class ChunkManager(ManagerBooks, ManagerCollectives, ManagerRepack):
     ) -> None:
         """Put every tensor of ``chunks`` in COMPUTE on the compute tier. Gathers sharded chunks, or
         with ``zero`` gives them a zero full buffer without communicating (gradient chunks).
-        With ``discard`` (and ``zero``) the shards' values are dead (a reduce-scatter will
-        overwrite them): a shard brought to the compute tier is not copied."""
+        With ``discard`` the shards' values are dead (the caller overwrites every tensor's slot,
+        or a reduce-scatter the whole shard): a shard brought to the compute tier is not copied,
+        only its padding is zeroed."""
         by_chunk = {}
         for c in chunks:
             chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
@@ -372,7 +373,7 @@ class ChunkManager(ManagerBooks, ManagerCollectives, ManagerRepack):
         if not zero and not self.in_flight.chunks and self._resident(by_chunk):
             self._access_resident(by_chunk)  # the fast path of ``access``
             return
-        self._access(by_chunk, zero=zero, discard=discard and zero)
+        self._access(by_chunk, zero=zero, discard=discard)
 
     def _access(self, by_chunk: dict[int, list[str]], *, zero: bool, discard: bool = False) -> None:
         self._steady = False  # bytes may arrive on the compute tier: check the room again

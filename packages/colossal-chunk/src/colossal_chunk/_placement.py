@@ -157,8 +157,8 @@ class Placement:
 
     def move(self, chunk: Chunk, dst: TierName, *, copy: bool = True) -> None:
         """Copy ``chunk``'s shard to ``dst`` (reserving there first) and free it where it was;
-        without ``copy`` its values are dead and only storage moves (the new shard is not
-        filled)."""
+        without ``copy`` its values are dead and only storage moves (the new shard's padding is
+        zeroed, the rest left as allocated)."""
         self.settle(chunk)
         src = chunk.tier
         if src is dst:
@@ -169,7 +169,10 @@ class Placement:
             )
         d = self.tiers[dst]
         d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
-        chunk.replace_shard(d.allocate(_key(chunk, dst), chunk.shard_numel, chunk.dtype), copy=copy)
+        new = d.allocate(_key(chunk, dst), chunk.shard_numel, chunk.dtype)
+        if not copy:  # padding is zero in every payload: this rank's part of the chunk's tail
+            new[max(0, chunk.used - chunk.rank * chunk.shard_numel) :].zero_()
+        chunk.replace_shard(new, copy=copy)
         d.write_behind(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
         self._rebind(chunk)
         s = self.tiers[src]  # type: ignore[index]

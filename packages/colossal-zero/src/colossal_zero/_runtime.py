@@ -408,7 +408,8 @@ class GeminiRuntime(StepGradients):
             self.stash(c.chunk_id)
             # One rank: the buffer is the shard; every slot is overwritten by its gradient or
             # zeroed in _fill_and_reduce, and padding stays zero, so skip zeroing it all.
-            # Sharded: the reduce-scatter overwrites the shard (stashed above): moved uncopied.
+            # Sharded: the reduce-scatter overwrites the shard. Either way its values (stashed
+            # above) are dead: moved to the compute tier uncopied (discard).
             self.manager.access_chunks([g], zero=g.world_size > 1, discard=True)
             rec.open = True
         return g
