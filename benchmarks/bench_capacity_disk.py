@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ import psutil
 import torch
 from bench_capacity import BYTES_PER_PARAM, _cfg, _largest, _trace
 
+from colossal_chunk import DiskStore
 from colossal_contracts import CapacityError, ConfigError
 from colossal_memtrace import MomentRecorder
 from colossal_models import GPT, apply_activation_checkpointing
@@ -38,6 +40,8 @@ STEPS = 3
 SEQ = 8  # tokens per step: few, as before checkpointing, so the plain PyTorch row (which does not
 # checkpoint) stays comparable with the earlier runs; Gemini's blocks are checkpointed
 _BLOCK = 8 * MiB
+ROUNDS = 3  # sequential baselines, each followed by a pass of the store alone of the same size
+_SEQ_CAP = 2 * GiB  # the baseline's size at most (a full step moves ~6 GiB: minutes per round)
 
 
 def _inputs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,6 +133,7 @@ def _gemini_disk_fits(depth: int, width: int, b: int, h: int, d: int, where: Pat
         "tier_read_MiB_s": io.bytes_read / io.read_s / MiB if io.read_s else float("nan"),
         "tier_write_MiB_s": io.bytes_written / io.write_s / MiB if io.write_s else float("nan"),
         "moved_MiB_per_step": stats.bytes_moved / STEPS / MiB,
+        "payload_bytes": max(c.shard_bytes for c in gm.runtime.manager.chunks.values()),
         "step_s": dt,
         "rss_peak_MiB": max(rss) / MiB,
     }
@@ -162,6 +167,35 @@ def _sequential(where: Path, nbytes: int) -> tuple[float, float]:
     return nbytes / write_s / MiB, nbytes / read_s / MiB
 
 
+def _store_alone(where: Path, nbytes: int, payload: int) -> tuple[float, float]:
+    """(write MiB/s, read MiB/s) of the disk tier's store alone, nothing else running in the
+    process: ``nbytes`` in payloads of ``payload`` bytes written through their mappings and
+    written behind, then read ahead four at a time, as the manager does; its own counters."""
+    store = DiskStore(where / "store-alone")
+    try:
+        n, numel = max(1, nbytes // payload), payload // 4
+        ts = []
+        for i in range(n):
+            t = store.allocate(f"alone-{i}", numel, torch.float32)
+            t.fill_(float(i))
+            store.write_behind(f"alone-{i}", t)
+            ts.append(t)
+        store.drain()
+        for i in range(0, n, 4):
+            for j in range(i, min(n, i + 4)):
+                store.read_ahead(f"alone-{j}")
+            store.drain()
+        io = store.io_stats()
+        assert all(t[-1].item() == float(i) for i, t in enumerate(ts))
+    finally:
+        store.close()
+    return io.bytes_written / io.write_s / MiB, io.bytes_read / io.read_s / MiB
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{min(xs):.0f}-{max(xs):.0f} (median {statistics.median(xs):.0f})"
+
+
 def run(quick: bool, out_dir: Path) -> Report:
     b, h, d = (8 * MiB, 64 * MiB, 512 * MiB) if quick else (32 * MiB, 512 * MiB, 4 * GiB)
     # width: the largest parameter (an MLP matrix, 16 w^2 fp32 bytes) must fit B with room to
@@ -171,12 +205,17 @@ def run(quick: bool, out_dir: Path) -> Report:
     # the deepest model within each fraction of the limit, deepest first (a trial of the full
     # config takes minutes on 2 cores: a coarse search around the predicted limit)
     fracs = (0.9, 0.85, 0.7) if quick else (0.87, 0.83, 0.75)
-    depths = sorted(
-        {
-            max(dp for dp in range(1, 200) if _cfg(dp, width).num_params() <= f * limit)
-            for f in fracs
-        },
-        reverse=True,
+    only = os.environ.get("BENCH_DISK_DEPTH")  # one known depth instead of the search
+    depths = (
+        [int(only)]
+        if only
+        else sorted(
+            {
+                max(dp for dp in range(1, 200) if _cfg(dp, width).num_params() <= f * limit)
+                for f in fracs
+            },
+            reverse=True,
+        )
     )
     where = Path(tempfile.mkdtemp(prefix="bench-disk-", dir=os.environ.get("BENCH_DISK_DIR")))
     report = Report(
@@ -223,16 +262,31 @@ def run(quick: bool, out_dir: Path) -> Report:
                 best = (depth, fig)
                 break
         seq = (float("nan"), float("nan"))
+        seqs: list[tuple[float, float]] = []
+        alone: list[tuple[float, float]] = []
         if best:
             depth, fig = best
+            payload = fig.pop("payload_bytes")
             report.rows.append(
                 {"method": "Gemini auto + disk", "depth": depth, "width": width, **fig}
             )
             size = int(max(fig["disk_written_MiB_per_step"], fig["disk_read_MiB_per_step"]) * MiB)
-            seq = _sequential(where, max(size, 64 * MiB))
+            size = min(max(size, 64 * MiB), _SEQ_CAP)
+            for _ in range(ROUNDS):  # alternated: the shared virtual disk's rate drifts
+                seqs.append(_sequential(where, size))
+                alone.append(_store_alone(where, size, payload))
+            seq = (
+                statistics.median(s[0] for s in seqs),
+                statistics.median(s[1] for s in seqs),
+            )
             report.rows.append(
-                {"method": "plain sequential file (same size, same dir)", "params": "-",
+                {"method": f"plain sequential file (median of {ROUNDS}, same dir)", "params": "-",
                  "tier_write_MiB_s": seq[0], "tier_read_MiB_s": seq[1]}
+            )  # fmt: skip
+            report.rows.append(
+                {"method": f"disk store alone (median of {ROUNDS}, same dir)", "params": "-",
+                 "tier_write_MiB_s": statistics.median(a[0] for a in alone),
+                 "tier_read_MiB_s": statistics.median(a[1] for a in alone)}
             )  # fmt: skip
     finally:
         shutil.rmtree(where, ignore_errors=True)
@@ -249,6 +303,16 @@ def run(quick: bool, out_dir: Path) -> Report:
         "Gemini + disk / limit": n / limit,
         "disk write throughput / sequential": fig.get("tier_write_MiB_s", 0) / seq[0],
         "disk read throughput / sequential": fig.get("tier_read_MiB_s", 0) / seq[1],
+        "sequential write MiB/s over the rounds": _spread([s[0] for s in seqs]) if seqs else "-",
+        "sequential read MiB/s over the rounds": _spread([s[1] for s in seqs]) if seqs else "-",
+        "store alone write MiB/s over the rounds": _spread([a[0] for a in alone]) if alone else "-",
+        "store alone read MiB/s over the rounds": _spread([a[1] for a in alone]) if alone else "-",
+        "store alone / sequential, write and read (median)": (
+            f"{statistics.median(a[0] for a in alone) / seq[0]:.2f}, "
+            f"{statistics.median(a[1] for a in alone) / seq[1]:.2f}"
+            if alone
+            else "-"
+        ),
         "aim: >= 120x plain": plain_n > 0 and n >= 120 * plain_n,
         "aim: >= 85% of limit": n >= 0.85 * limit,
         "aim: disk throughput >= 70% of sequential (write and read)": bool(fig)
@@ -270,15 +334,24 @@ def run(quick: bool, out_dir: Path) -> Report:
         "into the payload's mapping) and wrote behind (sync_file_range, then dropped from the "
         "page cache); device bytes are the process's storage I/O counters (psutil), which "
         "also see page faults that missed a read-ahead.",
-        "Tier throughput = bytes / seconds the background thread spent; the sequential row "
-        "writes (8 MiB writes, fdatasync) and reads (8 MiB preads, cache dropped first) one "
-        "plain file of the same size in the same directory, right after the trial.",
+        "Tier throughput = bytes / seconds during which at least one of the tier's reads "
+        "(writes) was in flight, from its issue to the end of its job (overlaps counted once; "
+        "includes the I/O threads' waits for the interpreter lock and for a CPU beside "
+        "training). The sequential baseline writes (8 MiB writes, fdatasync) and reads (8 MiB "
+        "preads after posix_fadvise DONTNEED: fincore shows none of the file left in the "
+        "guest's page cache) one plain file of the same size (at most 2 GiB) in the same "
+        "directory, timed from the first call to the last; it is measured three times after "
+        "the trial, each round followed by the disk store alone (nothing else running: the "
+        "trial's payload size, written through the mappings and written behind, then read "
+        "ahead four at a time); medians are compared, the spread is in the summary.",
         "B/16 B per param bounds plain PyTorch with no activations at all; the ratio against "
         "that bound is given too.",
-        "Shared machine: 2 CPU cores, other jobs running; its virtual disk is shared too. The "
-        "sequential file is read right after it was written: the virtual disk's own cache can "
-        "serve it (runs saw 318 to 1500 MiB/s), while the tier reads payloads written long "
-        "before, during training, beside its own write-behind.",
+        "Shared machine: 2 CPU cores, 5 other engineers' jobs running (load average 9-16 "
+        "during these runs); its virtual disk is shared too. The sequential file is read "
+        "right after it was written, and the virtual disk serves recently written data from "
+        "a cache below the guest (one run's rounds spread over 295-1125 MiB/s), while the "
+        "tier reads payloads written a step before, beside its own write-behind and the "
+        "training's compute: the store-alone rows separate the store's method from that.",
     ]
     if quick:  # the command line above names the result files, not the benchmark
         report.notes.append("Written by `python benchmarks/run.py capacity_disk --quick`.")
