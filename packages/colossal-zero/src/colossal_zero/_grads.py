@@ -11,9 +11,10 @@ every gradient per step. Whatever else needs the working buffer gets it filled f
 (``_fill_working``: kept gradients in their slots, the chunk's other tensors zero, what the
 general path writes), and a stash adds kept gradients into the "acc" chunk directly (adding the
 zeros is skipped: ``x + 0.0 == x`` for every sum that holds, none is ``-0.0``), so every value is
-bit for bit the general path's. Such a forward runs without the operator hooks: they would
-do nothing but stash, and a chunk's first kept gradient stashes instead. Kept gradients are compute-tier memory beside the chunks: the
-runtime keeps them only when the manager shows room for them at every moment."""
+bit for bit the general path's. The forward of such a step runs without the operator hooks:
+they would only stash, and a chunk's first kept gradient stashes instead. Kept gradients are
+compute-tier memory beside the chunks (the idle "grad" chunk included): the runtime keeps them
+only when the manager shows room for them at every moment."""
 
 from __future__ import annotations
 
@@ -117,7 +118,10 @@ class StepGradients:
         for n in c.records:
             view = g.shard_view(n)[0]  # type: ignore[index]
             grad = rec.kept.get(n)
-            view.copy_(grad.reshape(-1)) if grad is not None else view.zero_()
+            if grad is None:
+                view.zero_()
+            else:
+                view.copy_(grad.reshape(-1))
         rec.kept.clear()
 
     def stepped(self, c: Chunk) -> None:
