@@ -96,6 +96,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
         self._grad_norm = 0.0
         self._norm_due: tuple[list[tuple[torch.Tensor, ParamSharding | None]], int] | None = None
         self._views: dict[int, tuple[tuple, tuple[str, ...], list[tuple]]] = {}  # see _join
+        self.rt.on_forward(self._forward_begins)
         self.state_plan = StatePlan(0, (), 0)  # [Note: state placement]
         self._tracking_for: object = None  # the chunk layout whose demand is being measured
         self._placed_for: object = None  # the chunk layout the states were placed for
@@ -134,6 +135,14 @@ class GeminiOptimizer(torch.optim.Optimizer):
             adamw=isinstance(optimizer, torch.optim.AdamW),
             sharding=sharding,
         )
+
+    def _forward_begins(self, steady: bool) -> None:
+        """A forward begins: the last step's norm pieces go (they may be kept gradients, or views
+        of shards that move); shard views stay only if nothing moves in this step."""
+        if self._norm_due is not None:
+            self._norm_due = ([], -1)
+        if not steady:
+            self._views.clear()
 
     @property
     def last_grad_norm(self) -> float:
@@ -249,8 +258,11 @@ class GeminiOptimizer(torch.optim.Optimizer):
             if disk:
                 m.written(self._written_by(c))
         self._run(rows, joined, grad_scale)
-        for cid in [cid for cid in self._views if cid not in in_place or moving]:
-            del self._views[cid]  # moved or re-packed (or maybe, in a step that moved)
+        for cid in [
+            cid for cid in self._views if cid not in in_place or moving or not rt.resident
+        ]:  # moved or re-packed (or maybe, in a step that moved), or may move before the
+            del self._views[cid]  # next step: a kept view would hold the old storage alive
+        # (and _forward_begins drops them all when the next step is not resident)
         rt.clear_grads()
         if self.scaler is not None:
             self.scaler.update(False)
