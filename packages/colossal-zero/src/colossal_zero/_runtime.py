@@ -146,6 +146,7 @@ class GeminiRuntime(StepGradients):
             0  # forwards begun: tells a reader whether gradients are still the last step's
         )
         self._kept_now: set[int] = set()  # chunk ids that kept a gradient in this backward
+        self._on_forward: list[weakref.WeakMethod] = []  # see on_forward
         self._kept_bytes = sum(  # what kept gradients hold at most: one per trainable parameter
             p.numel() * dtype.itemsize for p in self.params.values() if p.requires_grad
         )
@@ -196,7 +197,8 @@ class GeminiRuntime(StepGradients):
             else:
                 self._probe = None
         busy = any(r.open or r.pending or r.accumulated for r in self._chunks.values())
-        if self._repack_due and not busy:
+        repacked = self._repack_due and not busy
+        if repacked:
             self._repack_due = False
             self.manager.repack(self._warmup.first_use())
             self._index_chunks()
@@ -210,6 +212,16 @@ class GeminiRuntime(StepGradients):
             and m.fully_resident(headroom + self._kept_bytes)
         )
         self.resident = self.keeping or (resident and m.fully_resident(headroom))
+        for ref in self._on_forward:
+            fn = ref()
+            if fn is not None:
+                fn(self.resident and not repacked)
+
+    def on_forward(self, fn: Any) -> None:
+        """Call ``fn(steady)`` as each forward begins after warmup: ``steady`` when the step is
+        resident and no chunk was replaced, so no shard moves before the next one. Held weakly
+        (a bound method of an object that may go first)."""
+        self._on_forward.append(weakref.WeakMethod(fn))
 
     def _lazy_headroom(self) -> int:
         """Compute-tier bytes the step may add: the fp32 "acc" chunks, until they exist."""
