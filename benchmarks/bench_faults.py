@@ -18,8 +18,9 @@ machine 14 of 40 kills hit the exit of a 30-step run, not a save). Instead each 
 save uniformly among the run's saves but its first (``target``, up to the final step's) and a
 uniform fraction ``frac``, polls the checkpoint folder every 2 ms, and kills ``frac`` of one
 save's duration after that save's temporary directory appears; a save's duration is the median
-measured in this same run (temporary directory seen to ``latest`` naming it), so the timing
-follows the machine's pace. A save shorter than it was before ends before the kill: such a kill
+measured in this same run (temporary directory seen while ``latest`` names an older step, to
+``latest`` naming it; a directory first seen mid-swap is not timed), so the timing follows the
+machine's pace. A save shorter than it was before ends before the kill: such a kill
 lands between saves (or, after the final one, in the run's exit) and is counted so.
 """
 
@@ -114,7 +115,8 @@ def _wait_for_kill_point(proc: subprocess.Popen, ckpt: Path, target: int, frac: 
     while proc.poll() is None and time.monotonic() - t0 < 600:
         now, step = time.monotonic(), _published(ckpt)
         for j in _hidden_steps(ckpt):
-            started.setdefault(j, now)
+            if j > step:  # seen while written; one first seen mid-swap would measure 0 s
+                started.setdefault(j, now)
         for j in [j for j in started if j <= step]:
             took.append(now - started.pop(j))
         if target in started or step >= target:  # a save too quick to see: kill now
