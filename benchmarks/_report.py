@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import shutil
 import time
@@ -49,6 +50,15 @@ def environment() -> dict[str, Any]:
         "accelerator": "cuda" if cuda else "emulated (CPU with a byte budget)",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def load_note(before: float, what: str = "figures move with it") -> str:
+    """One sentence on the host's measured load: its cores and the 1-minute load average at the
+    run's start (``before``, from ``os.getloadavg()``) and now."""
+    return (
+        f"Host: {os.cpu_count()} CPU cores; 1-minute load average {before:.1f} before the run and "
+        f"{os.getloadavg()[0]:.1f} at its end (the run's own threads and processes count); {what}."
+    )
 
 
 def _fmt(v: Any) -> str:

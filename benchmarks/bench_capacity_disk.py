@@ -33,7 +33,7 @@ from colossal_memtrace import MomentRecorder
 from colossal_models import GPT, apply_activation_checkpointing
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
-from _report import Report
+from _report import Report, load_note
 
 MiB, GiB = 2**20, 2**30
 STEPS = 3
@@ -205,6 +205,7 @@ def run(quick: bool, out_dir: Path) -> Report:
     # the deepest model within each fraction of the limit, deepest first (a trial of the full
     # config takes minutes on 2 cores: a coarse search around the predicted limit)
     fracs = (0.9, 0.85, 0.7) if quick else (0.87, 0.83, 0.75)
+    load_before = os.getloadavg()[0]
     only = os.environ.get("BENCH_DISK_DEPTH")  # one known depth instead of the search
     depths = (
         [int(only)]
@@ -346,13 +347,11 @@ def run(quick: bool, out_dir: Path) -> Report:
         "ahead four at a time); medians are compared, the spread is in the summary.",
         "B/16 B per param bounds plain PyTorch with no activations at all; the ratio against "
         "that bound is given too.",
-        "Shared machine: 2 CPU cores, 5 other engineers' jobs running (load average 9-16 "
-        "during these runs); its virtual disk is shared too. The sequential file is read "
+        load_note(load_before, "the virtual disk may be shared with other machines")
+        + " The sequential file is read "
         "right after it was written, and the virtual disk serves recently written data from "
-        "a cache below the guest (one run's rounds spread over 295-1125 MiB/s), while the "
+        "a cache below the guest (the rounds' spread is in the summary), while the "
         "tier reads payloads written a step before, beside its own write-behind and the "
         "training's compute: the store-alone rows separate the store's method from that.",
     ]
-    if quick:  # the command line above names the result files, not the benchmark
-        report.notes.append("Written by `python benchmarks/run.py capacity_disk --quick`.")
     return report

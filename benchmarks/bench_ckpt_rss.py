@@ -231,7 +231,7 @@ def run(quick: bool, out_dir: Path) -> Report:
         "clone of every fp32 parameter) through save_file.",
         "Written bytes go to the page cache (not RSS); save fsyncs its file. The export writes "
         "shards of at most 256 MiB.",
-        "Shared machine: 2 CPU cores, other engineers' jobs running (RSS does not depend on "
+        "Shared machine: 2 CPU cores, other jobs running (RSS does not depend on "
         "load; seconds do).",
     ]
     return report

@@ -358,7 +358,7 @@ def run(quick: bool, out_dir: Path) -> Report:
             "Idle rows, stages 'GPT': a real 8-block GPT (hidden 128, micro-batch 2 x 64 tokens) "
             "on 2 ranks; backward is not exactly twice forward and stages are not equal (the "
             "last holds the head and loss), so the formula is only a guide there.",
-            "The machine was shared with other engineers' jobs (2 cores, loaded): sleeps "
+            "The machine was shared with other jobs (2 cores, loaded): sleeps "
             "overshoot and every message costs the runtime and gloo some milliseconds ('hop "
             "delay ms': median time an action started after its input was produced and its "
             "rank was free). The formula assumes free messages, so measured idle exceeds it "
