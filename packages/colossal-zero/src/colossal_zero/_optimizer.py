@@ -258,11 +258,9 @@ class GeminiOptimizer(torch.optim.Optimizer):
             if disk:
                 m.written(self._written_by(c))
         self._run(rows, joined, grad_scale)
-        for cid in [
-            cid for cid in self._views if cid not in in_place or moving or not rt.resident
-        ]:  # moved or re-packed (or maybe, in a step that moved), or may move before the
-            del self._views[cid]  # next step: a kept view would hold the old storage alive
-        # (and _forward_begins drops them all when the next step is not resident)
+        for cid in [cid for cid in self._views if cid not in in_place or moving]:
+            del self._views[cid]  # moved or re-packed (or maybe, in a step that moved); the
+        # rest go in _forward_begins when the next step may move shards
         rt.clear_grads()
         if self.scaler is not None:
             self.scaler.update(False)
