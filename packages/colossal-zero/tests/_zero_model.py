@@ -93,3 +93,21 @@ def reference(
             opt.step()
             opt.zero_grad()
     return losses, copy.deepcopy(model.state_dict())
+
+
+def adamw_losses(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, *, lr: float, clip: float = 0.0
+) -> list[float]:
+    """Plain PyTorch AdamW (default settings but ``lr``) on ``model``, ``steps`` steps on the same
+    batch, gradients clipped to ``clip`` when it is set: the loss of every step."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = model(x, y)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
