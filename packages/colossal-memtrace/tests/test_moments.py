@@ -24,3 +24,34 @@ def test_moments_hold_exact_live_non_model_bytes_and_the_compute_order():
     assert stats.compute_order() == [("a",), ("b", "c"), ("a",)]
     assert [stats.non_model_peak(i, "accelerator") for i in range(3)] == [1024, 2048, 1024]
     assert torch.ones(3).sum() == 3  # the recorder's dispatch mode is gone after close
+
+
+def test_two_recorders_closed_out_of_order_leave_the_other_active():
+    """Two runtimes stepped alternately: each recorder is stopped at its step's end and closed at
+    its runtime's next forward, so the first closes while the second's mode is above it."""
+    from torch.utils._python_dispatch import (
+        _get_current_dispatch_mode_stack,
+        is_in_torch_dispatch_mode,
+    )
+
+    a, b = MomentRecorder("cpu"), MomentRecorder("cpu")
+    none = lambda tier: 0  # noqa: E731
+    a.start(none, [])
+    a.cut(("a",))
+    a.finish()
+    b.start(none, [])
+    b.cut(("b",))
+    b.finish()
+    a.close()  # below b's mode
+    assert len(_get_current_dispatch_mode_stack()) == 1
+    a.start(none, [])  # a's next step, above b's stopped mode
+    a.cut(("a",))
+    x = torch.ones(256)
+    a.cut(("a",))
+    stats = a.finish()
+    assert stats.non_model_peak(0, "accelerator") == 1024  # measured while b's mode is below
+    b.close()
+    a.close()
+    del x
+    assert _get_current_dispatch_mode_stack() == []
+    assert not is_in_torch_dispatch_mode()  # each mode restored the flags it saved

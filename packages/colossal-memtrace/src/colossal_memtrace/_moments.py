@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from colossal_contracts import TierName
 
@@ -100,15 +100,12 @@ class MomentRecorder:
         )
 
     def close(self) -> None:
+        """Pop the recorder's dispatch mode; modes entered after it (another runtime's recorder,
+        still stopped until its runtime's next forward) stay active, in their order."""
         tracker, self._tracker = self._tracker, None
         if tracker is None:
             return
-        if _get_current_dispatch_mode() is not tracker:
-            raise RuntimeError(
-                "MomentRecorder: another dispatch mode was entered after the recorder started and "
-                "is still active; exit it before the recorder closes"
-            )
-        tracker.__exit__(None, None, None)
+        _pop_from_stack(tracker)
         tracker.close()
 
     # -- figures ----------------------------------------------------------------------------
@@ -146,3 +143,28 @@ class MomentRecorder:
                 total_peak={_ACC.value: acc.total},
             )
         )
+
+
+def _pop_from_stack(mode: TorchDispatchMode) -> None:
+    """Exit ``mode`` wherever it is on this thread's dispatch-mode stack.
+
+    [Note: recorders of two runtimes] A recorder's mode cannot be popped where its step ends
+    (inside backward: the autograd engine restores the mode stack it started with), so it stops
+    there and is popped at its runtime's next forward. Two runtimes stepped alternately in one
+    process (two models, or one method timed against another) then close recorders out of
+    order: the other runtime's mode, entered later, is above this one. The modes above are
+    exited and re-entered around this one's exit (base-class enter and exit: their state is
+    untouched), so each restores the flags it saved and the stack keeps their order.
+    """
+    stack = _get_current_dispatch_mode_stack()
+    if mode not in stack:
+        raise RuntimeError(
+            "MomentRecorder: its dispatch mode is not active on this thread; close the recorder "
+            "on the thread that started it"
+        )
+    above = stack[stack.index(mode) + 1 :]
+    for m in reversed(above):
+        TorchDispatchMode.__exit__(m, None, None, None)
+    TorchDispatchMode.__exit__(mode, None, None, None)
+    for m in above:
+        TorchDispatchMode.__enter__(m)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -277,12 +278,13 @@ class GeminiPlugin:
 
 
 def _disk_subdir(disk_dir: str | Path | None) -> Path | None:
-    """A folder of this process under ``disk_dir`` (None: a temporary one), created and removed
-    by the disk tier, so ranks and runs sharing a directory never share or leave files."""
+    """A folder of this model's disk tier under ``disk_dir`` (None: a temporary one), created
+    and removed by the disk tier, so ranks, runs and models of one process sharing a directory
+    never share or leave files."""
     if disk_dir is None:
         return None
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    return Path(disk_dir) / f"colossal-chunks-{os.getpid()}-rank{rank}"
+    return Path(disk_dir) / f"colossal-chunks-{os.getpid()}-rank{rank}-{uuid.uuid4().hex[:8]}"
 
 
 def _gemini_module(model: nn.Module) -> GeminiModule:
