@@ -30,6 +30,7 @@ from ._disk import DiskIOStats, DiskStore
 from ._policy import SimpleChunkInfo
 from ._prefetch import PendingCopy, Prefetcher
 from ._read_ahead import ReadAheadWindow
+from ._spare import SparePayloads
 from ._tier import UNLIMITED, Tier
 
 __all__ = ["Placement", "build_tiers"]
@@ -96,6 +97,7 @@ class Placement:
         self.kept: set[int] = set()  # [Note: kept chunks]
         self._pending: dict[int, tuple[PendingCopy, Tier]] = {}  # chunk id -> copy to the acc
         self._prefetcher: Prefetcher | None = None
+        self.spares = SparePayloads()  # [Note: spare payloads]
 
     # ----- accounting ---------------------------------------------------------------------------
     def acc_bytes(self, chunk: Chunk) -> int:
@@ -169,13 +171,16 @@ class Placement:
             )
         d = self.tiers[dst]
         d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
-        new = d.allocate(_key(chunk, dst), chunk.shard_numel, chunk.dtype)
+        new = self.spares.allocate(d, _key(chunk, dst), chunk.shard_numel, chunk.dtype)
         if not copy:  # padding is zero in every payload: this rank's part of the chunk's tail
             new[max(0, chunk.used - chunk.rank * chunk.shard_numel) :].zero_()
-        chunk.replace_shard(new, copy=copy)
+        old = chunk.replace_shard(new, copy=copy)
+        del new
         d.write_behind(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
-        self._rebind(chunk)
+        self._rebind(chunk)  # the old storage's views go: it may become a spare
         s = self.tiers[src]  # type: ignore[index]
+        self.spares.give(old, s)
+        del old
         s.free(chunk.shard_bytes)
         s.discard(_key(chunk, src))  # type: ignore[arg-type]
         if src is DISK:
@@ -333,7 +338,7 @@ class Placement:
         ):
             return False
         acc.reserve(chunk.shard_bytes, what=f"prefetch of chunk {chunk.chunk_id}")
-        dst = acc.allocate(_key(chunk, ACC), chunk.shard_numel, chunk.dtype)
+        dst = self.spares.allocate(acc, _key(chunk, ACC), chunk.shard_numel, chunk.dtype)
         if self._prefetcher is None:
             self._prefetcher = Prefetcher(acc.device)
         src_tier = self.tiers[chunk.tier]  # type: ignore[index]
@@ -381,8 +386,11 @@ class Placement:
         if entry is None:
             return
         pending, src = entry
-        chunk.replace_shard(pending.wait(), copy=False)
+        old = chunk.replace_shard(pending.wait(), copy=False)
+        del entry, pending  # the copy's hold on both storages
         self._rebind(chunk)
+        self.spares.give(old, src)
+        del old
         src.free(chunk.shard_bytes)
         src.discard(_key(chunk, src.name))
         if src.name is DISK:
@@ -396,6 +404,7 @@ class Placement:
     def close(self) -> None:
         if self._prefetcher is not None:
             self._prefetcher.close()
+        self.spares.clear()
         for t in self.tiers.values():
             if t.store is not None:
                 with suppress(Exception):
