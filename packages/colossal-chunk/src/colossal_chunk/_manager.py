@@ -13,24 +13,15 @@ path: when every chunk is already resident and gathered and the compute tier is 
 moment's room, ``access`` and ``release`` only change states (no tier is touched); otherwise
 ``access`` first evicts down to the moment's room (which may have shrunk since the last moment).
 
-[Note: resident fast path] ``fully_resident()`` says that a whole step can run without touching a
-tier: one rank (nothing is gathered or reduced across ranks), every parameter chunk on the
-compute tier and never evicted after use, no collective or copy in flight, no demand being
-recorded, and room at every moment of the step for what is there now plus the headroom a runtime
-asks for (chunks it may add lazily). Then ``access`` and ``release`` would only change states,
-and a runtime may skip them around operators for that step; the values computed are the same.
-Until the layout or the moment changes (``register``, ``add_parallel``, ``move``, ``set_moment``,
-``track_demand``, ``gather_ahead``, ``prefetch``, an access off the fast path), the manager's own
-fast paths then skip their room check too: it held for every moment when ``fully_resident``
-answered.
-
 Collectives on chunks and when they finish are in ``_collectives.py`` ([Note: collectives in
-flight], [Note: gathers ahead]); re-packing in first-use order is in ``_repack.py``.
+flight], [Note: gathers ahead]); registering tensors into chunks is in ``_register.py``,
+re-packing them in first-use order in ``_repack.py``, the step without touching a tier in
+``_resident.py`` ([Note: resident fast path]).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -46,13 +37,13 @@ from ._books import ManagerBooks
 from ._chunk import Chunk
 from ._collectives import ManagerCollectives
 from ._config import ChunkConfig
-from ._host_memory import host_empty
 from ._pending import InFlight
 from ._placement import Placement, build_tiers
-from ._policy import ChunkSummary, LruPolicy, PolicyContext
+from ._policy import LruPolicy
 from ._read_ahead import ReadAheadWindow, window_bytes
+from ._register import ManagerRegistry
 from ._repack import ManagerRepack
-from ._tier import UNLIMITED
+from ._resident import ManagerResident
 
 __all__ = ["ChunkManager"]
 
@@ -61,7 +52,9 @@ _DISK_AHEAD = 4  # moments ahead whose chunks on disk are read into memory early
 Tensorish = torch.Tensor | str
 
 
-class ChunkManager(ManagerBooks, ManagerCollectives, ManagerRepack):
+class ChunkManager(
+    ManagerRegistry, ManagerResident, ManagerBooks, ManagerCollectives, ManagerRepack
+):
     """Chunks of parameters (and parallel chunks of gradients / master weights) under tier budgets.
 
     See [Note: parameter views] and [Note: access protocol]. ``group`` is the data-parallel process
@@ -127,117 +120,6 @@ class ChunkManager(ManagerBooks, ManagerCollectives, ManagerRepack):
     @property
     def compute_device(self) -> torch.device:
         return self.tiers[ACC].device
-
-    def register(
-        self,
-        named_params: Iterable[tuple[str, torch.nn.Parameter]],
-        *,
-        order: Sequence[str] | None = None,
-        materialize: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> list[Chunk]:
-        """Pack parameters into new chunks and point their ``.data`` into them.
-
-        ``order`` lists names in first-use order (the compute order); names it lacks follow in the
-        given order. A parameter seen twice (tied weights) is registered once. Chunks start on
-        ``config.home`` (spilling to host, then disk). With ``materialize``, a parameter's values
-        are ``materialize(param)``, asked for one chunk's tensors at a time (lazy initialization).
-        Returns the new chunks.
-        """
-        self._steady = False
-        fresh: dict[str, torch.nn.Parameter] = {}
-        for name, p in named_params:
-            if (
-                id(p) in self._name_of
-                or name in self._params
-                or any(q is p for q in fresh.values())
-            ):
-                continue
-            fresh[name] = p
-        rank = {n: i for i, n in enumerate(order or ())}
-        given = {n: i for i, n in enumerate(fresh)}
-        names = sorted(fresh, key=lambda n: (rank.get(n, len(rank)), given[n]))
-        open_chunk: dict[torch.dtype, Chunk] = {}
-        new: list[Chunk] = []
-        for name in names:
-            p = fresh[name]
-            c = open_chunk.get(p.dtype)
-            if c is None or not c.fits(p.numel()):
-                c = Chunk(self._next_id(), self.chunk_numel, p.dtype, group=self.group)
-                self.chunks[c.chunk_id] = c
-                open_chunk[p.dtype] = c
-                new.append(c)
-            c.add(name, p.shape)
-            self._params[name], self._name_of[id(p)] = p, name
-            self._chunk_of[name] = c.chunk_id
-        for c in new:
-            tensors = {
-                n: materialize(fresh[n]) if materialize else fresh[n].data for n in c.records
-            }
-            storage = self._placement.place_new(c, TierName(self.config.home))
-            c.fill_shard(storage, tensors)
-            del tensors  # lazy init: this chunk's values go before the next chunk's are made
-            self._placement.written(c)
-            self._bind(c)
-        self._bind_policy()
-        return new
-
-    def add_parallel(
-        self,
-        kind: str,
-        dtype: torch.dtype,
-        *,
-        copy_params: bool = False,
-        spill_reserve: int | None = None,
-    ) -> list[Chunk]:
-        """A chunk of ``dtype`` with the same layout beside every parameter chunk (gradients, fp32
-        master weights, optimizer states). Zeros, or with ``copy_params`` the parameters' values
-        cast to ``dtype``. They start on ``config.home`` like parameter chunks (spilling to the
-        host, then disk; with ``spill_reserve``, then to the compute tier while that many bytes
-        of its room stay free, kept there: [Note: kept chunks])."""
-        if kind == "param" or kind in self._parallel:
-            raise ConfigError(f"parallel chunk kind {kind!r} is taken; pick another name")
-        self._steady = False
-        twins = {}
-        for cid in [c.chunk_id for c in self.chunks.values() if c.kind == "param"]:
-            src = self.chunks[cid]
-            twin = src.same_layout(self._next_id(), dtype, kind)
-            self.chunks[twin.chunk_id] = twin
-            storage = self._placement.place_new(
-                twin, TierName(self.config.home), spill_reserve=spill_reserve
-            )
-            if copy_params:
-                vals = {n: self._full_value(src, n) for n in src.records}
-            else:
-                # fresh mappings read as zeros without taking memory ([Note: host payloads])
-                vals = {n: host_empty(r.numel, dtype).view(r.shape) for n, r in src.records.items()}
-            twin.fill_shard(storage, vals)
-            self._placement.written(twin)
-            twins[cid] = twin.chunk_id
-        self._parallel[kind] = twins
-        self._spill[kind] = spill_reserve
-        self._bind_policy()
-        return [self.chunks[i] for i in twins.values()]
-
-    def _full_value(self, chunk: Chunk, name: str) -> torch.Tensor:
-        # Only this rank's slice is needed by fill_shard; others are zero-filled placeholders.
-        rec = chunk.records[name]
-        out = torch.zeros(rec.numel, dtype=chunk.dtype)
-        part = chunk.shard_view(name)
-        if part is not None:
-            view, a, b = part
-            out[a:b] = view.cpu()
-        return out.view(rec.shape)
-
-    def _next_id(self) -> int:
-        return len(self.chunks)
-
-    def _bind_policy(self) -> None:
-        summaries = tuple(
-            ChunkSummary(c.chunk_id, c.kind, c.shard_bytes) for c in self.chunks.values()
-        )
-        self.policy.bind(
-            PolicyContext(summaries, dict(self._chunk_of), self.tiers[ACC].capacity_bytes)
-        )
 
     # ----- lookup -------------------------------------------------------------------------------
     def chunk_of(self, item: Tensorish) -> Chunk:
@@ -321,42 +203,6 @@ class ChunkManager(ManagerBooks, ManagerCollectives, ManagerRepack):
             self._access_resident(by_chunk)
             return
         self._access(by_chunk, zero=False)
-
-    def _access_resident(self, by_chunk: dict[int, list[str]]) -> None:
-        """``access`` when every chunk is gathered on the compute tier and fits: states only."""
-        for cid, names in by_chunk.items():
-            c = self.chunks[cid]
-            for name in names:
-                c.set_state(name, TensorState.COMPUTE)
-        self.policy.on_access(list(by_chunk), self._moment)
-        if self._demand is not None:
-            self._note_demand()
-
-    def _resident(self, by_chunk: dict[int, list[str]]) -> bool:
-        for cid in by_chunk:
-            c = self.chunks[cid]
-            if c.tier is not ACC or not c.is_gathered:
-                return False
-        return self._steady or self.tiers[ACC].used_bytes <= self._placement.limit(self._moment)
-
-    def fully_resident(self, headroom: int = 0) -> bool:
-        """See [Note: resident fast path]; ``headroom``: compute-tier bytes that must stay free at
-        every moment besides what is there now. Costs one pass over chunks and moments."""
-        self._steady = self._fully_resident(headroom)
-        return self._steady
-
-    def _fully_resident(self, headroom: int) -> bool:
-        if self.world_size > 1 or self._demand is not None or self.in_flight.chunks:
-            return False
-        policy = self.policy
-        for c in self.chunks.values():
-            if c.kind == "param" and (c.tier is not ACC or policy.evict_after_use(c.chunk_id)):
-                return False
-        acc = self.tiers[ACC]
-        if acc.capacity_bytes >= UNLIMITED:
-            return True
-        need = acc.used_bytes + headroom
-        return all(self._placement.limit(m) >= need for m in range(max(1, self._num_moments)))
 
     def access_chunks(
         self, chunks: Iterable[Chunk | int], *, zero: bool = False, discard: bool = False

@@ -1,7 +1,7 @@
 """The gradients of a step between the end of backward and the optimizer step, as Gemini's
-runtime keeps them ([Note: gradients in chunks] and [Note: accumulation] in ``_runtime.py``):
-what the optimizer reads (``gradients``), what it calls after updating (``stepped``), and the
-stash of earlier micro-batches' gradients.
+runtime keeps them ([Note: gradients in chunks] in ``_collect.py``, [Note: accumulation] in
+``_runtime.py``): what the optimizer reads (``gradients``), what it calls after updating
+(``stepped``), and the stash of earlier micro-batches' gradients.
 
 [Note: kept gradients] In a resident step on one rank without fp32 masters (the runtime's
 ``keeping``) there is nothing to reduce, so a parameter's gradient is not copied into the fp32

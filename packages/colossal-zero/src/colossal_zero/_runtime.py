@@ -6,18 +6,8 @@ torch call. A call that reads registered parameters is one *moment*: the paramet
 (COMPUTE, on the compute tier, gathered) before it and released to HOLD after it, and its tensor
 outputs pass through ``_PreBackward``, whose backward accesses the same parameters again before
 the operator's backward runs. Catching operators rather than modules also covers parameters used
-outside their module (a tied output head).
-
-[Note: gradients in chunks] A parameter's post-accumulate-grad hook copies its gradient into chunk
-memory and drops ``.grad``: with fp32 masters into the parameter's own slot (its value is no
-longer needed in this backward; the master restores it), else into a parallel fp32 "grad" chunk.
-When every tensor of that chunk is READY_FOR_REDUCE the chunk is reduce-scattered (averaged over
-data-parallel ranks) into this rank's shard. At the end of backward, tensors that got no gradient
-(unused or frozen parameters) count as zeros so that every touched chunk is reduced, in chunk id
-order on every rank (with ``GeminiConfig.overlap_comm`` without waiting: [Note: overlap] in
-``_comm.py``). After the first backward, a chunk whose only missing tensors are trainable
-parameters that no operator read (then or now) is reduced as soon as the others arrive, so an
-unused parameter does not pin its chunk. Every rank must use the same parameters in a step.
+outside their module (a tied output head). Gradients go into chunk memory as they arrive
+([Note: gradients in chunks] in ``_collect.py``).
 
 [Note: accumulation] Reduced gradients wait in the working buffer until the optimizer step. If
 the chunk is needed again first (the next micro-batch), they are added into a lazily created
@@ -27,9 +17,9 @@ fp32 "acc" chunk and, with masters, the parameters are restored from the masters
 says the step can run without touching a tier (colossal-chunk's [Note: resident fast path]), the
 step is *resident*: operators neither access nor release their parameters (they stay HOLD, in
 place), their outputs get no ``_PreBackward`` and their saved tensors no places ([Note: saved
-parameter views]: the storage cannot move), and gradients are written into chunk memory as
-above without re-accessing the parameter in fp32; on one rank without masters, when the
-manager shows room for them, they are not copied at all ([Note: kept gradients] in
+parameter views]: the storage cannot move), and gradients are written into chunk memory as in
+the general path, without re-accessing the parameter in fp32; on one rank without masters, when
+the manager shows room for them, they are not copied at all ([Note: kept gradients] in
 ``_grads.py``). Stashing for accumulation, the reductions and every value are those of the
 general path.
 """
@@ -47,9 +37,9 @@ from torch import nn
 from colossal_chunk import Chunk, ChunkManager
 from colossal_contracts import ConfigError, StepRecorder, TensorState
 
+from ._collect import GradientCollection
 from ._comm import CommSchedule, RankMaxStats
 from ._config import GeminiConfig
-from ._grads import StepGradients
 from ._hooks import AccessMode, label
 from ._lazy import LazyInit, LazyValues
 from ._setup import build_manager
@@ -63,7 +53,7 @@ _T = TrainingState
 _OPS = ("all-gather", "reduce-scatter")
 
 
-class GeminiRuntime(StepGradients):
+class GeminiRuntime(GradientCollection):
     """The state behind one Gemini-managed module; see the notes of this module."""
 
     manager: ChunkManager
@@ -331,107 +321,6 @@ class GeminiRuntime(StepGradients):
         if busy:
             self.manager.release(busy, state=_S.HOLD)
 
-    def _grad_hook(self, name: str):  # type: ignore[no-untyped-def]
-        # A weak reference: the hook lives in the parameter's C++ hook list, which the garbage
-        # collector cannot see, so a strong one would keep the runtime (and its chunks) alive.
-        ref = weakref.ref(self)
-
-        def hook(p: nn.Parameter) -> None:
-            rt = ref()
-            if rt is None:
-                return
-            if rt.keeping:  # [Note: kept gradients]: no copy, nothing to reduce
-                grad, p.grad = p.grad, None
-                if grad is not None:
-                    rt._keep(name, grad)
-                return
-            with label("Gemini::post_accumulate_grad"):
-                rt._start_backward()
-                grad, p.grad = p.grad, None
-                if grad is not None:
-                    rt._collect(name, grad)
-
-        return hook
-
-    def _keep(self, name: str, grad: torch.Tensor) -> None:
-        """Keep ``grad`` as ``name``'s gradient of this step ([Note: kept gradients])."""
-        self._start_backward()
-        cid = self._cid_of[name]
-        rec = self._chunks[cid]
-        if cid not in self._kept_now:
-            self._kept_now.add(cid)
-            if rec.pending:  # an earlier micro-batch's, not stashed by a forward: as _grad_chunk
-                self.stash(cid)
-        rec.kept[name] = grad
-        rec.pending = True
-        self.got_grad.add(name)
-
-    def _collect(self, name: str, grad: torch.Tensor) -> None:
-        c = self.manager.chunk_of(name)
-        if self.resident and not self.precision.master:  # [Note: resident steps]
-            target = self._grad_chunk(c)
-            target.view(name).copy_(grad)
-            target.set_state(name, _S.READY_FOR_REDUCE)
-        elif self.precision.master:
-            if c.state(name) is not _S.COMPUTE:
-                self.stash(c.chunk_id)
-                self.manager.access([name])
-            self.params[name].data.copy_(grad)
-            self.manager.release([name], state=_S.READY_FOR_REDUCE, reshard=False)
-            target = c
-        else:
-            if c.state(name) is not _S.COMPUTE:
-                self.stash(c.chunk_id)
-                self.manager.access([name])
-            target = self._grad_chunk(c)
-            target.view(name).copy_(grad)
-            target.set_state(name, _S.READY_FOR_REDUCE)
-            self.manager.release([name], state=_S.HOLD)
-        self._grad_done.add(name)
-        self.got_grad.add(name)
-        if target.count(_S.READY_FOR_REDUCE) == len(target.records):
-            self._reduce(c, target)
-            return
-        unused = self._chunks[c.chunk_id].unused
-        if unused and not unused & self._used:
-            rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
-            if set(rest) <= unused:  # only parameters no operator reads are left: zeros
-                self._fill_and_reduce(c, rest)
-
-    def _fill_and_reduce(self, c: Chunk, rest: list[str]) -> None:
-        """Count ``rest`` (tensors of chunk ``c`` with no gradient) as zeros, then reduce."""
-        if self.precision.master:
-            self.manager.access(rest)
-            for n in rest:
-                c.view(n).zero_()
-            self.manager.release(rest, state=_S.READY_FOR_REDUCE, reshard=False)
-            self._reduce(c, c)
-        else:
-            g = self.manager.parallel_chunk("grad", c)
-            for n in rest:
-                g.view(n).zero_()
-                g.set_state(n, _S.READY_FOR_REDUCE)
-            self._reduce(c, g)
-
-    def _grad_chunk(self, c: Chunk) -> Chunk:
-        g = self.manager.parallel_chunk("grad", c)
-        rec = self._chunks[c.chunk_id]
-        if not rec.open:
-            self.stash(c.chunk_id)
-            # One rank: the buffer is the shard; every slot is overwritten by its gradient or
-            # zeroed in _fill_and_reduce, and padding stays zero, so skip zeroing it all.
-            # Sharded: the reduce-scatter overwrites the shard. Either way its values (stashed
-            # above) are dead: moved to the compute tier uncopied (discard).
-            self.manager.access_chunks([g], zero=g.world_size > 1, discard=True)
-            rec.open = True
-        return g
-
-    def _reduce(self, c: Chunk, target: Chunk) -> None:
-        with label("Gemini::reduce_scatter"):
-            self.manager.reduce(target, async_op=self._overlap)
-        rec = self._chunks[c.chunk_id]
-        rec.open, rec.pending = False, True
-
     def _finish_backward(self) -> None:
         with label("Gemini::finish_backward"):
             self._end_backward()
@@ -444,17 +333,7 @@ class GeminiRuntime(StepGradients):
         for c in m.param_chunks():
             if c.pinned:
                 m.release([n for n, r in c.records.items() if r.state is _S.COMPUTE])
-        for c in m.param_chunks():
-            if self.precision.master:
-                if c.count(_S.READY_FOR_REDUCE) == 0:
-                    continue
-                target = c
-            elif self._chunks[c.chunk_id].open:
-                target = m.parallel_chunk("grad", c)
-            else:
-                continue
-            rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
-            self._fill_and_reduce(c, rest)
+        self._reduce_partial()
         m.settle()  # the optimizer writes shards next: no copy of one may be in flight
         self._grad_done.clear()
         self._kept_now.clear()

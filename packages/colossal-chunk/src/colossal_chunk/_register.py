@@ -1,0 +1,156 @@
+"""Registering tensors into the chunk manager's chunks: parameters packed into new chunks
+([Note: packing] in ``_search.py``), and parallel chunks of the same layout beside them
+(gradients, fp32 masters, optimizer states).
+
+``ChunkManager`` inherits these methods; they fill its chunks, its name books and its placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from colossal_contracts import ConfigError, PlacementPolicy, TierName
+
+from ._chunk import Chunk
+from ._config import ChunkConfig
+from ._host_memory import host_empty
+from ._placement import Placement
+from ._policy import ChunkSummary, PolicyContext
+from ._tier import Tier
+
+__all__ = ["ManagerRegistry"]
+
+ACC = TierName.ACCELERATOR
+
+
+class ManagerRegistry:
+    """``register`` and ``add_parallel``; see the module docstring."""
+
+    config: ChunkConfig  # the manager's
+    policy: PlacementPolicy  # the manager's
+    group: dist.ProcessGroup | None  # the manager's
+    chunks: dict[int, Chunk]  # every chunk by id (the manager's)
+    tiers: dict[TierName, Tier]  # the manager's (a property there)
+    chunk_numel: int  # the manager's (a property there)
+    _placement: Placement  # the manager's
+    _params: dict[str, torch.nn.Parameter]  # the manager's: name -> parameter
+    _name_of: dict[int, str]  # the manager's: id(param) -> name
+    _chunk_of: dict[str, int]  # the manager's: param name -> param chunk id
+    _parallel: dict[str, dict[int, int]]  # the manager's: kind -> param chunk id -> twin id
+    _spill: dict[str, int | None]  # the manager's: kind -> its add_parallel spill_reserve
+    _steady: bool  # [Note: resident fast path]: the manager's
+    _bind: Callable[[Chunk], None]  # the manager's: re-points a chunk's parameter views
+
+    def register(
+        self,
+        named_params: Iterable[tuple[str, torch.nn.Parameter]],
+        *,
+        order: Sequence[str] | None = None,
+        materialize: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> list[Chunk]:
+        """Pack parameters into new chunks and point their ``.data`` into them.
+
+        ``order`` lists names in first-use order (the compute order); names it lacks follow in the
+        given order. A parameter seen twice (tied weights) is registered once. Chunks start on
+        ``config.home`` (spilling to host, then disk). With ``materialize``, a parameter's values
+        are ``materialize(param)``, asked for one chunk's tensors at a time (lazy initialization).
+        Returns the new chunks.
+        """
+        self._steady = False
+        fresh: dict[str, torch.nn.Parameter] = {}
+        for name, p in named_params:
+            if (
+                id(p) in self._name_of
+                or name in self._params
+                or any(q is p for q in fresh.values())
+            ):
+                continue
+            fresh[name] = p
+        rank = {n: i for i, n in enumerate(order or ())}
+        given = {n: i for i, n in enumerate(fresh)}
+        names = sorted(fresh, key=lambda n: (rank.get(n, len(rank)), given[n]))
+        open_chunk: dict[torch.dtype, Chunk] = {}
+        new: list[Chunk] = []
+        for name in names:
+            p = fresh[name]
+            c = open_chunk.get(p.dtype)
+            if c is None or not c.fits(p.numel()):
+                c = Chunk(self._next_id(), self.chunk_numel, p.dtype, group=self.group)
+                self.chunks[c.chunk_id] = c
+                open_chunk[p.dtype] = c
+                new.append(c)
+            c.add(name, p.shape)
+            self._params[name], self._name_of[id(p)] = p, name
+            self._chunk_of[name] = c.chunk_id
+        for c in new:
+            tensors = {
+                n: materialize(fresh[n]) if materialize else fresh[n].data for n in c.records
+            }
+            storage = self._placement.place_new(c, TierName(self.config.home))
+            c.fill_shard(storage, tensors)
+            del tensors  # lazy init: this chunk's values go before the next chunk's are made
+            self._placement.written(c)
+            self._bind(c)
+        self._bind_policy()
+        return new
+
+    def add_parallel(
+        self,
+        kind: str,
+        dtype: torch.dtype,
+        *,
+        copy_params: bool = False,
+        spill_reserve: int | None = None,
+    ) -> list[Chunk]:
+        """A chunk of ``dtype`` with the same layout beside every parameter chunk (gradients, fp32
+        master weights, optimizer states). Zeros, or with ``copy_params`` the parameters' values
+        cast to ``dtype``. They start on ``config.home`` like parameter chunks (spilling to the
+        host, then disk; with ``spill_reserve``, then to the compute tier while that many bytes
+        of its room stay free, kept there: [Note: kept chunks])."""
+        if kind == "param" or kind in self._parallel:
+            raise ConfigError(f"parallel chunk kind {kind!r} is taken; pick another name")
+        self._steady = False
+        twins = {}
+        for cid in [c.chunk_id for c in self.chunks.values() if c.kind == "param"]:
+            src = self.chunks[cid]
+            twin = src.same_layout(self._next_id(), dtype, kind)
+            self.chunks[twin.chunk_id] = twin
+            storage = self._placement.place_new(
+                twin, TierName(self.config.home), spill_reserve=spill_reserve
+            )
+            if copy_params:
+                vals = {n: self._full_value(src, n) for n in src.records}
+            else:
+                # fresh mappings read as zeros without taking memory ([Note: host payloads])
+                vals = {n: host_empty(r.numel, dtype).view(r.shape) for n, r in src.records.items()}
+            twin.fill_shard(storage, vals)
+            self._placement.written(twin)
+            twins[cid] = twin.chunk_id
+        self._parallel[kind] = twins
+        self._spill[kind] = spill_reserve
+        self._bind_policy()
+        return [self.chunks[i] for i in twins.values()]
+
+    def _full_value(self, chunk: Chunk, name: str) -> torch.Tensor:
+        # Only this rank's slice is needed by fill_shard; others are zero-filled placeholders.
+        rec = chunk.records[name]
+        out = torch.zeros(rec.numel, dtype=chunk.dtype)
+        part = chunk.shard_view(name)
+        if part is not None:
+            view, a, b = part
+            out[a:b] = view.cpu()
+        return out.view(rec.shape)
+
+    def _next_id(self) -> int:
+        return len(self.chunks)
+
+    def _bind_policy(self) -> None:
+        summaries = tuple(
+            ChunkSummary(c.chunk_id, c.kind, c.shard_bytes) for c in self.chunks.values()
+        )
+        self.policy.bind(
+            PolicyContext(summaries, dict(self._chunk_of), self.tiers[ACC].capacity_bytes)
+        )

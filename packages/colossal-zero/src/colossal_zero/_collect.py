@@ -1,0 +1,169 @@
+"""How Gemini's runtime collects gradients in backward: into chunk memory, reduce-scattered
+chunk by chunk as they fill.
+
+[Note: gradients in chunks] A parameter's post-accumulate-grad hook copies its gradient into chunk
+memory and drops ``.grad``: with fp32 masters into the parameter's own slot (its value is no
+longer needed in this backward; the master restores it), else into a parallel fp32 "grad" chunk.
+When every tensor of that chunk is READY_FOR_REDUCE the chunk is reduce-scattered (averaged over
+data-parallel ranks) into this rank's shard. At the end of backward, tensors that got no gradient
+(unused or frozen parameters) count as zeros so that every touched chunk is reduced, in chunk id
+order on every rank (with ``GeminiConfig.overlap_comm`` without waiting: [Note: overlap] in
+``_comm.py``). After the first backward, a chunk whose only missing tensors are trainable
+parameters that no operator read (then or now) is reduced as soon as the others arrive, so an
+unused parameter does not pin its chunk. Every rank must use the same parameters in a step.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from colossal_chunk import Chunk, ChunkManager
+from colossal_contracts import TensorState
+
+from ._grads import StepGradients
+from ._hooks import label
+from ._precision import Precision
+from ._state import ChunkGrads
+
+__all__ = ["GradientCollection"]
+
+_S = TensorState
+
+
+class GradientCollection(StepGradients):
+    """The runtime's gradient hooks and reductions in backward; ``GeminiRuntime`` is one."""
+
+    manager: ChunkManager
+    precision: Precision
+    params: dict[str, nn.Parameter]  # registered name -> parameter
+    group: dist.ProcessGroup | None
+    resident: bool  # [Note: resident steps] in ``_runtime.py``
+    keeping: bool  # [Note: kept gradients] in ``_grads.py``
+    _chunks: dict[int, ChunkGrads]  # param chunk id -> its gradients' record
+    _cid_of: dict[str, int]  # param name -> its chunk id
+    _grad_done: set[str]  # names whose gradient this backward collected
+    _kept_now: set[int]  # chunk ids that kept a gradient in this backward
+    _used: set[str]  # names an operator read since the forward began
+    _overlap: bool  # [Note: overlap] in ``_comm.py``
+    _start_backward: Callable[[], None]  # the runtime's: enters BACKWARD once per backward
+
+    def _grad_hook(self, name: str):  # type: ignore[no-untyped-def]
+        # A weak reference: the hook lives in the parameter's C++ hook list, which the garbage
+        # collector cannot see, so a strong one would keep the runtime (and its chunks) alive.
+        ref = weakref.ref(self)
+
+        def hook(p: nn.Parameter) -> None:
+            rt = ref()
+            if rt is None:
+                return
+            if rt.keeping:  # [Note: kept gradients]: no copy, nothing to reduce
+                grad, p.grad = p.grad, None
+                if grad is not None:
+                    rt._keep(name, grad)
+                return
+            with label("Gemini::post_accumulate_grad"):
+                rt._start_backward()
+                grad, p.grad = p.grad, None
+                if grad is not None:
+                    rt._collect(name, grad)
+
+        return hook
+
+    def _keep(self, name: str, grad: torch.Tensor) -> None:
+        """Keep ``grad`` as ``name``'s gradient of this step ([Note: kept gradients])."""
+        self._start_backward()
+        cid = self._cid_of[name]
+        rec = self._chunks[cid]
+        if cid not in self._kept_now:
+            self._kept_now.add(cid)
+            if rec.pending:  # an earlier micro-batch's, not stashed by a forward: as _grad_chunk
+                self.stash(cid)
+        rec.kept[name] = grad
+        rec.pending = True
+        self.got_grad.add(name)
+
+    def _collect(self, name: str, grad: torch.Tensor) -> None:
+        c = self.manager.chunk_of(name)
+        if self.resident and not self.precision.master:  # [Note: resident steps]
+            target = self._grad_chunk(c)
+            target.view(name).copy_(grad)
+            target.set_state(name, _S.READY_FOR_REDUCE)
+        elif self.precision.master:
+            if c.state(name) is not _S.COMPUTE:
+                self.stash(c.chunk_id)
+                self.manager.access([name])
+            self.params[name].data.copy_(grad)
+            self.manager.release([name], state=_S.READY_FOR_REDUCE, reshard=False)
+            target = c
+        else:
+            if c.state(name) is not _S.COMPUTE:
+                self.stash(c.chunk_id)
+                self.manager.access([name])
+            target = self._grad_chunk(c)
+            target.view(name).copy_(grad)
+            target.set_state(name, _S.READY_FOR_REDUCE)
+            self.manager.release([name], state=_S.HOLD)
+        self._grad_done.add(name)
+        self.got_grad.add(name)
+        if target.count(_S.READY_FOR_REDUCE) == len(target.records):
+            self._reduce(c, target)
+            return
+        unused = self._chunks[c.chunk_id].unused
+        if unused and not unused & self._used:
+            rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
+            if set(rest) <= unused:  # only parameters no operator reads are left: zeros
+                self._fill_and_reduce(c, rest)
+
+    def _fill_and_reduce(self, c: Chunk, rest: list[str]) -> None:
+        """Count ``rest`` (tensors of chunk ``c`` with no gradient) as zeros, then reduce."""
+        if self.precision.master:
+            self.manager.access(rest)
+            for n in rest:
+                c.view(n).zero_()
+            self.manager.release(rest, state=_S.READY_FOR_REDUCE, reshard=False)
+            self._reduce(c, c)
+        else:
+            g = self.manager.parallel_chunk("grad", c)
+            for n in rest:
+                g.view(n).zero_()
+                g.set_state(n, _S.READY_FOR_REDUCE)
+            self._reduce(c, g)
+
+    def _grad_chunk(self, c: Chunk) -> Chunk:
+        g = self.manager.parallel_chunk("grad", c)
+        rec = self._chunks[c.chunk_id]
+        if not rec.open:
+            self.stash(c.chunk_id)
+            # One rank: the buffer is the shard; every slot is overwritten by its gradient or
+            # zeroed in _fill_and_reduce, and padding stays zero, so skip zeroing it all.
+            # Sharded: the reduce-scatter overwrites the shard. Either way its values (stashed
+            # above) are dead: moved to the compute tier uncopied (discard).
+            self.manager.access_chunks([g], zero=g.world_size > 1, discard=True)
+            rec.open = True
+        return g
+
+    def _reduce(self, c: Chunk, target: Chunk) -> None:
+        with label("Gemini::reduce_scatter"):
+            self.manager.reduce(target, async_op=self._overlap)
+        rec = self._chunks[c.chunk_id]
+        rec.open, rec.pending = False, True
+
+    def _reduce_partial(self) -> None:
+        """End of backward: reduce every chunk that got some gradients, the rest as zeros."""
+        m = self.manager
+        for c in m.param_chunks():
+            if self.precision.master:
+                if c.count(_S.READY_FOR_REDUCE) == 0:
+                    continue
+                target = c
+            elif self._chunks[c.chunk_id].open:
+                target = m.parallel_chunk("grad", c)
+            else:
+                continue
+            rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
+            self._fill_and_reduce(c, rest)
