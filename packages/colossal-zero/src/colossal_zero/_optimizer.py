@@ -31,7 +31,8 @@ import torch
 from colossal_chunk import AutoPolicy, Chunk
 from colossal_contracts import ConfigError, ParamSharding, TierName
 
-from ._adam import AdamHyper, adamw_update
+from ._adam import AdamHyper
+from ._chunk_update import STATE_KINDS, ChunkUpdates, Rows
 from ._mesh_norm import piece_squares, reduce_squares
 from ._module import GeminiModule
 from ._scaler import DynamicLossScaler
@@ -40,12 +41,10 @@ from ._state_placement import StatePlan, plan_states
 
 __all__ = ["GeminiOptimizer"]
 
-STATE_KINDS = ("exp_avg", "exp_avg_sq")
 ACC = TierName.ACCELERATOR
-_Rows = dict[int, tuple[list[torch.Tensor], ...]]  # param group -> values, grads, m, v, steps
 
 
-class GeminiOptimizer(torch.optim.Optimizer):
+class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
     """Adam/AdamW for a ``GeminiModule``; see [Note: shard update].
 
     ``params`` are the module's parameters or param groups (as for ``torch.optim.AdamW``);
@@ -235,7 +234,7 @@ class GeminiOptimizer(torch.optim.Optimizer):
         counts = elsewhere + [self.steps[n] for n in {n: None for _, ow in todo for n in ow}]
         if counts:
             torch._foreach_add_(counts, 1.0)
-        rows: _Rows = {}  # [Note: one fused call]: param group -> its tensors
+        rows: Rows = {}  # [Note: one fused call]: param group -> its tensors
         joined: list[Chunk] = []  # the chunks in rows
         moving = False  # a chunk updated alone may move others: the rest go alone too
         for i, (c, owned) in enumerate(todo):
@@ -266,119 +265,6 @@ class GeminiOptimizer(torch.optim.Optimizer):
             self.scaler.update(False)
         return loss
 
-    def _in_place(self, c: Chunk, grads: list[torch.Tensor], disk: bool) -> bool:
-        """Whether chunk ``c``'s update moves and stages nothing ([Note: one fused call]): no disk
-        tier, states on the host or everything already on the accelerator, one device, fp32."""
-        if disk:
-            return False
-        rt, m = self.rt, self.rt.manager
-        avg = m.parallel_chunk(STATE_KINDS[0], c)
-        fp32 = rt.roles.fp32(c)
-        if avg.tier is ACC and (fp32.tier is not ACC or rt.grad_home(c).tier is not ACC):
-            return False
-        dev = avg.shard.device  # type: ignore[union-attr]
-        if fp32.shard.device != dev:  # type: ignore[union-attr]
-            return False
-        return all(g.device == dev and g.dtype == torch.float32 for g in grads)
-
-    def _join(self, c: Chunk, names: list[str], grads: list[torch.Tensor], rows: _Rows) -> None:
-        """Add chunk ``c``'s tensors (``names``, their gradient slices ``grads``) to ``rows``,
-        counting the copies its tiers stand for as ``_update`` does. The views of its fp32 and
-        state shards are kept from the last step while those shards stay the same tensors."""
-        rt, m = self.rt, self.rt.manager
-        avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
-        home, fp32, gtier = avg.tier, rt.roles.fp32(c), rt.grad_home(c).tier
-        shards, key = (fp32.shard, avg.shard, sq.shard), tuple(names)
-        hit = self._views.get(c.chunk_id)
-        if hit is None or hit[1] != key or any(a is not b for a, b in zip(hit[0], shards)):
-            per = [
-                (self.group_of[n], *(ch.shard_view(n)[0] for ch in (fp32, avg, sq)), self.steps[n])  # type: ignore[index]
-                for n in names
-            ]
-            hit = self._views[c.chunk_id] = (shards, key, per)  # type: ignore[assignment]
-        for (gi, pv, av, sv, step), gv in zip(hit[2], grads, strict=True):
-            if fp32.tier is not home:
-                nbytes = pv.numel() * pv.element_size()
-                m.count_copy(fp32.tier, home, nbytes)  # type: ignore[arg-type]
-                m.count_copy(home, fp32.tier, nbytes)  # type: ignore[arg-type]
-            if gtier is not home:
-                m.count_copy(gtier, home, gv.numel() * gv.element_size())  # type: ignore[arg-type]
-            row = rows.get(gi)
-            if row is None:
-                row = rows[gi] = ([], [], [], [], [])
-            row[0].append(pv)
-            row[1].append(gv)
-            row[2].append(av)
-            row[3].append(sv)
-            row[4].append(step)
-
-    def _run(self, rows: _Rows, joined: list[Chunk], grad_scale: float) -> None:
-        """Update the joined chunks' tensors, one call per param group; empties both."""
-        for gi, (ps, gs, avgs, sqs, steps) in rows.items():
-            hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
-            adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
-        for c in joined:
-            self.rt.stepped(c)
-        rows.clear()
-        joined.clear()
-
-    def _update(self, c: Chunk, names: list[str], grad_scale: float) -> None:
-        """Adam on chunk ``c``'s fp32 slices ``names``, where its states live ([Note: state
-        placement]): on the accelerator its fp32 values and gradients are moved there first
-        (counted moves); on the host they are staged through copies of this one chunk (counted)
-        and the values written back."""
-        rt, m = self.rt, self.rt.manager
-        avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
-        home = avg.tier
-        fp32, grads = rt.roles.fp32(c), rt.gradients(c)
-        states = self._states_of(c)
-        held = [ch for ch in dict.fromkeys((fp32, grads)) if ch not in states]
-        if home is ACC:  # bring values and gradients over; neither may evict the other
-            for ch in (fp32, grads):
-                if ch.tier is not ACC:
-                    m.move(ch, ACC)
-                if ch in held:
-                    m.keep_on_compute([ch])
-        dev = avg.shard.device  # type: ignore[union-attr]
-        rows: dict[int, tuple[list, list, list, list, list]] = {}
-        write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for n in names:
-            pv = fp32.shard_view(n)[0]  # type: ignore[index]
-            gv = grads.shard_view(n)[0]  # type: ignore[index]
-            if fp32.tier is not home:  # update where the states live, then copy back
-                nbytes = pv.numel() * pv.element_size()
-                m.count_copy(fp32.tier, home, nbytes)  # type: ignore[arg-type]
-                m.count_copy(home, fp32.tier, nbytes)  # type: ignore[arg-type]
-                staged = pv.to(dev)
-                if staged is not pv:
-                    write_back.append((pv, staged))
-                pv = staged
-            if grads.tier is not home:
-                m.count_copy(grads.tier, home, gv.numel() * gv.element_size())  # type: ignore[arg-type]
-            if gv.device != dev or gv.dtype != torch.float32:
-                gv = gv.to(dev, torch.float32)
-            row = rows.get(self.group_of[n])
-            if row is None:
-                row = rows[self.group_of[n]] = ([], [], [], [], [])
-            row[0].append(pv)
-            row[1].append(gv)
-            row[2].append(avg.shard_view(n)[0])  # type: ignore[index]
-            row[3].append(sq.shard_view(n)[0])  # type: ignore[index]
-            row[4].append(self.steps[n])
-        for gi, (ps, gs, avgs, sqs, steps) in rows.items():
-            hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
-            adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
-        for dst, src in write_back:
-            dst.copy_(src)
-        if home is ACC:
-            m.keep_on_compute(held, keep=False)
-
-    def _written_by(self, c: Chunk) -> list[Chunk]:
-        """The chunks whose shards the update of ``c`` writes (fp32 values, states, ``c``), and
-        the gradients it reads: on disk, their mapped pages must leave memory the same way."""
-        grads = self.rt.gradients(c)
-        return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c, grads)))
-
     def _squares(
         self, per_chunk: list[tuple[Chunk | None, list[tuple[torch.Tensor, ParamSharding | None]]]]
     ) -> list[tuple[float, bool]]:
@@ -393,12 +279,6 @@ class GeminiOptimizer(torch.optim.Optimizer):
             if grads is not None:  # a disk tier (else nothing to let go)
                 self.rt.manager.written([grads])
         return out
-
-    def _states_of(self, c: Chunk) -> list[Chunk]:
-        """The chunks that live where ``c``'s Adam states live (the masters with them)."""
-        m = self.rt.manager
-        kinds = (*STATE_KINDS, "master") if self.rt.precision.master else STATE_KINDS
-        return [m.parallel_chunk(k, c) for k in kinds]
 
     def _update_bytes(self, c: Chunk) -> int:
         """Accelerator bytes ``c``'s update needs beside its states: fp32 values and gradients

@@ -1,0 +1,153 @@
+"""How ``GeminiOptimizer`` updates one chunk's tensors ([Note: shard update], [Note: one fused
+call] in ``_optimizer.py``): in place and joined into one fused call per param group, or alone
+where its states live, with every staging copy counted.
+
+``GeminiOptimizer`` inherits these methods; they read its runtime, param groups and step counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from colossal_chunk import Chunk
+from colossal_contracts import TierName
+
+from ._adam import AdamHyper, adamw_update
+
+__all__ = ["STATE_KINDS", "ChunkUpdates", "Rows"]
+
+STATE_KINDS = ("exp_avg", "exp_avg_sq")
+ACC = TierName.ACCELERATOR
+Rows = dict[int, tuple[list[torch.Tensor], ...]]  # param group -> values, grads, m, v, steps
+
+
+class ChunkUpdates:
+    """The per-chunk update of ``GeminiOptimizer``; see the module docstring."""
+
+    rt: Any  # the GeminiRuntime (the optimizer's)
+    adamw: bool
+    group_of: dict[str, int]  # parameter name -> param group index
+    steps: dict[str, torch.Tensor]  # parameter name -> float32 step count
+    param_groups: list[dict[str, Any]]
+    _views: dict[int, tuple[tuple, tuple[str, ...], list[tuple]]]  # see _join
+
+    def _in_place(self, c: Chunk, grads: list[torch.Tensor], disk: bool) -> bool:
+        """Whether chunk ``c``'s update moves and stages nothing ([Note: one fused call]): no disk
+        tier, states on the host or everything already on the accelerator, one device, fp32."""
+        if disk:
+            return False
+        rt, m = self.rt, self.rt.manager
+        avg = m.parallel_chunk(STATE_KINDS[0], c)
+        fp32 = rt.roles.fp32(c)
+        if avg.tier is ACC and (fp32.tier is not ACC or rt.grad_home(c).tier is not ACC):
+            return False
+        dev = avg.shard.device  # type: ignore[union-attr]
+        if fp32.shard.device != dev:  # type: ignore[union-attr]
+            return False
+        return all(g.device == dev and g.dtype == torch.float32 for g in grads)
+
+    def _join(self, c: Chunk, names: list[str], grads: list[torch.Tensor], rows: Rows) -> None:
+        """Add chunk ``c``'s tensors (``names``, their gradient slices ``grads``) to ``rows``,
+        counting the copies its tiers stand for as ``_update`` does. The views of its fp32 and
+        state shards are kept from the last step while those shards stay the same tensors."""
+        rt, m = self.rt, self.rt.manager
+        avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
+        home, fp32, gtier = avg.tier, rt.roles.fp32(c), rt.grad_home(c).tier
+        shards, key = (fp32.shard, avg.shard, sq.shard), tuple(names)
+        hit = self._views.get(c.chunk_id)
+        if hit is None or hit[1] != key or any(a is not b for a, b in zip(hit[0], shards)):
+            per = [
+                (self.group_of[n], *(ch.shard_view(n)[0] for ch in (fp32, avg, sq)), self.steps[n])  # type: ignore[index]
+                for n in names
+            ]
+            hit = self._views[c.chunk_id] = (shards, key, per)  # type: ignore[assignment]
+        for (gi, pv, av, sv, step), gv in zip(hit[2], grads, strict=True):
+            if fp32.tier is not home:
+                nbytes = pv.numel() * pv.element_size()
+                m.count_copy(fp32.tier, home, nbytes)  # type: ignore[arg-type]
+                m.count_copy(home, fp32.tier, nbytes)  # type: ignore[arg-type]
+            if gtier is not home:
+                m.count_copy(gtier, home, gv.numel() * gv.element_size())  # type: ignore[arg-type]
+            row = rows.get(gi)
+            if row is None:
+                row = rows[gi] = ([], [], [], [], [])
+            row[0].append(pv)
+            row[1].append(gv)
+            row[2].append(av)
+            row[3].append(sv)
+            row[4].append(step)
+
+    def _run(self, rows: Rows, joined: list[Chunk], grad_scale: float) -> None:
+        """Update the joined chunks' tensors, one call per param group; empties both."""
+        for gi, (ps, gs, avgs, sqs, steps) in rows.items():
+            hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
+            adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
+        for c in joined:
+            self.rt.stepped(c)
+        rows.clear()
+        joined.clear()
+
+    def _update(self, c: Chunk, names: list[str], grad_scale: float) -> None:
+        """Adam on chunk ``c``'s fp32 slices ``names``, where its states live ([Note: state
+        placement]): on the accelerator its fp32 values and gradients are moved there first
+        (counted moves); on the host they are staged through copies of this one chunk (counted)
+        and the values written back."""
+        rt, m = self.rt, self.rt.manager
+        avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
+        home = avg.tier
+        fp32, grads = rt.roles.fp32(c), rt.gradients(c)
+        states = self._states_of(c)
+        held = [ch for ch in dict.fromkeys((fp32, grads)) if ch not in states]
+        if home is ACC:  # bring values and gradients over; neither may evict the other
+            for ch in (fp32, grads):
+                if ch.tier is not ACC:
+                    m.move(ch, ACC)
+                if ch in held:
+                    m.keep_on_compute([ch])
+        dev = avg.shard.device  # type: ignore[union-attr]
+        rows: dict[int, tuple[list, list, list, list, list]] = {}
+        write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for n in names:
+            pv = fp32.shard_view(n)[0]  # type: ignore[index]
+            gv = grads.shard_view(n)[0]  # type: ignore[index]
+            if fp32.tier is not home:  # update where the states live, then copy back
+                nbytes = pv.numel() * pv.element_size()
+                m.count_copy(fp32.tier, home, nbytes)  # type: ignore[arg-type]
+                m.count_copy(home, fp32.tier, nbytes)  # type: ignore[arg-type]
+                staged = pv.to(dev)
+                if staged is not pv:
+                    write_back.append((pv, staged))
+                pv = staged
+            if grads.tier is not home:
+                m.count_copy(grads.tier, home, gv.numel() * gv.element_size())  # type: ignore[arg-type]
+            if gv.device != dev or gv.dtype != torch.float32:
+                gv = gv.to(dev, torch.float32)
+            row = rows.get(self.group_of[n])
+            if row is None:
+                row = rows[self.group_of[n]] = ([], [], [], [], [])
+            row[0].append(pv)
+            row[1].append(gv)
+            row[2].append(avg.shard_view(n)[0])  # type: ignore[index]
+            row[3].append(sq.shard_view(n)[0])  # type: ignore[index]
+            row[4].append(self.steps[n])
+        for gi, (ps, gs, avgs, sqs, steps) in rows.items():
+            hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
+            adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
+        for dst, src in write_back:
+            dst.copy_(src)
+        if home is ACC:
+            m.keep_on_compute(held, keep=False)
+
+    def _written_by(self, c: Chunk) -> list[Chunk]:
+        """The chunks whose shards the update of ``c`` writes (fp32 values, states, ``c``), and
+        the gradients it reads: on disk, their mapped pages must leave memory the same way."""
+        grads = self.rt.gradients(c)
+        return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c, grads)))
+
+    def _states_of(self, c: Chunk) -> list[Chunk]:
+        """The chunks that live where ``c``'s Adam states live (the masters with them)."""
+        m = self.rt.manager
+        kinds = (*STATE_KINDS, "master") if self.rt.precision.master else STATE_KINDS
+        return [m.parallel_chunk(k, c) for k in kinds]
