@@ -10,7 +10,7 @@ Only an explicit ``move`` takes it off; ``forget`` drops it from the set.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 
 import torch
@@ -27,9 +27,9 @@ from ._accounting import MoveStats
 from ._chunk import Chunk
 from ._config import ChunkConfig
 from ._disk import DiskIOStats, DiskStore
-from ._policy import SimpleChunkInfo
 from ._prefetch import PendingCopy, Prefetcher
 from ._read_ahead import ReadAheadWindow
+from ._room import ComputeRoom
 from ._spare import SparePayloads
 from ._tier import UNLIMITED, Tier
 
@@ -71,7 +71,7 @@ def _key(chunk: Chunk, tier: TierName) -> str:
     return f"{chunk.kind}-{chunk.chunk_id}@{tier.value}"
 
 
-class Placement:
+class Placement(ComputeRoom):
     """Moves chunk payloads between tiers under their budgets; see the module docstring."""
 
     tiers: dict[TierName, Tier]
@@ -266,64 +266,6 @@ class Placement:
         if dropped is not None:
             self.tiers[ACC].free(chunk.full_bytes)
 
-    # ----- room on the compute tier -------------------------------------------------------------
-    def limit(self, moment: int) -> int:
-        return min(self.tiers[ACC].capacity_bytes, self._budget(moment))
-
-    def make_room(
-        self,
-        needed: int,
-        chunks: Iterable[Chunk],
-        *,
-        exclude: Collection[int],
-        moment: int,
-        what: str,
-    ) -> None:
-        """Evict chunks the policy picks until ``needed`` more bytes fit on the compute tier."""
-        acc = self.tiers[ACC]
-        limit = self.limit(moment)
-        short = acc.used_bytes + needed - limit
-        if short <= 0:
-            return
-        chunks = list(chunks)
-        cands = {
-            c.chunk_id: c
-            for c in chunks
-            if c.chunk_id not in exclude
-            and c.chunk_id not in self.kept
-            and c.movable
-            and self.acc_bytes(c) > 0
-        }
-        infos = [SimpleChunkInfo(i, self.acc_bytes(c), ACC, False) for i, c in cands.items()]
-        for cid in self.policy.choose_evictions(infos, short, moment=moment):
-            if cid not in cands:
-                raise RuntimeError(
-                    f"policy {self.policy.name!r} chose chunk {cid}, which is not an eviction "
-                    "candidate; a policy must return ids from the candidates it is given"
-                )
-            short -= self.offload(cands.pop(cid))
-            if short <= 0:
-                return
-        for c in list(cands.values()):  # the policy chose too little: take the rest in order
-            short -= self.offload(c)
-            if short <= 0:
-                return
-        held = acc.used_bytes
-        reserve = acc.capacity_bytes - limit
-        # this access alone needs held + needed; later ones may need more, so the budget named
-        # first is one under which nothing ever waits for room: every chunk resident at once
-        whole = sum(c.shard_bytes + (c.full_bytes if c.world_size > 1 else 0) for c in chunks)
-        raise CapacityError(
-            f"{what} needs {needed:,} bytes on the {acc.name.value} tier"
-            f"{' (emulated)' if acc.emulated else ''}, whose model-data budget is {limit:,} bytes "
-            f"(capacity {acc.capacity_bytes:,} minus {reserve:,} reserved for non-model data), "
-            f"but {held:,} bytes are held by chunks in use, awaiting reduction or kept there, "
-            f"so at most {max(0, limit - held):,} can be freed. Raise accelerator_bytes to "
-            f"{whole + reserve:,} (every chunk fits: trains without eviction; this access alone "
-            f"needs at least {held + needed + reserve:,}), use a smaller chunk_numel, or release "
-            "tensors before accessing more."
-        )
-
     # ----- prefetch -----------------------------------------------------------------------------
     def prefetch(
         self, chunk: Chunk, *, moment: int, target_use: float, chunks: Iterable[Chunk]
@@ -344,40 +286,6 @@ class Placement:
         src_tier = self.tiers[chunk.tier]  # type: ignore[index]
         self._pending[chunk.chunk_id] = (self._prefetcher.copy(dst, chunk.shard), src_tier)
         self._count(src_tier.name, ACC, chunk.shard_bytes)  # counted when issued
-        return True
-
-    def room_before(
-        self,
-        needed: int,
-        *,
-        moment: int,
-        target_use: float,
-        chunks: Iterable[Chunk],
-        skip: Chunk,
-    ) -> bool:
-        """Make ``needed`` more bytes fit in ``moment``'s room by evicting only chunks (other than
-        ``skip``) whose next use comes after ``target_use``, furthest first; False, with nothing
-        evicted, when those chunks cannot free enough."""
-        short = self.tiers[ACC].used_bytes + needed - self.limit(moment)
-        if short <= 0:
-            return True
-        next_use = self.policy.next_use
-        later = [
-            (use, c)
-            for c in chunks
-            if c is not skip
-            and c.chunk_id not in self.kept
-            and c.movable
-            and self.acc_bytes(c) > 0
-            and (use := next_use(c.chunk_id, moment)) > target_use
-        ]
-        if sum(self.acc_bytes(c) for _, c in later) < short:
-            return False
-        later.sort(key=lambda uc: -uc[0])
-        for _, c in later:
-            if short <= 0:
-                break
-            short -= self.offload(c)
         return True
 
     def settle(self, chunk: Chunk) -> None:

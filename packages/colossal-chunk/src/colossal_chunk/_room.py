@@ -1,0 +1,122 @@
+"""Room on the compute tier: the budget at a moment, and evictions that make room for an access
+(the policy's choice) or for a prefetch (only chunks needed later than the one fetched).
+
+``Placement`` inherits these methods; they read its tiers, policy, budget and kept chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+
+from colossal_contracts import CapacityError, PlacementPolicy, TierName
+
+from ._chunk import Chunk
+from ._policy import SimpleChunkInfo
+from ._tier import Tier
+
+__all__ = ["ComputeRoom"]
+
+ACC = TierName.ACCELERATOR
+
+
+class ComputeRoom:
+    """Eviction under the compute tier's budget; see the module docstring."""
+
+    tiers: dict[TierName, Tier]
+    policy: PlacementPolicy
+    kept: set[int]  # [Note: kept chunks] in ``_placement.py``
+    _budget: Callable[[int], int]  # moment -> the policy's model-data budget
+
+    acc_bytes: Callable[[Chunk], int]  # bytes a chunk holds on the compute tier (the placement's)
+    offload: Callable[[Chunk], int]  # moves a chunk off the compute tier, returns bytes freed
+
+    def limit(self, moment: int) -> int:
+        return min(self.tiers[ACC].capacity_bytes, self._budget(moment))
+
+    def make_room(
+        self,
+        needed: int,
+        chunks: Iterable[Chunk],
+        *,
+        exclude: Collection[int],
+        moment: int,
+        what: str,
+    ) -> None:
+        """Evict chunks the policy picks until ``needed`` more bytes fit on the compute tier."""
+        acc = self.tiers[ACC]
+        limit = self.limit(moment)
+        short = acc.used_bytes + needed - limit
+        if short <= 0:
+            return
+        chunks = list(chunks)
+        cands = {
+            c.chunk_id: c
+            for c in chunks
+            if c.chunk_id not in exclude
+            and c.chunk_id not in self.kept
+            and c.movable
+            and self.acc_bytes(c) > 0
+        }
+        infos = [SimpleChunkInfo(i, self.acc_bytes(c), ACC, False) for i, c in cands.items()]
+        for cid in self.policy.choose_evictions(infos, short, moment=moment):
+            if cid not in cands:
+                raise RuntimeError(
+                    f"policy {self.policy.name!r} chose chunk {cid}, which is not an eviction "
+                    "candidate; a policy must return ids from the candidates it is given"
+                )
+            short -= self.offload(cands.pop(cid))
+            if short <= 0:
+                return
+        for c in list(cands.values()):  # the policy chose too little: take the rest in order
+            short -= self.offload(c)
+            if short <= 0:
+                return
+        held = acc.used_bytes
+        reserve = acc.capacity_bytes - limit
+        # this access alone needs held + needed; later ones may need more, so the budget named
+        # first is one under which nothing ever waits for room: every chunk resident at once
+        whole = sum(c.shard_bytes + (c.full_bytes if c.world_size > 1 else 0) for c in chunks)
+        raise CapacityError(
+            f"{what} needs {needed:,} bytes on the {acc.name.value} tier"
+            f"{' (emulated)' if acc.emulated else ''}, whose model-data budget is {limit:,} bytes "
+            f"(capacity {acc.capacity_bytes:,} minus {reserve:,} reserved for non-model data), "
+            f"but {held:,} bytes are held by chunks in use, awaiting reduction or kept there, "
+            f"so at most {max(0, limit - held):,} can be freed. Raise accelerator_bytes to "
+            f"{whole + reserve:,} (every chunk fits: trains without eviction; this access alone "
+            f"needs at least {held + needed + reserve:,}), use a smaller chunk_numel, or release "
+            "tensors before accessing more."
+        )
+
+    def room_before(
+        self,
+        needed: int,
+        *,
+        moment: int,
+        target_use: float,
+        chunks: Iterable[Chunk],
+        skip: Chunk,
+    ) -> bool:
+        """Make ``needed`` more bytes fit in ``moment``'s room by evicting only chunks (other than
+        ``skip``) whose next use comes after ``target_use``, furthest first; False, with nothing
+        evicted, when those chunks cannot free enough."""
+        short = self.tiers[ACC].used_bytes + needed - self.limit(moment)
+        if short <= 0:
+            return True
+        next_use = self.policy.next_use
+        later = [
+            (use, c)
+            for c in chunks
+            if c is not skip
+            and c.chunk_id not in self.kept
+            and c.movable
+            and self.acc_bytes(c) > 0
+            and (use := next_use(c.chunk_id, moment)) > target_use
+        ]
+        if sum(self.acc_bytes(c) for _, c in later) < short:
+            return False
+        later.sort(key=lambda uc: -uc[0])
+        for _, c in later:
+            if short <= 0:
+                break
+            short -= self.offload(c)
+        return True
