@@ -13,3 +13,9 @@ def small_corpus(tmp_path):
         src = root / name
         (folder / src.name).write_bytes(src.read_bytes())
     return folder
+
+
+@pytest.fixture(scope="session")
+def world_preload():
+    """The ranks of the suite's worlds start with the stack imported (colossal_testing)."""
+    return ("colossal",)
