@@ -52,37 +52,25 @@ def test_run_splits_torchrun_flags_from_the_command():
 
 @pytest.mark.slow
 def test_train_under_colossal_run_on_two_processes(tmp_path, small_corpus):
+    """One launch (each costs two interpreters importing the stack) checks ``colossal run`` with
+    ``train`` on a tp2 x zero1 mesh: the metrics are written once, by rank 0, the run line counts
+    both ranks, and every step records the mesh the hybrid plugin built."""
     out = tmp_path / "run"
+    argv = ["--preset", "nano", "--steps", "3", "--batch-size", "2", "--seq-len", "16"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "colossal",
-            "run",
-            "--nproc-per-node",
-            "2",
-            "train",
-            "--preset",
-            "nano",
-            "--steps",
-            "4",
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "32",
-            "--corpus",
-            str(small_corpus),
-            "--out",
-            str(out),
-        ],
+        [sys.executable, "-m", "colossal", "run", "--nproc-per-node", "2", "train",
+         "--tp", "2", "--zero", "1", *argv, "--corpus", str(small_corpus), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
-    )
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2, 3, 4]  # written once, by rank 0
-    assert "2 x 4 x 32" in proc.stderr
+    assert [r["step"] for r in records] == [1, 2, 3]  # written once, by rank 0
+    assert [r["mesh"] for r in records] == ["dp1 x tp2(1d), zero1"] * 3
+    err = " ".join(proc.stderr.split())
+    assert "2 x 2 x 16" in err  # ranks x batch x seq
+    assert "hybrid (dp1 x tp2(1d), zero1)" in err
 
 
 def test_profile_a_preset(tmp_path, capsys):

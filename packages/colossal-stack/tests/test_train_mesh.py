@@ -1,7 +1,8 @@
 """``colossal train`` on a mesh: the training job (``colossal.train.train``) with tensor and
 pipeline parallelism on a 4-rank world, against plain single-process AdamW on the global batch
 (checks in ``_checks_train_mesh.py``), its metrics (mesh, per-axis bytes, the global batch counted
-once), a same-layout resume, and one launch through ``colossal run``.
+once), a same-layout resume. The launch through ``colossal run`` on a tp2 mesh is test_cli.py's
+(one launch checks both).
 
 Tolerance: losses within 1e-5 relative (tensor parallelism sums its all-reduces in another order;
 see test_hybrid_plugin.py).
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 from _checks_train_mesh import reference_losses, train_on_mesh
@@ -79,36 +78,3 @@ def test_resume_on_the_same_mesh_continues_with_the_same_losses(world, tmp_path,
     assert resumed["losses"] == pytest.approx(full["losses"][2:], rel=1e-6)
     records = [json.loads(x) for x in (full_kw["out"] / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-
-
-@pytest.mark.slow
-def test_colossal_run_trains_tp2_on_two_processes(tmp_path, small_corpus):
-    out = tmp_path / "run"
-    argv = ["--preset", "nano", "--steps", "3", "--batch-size", "2", "--seq-len", "16"]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "colossal",
-            "run",
-            "--nproc-per-node",
-            "2",
-            "train",
-            "--tp",
-            "2",
-            "--zero",
-            "1",
-            *argv,
-            "--corpus",
-            str(small_corpus),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["mesh"] for r in records] == ["dp1 x tp2(1d), zero1"] * 3
-    assert "hybrid (dp1 x tp2(1d), zero1)" in " ".join(proc.stderr.split())
