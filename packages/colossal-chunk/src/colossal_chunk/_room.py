@@ -49,15 +49,14 @@ class ComputeRoom:
         if short <= 0:
             return
         chunks = list(chunks)
-        cands = {
-            c.chunk_id: c
-            for c in chunks
-            if c.chunk_id not in exclude
-            and c.chunk_id not in self.kept
-            and c.movable
-            and self.acc_bytes(c) > 0
-        }
-        infos = [SimpleChunkInfo(i, self.acc_bytes(c), ACC, False) for i, c in cands.items()]
+        acc_bytes, kept = self.acc_bytes, self.kept
+        cands: dict[int, Chunk] = {}
+        infos = []
+        for c in chunks:  # the cheapest test first: most chunks hold nothing on the compute tier
+            n = acc_bytes(c)
+            if n and c.chunk_id not in exclude and c.chunk_id not in kept and c.movable:
+                cands[c.chunk_id] = c
+                infos.append(SimpleChunkInfo(c.chunk_id, n, ACC, False))
         for cid in self.policy.choose_evictions(infos, short, moment=moment):
             if cid not in cands:
                 raise RuntimeError(
@@ -102,17 +101,20 @@ class ComputeRoom:
         short = self.tiers[ACC].used_bytes + needed - self.limit(moment)
         if short <= 0:
             return True
-        next_use = self.policy.next_use
-        later = [
-            (use, c)
-            for c in chunks
-            if c is not skip
-            and c.chunk_id not in self.kept
-            and c.movable
-            and self.acc_bytes(c) > 0
-            and (use := next_use(c.chunk_id, moment)) > target_use
-        ]
-        if sum(self.acc_bytes(c) for _, c in later) < short:
+        next_use, acc_bytes, kept = self.policy.next_use, self.acc_bytes, self.kept
+        later, free = [], 0
+        for c in chunks:  # the cheapest test first, as in make_room
+            n = acc_bytes(c)
+            if (
+                n
+                and c is not skip
+                and c.chunk_id not in kept
+                and c.movable
+                and (use := next_use(c.chunk_id, moment)) > target_use
+            ):
+                later.append((use, c))
+                free += n
+        if free < short:
             return False
         later.sort(key=lambda uc: -uc[0])
         for _, c in later:
