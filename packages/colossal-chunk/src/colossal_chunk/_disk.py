@@ -32,16 +32,15 @@ caller's thread (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache,
 lost), so the process's resident memory holds only the disk pages in use; then the writer thread
 writes it out ([Note: scratch payloads]) and, with ``drop_cache``, drops its pages from the page
 cache: every write-behind queued when it runs, each run of consecutive slots of a file in one
-call (the device gets the run whole; the thread waits for the interpreter lock once per run). A
+call (the device gets the run whole; the thread waits for the interpreter lock once per run).
+A write is not started early (a ``SYNC_FILE_RANGE_WRITE`` from the caller left some payloads'
+pages in the page cache after the writer's wait and drop, measured with ``fincore``). A
 job holds the tensor it works on, so the mapping stays alive; ``discard`` waits for a key's jobs
 before freeing its slot. Written pages are page cache until written out, so a writer waits once
 more than 32 MiB are behind (back-pressure): the page cache the disk tier dirties stays bounded
 by that window.
 ``io_stats`` counts bytes, and seconds during which at least one read (or write) was in
-flight, from its issue to the end of its job: the throughput the device gave the tier, timed as
-a sequential file is (first write to its ``fdatasync``), overlapping jobs counted once. The
-seconds include the threads' waits to take the interpreter lock back (a finished read counts
-until its thread runs), so a main thread busy in Python lowers the rate they show.
+flight ([Note: in-flight time]).
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -66,6 +64,7 @@ from colossal_contracts import ConfigError
 
 from ._disk_check import check_disk_dir
 from ._disk_files import Slot, SlotFile, SlotFiles
+from ._disk_stats import DiskIOStats, InFlight
 
 __all__ = ["DiskIOStats", "DiskStore", "check_disk_dir"]
 
@@ -76,31 +75,6 @@ _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
 _SYNC_OUT = 1 | 2 | 4  # sync_file_range: wait for earlier writeback, write, wait for it
 _FADV_WILLNEED, _FADV_DONTNEED = 3, 4  # posix_fadvise advice (Linux)
-
-
-@dataclass(frozen=True)
-class DiskIOStats:
-    """What the disk tier's background threads did.
-
-    Attributes:
-        bytes_read: bytes read ahead from payload files.
-        read_s: seconds the reader thread spent reading.
-        bytes_written: bytes written behind to the device ([Note: scratch payloads]).
-        write_s: seconds the writer thread spent writing.
-    """
-
-    bytes_read: int = 0
-    read_s: float = 0.0
-    bytes_written: int = 0
-    write_s: float = 0.0
-
-    def __sub__(self, other: DiskIOStats) -> DiskIOStats:
-        return DiskIOStats(
-            self.bytes_read - other.bytes_read,
-            self.read_s - other.read_s,
-            self.bytes_written - other.bytes_written,
-            self.write_s - other.write_s,
-        )
 
 
 @dataclass
@@ -182,12 +156,11 @@ class DiskStore:
         self._drop_cache = drop_cache
         self._warm: set[str] = set()  # keys read ahead since they were last written
         self._lock = threading.Lock()
-        self._counts = [0, 0.0, 0, 0.0]  # bytes read, read s, bytes written, write s
+        self._in_flight = (InFlight(), InFlight())  # reads, writes ([Note: in-flight time])
         self._reader: ThreadPoolExecutor | None = None
         self._read_buf: mmap.mmap | None = None  # the reader thread's block buffer
         self._behind: list[tuple[Future[None], int]] = []  # write-behinds in flight, oldest first
         self._writer: ThreadPoolExecutor | None = None
-        self._busy = {0: (0, 0.0), 2: (0, 0.0)}  # reads, writes: (in flight, since when)
         self._writes: list[_Write] = []  # write-behinds not yet taken by the writer
         self._libc = _Libc.load()
         self._madvise = None if self._libc is None else self._libc.wait_madvise
@@ -228,9 +201,11 @@ class DiskStore:
         self._warm.add(key)
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, "colossal-disk-read")
-        self._start(0, p)
+        self._in_flight[0].start()
+        if self._libc is not None:  # queued in the kernel now: the device reads from here
+            self._libc.start_fadvise(p.fd, p.offset, p.nbytes, _FADV_WILLNEED)
         job = self._reader.submit(self._read, p)
-        job.add_done_callback(lambda j: j.cancelled() and self._add(0, 0))  # never ran
+        job.add_done_callback(lambda j: j.cancelled() and self._in_flight[0].end(0))  # never ran
         self._track(p, job)
 
     def write_behind(self, key: str, tensor: torch.Tensor) -> None:
@@ -252,7 +227,7 @@ class DiskStore:
             self._madvise(p.base, p.nbytes, _MADV_DONTNEED)  # type: ignore[operator]
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
-        self._start(2, p)
+        self._in_flight[1].start()
         w = _Write(p, tensor)
         with self._lock:
             self._writes.append(w)
@@ -273,12 +248,8 @@ class DiskStore:
     def io_stats(self) -> DiskIOStats:
         """Bytes and seconds of background I/O since the store was created (seconds: while at
         least one read, or write, was in flight; [Note: disk read-ahead and write-behind])."""
-        now = time.perf_counter()
-        with self._lock:
-            r, rs, w, ws = self._counts
-            (nr, r0), (nw, w0) = self._busy[0], self._busy[2]
-        rs, ws = rs + (now - r0 if nr else 0.0), ws + (now - w0 if nw else 0.0)
-        return DiskIOStats(int(r), float(rs), int(w), float(ws))
+        (r, rs), (w, ws) = (c.totals() for c in self._in_flight)
+        return DiskIOStats(r, rs, w, ws)
 
     def _track(self, p: _Payload, job: Future[None]) -> None:
         p.jobs = [j for j in p.jobs if not j.done()]
@@ -289,25 +260,12 @@ class DiskStore:
         for j in jobs:
             j.result()
 
-    def _start(self, at: int, p: _Payload) -> None:
-        """A read (``at`` 0) or write (2) of ``p`` is in flight from now. A read is queued in
-        the kernel at once, on the caller's thread and keeping the interpreter lock
-        (``POSIX_FADV_WILLNEED``): the device works while the reader waits to run, and then
-        only maps what was read. (A write is not started early: a ``SYNC_FILE_RANGE_WRITE``
-        from here left some payloads' pages in the page cache after the writer's wait and
-        drop, measured with ``fincore``.)"""
-        with self._lock:
-            n, since = self._busy[at]
-            self._busy[at] = (n + 1, time.perf_counter() if n == 0 else since)
-        if at == 0 and self._libc is not None:
-            self._libc.start_fadvise(p.fd, p.offset, p.nbytes, _FADV_WILLNEED)
-
     def _read(self, p: _Payload) -> None:
         done = 0
         try:
             done = self._read_into(p)
         finally:
-            self._add(0, done)
+            self._in_flight[0].end(done)
 
     def _read_into(self, p: _Payload) -> int:
         """Bring ``p``'s bytes into memory; returns how many were read."""
@@ -345,7 +303,7 @@ class DiskStore:
             done = True
         finally:
             for w in batch:
-                self._add(2, w.p.nbytes if done else 0)
+                self._in_flight[1].end(w.p.nbytes if done else 0)
 
     def _write_out(self, fd: int, offset: int, nbytes: int) -> None:
         # [Note: scratch payloads]: written out, not made durable (no journal commit per file)
@@ -364,18 +322,7 @@ class DiskStore:
             if w not in self._writes:
                 return
             self._writes.remove(w)
-        self._add(2, 0)
-
-    def _add(self, at: int, nbytes: int) -> None:
-        """A read (``at`` 0) or write (2) started by ``_start`` is done: count its bytes, and
-        the seconds since the first in flight once none is left."""
-        now = time.perf_counter()
-        with self._lock:
-            self._counts[at] += nbytes
-            n, since = self._busy[at]
-            self._busy[at] = (n - 1, since)
-            if n == 1:
-                self._counts[at + 1] += now - since
+        self._in_flight[1].end(0)
 
     # ----- lifetime -----------------------------------------------------------------------------
     def discard(self, key: str) -> None:

@@ -1,0 +1,79 @@
+"""What the disk tier's background I/O moved, and for how long the device had it in flight.
+
+[Note: in-flight time] A tier's throughput is its bytes over the seconds during which at least
+one of its operations (reads, or writes) was in flight: from the call that issues it to the end
+of the background job that completes it, overlapping operations counted once. That is how a
+plain sequential file is timed (first call to the last), so the two rates compare. The end is
+taken on the job's thread, so the seconds include that thread's waits for the interpreter lock
+and for a CPU until it sees the operation done.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+__all__ = ["DiskIOStats", "InFlight"]
+
+
+@dataclass(frozen=True)
+class DiskIOStats:
+    """What the disk tier's background threads did ([Note: in-flight time]).
+
+    Attributes:
+        bytes_read: bytes read ahead from payload files.
+        read_s: seconds during which at least one read was in flight.
+        bytes_written: bytes written behind to the device ([Note: scratch payloads]).
+        write_s: seconds during which at least one write was in flight.
+    """
+
+    bytes_read: int = 0
+    read_s: float = 0.0
+    bytes_written: int = 0
+    write_s: float = 0.0
+
+    def __sub__(self, other: DiskIOStats) -> DiskIOStats:
+        return DiskIOStats(
+            self.bytes_read - other.bytes_read,
+            self.read_s - other.read_s,
+            self.bytes_written - other.bytes_written,
+            self.write_s - other.write_s,
+        )
+
+
+class InFlight:
+    """Bytes done and seconds with at least one operation in flight, for one kind of operation.
+
+    Invariant: every ``start`` is followed by exactly one ``end`` (with 0 bytes when the
+    operation did not happen); ``open`` counts those not ended yet. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.open = 0
+        self._since = 0.0  # when ``open`` last went from 0 to 1
+        self._bytes = 0
+        self._seconds = 0.0
+
+    def start(self) -> None:
+        """One more operation is in flight from now."""
+        with self._lock:
+            if self.open == 0:
+                self._since = time.perf_counter()
+            self.open += 1
+
+    def end(self, nbytes: int) -> None:
+        """One operation in flight is done, having moved ``nbytes``."""
+        now = time.perf_counter()
+        with self._lock:
+            self._bytes += nbytes
+            self.open -= 1
+            if self.open == 0:
+                self._seconds += now - self._since
+
+    def totals(self) -> tuple[int, float]:
+        """(bytes, seconds) so far, the current in-flight stretch counted up to now."""
+        now = time.perf_counter()
+        with self._lock:
+            return self._bytes, self._seconds + (now - self._since if self.open else 0.0)
