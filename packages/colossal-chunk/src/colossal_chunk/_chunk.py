@@ -9,7 +9,11 @@ the shard *is* the full buffer: a chunk is always gathered and gather/release do
 
 [Note: chunk gradients] A gradient chunk has the same layout as its parameter chunk. It is
 *materialised* as a zero full buffer (no communication), filled by backward, and reduce-scattered
-into each rank's shard (averaging across ranks) when every tensor is READY_FOR_REDUCE.
+into each rank's shard (averaging across ranks) when every tensor is READY_FOR_REDUCE. Or the
+gradients are written into the parameter chunk's own gathered buffer (dead once backward is done
+with each tensor: this rank's values are in its shard) and reduce-scattered from there ``into``
+the gradient chunk's shard: the gathered buffer is dropped without copying it back, and the
+gradient chunk needs no gathered buffer at all.
 
 [Note: one collective in flight] ``start_gather`` and ``start_reduce_scatter`` change the states
 and the gathered buffer at once and leave the data to a collective in flight; ``wait()`` finishes
@@ -286,21 +290,26 @@ class Chunk:
             self._set(rec, TensorState.FREE)
         return old
 
-    def reduce_scatter(self, *, average: bool = True) -> torch.Tensor | None:
-        """Reduce-scatter the gathered buffer into this rank's shard and drop it.
+    def reduce_scatter(
+        self, *, average: bool = True, into: Chunk | None = None
+    ) -> torch.Tensor | None:
+        """Reduce-scatter the gathered buffer into this rank's shard (or ``into``'s: a chunk of
+        the same layout and dtype, [Note: chunk gradients]) and drop it.
 
         Every tensor must be READY_FOR_REDUCE; afterwards they are HOLD (one rank) or FREE (sharded).
         Collective. Returns the dropped buffer (None with one rank, where the shard is the buffer).
         """
-        return self.start_reduce_scatter(average=average).wait()
+        return self.start_reduce_scatter(average=average, into=into).wait()
 
     def start_reduce_scatter(
-        self, *, average: bool = True, accumulate: bool = False
+        self, *, average: bool = True, accumulate: bool = False, into: Chunk | None = None
     ) -> PendingReduce:
         """``reduce_scatter`` as an async collective: states change now, the shard when the
         returned handle's ``wait()`` runs (call it before reading the shard or reducing again).
         ``accumulate`` adds the result to the shard instead of overwriting it (with one rank the
-        buffer *is* the shard, so the caller accumulates into it directly)."""
+        buffer *is* the shard, so the caller accumulates into it directly). With ``into`` the
+        result goes to that chunk's shard, wherever it lives when the collective finishes, and
+        this chunk's shard is left as it is; one rank: only the states change."""
         if self._counts[TensorState.READY_FOR_REDUCE] != len(self.records):
             waiting = [
                 r.name for r in self.records.values() if r.state is not TensorState.READY_FOR_REDUCE
@@ -315,19 +324,26 @@ class Chunk:
             return PendingReduce(self, None, None, average=False, accumulate=False)
         if self.shard is None or self.full is None:
             raise RuntimeError(f"chunk {self.chunk_id} has no gathered buffer to reduce")
+        if into is not None and (into.capacity, into.dtype) != (self.capacity, self.dtype):
+            raise ConfigError(
+                f"chunk {self.chunk_id} cannot reduce into chunk {into.chunk_id}: layouts differ"
+            )
         out = torch.empty_like(self.shard, device=self.full.device)
         work = _reduce_scatter(out, self.full, group=self.group, async_op=True)
-        pending = PendingReduce(self, out, work, average=average, accumulate=accumulate)
+        pending = PendingReduce(self, out, work, average=average, accumulate=accumulate, into=into)
         self._inflight = pending
         return pending
 
-    def _finish_reduce(self, out: torch.Tensor, *, average: bool, accumulate: bool) -> torch.Tensor:
+    def _finish_reduce(
+        self, out: torch.Tensor, *, average: bool, accumulate: bool, into: Chunk | None
+    ) -> torch.Tensor:
         if average:
             out.div_(self.world_size)
+        dst = self.shard if into is None else into.shard
         if accumulate:
-            self.shard.add_(out)  # type: ignore[union-attr]
+            dst.add_(out)  # type: ignore[union-attr]
         else:
-            self.shard.copy_(out)  # type: ignore[union-attr]
+            dst.copy_(out)  # type: ignore[union-attr]
         old, self.full = self.full, None
         for rec in self.records.values():
             self._set(rec, TensorState.FREE)

@@ -48,20 +48,61 @@ class ManagerCollectives:
     tiers: dict[TierName, Tier]  # the manager's (a property there)
     _bind: Callable[[Chunk], None]  # the manager's: re-points a chunk's parameter views
 
-    def reduce(self, chunk: Chunk | int, *, average: bool = True, async_op: bool = False) -> None:
+    def reduce(
+        self,
+        chunk: Chunk | int,
+        *,
+        into: Chunk | int | None = None,
+        average: bool = True,
+        async_op: bool = False,
+    ) -> None:
         """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard
-        (averaged over ranks); collective over the manager's group. Tensors end in HOLD/FREE.
-        With ``async_op`` the shard is written when the chunk's collective is finished
-        ([Note: collectives in flight])."""
+        (averaged over ranks), or into the shard of ``into``, a chunk of the same layout
+        ([Note: chunk gradients] in ``_chunk.py``; see ``_reduce_target``); collective over the
+        manager's group. Tensors end in HOLD/FREE. With ``async_op`` the shard is written when
+        the chunk's collective is finished ([Note: collectives in flight])."""
         c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
+        dst = (
+            None
+            if into is None
+            else self.chunks[into.chunk_id if isinstance(into, Chunk) else into]
+        )
+        if dst is c or c.world_size == 1:
+            dst = None
         if self.before_collective is not None and c.world_size > 1:
             self.before_collective("reduce-scatter", c)
+        if dst is not None:
+            self._reduce_target(dst)
         if async_op:
-            c.start_reduce_scatter(average=average)
+            c.start_reduce_scatter(average=average, into=dst)
             self.in_flight.add(c)
             return
-        self._placement.drop_gathered(c, c.reduce_scatter(average=average))
+        self._placement.drop_gathered(c, c.reduce_scatter(average=average, into=dst))
         self._bind(c)
+
+    def _reduce_target(self, dst: Chunk) -> None:
+        """Where a reduce-scatter ``into`` ``dst`` lands: its shard's values are dead (the result
+        overwrites them). A shard off the compute tier comes to it uncopied when it fits in this
+        moment's room without evicting anything; else a host shard stays there and takes the
+        result straight from the collective (counted as a move off the compute tier, as FSDP2's
+        CPU offload copies reduced gradients to the host), and a disk shard is brought in as an
+        access would bring it."""
+        pl, acc = self._placement, self.tiers[ACC]
+        pl.settle(dst)
+        if dst.tier is ACC:
+            return
+        if dst.tier is TierName.HOST and acc.used_bytes + dst.shard_bytes > pl.limit(self._moment):
+            pl.count_copy(ACC, TierName.HOST, dst.shard_bytes)
+            return
+        pl.make_room(
+            dst.shard_bytes,
+            self.chunks.values(),
+            exclude={dst.chunk_id},
+            moment=self._moment,
+            what=f"the reduce-scatter into chunk {dst.chunk_id}",
+        )
+        pl.move(dst, ACC, copy=False)
+        self._steady = False
 
     def gather_ahead(self, chunks: Iterable[Chunk | int], *, keep_free: int = 0) -> int:
         """Start all-gathering sharded ``chunks`` for a coming moment, while their shards and

@@ -24,9 +24,11 @@ class PendingReduce:
         *,
         average: bool,
         accumulate: bool,
+        into: Chunk | None = None,
     ):
         self.chunk, self._out, self._work = chunk, out, work
         self._average, self._accumulate = average, accumulate
+        self.into = into  # the chunk whose shard takes the result (None: ``chunk``'s own)
         self.done = out is None
 
     def wait(self) -> torch.Tensor | None:
@@ -37,7 +39,12 @@ class PendingReduce:
         if self.chunk._inflight is self:
             self.chunk._inflight = None
         out, self._out = self._out, None
-        return self.chunk._finish_reduce(out, average=self._average, accumulate=self._accumulate)  # type: ignore[arg-type]
+        return self.chunk._finish_reduce(
+            out,  # type: ignore[arg-type]
+            average=self._average,
+            accumulate=self._accumulate,
+            into=self.into,
+        )
 
 
 class _PendingGather:

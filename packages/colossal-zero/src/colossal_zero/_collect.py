@@ -2,10 +2,17 @@
 chunk by chunk as they fill.
 
 [Note: gradients in chunks] A parameter's post-accumulate-grad hook copies its gradient into chunk
-memory and drops ``.grad``: with fp32 masters into the parameter's own slot (its value is no
-longer needed in this backward; the master restores it), else into a parallel fp32 "grad" chunk.
-When every tensor of that chunk is READY_FOR_REDUCE the chunk is reduce-scattered (averaged over
-data-parallel ranks) into this rank's shard. At the end of backward, tensors that got no gradient
+memory and drops ``.grad``. Into the parameter's own slot of the chunk's gathered buffer (the
+value is no longer needed in this backward) with fp32 masters (which restore it), and on more
+than one rank in fp32 too: there the gathered buffer is a copy of every rank's shard, so the
+shard still holds this rank's values, and the buffer is dropped without being copied back
+(colossal-chunk's [Note: chunk gradients]). On one rank in fp32 the buffer *is* the shard, so
+gradients go into a parallel fp32 "grad" chunk. When every tensor of the chunk is
+READY_FOR_REDUCE it is reduce-scattered (averaged over data-parallel ranks) into this rank's
+shard of the chunk that holds reduced gradients (``working``: the chunk itself with masters,
+else its "grad" chunk). Sharded fp32 thus needs no gathered gradient buffer: a chunk in use in
+backward holds its shard and gathered buffer, and the "grad" shard takes the result where it
+lives (on the compute tier when there is room, else straight on the host). At the end of backward, tensors that got no gradient
 (unused or frozen parameters) count as zeros so that every touched chunk is reduced, in chunk id
 order on every rank (with ``GeminiConfig.overlap_comm`` without waiting: [Note: overlap] in
 ``_comm.py``). After the first backward, a chunk whose only missing tensors are trainable
@@ -87,19 +94,25 @@ class GradientCollection(StepGradients):
         rec.pending = True
         self.got_grad.add(name)
 
+    @property
+    def _in_place(self) -> bool:
+        """Gradients go into the parameter chunk's gathered buffer: with masters, or sharded."""
+        return self.precision.master or self.manager.world_size > 1
+
     def _collect(self, name: str, grad: torch.Tensor) -> None:
         c = self.manager.chunk_of(name)
-        if self.resident and not self.precision.master:  # [Note: resident steps]
-            target = self._grad_chunk(c)
-            target.view(name).copy_(grad)
-            target.set_state(name, _S.READY_FOR_REDUCE)
-        elif self.precision.master:
+        if self._in_place:  # the parameter's own slot ([Note: gradients in chunks])
             if c.state(name) is not _S.COMPUTE:
                 self.stash(c.chunk_id)
                 self.manager.access([name])
+            self._open(c)
             self.params[name].data.copy_(grad)
             self.manager.release([name], state=_S.READY_FOR_REDUCE, reshard=False)
             target = c
+        elif self.resident:  # [Note: resident steps]
+            target = self._grad_chunk(c)
+            target.view(name).copy_(grad)
+            target.set_state(name, _S.READY_FOR_REDUCE)
         else:
             if c.state(name) is not _S.COMPUTE:
                 self.stash(c.chunk_id)
@@ -121,7 +134,7 @@ class GradientCollection(StepGradients):
 
     def _fill_and_reduce(self, c: Chunk, rest: list[str]) -> None:
         """Count ``rest`` (tensors of chunk ``c`` with no gradient) as zeros, then reduce."""
-        if self.precision.master:
+        if self._in_place:
             self.manager.access(rest)
             for n in rest:
                 c.view(n).zero_()
@@ -134,22 +147,31 @@ class GradientCollection(StepGradients):
                 g.set_state(n, _S.READY_FOR_REDUCE)
             self._reduce(c, g)
 
-    def _grad_chunk(self, c: Chunk) -> Chunk:
-        g = self.manager.parallel_chunk("grad", c)
+    def _open(self, c: Chunk) -> None:
+        """The first gradient of chunk ``c`` in this backward arrives: an earlier micro-batch's
+        reduced gradients leave the working buffer first ([Note: accumulation])."""
         rec = self._chunks[c.chunk_id]
         if not rec.open:
             self.stash(c.chunk_id)
-            # One rank: the buffer is the shard; every slot is overwritten by its gradient or
-            # zeroed in _fill_and_reduce, and padding stays zero, so skip zeroing it all.
-            # Sharded: the reduce-scatter overwrites the shard. Either way its values (stashed
-            # above) are dead: moved to the compute tier uncopied (discard).
-            self.manager.access_chunks([g], zero=g.world_size > 1, discard=True)
             rec.open = True
+
+    def _grad_chunk(self, c: Chunk) -> Chunk:
+        """One rank in fp32: chunk ``c``'s "grad" chunk, opened on the compute tier."""
+        g = self.manager.parallel_chunk("grad", c)
+        if not self._chunks[c.chunk_id].open:
+            self._open(c)
+            # the buffer is the shard; every slot is overwritten by its gradient or zeroed in
+            # _fill_and_reduce, and padding stays zero: its values (stashed above) are dead,
+            # moved to the compute tier uncopied (discard) and not zeroed
+            self.manager.access_chunks([g], discard=True)
         return g
 
     def _reduce(self, c: Chunk, target: Chunk) -> None:
+        """Reduce-scatter ``target`` (``c`` itself, or one rank's "grad" chunk) into the
+        chunk that keeps ``c``'s reduced gradients."""
+        into = self.working(c) if target is c else None
         with label("Gemini::reduce_scatter"):
-            self.manager.reduce(target, async_op=self._overlap)
+            self.manager.reduce(target, into=into, async_op=self._overlap)
         rec = self._chunks[c.chunk_id]
         rec.open, rec.pending = False, True
 
@@ -157,7 +179,7 @@ class GradientCollection(StepGradients):
         """End of backward: reduce every chunk that got some gradients, the rest as zeros."""
         m = self.manager
         for c in m.param_chunks():
-            if self.precision.master:
+            if self._in_place:
                 if c.count(_S.READY_FOR_REDUCE) == 0:
                     continue
                 target = c

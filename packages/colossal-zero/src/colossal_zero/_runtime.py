@@ -263,10 +263,10 @@ class GeminiRuntime(GradientCollection):
         else:
             self.manager.set_moment(moment, prefetch=self.config.prefetch)
 
-    def _gather_next(self, grads_for: Sequence[str] = ()) -> None:
+    def _gather_next(self) -> None:
         """[Note: overlap]: start the next moment's all-gathers once this moment's chunks are
-        accessed (their room comes first), leaving room for the gradient chunks that this
-        moment's backward opens for ``grads_for``."""
+        accessed (their room comes first). Sharded gradients need no room of their own in
+        backward ([Note: gradients in chunks] in ``_collect.py``)."""
         if self._comm is None or self._recording:
             return
         with label("Gemini::gather_ahead"):
@@ -277,12 +277,7 @@ class GeminiRuntime(GradientCollection):
                 return
             for cid in ahead:  # [Note: accumulation] before the shard is gathered
                 self.stash(cid)
-            m, free = self.manager, 0
-            if grads_for and not self.precision.master:
-                for cid in {m.chunk_of(n).chunk_id for n in grads_for}:
-                    if not self._chunks[cid].open:
-                        free += m.access_bytes(m.parallel_chunk("grad", cid))
-            m.gather_ahead(ahead, keep_free=free)
+            self.manager.gather_ahead(ahead)
 
     def _agree_collective(self, op: str, chunk: Chunk) -> None:
         """See [Note: rank agreement]: before each collective of the warmup step."""
@@ -313,7 +308,7 @@ class GeminiRuntime(GradientCollection):
                 self.stash(cid)
         if todo:
             self._access(todo)
-        self._gather_next([n for n in todo if self.params[n].requires_grad])
+        self._gather_next()
 
     def post_backward(self, names: tuple[str, ...]) -> None:
         """After an operator's backward: frozen parameters it read go back to HOLD."""

@@ -58,7 +58,8 @@ class ChunkGrads:
     """What the runtime knows about the gradients of one parameter chunk.
 
     Attributes:
-        open: its fp32 gradient chunk is gathered and filling (fp32 precision only).
+        open: this backward's gradients are filling it (its gathered buffer; one rank in
+            fp32: its fp32 gradient chunk).
         pending: its working buffer holds reduced gradients not yet stepped or stashed.
         accumulated: its fp32 "acc" chunk holds gradients of earlier micro-batches.
         unused: trainable parameters of the chunk that the warmup step never read.
