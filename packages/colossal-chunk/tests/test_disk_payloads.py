@@ -138,3 +138,36 @@ def test_queued_write_behinds_go_out_together_and_cancelled_jobs_end(tmp_path):
     back = torch.from_file(str(tmp_path / "m.bin"), size=NUMEL)  # eight consecutive slots
     assert torch.equal(back, torch.arange(8.0).repeat_interleave(NUMEL // 8))
     store.close()
+
+
+def _read_back(store, path, waits) -> None:  # type: ignore[no-untyped-def]
+    """Write three payloads behind, read them ahead; ``waits`` gets the reader's calls that
+    release the interpreter lock to wait for the device."""
+    import dataclasses
+
+    ts = [store.allocate(f"r-{i}", NUMEL // 4, torch.float32) for i in range(3)]
+    for i, t in enumerate(ts):
+        t.fill_(float(i))
+        store.write_behind(f"r-{i}", t)
+    store.drain()
+    assert _resident(path) == 0  # unmapped from this process
+    lc = store._libc
+    wait = lc.wait_madvise
+    store._libc = dataclasses.replace(lc, wait_madvise=lambda *a: waits.append(a[2]) or wait(*a))
+    for i in range(3):
+        store.read_ahead(f"r-{i}")
+    store.drain()
+    assert _resident(path) == NUMEL * 3  # mapped in ahead of use
+    assert [t[-1].item() for t in ts] == [0.0, 1.0, 2.0]
+    assert store.io_stats().bytes_read == 3 * NUMEL
+    store.close()
+
+
+@linux
+def test_a_read_ahead_already_in_the_page_cache_maps_without_waiting_for_the_device(tmp_path):
+    waits: list[int] = []
+    _read_back(DiskStore(tmp_path / "kept", drop_cache=False), tmp_path / "kept" / "r.bin", waits)
+    assert waits == []  # the written pages stayed in the page cache: mapped keeping the lock
+    _read_back(DiskStore(tmp_path / "dropped"), tmp_path / "dropped" / "r.bin", waits)
+    assert len(waits) <= 3  # dropped from the cache: the device reads (WILLNEED at issue), and
+    # a payload not in yet when the reader gets to it is waited for with the lock released

@@ -23,9 +23,14 @@ mapping (held while it runs) reads the file and maps its pages into the process 
 the later access takes no page fault; without it (another kernel, the mapping gone) the file is
 read sequentially into the page cache through one reused block buffer. The read is queued in
 the kernel when it is issued (``POSIX_FADV_WILLNEED``, on the caller's thread, through a ctypes
-call that keeps the interpreter lock): the device reads while the reader thread waits to run
-(with a main thread busy in Python, taking the lock back after each blocking call costs up to
-the 5 ms switch interval, about what a 4 MiB read takes), and the reader only maps what came.
+call that keeps the interpreter lock): the device reads while the reader thread waits to run,
+and the reader only maps what came. Each interpreter-lock hand-over costs the reader up to the
+5 ms switch interval while the main thread runs Python (a 4 MiB read takes ~3 ms; profiled in
+training, the reader was not running for about half the seconds a read was in flight), so it
+takes as few as it can: a job maps every read-ahead queued when it runs (one wake-up for the
+reads issued together, soonest first), and a payload whose pages are all in the page cache
+already (``mincore``) is mapped keeping the lock (no device wait, so no hand-over back); only
+one still being read is waited for with the lock released.
 ``write_behind(key, tensor)`` is issued once a payload was written (moved to disk, or updated in
 place by the optimizer): it unmaps the payload's pages from this process at once, on the
 caller's thread (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing is
@@ -46,11 +51,9 @@ flight ([Note: in-flight time]).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import weakref
@@ -64,17 +67,21 @@ from colossal_contracts import ConfigError
 
 from ._disk_check import check_disk_dir
 from ._disk_files import Slot, SlotFile, SlotFiles
+from ._disk_libc import (
+    FADV_DONTNEED,
+    FADV_WILLNEED,
+    MADV_DONTNEED,
+    MADV_POPULATE_READ,
+    MADV_POPULATE_WRITE,
+    SYNC_OUT,
+    Libc,
+)
 from ._disk_stats import DiskIOStats, InFlight
 
 __all__ = ["DiskIOStats", "DiskStore", "check_disk_dir"]
 
-_MADV_DONTNEED = 4
-_MADV_POPULATE_READ = 22  # Linux >= 5.14
-_MADV_POPULATE_WRITE = 23
 _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
-_SYNC_OUT = 1 | 2 | 4  # sync_file_range: wait for earlier writeback, write, wait for it
-_FADV_WILLNEED, _FADV_DONTNEED = 3, 4  # posix_fadvise advice (Linux)
 
 
 @dataclass
@@ -85,44 +92,15 @@ class _Payload:
     offset: int  # of its bytes in the file
     base: int  # address of the mapping (0 for an empty payload)
     nbytes: int
-    jobs: list[Future[None]]
+    jobs: list[Future[None]]  # its write-behinds in flight
     mapping: weakref.ref[mmap.mmap] | None = None  # the mapping at ``base``, while alive
+    read: threading.Event | None = None  # set once its last read-ahead is done (or dropped)
 
 
 @dataclass(eq=False)
 class _Write:
     p: _Payload
     tensor: torch.Tensor  # held: the mapping stays alive until it is written out
-
-
-@dataclass(frozen=True)
-class _Libc:
-    """The C library calls the store makes, twice: ``wait_*`` release the interpreter lock
-    around the call (they block on the device), ``start_*`` keep it (they only queue I/O in the
-    kernel or drop clean pages, and returning from them must not wait for the lock:
-    [Note: disk read-ahead and write-behind])."""
-
-    wait_madvise: ctypes._CFuncPtr
-    wait_sync_range: ctypes._CFuncPtr
-    start_fadvise: ctypes._CFuncPtr
-
-    @staticmethod
-    def load() -> _Libc | None:
-        """Linux's libc (``madvise``, ``sync_file_range``, ``posix_fadvise``), or None."""
-        if not sys.platform.startswith("linux"):
-            return None
-        name = ctypes.util.find_library("c")
-        fns = []
-        i32, i64 = ctypes.c_int, ctypes.c_int64
-        for lib, fn, args in (
-            (ctypes.CDLL, "madvise", [ctypes.c_void_p, ctypes.c_size_t, i32]),
-            (ctypes.CDLL, "sync_file_range", [i32, i64, i64, ctypes.c_uint]),
-            (ctypes.PyDLL, "posix_fadvise", [i32, i64, i64, i32]),
-        ):
-            f = getattr(lib(name, use_errno=True), fn)
-            f.argtypes = args
-            fns.append(f)
-        return _Libc(*fns)
 
 
 class DiskStore:
@@ -158,11 +136,12 @@ class DiskStore:
         self._lock = threading.Lock()
         self._in_flight = (InFlight(), InFlight())  # reads, writes ([Note: in-flight time])
         self._reader: ThreadPoolExecutor | None = None
+        self._reads: list[_Payload] = []  # read-aheads issued, not yet taken by the reader
         self._read_buf: mmap.mmap | None = None  # the reader thread's block buffer
         self._behind: list[tuple[Future[None], int]] = []  # write-behinds in flight, oldest first
         self._writer: ThreadPoolExecutor | None = None
         self._writes: list[_Write] = []  # write-behinds not yet taken by the writer
-        self._libc = _Libc.load()
+        self._libc = Libc.load()
         self._madvise = None if self._libc is None else self._libc.wait_madvise
 
     @property
@@ -186,7 +165,7 @@ class DiskStore:
         if self._madvise is not None and base % mmap.PAGESIZE == 0:
             # the caller writes the whole payload next: map every page writable in one call
             # instead of one fault per page (a no-op where the kernel lacks it)
-            self._madvise(base, nbytes, _MADV_POPULATE_WRITE)  # type: ignore[operator]
+            self._madvise(base, nbytes, MADV_POPULATE_WRITE)  # type: ignore[operator]
         if not zeros:  # a reused slot whose old bytes could not be punched out
             t.zero_()
         self._files[key] = _Payload(f, slot, f.fd, slot.offset, base, nbytes, [], weakref.ref(mm))
@@ -203,10 +182,11 @@ class DiskStore:
             self._reader = ThreadPoolExecutor(1, "colossal-disk-read")
         self._in_flight[0].start()
         if self._libc is not None:  # queued in the kernel now: the device reads from here
-            self._libc.start_fadvise(p.fd, p.offset, p.nbytes, _FADV_WILLNEED)
-        job = self._reader.submit(self._read, p)
-        job.add_done_callback(lambda j: j.cancelled() and self._in_flight[0].end(0))  # never ran
-        self._track(p, job)
+            self._libc.held_fadvise(p.fd, p.offset, p.nbytes, FADV_WILLNEED)
+        p.read = threading.Event()
+        with self._lock:
+            self._reads.append(p)
+        self._reader.submit(self._read)
 
     def write_behind(self, key: str, tensor: torch.Tensor) -> None:
         """Start writing ``key``'s payload (``tensor``, its mapping) to the device and dropping
@@ -215,16 +195,13 @@ class DiskStore:
         if p is None or p.nbytes == 0:
             return
         if key in self._warm:  # a read-ahead not done yet would map the pages again after
-            self._warm.discard(key)  # the unmap below: cancel it if queued, else wait for it
-            jobs, p.jobs = p.jobs, []
-            for j in jobs:
-                if not j.cancel():
-                    j.result()
+            self._warm.discard(key)  # the unmap below: drop it if queued, else wait for it
+            self._wait(p, drop_read=True)
         mine = tensor.untyped_storage().data_ptr() == p.base  # the mapping of this payload
         if self._madvise is not None and mine and p.base % mmap.PAGESIZE == 0:
             # unmapped from this process now (cheap), so its resident memory never holds more
             # of the disk tier than the payloads in use; the page cache keeps the dirty data
-            self._madvise(p.base, p.nbytes, _MADV_DONTNEED)  # type: ignore[operator]
+            self._madvise(p.base, p.nbytes, MADV_DONTNEED)  # type: ignore[operator]
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
         self._in_flight[1].start()
@@ -232,7 +209,6 @@ class DiskStore:
         with self._lock:
             self._writes.append(w)
         job = self._writer.submit(self._write)
-        job.add_done_callback(lambda j: j.cancelled() and self._cancel_write(w))
         self._track(p, job)
         self._behind.append((job, p.nbytes))
         # back-pressure: dirty pages are host memory until written out, so bound them
@@ -255,28 +231,49 @@ class DiskStore:
         p.jobs = [j for j in p.jobs if not j.done()]
         p.jobs.append(job)
 
-    def _wait(self, p: _Payload) -> None:
+    def _wait(self, p: _Payload, *, drop_read: bool = False) -> None:
+        """Wait for ``p``'s read-ahead (with ``drop_read``, one not taken by the reader yet is
+        dropped instead: it reads nothing) and its write-behinds."""
+        if drop_read:
+            with self._lock:
+                queued = any(q is p for q in self._reads)
+                self._reads = [q for q in self._reads if q is not p]
+            if queued:
+                self._in_flight[0].end(0)
+                p.read.set()  # type: ignore[union-attr]
+        if p.read is not None:
+            p.read.wait()
         jobs, p.jobs = p.jobs, []
         for j in jobs:
             j.result()
 
-    def _read(self, p: _Payload) -> None:
-        done = 0
+    def _read(self) -> None:
+        """Map every read-ahead queued so far, in issue order (a job's own may be done already,
+        with an earlier job's batch)."""
+        with self._lock:
+            batch, self._reads = self._reads, []
+        ended = 0
         try:
-            done = self._read_into(p)
-        finally:
-            self._in_flight[0].end(done)
+            for p in batch:
+                self._in_flight[0].end(self._read_into(p))
+                ended += 1
+                p.read.set()  # type: ignore[union-attr]
+        finally:  # a read that raised, and the ones after it, read nothing
+            for q in batch[ended:]:
+                self._in_flight[0].end(0)
+                q.read.set()  # type: ignore[union-attr]
 
     def _read_into(self, p: _Payload) -> int:
         """Bring ``p``'s bytes into memory; returns how many were read."""
         mm = p.mapping() if p.mapping is not None else None  # held: the mapping stays alive
-        if (
-            mm is not None
-            and self._madvise is not None
-            and p.base % mmap.PAGESIZE == 0
-            and self._madvise(p.base, p.nbytes, _MADV_POPULATE_READ) == 0  # type: ignore[operator]
-        ):  # read into the page cache and mapped here: the access takes no page faults
-            return p.nbytes
+        lc = self._libc
+        if mm is not None and lc is not None and p.base % mmap.PAGESIZE == 0:
+            # in the page cache already: map it keeping the interpreter lock (no device wait);
+            # else wait for the device with the lock released. Either way the pages are read
+            # into the page cache and mapped here: the access takes no page faults
+            populate = lc.held_madvise if self._cached(p) else lc.wait_madvise
+            if populate(p.base, p.nbytes, MADV_POPULATE_READ) == 0:
+                return p.nbytes
         if self._read_buf is None:  # one buffer, reused: only the pages a read touched are resident
             self._read_buf = mmap.mmap(-1, _READ_BLOCK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         buf = memoryview(self._read_buf)[: min(_READ_BLOCK, p.nbytes)]
@@ -287,6 +284,14 @@ class DiskStore:
                 break
             done += n
         return done
+
+    def _cached(self, p: _Payload) -> bool:
+        """Whether every page of ``p``'s mapping is in the page cache (``mincore``)."""
+        pages = -(-p.nbytes // mmap.PAGESIZE)
+        vec = ctypes.create_string_buffer(pages)
+        if self._libc is None or self._libc.held_mincore(p.base, p.nbytes, vec) != 0:
+            return False
+        return vec.raw.count(0, 0, pages) == 0  # bit 0 of each page's byte: resident
 
     def _write(self) -> None:
         """Write out every write-behind queued so far (one job's own may already be out, with
@@ -308,28 +313,20 @@ class DiskStore:
     def _write_out(self, fd: int, offset: int, nbytes: int) -> None:
         # [Note: scratch payloads]: written out, not made durable (no journal commit per file)
         lc = self._libc
-        if lc is None or lc.wait_sync_range(fd, offset, nbytes, _SYNC_OUT) != 0:
+        if lc is None or lc.wait_sync_range(fd, offset, nbytes, SYNC_OUT) != 0:
             os.fdatasync(fd)
         if self._drop_cache:  # clean pages now: dropping them does not block
             if lc is not None:
-                lc.start_fadvise(fd, offset, nbytes, _FADV_DONTNEED)
+                lc.held_fadvise(fd, offset, nbytes, FADV_DONTNEED)
             elif hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
-
-    def _cancel_write(self, w: _Write) -> None:
-        """``w``'s job was cancelled before it ran: end its write unless a batch took it."""
-        with self._lock:
-            if w not in self._writes:
-                return
-            self._writes.remove(w)
-        self._in_flight[1].end(0)
+                os.posix_fadvise(fd, offset, nbytes, os.POSIXFADV_DONTNEED)
 
     # ----- lifetime -----------------------------------------------------------------------------
     def discard(self, key: str) -> None:
         """Free the slot of ``key`` (tensors still mapping it stay readable until dropped)."""
         p = self._files.pop(key, None)
         if p is not None:
-            self._wait(p)
+            self._wait(p, drop_read=True)
             self._warm.discard(key)
             if p.file is not None and p.slot is not None:
                 mm = p.mapping() if p.mapping is not None else None
