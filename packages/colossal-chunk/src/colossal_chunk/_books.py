@@ -88,9 +88,19 @@ class ManagerBooks:
         )
 
     def model_data_bytes(self, tier: TierName | str) -> int:
-        """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data)."""
-        t = self.tiers.get(TierName(tier))
-        return 0 if t is None else t.used_bytes
+        """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data; the
+        spare payloads kept for the next move ([Note: spare payloads]) count on the host tier,
+        or on the compute tier when there is no host tier)."""
+        name = TierName(tier)
+        t = self.tiers.get(name)
+        if t is None:
+            return 0
+        spares = self._placement.spares.nbytes
+        if name is TierName.HOST or (
+            name is TierName.ACCELERATOR and TierName.HOST not in self.tiers
+        ):
+            return t.used_bytes + spares
+        return t.used_bytes
 
     def reset_peaks(self) -> None:
         """Start new peak windows on every tier (say, at the start of an iteration)."""
@@ -98,13 +108,15 @@ class ManagerBooks:
             t.reset_peak()
 
     def model_tensors(self) -> list[torch.Tensor]:
-        """Every chunk payload (shards, and gathered buffers where they are separate)."""
+        """Every chunk payload (shards, and gathered buffers where they are separate), and the
+        spare payloads ([Note: spare payloads])."""
         out = []
         for c in self.chunks.values():
             if c.shard is not None:
                 out.append(c.shard)
             if c.full is not None and c.full is not c.shard:
                 out.append(c.full)
+        out.extend(self._placement.spares.tensors())
         return out
 
     def reset_stats(self) -> None:

@@ -73,6 +73,10 @@ class SparePayloads:
         """Drop every spare (their mappings are unmapped)."""
         self._spare.clear()
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The spares kept now (live CPU storages: a memory tracer counts them as model data)."""
+        return list(self._spare.values())
+
     @property
     def nbytes(self) -> int:
         """Bytes held by spares now."""
