@@ -92,7 +92,9 @@ def _batch(step: int, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]
 def timing_rank(preset: str, batch: int, seq: int, steps: int, paired: int = 0) -> dict[str, Any]:
     """Rank-side: seconds per step of every method, alternated step by step; on one rank then
     ``paired`` more steps of Gemini and plain fused AdamW alone, in pairs (ABBA order), whose
-    step-by-step ratios Gemini / plain come back as ``paired``."""
+    step-by-step ratios Gemini / plain come back as ``paired``, and as many pairs of Gemini with
+    the quarter budget and without one (``paired_budget``: what the budget's moves and operator
+    hooks add to a step)."""
     n = dist.get_world_size()
     probe = _Gemini(preset, None)
     for i in range(2):
@@ -123,21 +125,24 @@ def timing_rank(preset: str, batch: int, seq: int, steps: int, paired: int = 0) 
                 times[name].append(time.perf_counter() - t0)
     moved = methods[GEMINI_Q].model.memory_stats().bytes_moved
     ratios: list[float] = []
+    budget_ratios: list[float] = []
     if n == 1:
-        for j in range(paired):  # the same batch for both; the first of a pair alternates
-            pair = {}
-            for name in (GEMINI, PLAIN) if j % 2 == 0 else (PLAIN, GEMINI):
-                x, y = _batch(steps + warm + j, batch, seq)
-                t0 = time.perf_counter()
-                methods[name].step(x, y)
-                pair[name] = time.perf_counter() - t0
-            ratios.append(pair[GEMINI] / pair[PLAIN])
+        for a, b, out in ((GEMINI, PLAIN, ratios), (GEMINI_Q, GEMINI, budget_ratios)):
+            for j in range(paired):  # the same batch for both; the first of a pair alternates
+                pair = {}
+                for name in (a, b) if j % 2 == 0 else (b, a):
+                    x, y = _batch(steps + warm + j, batch, seq)
+                    t0 = time.perf_counter()
+                    methods[name].step(x, y)
+                    pair[name] = time.perf_counter() - t0
+                out.append(pair[a] / pair[b])
     return {
         "times": times,
         "resident": resident,
         "quarter": resident // 4,
         "moved": moved,
         "paired": ratios,
+        "paired_budget": budget_ratios,
     }
 
 
@@ -184,11 +189,15 @@ def run(quick: bool, out_dir: Path) -> Report:
                         f"{preset} 1 rank: Gemini / plain fused AdamW, median of "
                         f"{len(r['paired'])} paired steps"
                     ] = statistics.median(r["paired"])
+                    summary[
+                        f"{preset} 1 rank: Gemini 1/4 budget / Gemini no budget, median of "
+                        f"{len(r['paired_budget'])} paired steps"
+                    ] = statistics.median(r["paired_budget"])
                 summary[f"{preset} {n} ranks: 1/4 budget (bytes), moved MiB over the run"] = (
                     f"{r['quarter']:,}, {r['moved'] / 2**20:.1f}"
                 )
     ratios = [v for k, v in summary.items() if "FSDP2" in k]
-    ones = [v for k, v in summary.items() if "paired steps" in k]
+    ones = [v for k, v in summary.items() if "plain fused AdamW, median of" in k]
     summary["aim: Gemini (both) at or below FSDP2 offload everywhere"] = all(
         v <= 1.0 for v in ratios
     )
@@ -213,7 +222,8 @@ def run(quick: bool, out_dir: Path) -> Report:
         f"One rank, after that: {paired['tiny']} (tiny) / {paired['mini']} (mini) more steps of "
         "Gemini and plain fused AdamW alone, in pairs on the same batch with the first of a pair "
         "alternating; the aim reads the median of the pairs' ratios (a ratio per pair cancels "
-        "load that drifts over the run; the medians of the 5 or 3 rotated steps do not).",
+        "load that drifts over the run; the medians of the 5 or 3 rotated steps do not); then as "
+        "many pairs of Gemini with the 1/4 budget and without one, the same way.",
         f"Host: {os.cpu_count()} cores; 1-minute load average {load_before:.1f} before the run "
         f"and {os.getloadavg()[0]:.1f} at its end (the run's own ranks count). 4 ranks share "
         "those cores: absolute times are large; the ratios taken within one rank count are "
