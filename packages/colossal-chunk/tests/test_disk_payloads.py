@@ -140,9 +140,9 @@ def test_queued_write_behinds_go_out_together_and_cancelled_jobs_end(tmp_path):
     store.close()
 
 
-def _read_back(store, path, waits) -> None:  # type: ignore[no-untyped-def]
+def _read_back(store, path, waits) -> list:  # type: ignore[no-untyped-def]
     """Write three payloads behind, read them ahead; ``waits`` gets the reader's calls that
-    release the interpreter lock to wait for the device."""
+    release the interpreter lock to wait for the device. Returns the reads' records."""
     import dataclasses
 
     ts = [store.allocate(f"r-{i}", NUMEL // 4, torch.float32) for i in range(3)]
@@ -154,19 +154,25 @@ def _read_back(store, path, waits) -> None:  # type: ignore[no-untyped-def]
     lc = store._libc
     wait = lc.wait_madvise
     store._libc = dataclasses.replace(lc, wait_madvise=lambda *a: waits.append(a[2]) or wait(*a))
+    store.record_reads()  # recording from here
     for i in range(3):
         store.read_ahead(f"r-{i}")
     store.drain()
+    records = store.record_reads()
+    assert [r.nbytes for r in records] == [NUMEL] * 3
+    assert all(r.issued <= r.started <= r.ended for r in records)
     assert _resident(path) == NUMEL * 3  # mapped in ahead of use
     assert [t[-1].item() for t in ts] == [0.0, 1.0, 2.0]
     assert store.io_stats().bytes_read == 3 * NUMEL
     store.close()
+    return records
 
 
 @linux
 def test_a_read_ahead_already_in_the_page_cache_maps_without_waiting_for_the_device(tmp_path):
     waits: list[int] = []
-    _read_back(DiskStore(tmp_path / "kept", drop_cache=False), tmp_path / "kept" / "r.bin", waits)
+    kept = DiskStore(tmp_path / "kept", drop_cache=False)
+    assert all(r.cached for r in _read_back(kept, tmp_path / "kept" / "r.bin", waits))
     assert waits == []  # the written pages stayed in the page cache: mapped keeping the lock
     _read_back(DiskStore(tmp_path / "dropped"), tmp_path / "dropped" / "r.bin", waits)
     assert len(waits) <= 3  # dropped from the cache: the device reads (WILLNEED at issue), and

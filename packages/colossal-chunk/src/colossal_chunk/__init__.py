@@ -4,7 +4,7 @@ from ._accounting import ManagerStats, MoveStats, TierStats
 from ._auto import AutoPolicy
 from ._chunk import Chunk, PendingReduce, TensorRecord
 from ._config import ChunkConfig
-from ._disk import DiskIOStats, DiskStore, check_disk_dir
+from ._disk import DiskIOStats, DiskStore, ReadRecord, check_disk_dir
 from ._host_memory import host_empty, trim_host_heap
 from ._manager import ChunkManager
 from ._order import OrderStats, module_order, trace_order
@@ -33,6 +33,7 @@ __all__ = [
     "PendingReduce",
     "PolicyContext",
     "ReadAheadWindow",
+    "ReadRecord",
     "SimResult",
     "SimpleChunkInfo",
     "StaticPolicy",

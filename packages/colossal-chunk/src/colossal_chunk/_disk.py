@@ -56,6 +56,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -76,9 +77,9 @@ from ._disk_libc import (
     SYNC_OUT,
     Libc,
 )
-from ._disk_stats import DiskIOStats, InFlight
+from ._disk_stats import DiskIOStats, InFlight, ReadRecord
 
-__all__ = ["DiskIOStats", "DiskStore", "check_disk_dir"]
+__all__ = ["DiskIOStats", "DiskStore", "ReadRecord", "check_disk_dir"]
 
 _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
@@ -95,6 +96,7 @@ class _Payload:
     jobs: list[Future[None]]  # its write-behinds in flight
     mapping: weakref.ref[mmap.mmap] | None = None  # the mapping at ``base``, while alive
     read: threading.Event | None = None  # set once its last read-ahead is done (or dropped)
+    issued: float = 0.0  # when its last read-ahead was issued
 
 
 @dataclass(eq=False)
@@ -137,6 +139,7 @@ class DiskStore:
         self._in_flight = (InFlight(), InFlight())  # reads, writes ([Note: in-flight time])
         self._reader: ThreadPoolExecutor | None = None
         self._reads: list[_Payload] = []  # read-aheads issued, not yet taken by the reader
+        self._records: list[ReadRecord] | None = None  # reads done, while recording
         self._read_buf: mmap.mmap | None = None  # the reader thread's block buffer
         self._behind: list[tuple[Future[None], int]] = []  # write-behinds in flight, oldest first
         self._writer: ThreadPoolExecutor | None = None
@@ -183,7 +186,7 @@ class DiskStore:
         self._in_flight[0].start()
         if self._libc is not None:  # queued in the kernel now: the device reads from here
             self._libc.held_fadvise(p.fd, p.offset, p.nbytes, FADV_WILLNEED)
-        p.read = threading.Event()
+        p.read, p.issued = threading.Event(), time.perf_counter()
         with self._lock:
             self._reads.append(p)
         self._reader.submit(self._read)
@@ -227,6 +230,13 @@ class DiskStore:
         (r, rs), (w, ws) = (c.totals() for c in self._in_flight)
         return DiskIOStats(r, rs, w, ws)
 
+    def record_reads(self) -> list[ReadRecord]:
+        """The read-aheads done since the last call, each with its timeline (for profiling:
+        recording starts at the first call)."""
+        with self._lock:
+            got, self._records = self._records or [], []
+        return got
+
     def _track(self, p: _Payload, job: Future[None]) -> None:
         p.jobs = [j for j in p.jobs if not j.done()]
         p.jobs.append(job)
@@ -255,25 +265,33 @@ class DiskStore:
         ended = 0
         try:
             for p in batch:
-                self._in_flight[0].end(self._read_into(p))
+                started = time.perf_counter()
+                n, cached = self._read_into(p)
+                self._in_flight[0].end(n)
                 ended += 1
                 p.read.set()  # type: ignore[union-attr]
+                r = ReadRecord(p.issued, started, time.perf_counter(), n, cached)
+                with self._lock:
+                    if self._records is not None:
+                        self._records.append(r)
         finally:  # a read that raised, and the ones after it, read nothing
             for q in batch[ended:]:
                 self._in_flight[0].end(0)
                 q.read.set()  # type: ignore[union-attr]
 
-    def _read_into(self, p: _Payload) -> int:
-        """Bring ``p``'s bytes into memory; returns how many were read."""
+    def _read_into(self, p: _Payload) -> tuple[int, bool]:
+        """Bring ``p``'s bytes into memory; returns how many were read, and whether they were
+        all in the page cache already."""
         mm = p.mapping() if p.mapping is not None else None  # held: the mapping stays alive
         lc = self._libc
         if mm is not None and lc is not None and p.base % mmap.PAGESIZE == 0:
             # in the page cache already: map it keeping the interpreter lock (no device wait);
             # else wait for the device with the lock released. Either way the pages are read
             # into the page cache and mapped here: the access takes no page faults
-            populate = lc.held_madvise if self._cached(p) else lc.wait_madvise
+            cached = self._cached(p)
+            populate = lc.held_madvise if cached else lc.wait_madvise
             if populate(p.base, p.nbytes, MADV_POPULATE_READ) == 0:
-                return p.nbytes
+                return p.nbytes, cached
         if self._read_buf is None:  # one buffer, reused: only the pages a read touched are resident
             self._read_buf = mmap.mmap(-1, _READ_BLOCK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         buf = memoryview(self._read_buf)[: min(_READ_BLOCK, p.nbytes)]
@@ -283,7 +301,7 @@ class DiskStore:
             if n <= 0:
                 break
             done += n
-        return done
+        return done, False
 
     def _cached(self, p: _Payload) -> bool:
         """Whether every page of ``p``'s mapping is in the page cache (``mincore``)."""

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["DiskIOStats", "InFlight"]
+__all__ = ["DiskIOStats", "InFlight", "ReadRecord"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,19 @@ class DiskIOStats:
             self.bytes_written - other.bytes_written,
             self.write_s - other.write_s,
         )
+
+
+@dataclass(frozen=True)
+class ReadRecord:
+    """One read-ahead, for profiling (``time.perf_counter`` seconds): ``issued`` (the caller's
+    call), ``started`` (the reader thread took it up), ``ended`` (its pages mapped); ``cached``:
+    every page was in the page cache when the reader took it up (the device was done first)."""
+
+    issued: float
+    started: float
+    ended: float
+    nbytes: int
+    cached: bool
 
 
 class InFlight:
