@@ -26,11 +26,14 @@ the kernel when it is issued (``POSIX_FADV_WILLNEED``, on the caller's thread, t
 call that keeps the interpreter lock): the device reads while the reader thread waits to run,
 and the reader only maps what came. Each interpreter-lock hand-over costs the reader up to the
 5 ms switch interval while the main thread runs Python (a 4 MiB read takes ~3 ms; profiled in
-training, the reader was not running for about half the seconds a read was in flight), so it
-takes as few as it can: a job maps every read-ahead queued when it runs (one wake-up for the
-reads issued together, soonest first), and a payload whose pages are all in the page cache
-already (``mincore``) is mapped keeping the lock (no device wait, so no hand-over back); only
-one still being read is waited for with the lock released.
+training on a loaded machine, the reader ran no job for about half the seconds a read was in
+flight, and two reads in three were in the page cache before it took them up), so it takes as
+few as it can: a job maps every read-ahead queued when it runs (one wake-up for the reads issued
+together, soonest first), and a payload whose pages are all in the page cache already
+(``mincore``) is mapped keeping the lock (no device wait, so no hand-over back); only one still
+being read is waited for with the lock released. A write-behind or ``discard`` of a payload
+drops its read-ahead not taken up yet (it reads nothing) and waits for one being mapped, so no
+read maps pages again after their unmap ([Note: read-ahead window] in ``_read_ahead.py``).
 ``write_behind(key, tensor)`` is issued once a payload was written (moved to disk, or updated in
 place by the optimizer): it unmaps the payload's pages from this process at once, on the
 caller's thread (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing is
@@ -40,8 +43,8 @@ cache: every write-behind queued when it runs, each run of consecutive slots of 
 call (the device gets the run whole; the thread waits for the interpreter lock once per run).
 A write is not started early (a ``SYNC_FILE_RANGE_WRITE`` from the caller left some payloads'
 pages in the page cache after the writer's wait and drop, measured with ``fincore``). A
-job holds the tensor it works on, so the mapping stays alive; ``discard`` waits for a key's jobs
-before freeing its slot. Written pages are page cache until written out, so a writer waits once
+write job holds the tensor it works on and a read its mapping, so the mapping stays alive;
+``discard`` waits for a key's reads and writes before freeing its slot. Written pages are page cache until written out, so a writer waits once
 more than 32 MiB are behind (back-pressure): the page cache the disk tier dirties stays bounded
 by that window.
 ``io_stats`` counts bytes, and seconds during which at least one read (or write) was in
