@@ -104,11 +104,11 @@ class ManagerCollectives:
         pl.move(dst, ACC, copy=False)
         self._steady = False
 
-    def gather_ahead(self, chunks: Iterable[Chunk | int], *, keep_free: int = 0) -> int:
+    def gather_ahead(self, chunks: Iterable[Chunk | int]) -> int:
         """Start all-gathering sharded ``chunks`` for a coming moment, while their shards and
-        gathered buffers fit in this moment's room less ``keep_free`` bytes, making room by
-        evicting only chunks used after them ([Note: gathers ahead]); returns how many started.
-        Collective: every rank must pass the same chunks in the same state."""
+        gathered buffers fit in this moment's room, making room by evicting only chunks used
+        after them ([Note: gathers ahead]); returns how many started. Collective: every rank
+        must pass the same chunks in the same state."""
         pl, acc, issued = self._placement, self.tiers[ACC], 0
         self._steady = False
         next_use = self.policy.next_use
@@ -119,7 +119,7 @@ class ManagerCollectives:
             if c.tier is TierName.DISK:
                 continue  # brought in by its access, after the disk read-ahead
             if not pl.room_before(
-                pl.need_for_access(c, gather=True) + keep_free,
+                pl.need_for_access(c, gather=True),
                 moment=self._moment,
                 target_use=next_use(c.chunk_id, self._moment),
                 chunks=self.chunks.values(),
