@@ -1,7 +1,9 @@
 """Copies issued ahead of use, off the critical path.
 
 On CUDA a side stream carries the copy and an event orders the compute stream after it; on an
-emulated accelerator a single worker thread runs the copy (torch releases the GIL while copying).
+emulated accelerator a single worker thread runs the copy (torch releases the GIL while copying);
+a copy the worker has not started when it is needed is cancelled there and made by the waiting
+thread (which would otherwise sit idle until the worker is scheduled).
 The caller reserves the destination's bytes before issuing a copy, so prefetching never breaks a
 tier's budget; it waits on the returned handle before it uses or frees either tensor.
 """
@@ -31,7 +33,10 @@ class PendingCopy:
 
     def wait(self) -> torch.Tensor:
         if self._future is not None:
-            self._future.result()
+            if self._future.cancel():  # the worker has not started it: copy here, not wait
+                self.dst.copy_(self.src)  # for a thread the (loaded) host has not scheduled
+            else:
+                self._future.result()
         if self._event is not None:
             torch.cuda.current_stream(self.dst.device).wait_event(self._event)
         return self.dst
