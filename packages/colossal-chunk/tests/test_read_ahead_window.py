@@ -62,6 +62,8 @@ def test_default_window_is_taken_from_the_host_budget(tmp_path):
     mgr, _ = _manager(tmp_path, host_bytes=16 * SHARD)  # four shards, a quarter of the budget
     assert mgr.read_ahead_window.window_bytes == 4 * SHARD
     assert mgr.tiers[TierName.HOST].used_bytes == 12 * SHARD  # all eight payloads, the window
+    # the window holds no payload: a tracer's model data (live - model = non-model) leaves it out
+    assert mgr.model_data_bytes(TierName.HOST) == _host_payloads(mgr) == 8 * SHARD
     mgr.close()
     mgr, _ = _manager(tmp_path, host_bytes=3 * SHARD)  # a quarter holds no shard: no window
     assert mgr.read_ahead_window.window_bytes == 0

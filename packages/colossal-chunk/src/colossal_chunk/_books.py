@@ -88,18 +88,19 @@ class ManagerBooks:
         )
 
     def model_data_bytes(self, tier: TierName | str) -> int:
-        """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data; the
-        spare payloads kept for the next move ([Note: spare payloads]) count on the host tier,
-        or on the compute tier when there is no host tier)."""
+        """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data: not
+        the host bytes reserved for the read-ahead window, which hold no payload; the spare
+        payloads kept for the next move ([Note: spare payloads]) count on the host tier, or on
+        the compute tier when there is no host tier)."""
         name = TierName(tier)
         t = self.tiers.get(name)
         if t is None:
             return 0
-        spares = self._placement.spares.nbytes
-        if name is TierName.HOST or (
-            name is TierName.ACCELERATOR and TierName.HOST not in self.tiers
-        ):
-            return t.used_bytes + spares
+        pl = self._placement
+        if name is TierName.HOST:
+            return t.used_bytes - pl.read_ahead_window.reserved_bytes + pl.spares.nbytes
+        if name is TierName.ACCELERATOR and TierName.HOST not in self.tiers:
+            return t.used_bytes + pl.spares.nbytes
         return t.used_bytes
 
     def reset_peaks(self) -> None:
@@ -108,8 +109,8 @@ class ManagerBooks:
             t.reset_peak()
 
     def model_tensors(self) -> list[torch.Tensor]:
-        """Every chunk payload (shards, and gathered buffers where they are separate), and the
-        spare payloads ([Note: spare payloads])."""
+        """Every chunk payload (shards, and gathered buffers where they are separate), and the spare
+        payloads ([Note: spare payloads])."""
         out = []
         for c in self.chunks.values():
             if c.shard is not None:

@@ -20,7 +20,10 @@ full, or too small for it): one use at a time, at most one optimizer update set 
 two Adam states, gradients) or one chunk copied to the compute tier. W is
 ``ChunkConfig.read_ahead_bytes``, by default ``min(_WINDOW_SHARDS fp32 shards, H // 4)`` in
 whole shards (0: too small for one shard, nothing is read ahead). Without a host budget nothing
-is reserved and nothing refused.
+is reserved and nothing refused. The reservation is no payload: ``model_data_bytes`` leaves it
+out, or a tracer that measures non-model bytes as live bytes minus model data would see W fewer
+(none at all where W exceeds the step's activations and gradients, so the accelerator budget
+kept no room for them and they went over it).
 """
 
 from __future__ import annotations
@@ -59,12 +62,14 @@ class ReadAheadWindow:
     window_bytes: int  # W, reserved on the host tier (UNLIMITED: no host budget, no reservation)
     ahead_bytes: int  # disk bytes read ahead and still mapped into this process
     peak_bytes: int  # highest ``ahead_bytes`` since creation
+    reserved_bytes: int  # of the host tier's used bytes, held for the window (no payload's)
     _ahead: dict[int, int]  # chunk id -> bytes of its disk shard read ahead
 
     def __init__(self, host: Tier, window: int):
         self.window_bytes, self.ahead_bytes, self.peak_bytes = window, 0, 0
         self._ahead = {}
-        if 0 < window < UNLIMITED:
+        self.reserved_bytes = window if 0 < window < UNLIMITED else 0
+        if self.reserved_bytes:
             host.reserve(window, what="the disk tier's read-ahead window (read_ahead_bytes)")
 
     def admit(self, chunk: Chunk) -> bool:
