@@ -46,7 +46,7 @@ def _adamw() -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, copy.deepcopy(model.state_dict())
 
 
-def gemini_rank(budget: int | None) -> dict:
+def gemini_rank(budget: int | None, steps: int = STEPS) -> dict:
     """Runs on every rank with its half of each batch. In step PROBE: the non-model bytes per
     moment (measured again, the plan unchanged), the peak chunk bytes on the accelerator per
     moment, and the "grad" chunks seen gathered at any moment's start or end."""
@@ -77,7 +77,7 @@ def gemini_rank(budget: int | None) -> dict:
 
     m.set_moment = set_moment  # type: ignore[method-assign]
     losses, moved = [], []
-    for i, (x, y) in enumerate(_data()):
+    for i, (x, y) in enumerate(_data()[:steps]):
         probing = i == PROBE
         if probing:
             rt.measure_next_step(MomentRecorder())
@@ -109,7 +109,7 @@ def gemini_rank(budget: int | None) -> dict:
 
 
 def test_two_ranks_under_a_budget_match_adamw_and_hold_the_budget_at_every_moment(world):
-    free = world(2).run(gemini_rank, None)[0]
+    free = world(2).run(gemini_rank, None, PROBE + 1)[0]  # measures, nothing else
     # room for a few chunks (shard + gathered buffer each) beside the largest activation peak
     budget = int(max(free["live"]) * 1.1) + 4 * CHUNK * 4
     ref_losses, ref_weights = _adamw()

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from colossal_contracts import StateTransitionError
 
-from ._chunk import Chunk
+from ._chunk import Chunk, _all_gather
 from ._placement import Placement
 
 __all__ = ["ManagerRepack"]
@@ -81,5 +81,5 @@ class ManagerRepack:
         dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         shard = c.shard.detach().to(dev).contiguous()  # type: ignore[union-attr]
         full = torch.empty(c.capacity, dtype=c.dtype, device=dev)
-        dist.all_gather_into_tensor(full, shard, group=self.group)
+        _all_gather(full, shard, group=self.group)
         return full.cpu()
