@@ -5,7 +5,7 @@ from ._auto import AutoPolicy
 from ._chunk import Chunk, PendingReduce, TensorRecord
 from ._config import ChunkConfig
 from ._disk import DiskIOStats, DiskStore, ReadRecord, check_disk_dir
-from ._host_memory import host_empty, trim_host_heap
+from ._host_memory import host_empty, map_large_host_blocks, trim_host_heap
 from ._manager import ChunkManager
 from ._order import OrderStats, module_order, trace_order
 from ._policy import ChunkSummary, LruPolicy, PolicyContext, SimpleChunkInfo
@@ -42,6 +42,7 @@ __all__ = [
     "TierStats",
     "check_disk_dir",
     "host_empty",
+    "map_large_host_blocks",
     "module_order",
     "pack",
     "search_chunk_size",

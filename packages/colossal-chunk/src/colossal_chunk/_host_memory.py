@@ -12,6 +12,19 @@ faults and zeroing of each new mapping cost ~12x a heap block's reuse (CPU time,
 huge pages about the same (where the kernel offers no huge pages the cost stays).
 Short-lived tensors (a chunk being materialized, autograd's gradients) still come from the heap;
 ``trim_host_heap`` hands what the heap freed back after such a phase.
+
+[Note: bounded host heap] Under a host budget, the C heap is what no budget counts, and it grew
+with the model's depth (bench lazy_rss): autograd's gradients of a few MiB came from the heap
+once glibc's mmap threshold had risen past them, and their freed blocks, split for smaller
+allocations, were kept; the forward's activations, freed in backward, stayed as heap free space
+through the optimizer step, and in backward, where they are freed, the accelerator budget's
+room for non-model data (live tensors) no longer counted them. ``map_large_host_blocks`` fixes
+the threshold: blocks of 32 KiB and more (one activation of 16 tokens x 512 fp32) get their own
+mapping, unmapped when freed (with 256 KiB the excess over the budgets still grew by ~1 MiB a
+layer: 16-token activations stayed in the heap); each costs a map and a few page faults, ~10 us,
+beside steps of seconds under a host budget. A trim at the optimizer step's start hands back the
+rest that backward freed. Both are process-wide settings of the C library, made only where a
+host budget was asked for.
 """
 
 from __future__ import annotations
@@ -23,9 +36,11 @@ import sys
 
 import torch
 
-__all__ = ["host_empty", "trim_host_heap"]
+__all__ = ["host_empty", "map_large_host_blocks", "trim_host_heap"]
 
 _HUGE = 2 << 20  # a transparent huge page: payloads this large are advised to use them
+_M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
+_MAPPED_BLOCK = 32 << 10  # heap blocks this large are mapped ([Note: bounded host heap])
 
 
 def host_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -51,3 +66,17 @@ def trim_host_heap() -> None:
         return
     fn.argtypes = [ctypes.c_size_t]
     fn(0)
+
+
+def map_large_host_blocks() -> bool:
+    """Give every C heap block of 32 KiB or more its own mapping, for the rest of the process
+    (glibc ``mallopt(M_MMAP_THRESHOLD)``; [Note: bounded host heap]). False where it cannot be
+    set (not glibc)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None).mallopt
+    except AttributeError:  # not glibc
+        return False
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return fn(_M_MMAP_THRESHOLD, _MAPPED_BLOCK) == 1

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from colossal_chunk import ManagerStats, trim_host_heap
+from colossal_chunk import ManagerStats, map_large_host_blocks, trim_host_heap
 from colossal_contracts import StepRecorder
 
 from ._config import GeminiConfig
@@ -120,4 +120,6 @@ def apply_gemini(
     # the module's own parameter storages, freed as their values moved into chunks, leave the C
     # heap (glibc keeps freed blocks: an eager model's size in RSS for the whole run)
     trim_host_heap()
+    if config.host_bytes is not None:  # [Note: bounded host heap] in colossal-chunk
+        map_large_host_blocks()
     return GeminiModule(module, runtime)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from colossal_chunk import AutoPolicy, Chunk
+from colossal_chunk import UNLIMITED, AutoPolicy, Chunk, trim_host_heap
 from colossal_contracts import ConfigError, ParamSharding, TierName
 
 from ._adam import AdamHyper
@@ -178,6 +178,8 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         loss = closure() if closure is not None else None
         rt, m = self.rt, self.rt.manager
+        if m.tiers[TierName.HOST].capacity_bytes < UNLIMITED:  # [Note: bounded host heap]
+            trim_host_heap()  # the heap backward freed (activations) leaves before the update
         self._place_states()
         todo: list[tuple[Chunk, list[str]]] = []  # chunks with gradients, their owned names
         norm_parts: list[tuple[Chunk | None, list[tuple[torch.Tensor, ParamSharding | None]]]] = []
