@@ -25,13 +25,11 @@ the shard while one is in flight is an error.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from colossal_contracts import (
-    LEGAL_TRANSITIONS,
     ConfigError,
     StateTransitionError,
     TensorState,
@@ -40,6 +38,7 @@ from colossal_contracts import (
 )
 
 from ._pending import PendingReduce, _PendingGather
+from ._records import COMPUTE, FREE, HOLD, LEGAL, READY, STATES, TensorRecord, code_of
 
 __all__ = ["Chunk", "PendingReduce", "TensorRecord"]
 
@@ -47,29 +46,6 @@ __all__ = ["Chunk", "PendingReduce", "TensorRecord"]
 # every call) to reduce_scatter_single and all_gather_single.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-@dataclass
-class TensorRecord:
-    """Where one tensor sits in its chunk, and its state.
-
-    Attributes:
-        name: the tensor's name (for parameters, as in ``model.named_parameters()``).
-        offset: first element in the full chunk.
-        numel: number of elements.
-        shape: the tensor's shape.
-        state: its current ``TensorState``.
-    """
-
-    name: str
-    offset: int
-    numel: int
-    shape: torch.Size
-    state: TensorState
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.numel
 
 
 class Chunk:
@@ -91,7 +67,7 @@ class Chunk:
     shard: torch.Tensor | None  # 1-D, shard_numel, on self.tier; None before storage is given
     full: torch.Tensor | None  # 1-D, capacity, on the compute device while gathered
     tier: TierName | None  # where the shard lives (set by the manager)
-    _counts: dict[TensorState, int]  # tensors per state, kept by _set: counts in constant time
+    _counts: list[int]  # tensors per state code, kept by _set ([Note: states by number])
     _spans: dict[str, tuple[int, int, int, int] | None]  # name -> its part of this rank's shard
     # (start and end in the shard, start and end in the tensor's elements); None: no part
     _inflight: PendingReduce | _PendingGather | None  # [Note: one collective in flight]
@@ -116,7 +92,7 @@ class Chunk:
         self.group = group
         self.records, self.used = {}, 0
         self.shard, self.full, self.tier = None, None, None
-        self._counts = dict.fromkeys(TensorState, 0)
+        self._counts = [0] * len(STATES)
         self._spans = {}
         self._inflight = None
 
@@ -162,7 +138,7 @@ class Chunk:
         first = TensorState.HOLD if self.world_size == 1 else TensorState.FREE
         rec = TensorRecord(name, self.used, numel, shape, first)
         self.records[name] = rec
-        self._counts[first] += 1
+        self._counts[rec.code] += 1
         lo = self.rank * self.shard_numel
         a, b = max(lo, self.used), min(lo + self.shard_numel, self.used + numel)
         self._spans[name] = (a - lo, b - lo, a - self.used, b - self.used) if a < b else None
@@ -240,7 +216,7 @@ class Chunk:
         self.full = full
         self._inflight = _PendingGather(work)
         for rec in self.records.values():
-            self._set(rec, TensorState.HOLD)
+            self._set(rec, HOLD)
 
     @property
     def in_flight(self) -> bool:
@@ -263,7 +239,7 @@ class Chunk:
         full.zero_()
         self.full = full
         for rec in self.records.values():
-            self._set(rec, TensorState.HOLD)
+            self._set(rec, HOLD)
 
     def release(self) -> torch.Tensor | None:
         """Drop the gathered buffer (HOLD -> FREE), keeping this rank's slice in the shard.
@@ -277,7 +253,7 @@ class Chunk:
                 return dropped
         if self.world_size == 1 or self.full is None:
             return None
-        busy = [r.name for r in self.records.values() if r.state is not TensorState.HOLD]
+        busy = [r.name for r in self.records.values() if r.code != HOLD]
         if busy:
             raise StateTransitionError(
                 f"chunk {self.chunk_id} cannot release its gathered storage while tensors are not "
@@ -287,7 +263,7 @@ class Chunk:
         self.shard.copy_(self.full[lo : lo + self.shard_numel])  # type: ignore[union-attr]
         old, self.full = self.full, None
         for rec in self.records.values():
-            self._set(rec, TensorState.FREE)
+            self._set(rec, FREE)
         return old
 
     def reduce_scatter(
@@ -310,16 +286,14 @@ class Chunk:
         buffer *is* the shard, so the caller accumulates into it directly). With ``into`` the
         result goes to that chunk's shard, wherever it lives when the collective finishes, and
         this chunk's shard is left as it is; one rank: only the states change."""
-        if self._counts[TensorState.READY_FOR_REDUCE] != len(self.records):
-            waiting = [
-                r.name for r in self.records.values() if r.state is not TensorState.READY_FOR_REDUCE
-            ]
+        if self._counts[READY] != len(self.records):
+            waiting = [r.name for r in self.records.values() if r.code != READY]
             raise StateTransitionError(
                 f"chunk {self.chunk_id} cannot reduce before every tensor is READY_FOR_REDUCE; "
                 f"still waiting on {waiting[:4]}"
             )
         for rec in self.records.values():
-            self._set(rec, TensorState.HOLD)
+            self._set(rec, HOLD)
         if self.world_size == 1:
             return PendingReduce(self, None, None, average=False, accumulate=False)
         if self.shard is None or self.full is None:
@@ -346,7 +320,7 @@ class Chunk:
             dst.copy_(out)  # type: ignore[union-attr]
         old, self.full = self.full, None
         for rec in self.records.values():
-            self._set(rec, TensorState.FREE)
+            self._set(rec, FREE)
         return old  # type: ignore[return-value]
 
     # ----- tensors ------------------------------------------------------------------------------
@@ -375,37 +349,39 @@ class Chunk:
 
     def set_state(self, name: str, new: TensorState) -> None:
         """Move tensor ``name`` to ``new`` through ``check_transition`` (raises when illegal)."""
-        self._set(self.records[name], new)
+        self._set(self.records[name], code_of(new))
 
-    def _set(self, rec: TensorRecord, new: TensorState) -> None:
-        old = rec.state
-        if old is new:
+    def _set(self, rec: TensorRecord, new: int) -> None:
+        """Move ``rec`` to the state of code ``new`` ([Note: states by number])."""
+        old = rec.code
+        if old == new:
             return
-        if new not in LEGAL_TRANSITIONS[old]:  # raises, naming the tensor
-            check_transition(old, new, what=f"tensor {rec.name!r} of chunk {self.chunk_id}")
-        rec.state = new
+        if not LEGAL[old][new]:  # raises, naming the tensor
+            what = f"tensor {rec.name!r} of chunk {self.chunk_id}"
+            check_transition(STATES[old], STATES[new], what=what)
+        rec.code = new
         counts = self._counts
         counts[old] -= 1
         counts[new] += 1
 
     def count(self, state: TensorState) -> int:
         """Tensors in ``state`` (a counter read)."""
-        return self._counts[state]
+        return self._counts[code_of(state)]
 
     def all_in(self, state: TensorState) -> bool:
         """True when every tensor of the chunk is in ``state``."""
-        return self._counts[state] == len(self.records)
+        return self._counts[code_of(state)] == len(self.records)
 
     @property
     def pinned(self) -> bool:
         """True while any tensor is in COMPUTE: the chunk may not move (ChunkInfo.pinned)."""
-        return self._counts[TensorState.COMPUTE] > 0
+        return self._counts[COMPUTE] > 0
 
     @property
     def movable(self) -> bool:
         """True when the chunk may leave the compute tier: every tensor is HOLD or FREE."""
         c = self._counts
-        return c[TensorState.HOLD] + c[TensorState.FREE] == len(self.records)
+        return c[HOLD] + c[FREE] == len(self.records)
 
     def __iter__(self) -> Iterator[TensorRecord]:
         return iter(self.records.values())
