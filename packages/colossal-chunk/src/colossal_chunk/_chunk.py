@@ -13,7 +13,8 @@ into each rank's shard (averaging across ranks) when every tensor is READY_FOR_R
 gradients are written into the parameter chunk's own gathered buffer (dead once backward is done
 with each tensor: this rank's values are in its shard) and reduce-scattered from there ``into``
 the gradient chunk's shard: the gathered buffer is dropped without copying it back, and the
-gradient chunk needs no gathered buffer at all.
+gradient chunk needs no gathered buffer at all. Until that result lands, the gradient shard's
+values are dead (``awaits_overwrite``): a move of it copies nothing.
 
 [Note: one collective in flight] ``start_gather`` and ``start_reduce_scatter`` change the states
 and the gathered buffer at once and leave the data to a collective in flight; ``wait()`` finishes
@@ -71,6 +72,7 @@ class Chunk:
     _spans: dict[str, tuple[int, int, int, int] | None]  # name -> its part of this rank's shard
     # (start and end in the shard, start and end in the tensor's elements); None: no part
     _inflight: PendingReduce | _PendingGather | None  # [Note: one collective in flight]
+    _incoming: PendingReduce | None  # a reduce in flight that will overwrite this whole shard
 
     def __init__(
         self,
@@ -95,6 +97,7 @@ class Chunk:
         self._counts = [0] * len(STATES)
         self._spans = {}
         self._inflight = None
+        self._incoming = None
 
     # ----- layout -------------------------------------------------------------------------------
     @property
@@ -306,7 +309,16 @@ class Chunk:
         work = _reduce_scatter(out, self.full, group=self.group, async_op=True)
         pending = PendingReduce(self, out, work, average=average, accumulate=accumulate, into=into)
         self._inflight = pending
+        if into is not None and not accumulate:
+            into._incoming = pending
         return pending
+
+    @property
+    def awaits_overwrite(self) -> bool:
+        """True while a reduce-scatter ``into`` this chunk, not accumulating, is in flight: its
+        shard's values are dead, as the result will overwrite all of it wherever the shard then
+        lives (a move need not copy them)."""
+        return self._incoming is not None and not self._incoming.done
 
     def _finish_reduce(
         self, out: torch.Tensor, *, average: bool, accumulate: bool, into: Chunk | None
@@ -314,6 +326,8 @@ class Chunk:
         if average:
             out.div_(self.world_size)
         dst = self.shard if into is None else into.shard
+        if into is not None:
+            into._incoming = None
         if accumulate:
             dst.add_(out)  # type: ignore[union-attr]
         else:

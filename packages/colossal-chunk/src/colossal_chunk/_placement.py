@@ -160,8 +160,11 @@ class Placement(ComputeRoom):
     def move(self, chunk: Chunk, dst: TierName, *, copy: bool = True) -> None:
         """Copy ``chunk``'s shard to ``dst`` (reserving there first) and free it where it was;
         without ``copy`` its values are dead and only storage moves (the new shard's padding is
-        zeroed, the rest left as allocated)."""
+        zeroed, the rest left as allocated). Nothing is copied either while a reduce-scatter in
+        flight will overwrite the whole shard (``Chunk.awaits_overwrite``: a gradient shard
+        brought in uncopied to take the result, then evicted before the result came)."""
         self.settle(chunk)
+        copy = copy and not chunk.awaits_overwrite
         src = chunk.tier
         if src is dst:
             return
