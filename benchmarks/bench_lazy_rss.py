@@ -9,12 +9,17 @@ built inside ``lazy_init()``): Python, torch and the libraries, the modules torc
 meta-device kernels (~800 of them), and library pages a first step at that width touches. None
 of it depends on the model's depth. Each trial runs in a fresh process.
 
-The aim (issue 14): training peak <= overhead + H + B + 2 chunks + 8 MiB, at every depth. H
-covers host payloads and the disk pages read ahead of use (colossal-chunk's [Note: read-ahead
-window]); B is host memory too on the emulated accelerator. The slack is for what no budget
-counts: autograd's gradients before they are copied into chunks and the C heap they leave,
-activations, Python objects. "no read-ahead" (read_ahead_budget=0: all of H for payloads, every
-disk page faulted in at use) shows what the bounded read-ahead buys in step time.
+The aim (issue 14): training peak <= overhead + H + B + 2 chunks + 8 MiB, at every depth, and
+the excess over overhead + H + B flat in depth (three depths). H covers host payloads and the
+disk pages read ahead of use (colossal-chunk's [Note: read-ahead window]); B is host memory too
+on the emulated accelerator, and it holds the chunks there and the step's non-model bytes
+(activations, gradients before they are copied into chunks: the warmup measures them). The
+slack is for what no budget counts: the C heap's slack (colossal-chunk's [Note: bounded host
+heap]), Python objects, per-chunk books, library pages first touched in training.
+
+"lazy, no read-ahead" (read_ahead_budget=0: all of H for payloads, every disk page faulted in
+at use): its RSS in its own process, and its step time against the default window's in one
+process, the two models stepped alternately (ABBA; the summary's paired ratio).
 """
 
 from __future__ import annotations
@@ -66,11 +71,13 @@ _COLUMNS = [
     "final_loss",
 ]
 _SLACK_CHUNKS, _SLACK_MIB = 2, 8  # the aim's slack over overhead + H + B
+_BARE = "lazy, no read-ahead"
 _METHODS = {
     "lazy init": (True, None),
     "eager init": (False, None),
-    "lazy, no read-ahead": (True, 0),
+    _BARE: (True, 0),
 }
+_PAIRED_STEPS = 5  # per method in the paired timing; the first (warmup trace) is not timed
 
 
 class _PeakRss:
@@ -194,9 +201,31 @@ def _trial(layers: int, width: int, method: str, b: int, h: int, disk: Path) -> 
     }
 
 
+def _paired(layers: int, width: int, b: int, h: int, disk: Path) -> dict:
+    """Step seconds with the default read-ahead window and with none, two lazy models in one
+    process stepped alternately (ABBA); medians after each one's first step."""
+    x = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for window in (None, 0):
+        torch.manual_seed(0)
+        with lazy_init() as lazy:
+            model = GPT(_cfg(layers, width))
+        runs.append(_boost(model, lazy, b, h, disk, window))
+        del model
+    seconds: list[list[float]] = [[], []]
+    for step in range(_PAIRED_STEPS):
+        for i in (0, 1) if step % 2 == 0 else (1, 0):
+            _, booster, gm, gopt = runs[i]
+            seconds[i] += _steps(booster, gm, gopt, x, 1)[1]
+    for _, _, gm, _ in runs:
+        gm.runtime.manager.close()
+    window, none = (statistics.median(t[1:]) for t in seconds)
+    return {"layers": layers, "none_s": none, "window_s": window, "ratio": window / none}
+
+
 def run(quick: bool, out_dir: Path) -> Report:
     width, h, b = (384, 32 * MiB, 16 * MiB) if quick else (512, 64 * MiB, 32 * MiB)
-    depths = (4,) if quick else (6, 12)
+    depths = (4,) if quick else (6, 12, 18)
     where = Path(tempfile.mkdtemp(prefix="bench-lazy-"))
     report = Report(
         name="lazy_rss",
@@ -206,6 +235,7 @@ def run(quick: bool, out_dir: Path) -> Report:
         columns=_COLUMNS,
     )
     load_before = os.getloadavg()[0]
+    paired: list[dict] = []
     try:
         for layers in depths:
             for method in _METHODS:  # each in a fresh process
@@ -213,9 +243,13 @@ def run(quick: bool, out_dir: Path) -> Report:
                 argv += [str(b), str(h), str(where)]
                 out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
                 report.rows.append(json.loads(out.strip().splitlines()[-1]))
+            argv = [sys.executable, __file__, "paired", str(layers), str(width)]
+            argv += [str(b), str(h), str(where)]
+            out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+            paired.append(json.loads(out.strip().splitlines()[-1]))
     finally:
         shutil.rmtree(where, ignore_errors=True)
-    report.summary = _summary(report.rows)
+    report.summary = _summary(report.rows, paired)
     report.notes = _notes(load_before, os.getloadavg()[0])
     return report
 
@@ -227,10 +261,11 @@ def _notes(load_before: float, load_after: float) -> list[str]:
     ]
 
 
-def _summary(rows: list[dict]) -> dict:
+def _summary(rows: list[dict], paired: list[dict]) -> dict:
     lazy_rows = [r for r in rows if r["method"] == "lazy init"]
     eager_rows = [r for r in rows if r["method"] == "eager init"]
-    bare_rows = [r for r in rows if r["method"] == "lazy, no read-ahead"]
+    bare_rows = [r for r in rows if r["method"] == _BARE]
+    excess = [r["train_over_H_plus_B_MiB"] for r in lazy_rows]
     worst = max(max(r["setup_over_H_plus_B_MiB"], r["train_over_H_plus_B_MiB"]) for r in lazy_rows)
     return {
         f"aim: lazy, training peak <= overhead + H + B + {_SLACK_CHUNKS} chunks + {_SLACK_MIB} "
@@ -238,6 +273,10 @@ def _summary(rows: list[dict]) -> dict:
         "eager: the same": all(r["within_aim"] for r in eager_rows),
         "lazy: worst peak RSS over overhead + H + B (MiB)": worst,
         "lazy: the same in chunks": worst / lazy_rows[0]["chunk_MiB"],
+        "lazy: training peak over overhead + H + B, per depth (MiB)": [round(e, 1) for e in excess],
+        "lazy: growth of that excess from the shallowest to the deepest (MiB)": round(
+            excess[-1] - excess[0], 1
+        ),
         "lazy: training peak over overhead + H + B, per depth (chunks)": [
             round(r["train_over_H_plus_B_chunks"], 2) for r in lazy_rows
         ],
@@ -250,7 +289,16 @@ def _summary(rows: list[dict]) -> dict:
         "same final loss eager and lazy": all(
             a["final_loss"] == e["final_loss"] for a, e in zip(lazy_rows, eager_rows, strict=True)
         ),
-        "lazy: step seconds with the window / without read-ahead, separate processes": [
+        "no read-ahead: training peak over overhead + H + B, per depth (MiB)": [
+            round(r["train_over_H_plus_B_MiB"], 1) for r in bare_rows
+        ],
+        "step seconds, default window / no read-ahead, paired in one process (per depth)": [
+            round(p["ratio"], 3) for p in paired
+        ],
+        "the same, medians (s): window, none": [
+            (round(p["window_s"], 2), round(p["none_s"], 2)) for p in paired
+        ],
+        "lazy: step seconds with the window / without, separate processes (per depth)": [
             round(a["step_s"] / n["step_s"], 3) for a, n in zip(lazy_rows, bare_rows, strict=True)
         ],
     }
@@ -268,14 +316,16 @@ _NOTES = [
     "(at most W, window_MiB; ahead_peak_MiB is the most held): a read-ahead is issued only "
     "while the window has room, forward and backward within the step, the optimizer for its "
     "current update set and up to two after it (colossal-chunk's [Note: read-ahead window]). "
-    "What is over H + B is what no budget counts: autograd's gradients before they are copied "
-    "into chunks and the C heap they leave behind (glibc keeps freed blocks), activations "
-    "(batch 1 x 16 tokens: small), Python objects, library pages first touched in training.",
+    "B holds the accelerator's chunks and the step's non-model bytes (activations, gradients "
+    "before they are copied into chunks), measured by the warmup. What is over H + B is what no "
+    "budget counts: the C heap's slack (colossal-chunk's [Note: bounded host heap]: blocks of 32 "
+    "KiB and more mapped on their own, a trim before the optimizer step), Python objects and "
+    "per-chunk books, library pages first touched in training.",
     "'lazy, no read-ahead' (read_ahead_budget=0): every disk page is faulted in when used and "
-    "all of H holds payloads, so its RSS is higher: the pages of the update set in use (up to "
-    "4 chunks on disk) are in no window. step_s is the median of steps 2 and 3 (step 1 traces the compute "
-    "order); methods run in separate processes on a loaded machine, one after another, not "
-    "alternated: step-time ratios within ~20% are noise.",
+    "all of H holds payloads, so its RSS is higher: pages faulted in are in no window. step_s "
+    "is the median of steps 2 and 3 (step 1 traces the compute order), each method in its own "
+    "process; the paired ratio steps both in one process, alternated (ABBA), medians of "
+    f"{_PAIRED_STEPS - 1} steps each.",
     "Emulated accelerator: its budget B is host memory here, counted in RSS.",
     "Disk tier on the machine's disk; page cache that is not mapped is not RSS (dirty disk "
     "pages are bounded by the disk tier's write-behind window).",
@@ -284,7 +334,12 @@ _NOTES = [
 ]
 
 
-if __name__ == "__main__":  # one trial: method layers width B H dir -> one JSON line
+if __name__ == "__main__":  # one trial (or "paired"): method layers width B H dir -> JSON line
     method_arg, layers_arg, width_arg, b_arg, h_arg, dir_arg = sys.argv[1:7]
-    row = _trial(int(layers_arg), int(width_arg), method_arg, int(b_arg), int(h_arg), Path(dir_arg))
+    sizes = int(layers_arg), int(width_arg)
+    budgets = int(b_arg), int(h_arg)
+    if method_arg == "paired":
+        row = _paired(*sizes, *budgets, Path(dir_arg))
+    else:
+        row = _trial(*sizes, method_arg, *budgets, Path(dir_arg))
     print(json.dumps(row))
