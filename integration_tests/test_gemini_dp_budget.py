@@ -7,11 +7,10 @@ plain AdamW on the whole batch."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.distributed as dist
+from _reference import adamw_losses_and_weights
 from _weights import assert_weights_close
 
 from colossal_contracts import TierName
@@ -31,19 +30,6 @@ def _model() -> GPT:
 def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(7)
     return [tuple(torch.randint(0, 256, (2, BATCH, SEQ), generator=g)) for _ in range(STEPS)]  # type: ignore[misc]
-
-
-def _adamw() -> tuple[list[float], dict[str, torch.Tensor]]:
-    model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for x, y in _data():
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, copy.deepcopy(model.state_dict())
 
 
 def gemini_rank(budget: int | None, steps: int = STEPS) -> dict:
@@ -112,7 +98,7 @@ def test_two_ranks_under_a_budget_match_adamw_and_hold_the_budget_at_every_momen
     free = world(2).run(gemini_rank, None, PROBE + 1)[0]  # measures, nothing else
     # room for a few chunks (shard + gathered buffer each) beside the largest activation peak
     budget = int(max(free["live"]) * 1.1) + 4 * CHUNK * 4
-    ref_losses, ref_weights = _adamw()
+    ref_losses, ref_weights = adamw_losses_and_weights(_model(), _data(), LR)
     for r, out in enumerate(world(2).run(gemini_rank, budget)):
         n = len(out["live"])
         assert len(out["peaks"]) == n + 1

@@ -9,7 +9,6 @@ arithmetic changes on purpose: ``COLOSSAL_WRITE_FINGERPRINT=1 pytest this_file``
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _reference import adamw_losses_and_weights
 from _weights import assert_weights_close
 
 from colossal_models import GPT, GPTConfig
@@ -75,19 +75,6 @@ def _gemini(config: GeminiConfig) -> tuple[list[float], dict[str, torch.Tensor],
     return losses, gm.full_state_dict(), moved
 
 
-def _adamw() -> tuple[list[float], dict[str, torch.Tensor]]:
-    model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for x, y in _data():
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, copy.deepcopy(model.state_dict())
-
-
 def _fingerprint(losses: list[float], weights: dict[str, torch.Tensor]) -> dict[str, object]:
     return {
         "losses": [float(v).hex() for v in losses],
@@ -107,7 +94,7 @@ def test_gemini_fingerprint_is_unchanged_and_matches_adamw(one_thread):
         assert got[name]["losses"] == want["losses"], f"{name}: losses changed"
         diff = [k for k in want["weights"] if got[name]["weights"].get(k) != want["weights"][k]]
         assert not diff, f"{name}: final weights changed: {diff[:4]}"
-    ref_losses, ref_weights = _adamw()
+    ref_losses, ref_weights = adamw_losses_and_weights(_model(), _data(), LR)
     for name in ("fp32-auto", "fp32-static"):
         losses, weights, _ = runs[name]
         for i, (g, w) in enumerate(zip(losses, ref_losses, strict=True)):

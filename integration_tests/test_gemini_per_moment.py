@@ -5,10 +5,9 @@ every moment, while training still equals plain AdamW."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
+from _reference import adamw_losses_and_weights
 from _weights import assert_weights_close
 
 from colossal_contracts import TierName
@@ -68,19 +67,6 @@ def _gemini(budget: int | None, probe_step: int = 2):  # type: ignore[no-untyped
     return losses, gm.full_state_dict(), moved, rt.measured, peaks
 
 
-def _adamw() -> tuple[list[float], dict[str, torch.Tensor]]:
-    model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for x, y in _data():
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, copy.deepcopy(model.state_dict())
-
-
 def test_chunks_plus_non_model_bytes_stay_within_the_budget_at_every_moment():
     # how much activation memory this step holds, measured without a budget
     _, _, _, free, _ = _gemini(None, probe_step=1)
@@ -97,6 +83,6 @@ def test_chunks_plus_non_model_bytes_stay_within_the_budget_at_every_moment():
     # the plan is per moment: chunks had more room where activations were small
     assert max(peaks) - min(peaks) > 16384 * 4
     assert all(m > 0 for m in moved[1:]), moved
-    ref_losses, ref_weights = _adamw()
+    ref_losses, ref_weights = adamw_losses_and_weights(_model(), _data(), LR)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     assert_weights_close(weights, ref_weights, rel=1e-5)
