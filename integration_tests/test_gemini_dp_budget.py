@@ -10,26 +10,22 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from _reference import adamw_losses_and_weights
+from _reference import adamw_losses_and_weights, nano_gpt, token_batches
 from _weights import assert_weights_close
 
 from colossal_contracts import TierName
 from colossal_memtrace import MomentRecorder
-from colossal_models import GPT, GPTConfig
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
 STEPS, BATCH, SEQ, LR, CHUNK = 4, 8, 32, 3e-3, 16384
 PROBE = 2  # the traced step: after warmup (0) and the re-pack in first-use order (1)
 
 
-def _model() -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig.preset("nano"))
+_model = nano_gpt
 
 
 def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(7)
-    return [tuple(torch.randint(0, 256, (2, BATCH, SEQ), generator=g)) for _ in range(STEPS)]  # type: ignore[misc]
+    return token_batches(STEPS, BATCH, SEQ, seed=7)
 
 
 def gemini_rank(budget: int | None, steps: int = STEPS) -> dict:

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from _reference import adamw_losses_and_weights
+from _reference import adamw_losses_and_weights, nano_gpt, token_batches
 from _weights import assert_weights_close
 
-from colossal_models import GPT, GPTConfig
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
 STEPS, BATCH, SEQ, LR = 10, 8, 32, 3e-3
@@ -44,14 +43,11 @@ def one_thread():
     torch.set_num_threads(old)
 
 
-def _model() -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig.preset("nano"))
+_model = nano_gpt
 
 
 def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(7)
-    return [tuple(torch.randint(0, 256, (2, BATCH, SEQ), generator=g)) for _ in range(STEPS)]  # type: ignore[misc]
+    return token_batches(STEPS, BATCH, SEQ, seed=7)
 
 
 def _digest(t: torch.Tensor) -> str:

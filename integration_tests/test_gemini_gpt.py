@@ -3,42 +3,23 @@ and 4 data-parallel ranks, against plain PyTorch AdamW on one process with the s
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.distributed as dist
+from _reference import adamw_losses_and_weights, nano_gpt, token_batches
 from _weights import assert_weights_close
 
-from colossal_models import GPT, GPTConfig
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
 STEPS, BATCH, SEQ = 20, 8, 32
 CFG = GeminiConfig(precision="fp32", accelerator_bytes=400_000, chunk_numel=16384)
 
 
-def _model() -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig.preset("nano"))
+_model = nano_gpt
 
 
 def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(3)
-    return [tuple(torch.randint(0, 256, (2, BATCH, SEQ), generator=g)) for _ in range(STEPS)]  # type: ignore[misc]
-
-
-def _reference(autocast: bool = False) -> tuple[list[float], dict[str, torch.Tensor]]:
-    model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for x, y in _data():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, copy.deepcopy(model.state_dict())
+    return token_batches(STEPS, BATCH, SEQ, seed=3)
 
 
 def gemini_rank(config: GeminiConfig) -> tuple[list[float], dict[str, torch.Tensor], list[int]]:
@@ -68,7 +49,7 @@ def gemini_rank(config: GeminiConfig) -> tuple[list[float], dict[str, torch.Tens
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_gpt_fp32_equals_plain_adamw_on_1_2_4_ranks(world, n):
-    ref_losses, ref_weights = _reference()
+    ref_losses, ref_weights = adamw_losses_and_weights(_model(), _data(), 3e-3)
     runs = [gemini_rank(CFG)] if n == 1 else world(n).run(gemini_rank, CFG)
     for losses, weights, moved in runs:
         for got, want in zip(losses, ref_losses, strict=True):
@@ -78,7 +59,7 @@ def test_gpt_fp32_equals_plain_adamw_on_1_2_4_ranks(world, n):
 
 
 def test_gpt_bf16_within_autocast_tolerance():
-    ref_losses, _ = _reference(autocast=True)
+    ref_losses, _ = adamw_losses_and_weights(_model(), _data(), 3e-3, autocast=True)
     losses, _, _ = gemini_rank(GeminiConfig(precision="bf16", accelerator_bytes=200_000))
     for got, want in zip(losses, ref_losses, strict=True):
         assert abs(got - want) <= 3e-2 * abs(want)
