@@ -13,6 +13,7 @@ import torch
 
 from colossal import Booster, GeminiPlugin
 from colossal.cli import main
+from colossal.train._display import memory_summary
 from colossal_contracts import ConfigError
 from colossal_models import GPT, GPTConfig
 
@@ -48,7 +49,7 @@ def test_disk_tier_trains_like_adamw(tmp_path):
     )
     booster = Booster(plugin)
     gm, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-    losses, read, written = [], 0, 0
+    losses, read, faulted, written = [], 0, 0, 0
     for _ in range(STEPS):
         loss = gm(x, y)
         booster.backward(loss, opt)
@@ -58,7 +59,9 @@ def test_disk_tier_trains_like_adamw(tmp_path):
         stats = plugin.memory_stats()
         assert stats["host_peak_bytes"] <= 300 * 1024 and stats["disk_peak_bytes"] > 0
         read, written = read + stats["disk_read_bytes"], written + stats["disk_written_bytes"]
+        faulted += stats["disk_faulted_bytes"]
     assert read > 0 and written > 0  # states streamed through memory every step
+    assert faulted > 0  # the read-ahead window (72 KiB of 300) holds less than a step streams
     assert losses == pytest.approx(ref_losses, abs=1e-5)
     state = gm.full_state_dict()
     for k, v in ref_state.items():
@@ -67,6 +70,19 @@ def test_disk_tier_trains_like_adamw(tmp_path):
     assert any(p.name.startswith("exp_avg") for p in run_dir.iterdir())
     gm.runtime.manager.close()
     assert not list(tmp_path.iterdir())  # closing removes its files and folder
+
+
+def test_summary_shows_disk_bytes_read_ahead_and_faulted_in():
+    rec = {"bytes_moved": 0, "disk_read_s": 1.0, "disk_write_s": 0.5}
+    rec |= {
+        "disk_read_bytes": 2 << 20,
+        "disk_faulted_bytes": 3 << 20,
+        "disk_written_bytes": 1 << 20,
+    }
+    got = memory_summary([rec, rec])
+    assert got["disk read ahead"] == "4 MiB (2 MiB/s)", got
+    assert got["disk faulted in (not read ahead)"] == "6 MiB", got
+    assert got["disk written"] == "2 MiB (2 MiB/s)", got
 
 
 def test_plugin_refuses_a_missing_disk_dir(tmp_path):

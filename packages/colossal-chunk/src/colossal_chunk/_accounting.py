@@ -55,6 +55,9 @@ class ManagerStats:
         num_chunks: chunks registered (parallel chunks included).
         padding_bytes: bytes of chunks that hold no tensor (over every chunk, one rank's view).
         disk_io: background disk reads and writes so far (None without a disk tier).
+        disk_faulted_bytes: bytes of disk payloads used without a read-ahead so far, read by
+            page faults on use, not in ``disk_io`` (None without a disk tier; [Note: disk
+            fault-ins]).
     """
 
     tiers: dict[str, TierStats]
@@ -62,6 +65,7 @@ class ManagerStats:
     num_chunks: int = 0
     padding_bytes: int = 0
     disk_io: DiskIOStats | None = None
+    disk_faulted_bytes: int | None = None
 
     @property
     def bytes_moved(self) -> int:

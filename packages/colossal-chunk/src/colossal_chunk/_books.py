@@ -72,19 +72,22 @@ class ManagerBooks:
         self._placement.count_copy(TierName(src), TierName(dst), nbytes)
 
     def stats(self) -> ManagerStats:
-        """Per-tier bytes in use and peak, and bytes/count of moves per direction (a prefetch is
-        counted when issued; until it completes both its source and destination hold bytes)."""
+        """Per-tier bytes in use and peak, bytes/count of moves per direction (a prefetch is
+        counted when issued; until it completes both its source and destination hold bytes), and
+        the disk tier's I/O: read ahead and written behind, and faulted in on use."""
         tiers = {
             n.value: TierStats(n.value, t.capacity_bytes, t.used_bytes, t.peak_bytes, t.emulated)
             for n, t in self.tiers.items()
         }
         padding = sum(c.padding * c.element_size for c in self.chunks.values())
+        disk = self.tiers.get(TierName.DISK)
         return ManagerStats(
             tiers,
             self._placement.move_stats(),
             len(self.chunks),
             padding,
             self._placement.disk_io(),
+            None if disk is None else disk.faulted_bytes,
         )
 
     def model_data_bytes(self, tier: TierName | str) -> int:

@@ -185,10 +185,12 @@ class ChunkManager(
         return self._placement.read_ahead_window
 
     def written(self, chunks: Iterable[Chunk | int]) -> None:
-        """Say that the shards of ``chunks`` were written in place (an optimizer step): those on
-        disk start being written out of memory in the background."""
+        """Say that the shards of ``chunks`` were used in place (read, or updated by an optimizer
+        step): those on disk start being written out of memory in the background."""
         for c in chunks:
-            self._placement.written(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
+            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            self._placement.used(chunk)  # [Note: disk fault-ins]
+            self._placement.written(chunk)
 
     def access(self, items: Iterable[Tensorish]) -> None:
         """Make parameters ready for compute (on the compute tier, gathered, COMPUTE)."""

@@ -177,6 +177,8 @@ class Placement(ComputeRoom):
         new = self.spares.allocate(d, _key(chunk, dst), chunk.shard_numel, chunk.dtype)
         if not copy:  # padding is zero in every payload: this rank's part of the chunk's tail
             new[max(0, chunk.used - chunk.rank * chunk.shard_numel) :].zero_()
+        if copy:
+            self.used(chunk)
         old = chunk.replace_shard(new, copy=copy)
         del new
         d.write_behind(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
@@ -237,6 +239,13 @@ class Placement(ComputeRoom):
         self.tiers[DISK].read_ahead(_key(chunk, DISK))
         return True
 
+    def used(self, chunk: Chunk) -> None:
+        """``chunk``'s shard is about to be read where it lives (copied off, or updated in
+        place): on disk, counted as faulted in unless it was read ahead ([Note: disk
+        fault-ins] in ``_tier.py``)."""
+        if chunk.tier is DISK:
+            self.tiers[DISK].used(_key(chunk, DISK), chunk.shard_bytes)
+
     def written(self, chunk: Chunk) -> None:
         """``chunk``'s shard was written in place: if it lives on disk, start writing it out
         (its pages leave this process's memory now)."""
@@ -287,6 +296,7 @@ class Placement(ComputeRoom):
         if self._prefetcher is None:
             self._prefetcher = Prefetcher(acc.device)
         src_tier = self.tiers[chunk.tier]  # type: ignore[index]
+        self.used(chunk)
         self._pending[chunk.chunk_id] = (self._prefetcher.copy(dst, chunk.shard), src_tier)
         self._count(src_tier.name, ACC, chunk.shard_bytes)  # counted when issued
         return True

@@ -3,6 +3,15 @@
 [Note: tier accounting] The owner (the chunk manager) calls ``reserve`` before it allocates a
 payload on a tier and ``free`` after it drops one, so ``used_bytes <= capacity_bytes`` holds at every
 moment, also on an emulated accelerator where nothing else would stop an overrun.
+
+[Note: disk fault-ins] A disk payload is read into memory by a read-ahead before its use, or,
+when none was issued since it was last written (the read-ahead window was full, or too small
+for it: [Note: read-ahead window]), by the use itself, a page fault per page. The store counts
+what its reader read ahead (``DiskIOStats.bytes_read``); the tier counts the rest, at each use
+the owner reports (``used``: a copy off the payload, or an update in place): ``faulted_bytes``.
+Not in either: a read-ahead issued but not yet taken up by the reader when its payload was used
+and dropped by the payload's write-behind or discard after it (the use faulted the pages in, and
+the store read nothing).
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ class Tier:
     store: DiskStore | None = None
     _used: int = field(default=0, repr=False)
     _peak: int = field(default=0, repr=False)
+    _faulted: int = field(default=0, repr=False)
+    _ahead: set[str] = field(default_factory=set, repr=False)  # keys read ahead since written
 
     @property
     def used_bytes(self) -> int:
@@ -79,6 +90,19 @@ class Tier:
             )
         self._used -= nbytes
 
+    @property
+    def faulted_bytes(self) -> int:
+        """Bytes of disk payloads used without a read-ahead since creation ([Note: disk
+        fault-ins]); 0 on the other tiers."""
+        return self._faulted
+
+    def used(self, key: str, nbytes: int) -> None:
+        """The owner is about to read ``key``'s payload of ``nbytes`` (to copy it off the tier, or
+        to update it in place): on disk, count them as faulted in unless the payload was read
+        ahead since it was last written ([Note: disk fault-ins])."""
+        if self.store is not None and key not in self._ahead:
+            self._faulted += nbytes
+
     def reset_peak(self) -> None:
         self._peak = self._used
 
@@ -86,6 +110,7 @@ class Tier:
         """A new 1-D payload on this tier (a file for disk; on the CPU its own mapping, returned
         to the system when dropped: [Note: host payloads]). Does not reserve."""
         if self.store is not None:
+            self._ahead.discard(key)
             return self.store.allocate(key, numel, dtype)
         if self.device.type == "cpu" and not self.pin_memory:
             return host_empty(numel, dtype)
@@ -104,15 +129,18 @@ class Tier:
     def discard(self, key: str) -> None:
         """Forget the payload of ``key`` (removes its file on disk; no-op elsewhere)."""
         if self.store is not None:
+            self._ahead.discard(key)
             self.store.discard(key)
 
     def read_ahead(self, key: str) -> None:
         """Start reading the payload of ``key`` into memory before use (disk only; see
         [Note: disk read-ahead and write-behind])."""
         if self.store is not None:
+            self._ahead.add(key)
             self.store.read_ahead(key)
 
     def write_behind(self, key: str, payload: torch.Tensor) -> None:
         """Start writing the payload of ``key`` (just written) out of memory (disk only)."""
         if self.store is not None:
+            self._ahead.discard(key)  # its pages leave this process: a use faults them in again
             self.store.write_behind(key, payload)

@@ -70,9 +70,9 @@ class TrainDisplay:
             stats += f"  acc {_mib(record['accelerator_bytes'])}"
         if "bytes_moved" in record:
             stats += f"  moved {_mib(record['bytes_moved'])}"
-        if "disk_read_bytes" in record:
-            rw = record["disk_read_bytes"], record["disk_written_bytes"]
-            stats += f"  disk r/w {_mib(rw[0])}/{_mib(rw[1])}"
+        if "disk_read_bytes" in record:  # read ahead / faulted in on use / written behind
+            rfw = ("disk_read_bytes", "disk_faulted_bytes", "disk_written_bytes")
+            stats += "  disk r/f/w " + "/".join(_mib(record.get(k, 0)) for k in rfw)
         comm = comm_bytes(record)
         if comm:
             stats += "  comm " + " ".join(f"{axis} {_size(n)}" for axis, n in comm.items())
@@ -105,13 +105,15 @@ def memory_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     out["bytes moved"] = _mib(sum(r["bytes_moved"] for r in records))
     if "disk_read_bytes" in records[-1]:  # background disk I/O and the throughput it reached
         for what, b_key, s_key in (
-            ("read", "disk_read_bytes", "disk_read_s"),
+            ("read ahead", "disk_read_bytes", "disk_read_s"),
             ("written", "disk_written_bytes", "disk_write_s"),
         ):
             nbytes = sum(r.get(b_key, 0) for r in records)
             secs = sum(r.get(s_key, 0) for r in records)
             rate = f" ({nbytes / secs / 2**20:,.0f} MiB/s)" if secs > 0 else ""
             out[f"disk {what}"] = _mib(nbytes) + rate
+        faulted = sum(r.get("disk_faulted_bytes", 0) for r in records)
+        out["disk faulted in (not read ahead)"] = _mib(faulted)
     return out
 
 
