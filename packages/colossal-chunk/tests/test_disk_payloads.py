@@ -177,3 +177,34 @@ def test_a_read_ahead_already_in_the_page_cache_maps_without_waiting_for_the_dev
     _read_back(DiskStore(tmp_path / "dropped"), tmp_path / "dropped" / "r.bin", waits)
     assert len(waits) <= 3  # dropped from the cache: the device reads (WILLNEED at issue), and
     # a payload not in yet when the reader gets to it is waited for with the lock released
+
+
+@linux
+def test_a_payload_used_before_the_reader_took_up_its_read_ahead_is_mapped_by_its_user(tmp_path):
+    import threading
+
+    store = DiskStore(tmp_path)
+    t = store.allocate("u-0", NUMEL, torch.float32)
+    t.fill_(3.0)
+    store.write_behind("u-0", t)
+    store.drain()
+    store.record_reads()
+    busy = threading.Event()
+    store.read_ahead("u-0")  # starts the reader thread; then keep it busy
+    store._reader.submit(busy.wait)  # type: ignore[union-attr]
+    store.read_ahead("u-0")  # no-op: read since last written
+    store.write_behind("u-0", t)  # drops or waits for the first read-ahead
+    store.read_ahead("u-0")  # queued behind the busy job: the reader cannot take it up
+    user = threading.Thread(target=store.finish_read, args=("u-0",))
+    user.start()
+    user.join(timeout=60)
+    try:
+        assert not user.is_alive()  # mapped by the user, not waiting for the reader
+        [*_, r] = store.record_reads()
+        assert r.nbytes == NUMEL * 4 and store.io_stats().bytes_read >= NUMEL * 4
+        assert _resident(tmp_path / "u.bin") == NUMEL * 4
+    finally:
+        busy.set()
+    store.finish_read("u-0")  # nothing in flight: a no-op
+    assert t[-1].item() == 3.0
+    store.close()

@@ -28,10 +28,13 @@ and the reader only maps what came. Each interpreter-lock hand-over costs the re
 5 ms switch interval while the main thread runs Python (a 4 MiB read takes ~3 ms; profiled in
 training on a loaded machine, the reader ran no job for about half the seconds a read was in
 flight, and two reads in three were in the page cache before it took them up), so it takes as
-few as it can: a job maps every read-ahead queued when it runs (one wake-up for the reads issued
-together, soonest first), and a payload whose pages are all in the page cache already
-(``mincore``) is mapped keeping the lock (no device wait, so no hand-over back); only one still
-being read is waited for with the lock released. A write-behind or ``discard`` of a payload
+few as it can: a job maps every read-ahead queued while it runs (one wake-up for the reads issued
+together, soonest first, taken one at a time), and a payload whose pages are all in the page
+cache already (``mincore``) is mapped keeping the lock (no device wait, so no hand-over back);
+only one still being read is waited for with the lock released. A payload about to be used
+whose read-ahead the reader has not taken up yet is mapped by its user (``finish_read``, which
+the owner calls before it reads a disk payload): the user neither waits for the reader to get
+the lock nor faults the pages in beside it, and the read is over when the data is in. A write-behind or ``discard`` of a payload
 drops its read-ahead not taken up yet (it reads nothing) and waits for one being mapped, so no
 read maps pages again after their unmap ([Note: read-ahead window] in ``_read_ahead.py``).
 ``write_behind(key, tensor)`` is issued once a payload was written (moved to disk, or updated in
@@ -260,27 +263,44 @@ class DiskStore:
         for j in jobs:
             j.result()
 
-    def _read(self) -> None:
-        """Map every read-ahead queued so far, in issue order (a job's own may be done already,
-        with an earlier job's batch)."""
+    def finish_read(self, key: str) -> None:
+        """``key``'s payload is used now: its read-ahead not taken up by the reader yet is done
+        on this thread (instead of waiting for the reader, or faulting the pages in beside it);
+        one the reader is mapping is waited for. No-op when none is in flight."""
+        p = self._files.get(key)
+        if p is None or p.read is None or p.read.is_set():
+            return
         with self._lock:
-            batch, self._reads = self._reads, []
-        ended = 0
+            mine = any(q is p for q in self._reads)
+            self._reads = [q for q in self._reads if q is not p]
+        if mine:
+            self._map(p)
+        else:
+            p.read.wait()
+
+    def _read(self) -> None:
+        """Map the read-aheads queued, soonest first, one at a time (a caller about to use one
+        not taken up yet maps it itself: ``finish_read``)."""
+        while True:
+            with self._lock:
+                if not self._reads:
+                    return
+                p = self._reads.pop(0)
+            self._map(p)
+
+    def _map(self, p: _Payload) -> None:
+        """Do ``p``'s read-ahead on this thread; it is over when this returns (or raises:
+        then it read nothing)."""
+        started, n, cached = time.perf_counter(), 0, False
         try:
-            for p in batch:
-                started = time.perf_counter()
-                n, cached = self._read_into(p)
-                self._in_flight[0].end(n)
-                ended += 1
-                p.read.set()  # type: ignore[union-attr]
-                r = ReadRecord(p.issued, started, time.perf_counter(), n, cached)
-                with self._lock:
-                    if self._records is not None:
-                        self._records.append(r)
-        finally:  # a read that raised, and the ones after it, read nothing
-            for q in batch[ended:]:
-                self._in_flight[0].end(0)
-                q.read.set()  # type: ignore[union-attr]
+            n, cached = self._read_into(p)
+        finally:
+            self._in_flight[0].end(n)
+            p.read.set()  # type: ignore[union-attr]
+        r = ReadRecord(p.issued, started, time.perf_counter(), n, cached)
+        with self._lock:
+            if self._records is not None:
+                self._records.append(r)
 
     def _read_into(self, p: _Payload) -> tuple[int, bool]:
         """Bring ``p``'s bytes into memory; returns how many were read, and whether they were

@@ -184,6 +184,13 @@ class ChunkManager(
         window])."""
         return self._placement.read_ahead_window
 
+    def finish_reads(self, chunks: Iterable[Chunk | int]) -> None:
+        """The shards of ``chunks`` are read next where they live (updated in place): on disk,
+        their read-aheads not taken up by the reader yet are done on this thread now ([Note:
+        disk read-ahead and write-behind] in ``_disk.py``)."""
+        for c in chunks:
+            self._placement.finish_read(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
+
     def written(self, chunks: Iterable[Chunk | int]) -> None:
         """Say that the shards of ``chunks`` were used in place (read, or updated by an optimizer
         step): those on disk start being written out of memory in the background."""

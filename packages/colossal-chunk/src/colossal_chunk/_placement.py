@@ -179,6 +179,7 @@ class Placement(ComputeRoom):
             new[max(0, chunk.used - chunk.rank * chunk.shard_numel) :].zero_()
         if copy:
             self.used(chunk)
+            self.finish_read(chunk)
         old = chunk.replace_shard(new, copy=copy)
         del new
         d.write_behind(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
@@ -245,6 +246,12 @@ class Placement(ComputeRoom):
         fault-ins] in ``_tier.py``)."""
         if chunk.tier is DISK:
             self.tiers[DISK].used(_key(chunk, DISK), chunk.shard_bytes)
+
+    def finish_read(self, chunk: Chunk) -> None:
+        """``chunk``'s shard is read next, on this thread: on disk, its read-ahead not taken up
+        by the reader yet is done here ([Note: disk read-ahead and write-behind])."""
+        if chunk.tier is DISK:
+            self.tiers[DISK].finish_read(_key(chunk, DISK))
 
     def written(self, chunk: Chunk) -> None:
         """``chunk``'s shard was written in place: if it lives on disk, start writing it out

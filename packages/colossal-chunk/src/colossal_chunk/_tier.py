@@ -103,6 +103,12 @@ class Tier:
         if self.store is not None and key not in self._ahead:
             self._faulted += nbytes
 
+    def finish_read(self, key: str) -> None:
+        """``key``'s payload is read next, on this thread: on disk, its read-ahead not taken up
+        by the reader yet is done here ([Note: disk read-ahead and write-behind])."""
+        if self.store is not None:
+            self.store.finish_read(key)
+
     def reset_peak(self) -> None:
         self._peak = self._used
 

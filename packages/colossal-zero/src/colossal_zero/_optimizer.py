@@ -254,6 +254,7 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
                 for ahead, _ in todo[i : i + 3]:
                     if not m.read_ahead(self._written_by(ahead)):
                         break
+                m.finish_reads(self._written_by(c))  # read now: not left to the reader
             self._update(c, owned, grad_scale)
             rt.stepped(c)
             if disk:
