@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _reference import adamw_losses
 
 from colossal import Booster, GeminiPlugin, HybridParallelPlugin
 from colossal.booster import load_sharded_safetensors
@@ -48,19 +49,7 @@ def _reference(layers: int, steps: int, m: int, dtype: str = "float32") -> tuple
     """Single-process AdamW on the global batch (gradients of ``m`` equal micro-batches summed,
     as the pipeline sums them), clipped at ``CLIP``."""
     ref = _model(layers, dtype)
-    opt = torch.optim.AdamW(ref.parameters(), lr=LR)
-    losses = []
-    for x, y in _batches(steps):
-        total = 0.0
-        for xm, ym in zip(x.chunk(m), y.chunk(m)):
-            loss = ref(xm, ym) / m
-            loss.backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP)
-        opt.step()
-        opt.zero_grad()
-        losses.append(total)
-    return losses, ref
+    return adamw_losses(ref, _batches(steps), LR, clip=CLIP, microbatches=m), ref
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

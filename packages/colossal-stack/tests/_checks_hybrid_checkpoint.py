@@ -36,21 +36,6 @@ def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def plain_steps(
-    model: GPT, opt: torch.optim.Optimizer, data: list[tuple[torch.Tensor, torch.Tensor]]
-) -> list[float]:
-    """Single-process AdamW steps on whole batches, clipped at ``CLIP``."""
-    losses = []
-    for x, y in data:
-        loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 def hybrid_steps(
     settings: dict,
     root: str,

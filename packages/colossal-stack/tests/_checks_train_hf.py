@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import transformers
+from _reference import adamw_losses
 
 from colossal import Booster, DDPPlugin, GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin
 from colossal.train._models import resolve_model
@@ -85,16 +86,13 @@ def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _reference(folder: str, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The unmodified HF model from the folder, plain AdamW on the whole batch."""
     ref = transformers.AutoModelForCausalLM.from_pretrained(folder).float().train()
-    opt = torch.optim.AdamW(ref.parameters(), lr=LR)
-    losses = []
-    for x, y in _batches(steps):
-        logits = ref(input_ids=x, use_cache=False).logits
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses = adamw_losses(ref, _batches(steps), LR, loss_of=_hf_loss)
     return losses, {n: p.detach().clone() for n, p in ref.named_parameters()}
+
+
+def _hf_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=x, use_cache=False).logits
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
 
 
 def _plugin(name: str, settings: dict):  # type: ignore[no-untyped-def]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _reference import adamw_losses
 
 from colossal import TrainConfig, train
 from colossal.train._loop import _data_seed
@@ -56,19 +57,15 @@ def reference_losses(kw: dict[str, Any], dp: int) -> list[float]:
         model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )
     gen = torch.Generator()
-    losses = []
-    for step in range(cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
+
+    def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         xs, ys = [], []
         for coord in range(dp):
             gen.manual_seed(_data_seed(cfg.seed, coord, step))
             x, y = corpus.batch(data, cfg.batch_size, cfg.seq_len, gen)
             xs.append(x)
             ys.append(y)
-        loss = model(torch.cat(xs), torch.cat(ys))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+        return torch.cat(xs), torch.cat(ys)
+
+    batches = (global_batch(step) for step in range(cfg.steps))
+    return adamw_losses(model, batches, opt, lr_at=lambda s: cfg.lr * warmup_cosine(s, cfg.steps))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _reference import adamw_losses
 
 from colossal import Booster, GeminiPlugin
 from colossal.cli import main
@@ -30,16 +31,9 @@ def test_disk_tier_trains_like_adamw(tmp_path):
     x, y = _batch()
     torch.manual_seed(0)
     ref = GPT(CFG)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    ref_losses = []
-    for _ in range(STEPS):
-        loss = ref(x, y)
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(loss.item())
+    ref_losses = adamw_losses(ref, [(x, y)] * STEPS, 1e-3)
     ref_state = {k: v.detach().clone() for k, v in ref.state_dict().items()}
-    del ref, ref_opt  # the warmup counts live CPU tensors: the reference must not be among them
+    del ref  # the warmup counts live CPU tensors: the reference must not be among them
     gc.collect()
 
     torch.manual_seed(0)

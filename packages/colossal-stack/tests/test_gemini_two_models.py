@@ -8,6 +8,7 @@ import gc
 
 import pytest
 import torch
+from _reference import adamw_losses
 
 from colossal import Booster, GeminiPlugin
 from colossal_models import GPT, GPTConfig
@@ -16,24 +17,11 @@ CFG = GPTConfig(vocab_size=256, max_seq_len=16, num_layers=2, num_heads=2, hidde
 STEPS = 3
 
 
-def _reference(x: torch.Tensor, y: torch.Tensor) -> list[float]:
-    torch.manual_seed(0)
-    ref = GPT(CFG)
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    losses = []
-    for _ in range(STEPS):
-        loss = ref(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 def test_two_gemini_models_step_alternately_like_adamw(tmp_path):
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 256, (2, 16), generator=g), torch.randint(0, 256, (2, 16), generator=g)
-    ref_losses = _reference(x, y)
+    torch.manual_seed(0)
+    ref_losses = adamw_losses(GPT(CFG), [(x, y)] * STEPS, 1e-3)
     gc.collect()
     runs = []
     for window in (None, 0):  # the default read-ahead window, and none
