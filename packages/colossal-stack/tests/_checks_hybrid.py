@@ -36,7 +36,7 @@ def _model(layers: int, dtype: str = "float32") -> GPT:
     return GPT(cfg).to(getattr(torch, dtype))
 
 
-def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(3)
     out = []
     for _ in range(steps):
@@ -49,7 +49,7 @@ def _reference(layers: int, steps: int, m: int, dtype: str = "float32") -> tuple
     """Single-process AdamW on the global batch (gradients of ``m`` equal micro-batches summed,
     as the pipeline sums them), clipped at ``CLIP``."""
     ref = _model(layers, dtype)
-    return adamw_losses(ref, _batches(steps), LR, clip=CLIP, microbatches=m), ref
+    return adamw_losses(ref, batches(steps), LR, clip=CLIP, microbatches=m), ref
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -94,7 +94,7 @@ def train_case(
     coord, dp = plugin.data_rank()
     rows = slice(coord * B // dp, (coord + 1) * B // dp)
     losses = []
-    for x, y in _batches(steps):
+    for x, y in batches(steps):
         if plugin.pp_size > 1:
             loss = booster.execute_pipeline(x[rows], y[rows], model, opt)
         else:
@@ -128,9 +128,9 @@ def gemini_case(settings: dict, steps: int, root: str, layers: int = 2) -> dict:
     booster, model, opt = _gemini_boost(plugin, layers)
     mesh = plugin.mesh
     assert mesh is not None
-    losses = _gemini_steps(booster, model, opt, mesh, _batches(steps)[:half])
+    losses = _gemini_steps(booster, model, opt, mesh, batches(steps)[:half])
     saved = booster.save(model, opt, Path(root), step=half)
-    losses += _gemini_steps(booster, model, opt, mesh, _batches(steps)[half:])
+    losses += _gemini_steps(booster, model, opt, mesh, batches(steps)[half:])
     stats = booster.memory_stats()
     ref_losses, ref = _reference(layers, steps, 1)
     want = parallelize(copy.deepcopy(ref), mesh)
@@ -142,7 +142,7 @@ def gemini_case(settings: dict, steps: int, root: str, layers: int = 2) -> dict:
     booster, model, opt = _gemini_boost(again, layers)
     assert again.mesh is not None
     booster.load(model, opt, Path(root))
-    resumed = _gemini_steps(booster, model, opt, again.mesh, _batches(steps)[half:])
+    resumed = _gemini_steps(booster, model, opt, again.mesh, batches(steps)[half:])
     out["resume_err"] = max(abs(a - b) / abs(b) for a, b in zip(resumed, losses[half:]))
     again.close()
     if saved is not None:  # rank 0: the consolidated export equals the reference at ``half``

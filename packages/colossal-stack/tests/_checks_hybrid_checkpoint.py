@@ -3,7 +3,8 @@
 A run trains GPT (hidden 32, fp32) through ``HybridParallelPlugin`` on one layout, saves with
 ``Booster.save``; another run boosts a model built from *another* seed on another layout, loads
 with ``Booster.load`` and goes on. Its losses are compared (by the test) with one uninterrupted
-single-process AdamW run on the same global batches with the same clipping.
+single-process AdamW run on the same global batches with the same clipping (those of
+``_checks_hybrid``).
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _checks_hybrid import CLIP, LR, B, T, batches
 
 from colossal import Booster, HybridParallelPlugin
 from colossal_models import GPT, GPTConfig
-
-B, T, LR, CLIP = 8, 16, 1e-3, 0.05
 
 
 def make_model(*, bias: bool, seed: int = 0, layers: int = 4) -> GPT:
@@ -25,15 +25,6 @@ def make_model(*, bias: bool, seed: int = 0, layers: int = 4) -> GPT:
         vocab_size=128, max_seq_len=T, num_layers=layers, num_heads=4, hidden_size=32, bias=bias
     )
     return GPT(cfg)
-
-
-def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(3)
-    out = []
-    for _ in range(steps):
-        d = torch.randint(0, 128, (B, T + 1), generator=g)
-        out.append((d[:, :-1], d[:, 1:]))
-    return out
 
 
 def hybrid_steps(

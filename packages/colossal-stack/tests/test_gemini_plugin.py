@@ -5,40 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _boosted import boost_nano, boosted_losses
 from safetensors.torch import load_file
 
-from colossal import Booster, GeminiPlugin
+from colossal import GeminiPlugin
 from colossal.booster import load_sharded_safetensors, parse_bytes
 from colossal_contracts import ConfigError
 from colossal_models import GPT, GPTConfig
 
 
-def _setup(plugin: GeminiPlugin, seed: int = 0):  # type: ignore[no-untyped-def]
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig.preset("nano"))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    booster = Booster(plugin)
-    model, opt = booster.boost(model, opt)
-    return booster, model, opt
-
-
-def _steps(booster, model, opt, n: int, start: int = 0) -> list[float]:  # type: ignore[no-untyped-def]
-    g = torch.Generator().manual_seed(7)
-    fixed = torch.randint(0, 256, (2, 4, 32), generator=g)  # one batch: the loss must fall
-    data = [fixed + i % 2 for i in range(start + n)][start:]
-    losses = []
-    for x, y in data:
-        loss = model(x, y)
-        booster.backward(loss, opt)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
-
-
 def test_trains_under_a_budget_and_reports_tiers_and_moves():
-    booster, model, opt = _setup(GeminiPlugin(accelerator_budget="2.5MiB", precision="fp32"))
-    losses = _steps(booster, model, opt, 8)
+    booster, model, opt = boost_nano(GeminiPlugin(accelerator_budget="2.5MiB", precision="fp32"))
+    losses = boosted_losses(booster, model, opt, 8)
     stats = booster.memory_stats()
     assert losses[-1] < losses[0]
     assert 0 < stats["accelerator_peak_bytes"] <= 2.5 * 2**20
@@ -48,16 +26,16 @@ def test_trains_under_a_budget_and_reports_tiers_and_moves():
 
 def test_checkpoint_resume_is_exact_and_full_model_loads_in_plain_torch(tmp_path):
     plugin = GeminiPlugin(accelerator_budget="2.5MiB", precision="bf16", export_shard_bytes="96KiB")
-    booster, model, opt = _setup(plugin)
-    _steps(booster, model, opt, 3)
+    booster, model, opt = boost_nano(plugin)
+    boosted_losses(booster, model, opt, 3)
     path = booster.save(model, opt, tmp_path, step=3)
     want = model.full_state_dict()
-    after = _steps(booster, model, opt, 3, start=3)
+    after = boosted_losses(booster, model, opt, 3, start=3)
 
-    b2, m2, o2 = _setup(GeminiPlugin(accelerator_budget="2.5MiB", precision="bf16"), seed=5)
+    b2, m2, o2 = boost_nano(GeminiPlugin(accelerator_budget="2.5MiB", precision="bf16"), seed=5)
     info = b2.load(m2, o2, tmp_path)
     assert info["step"] == 3
-    assert _steps(b2, m2, o2, 3, start=3) == after
+    assert boosted_losses(b2, m2, o2, 3, start=3) == after
 
     # the streamed export: every name (tied ones too) bit-identical to the gathered state,
     # in bounded shards (one tensor over the bound is a shard of its own)
@@ -95,7 +73,7 @@ def test_bad_settings_are_clear_errors(kw, match):
 
 def test_budget_below_one_chunk_fails_before_training():
     with pytest.raises(ConfigError, match="cannot hold one chunk"):
-        _setup(GeminiPlugin(accelerator_budget="16KiB"))
+        boost_nano(GeminiPlugin(accelerator_budget="16KiB"))
 
 
 def test_train_job_with_gemini_flags_logs_tiers_and_moves(tmp_path, small_corpus):

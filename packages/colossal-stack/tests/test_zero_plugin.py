@@ -8,60 +8,35 @@ import dataclasses
 
 import pytest
 import torch
+from _boosted import LR, boost_nano, boosted_losses, fixed_batches
 from _reference import adamw_losses
 from safetensors.torch import load_file
 
-from colossal import Booster, LowLevelZeroPlugin, TrainConfig, train
+from colossal import LowLevelZeroPlugin, TrainConfig, train
 from colossal.cli import main
 from colossal_contracts import CapacityError, ConfigError
 from colossal_models import GPT, GPTConfig
 
 
-def _setup(plugin: LowLevelZeroPlugin, seed: int = 0):  # type: ignore[no-untyped-def]
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig.preset("nano"))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    booster = Booster(plugin)
-    model, opt = booster.boost(model, opt)
-    return booster, model, opt
-
-
-def _data(n: int, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(7)
-    fixed = torch.randint(0, 256, (2, 4, 32), generator=g)
-    return [tuple(fixed + i % 2) for i in range(start + n)][start:]  # type: ignore[misc]
-
-
-def _steps(booster, model, opt, n: int, start: int = 0) -> list[float]:  # type: ignore[no-untyped-def]
-    losses = []
-    for x, y in _data(n, start):
-        loss = model(x, y)
-        booster.backward(loss, opt)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
-
-
 @pytest.mark.parametrize("stage", [1, 2])
 def test_matches_plain_adamw_and_reports_model_state_bytes(stage):
-    booster, model, opt = _setup(LowLevelZeroPlugin(stage=stage, max_grad_norm=1.0))
+    booster, model, opt = boost_nano(LowLevelZeroPlugin(stage=stage, max_grad_norm=1.0))
     torch.manual_seed(0)
     ref = GPT(GPTConfig.preset("nano"))
-    want = adamw_losses(ref, _data(4), 3e-3, clip=1.0)
-    assert _steps(booster, model, opt, 4) == pytest.approx(want, rel=1e-5)
+    want = adamw_losses(ref, fixed_batches(4), LR, clip=1.0)
+    assert boosted_losses(booster, model, opt, 4) == pytest.approx(want, rel=1e-5)
     stats = booster.memory_stats()
     assert stats["optimizer_states_bytes"] >= 8 * sum(p.numel() for p in ref.parameters())
 
 
 def test_checkpoint_resume_is_exact_and_full_model_loads_in_plain_torch(tmp_path):
-    booster, model, opt = _setup(LowLevelZeroPlugin(stage=2, precision="bf16"))
-    _steps(booster, model, opt, 3)
+    booster, model, opt = boost_nano(LowLevelZeroPlugin(stage=2, precision="bf16"))
+    boosted_losses(booster, model, opt, 3)
     path = booster.save(model, opt, tmp_path, step=3)
-    after = _steps(booster, model, opt, 3, start=3)
-    b2, m2, o2 = _setup(LowLevelZeroPlugin(stage=2, precision="bf16"), seed=5)
+    after = boosted_losses(booster, model, opt, 3, start=3)
+    b2, m2, o2 = boost_nano(LowLevelZeroPlugin(stage=2, precision="bf16"), seed=5)
     assert b2.load(m2, o2, tmp_path)["step"] == 3
-    assert _steps(b2, m2, o2, 3, start=3) == after
+    assert boosted_losses(b2, m2, o2, 3, start=3) == after
     plain = GPT(GPTConfig.preset("nano"))
     plain.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
     assert all(torch.isfinite(p).all() for p in plain.parameters())
@@ -84,7 +59,7 @@ def test_bad_settings_are_one_line_errors(kwargs, error, match):
 
 def test_offload_without_host_room_is_refused_at_boost():
     with pytest.raises(CapacityError, match="offloading the optimizer needs") as err:
-        _setup(LowLevelZeroPlugin(offload_optimizer=True, host_budget="1KiB"))
+        boost_nano(LowLevelZeroPlugin(offload_optimizer=True, host_budget="1KiB"))
     assert "\n" not in str(err.value)
 
 
