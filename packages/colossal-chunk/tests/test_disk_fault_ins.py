@@ -47,6 +47,11 @@ def test_without_a_read_ahead_window_every_use_is_a_fault_in(tmp_path):
     assert _faulted_and_read(mgr) == (4 * SHARD, 0)
     mgr.move(on_disk[2], DISK)  # back to disk: written, nothing read from it
     assert _faulted_and_read(mgr) == (4 * SHARD, 0)
+    pl = mgr._placement  # a prefetch copies off the disk on the prefetcher's thread
+    assert pl.prefetch(on_disk[3], moment=0, target_use=0.0, chunks=mgr.chunks.values())
+    pl.settle(on_disk[3])
+    assert on_disk[3].tier is TierName.ACCELERATOR
+    assert _faulted_and_read(mgr) == (5 * SHARD, 0)
     mgr.close()
 
 
