@@ -1,11 +1,16 @@
 """Prefetch copies on an emulated accelerator: a copy the worker thread has not started when it
-is needed is made by the waiting thread, not waited for; one the worker made is waited for."""
+is needed is made by the waiting thread, not waited for; one the worker made is waited for; a
+small shard is moved at once by the prefetching thread ([Note: inline prefetch])."""
 
 import threading
 
+import pytest
 import torch
+from torch import nn
 
+from colossal_chunk import AutoPolicy, ChunkConfig, ChunkManager
 from colossal_chunk._prefetch import Prefetcher
+from colossal_contracts import TierName
 
 
 def _wait_in_thread(pending) -> tuple[threading.Thread, list[torch.Tensor]]:  # type: ignore[no-untyped-def]
@@ -35,3 +40,30 @@ def test_a_copy_the_worker_made_is_waited_for():
     pending._future.result()  # the worker made it
     assert pending.wait() is dst and torch.equal(dst, src)
     pf.close()
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_small_shard_is_prefetched_at_once_a_large_one_by_the_worker(inline):
+    numel = 1024  # one parameter per chunk: 4 KiB
+    params = [(f"p{i}", nn.Parameter(torch.full((numel,), float(i)))) for i in range(3)]
+    cfg = ChunkConfig(numel, accelerator_bytes=8 * numel * 4, device="cpu", disk_bytes=0)
+    policy = AutoPolicy()
+    m = ChunkManager(cfg, policy=policy)
+    m.register(params)
+    chunks = [m.chunk_of(n) for n, _ in params]
+    for c in chunks:
+        m.move(c, TierName.HOST)
+    policy.set_schedule([[c.chunk_id] for c in chunks])
+    placement = m._placement
+    if not inline:
+        placement.inline_copy_bytes = chunks[0].shard_bytes - 1
+    moved = m.stats().bytes_moved
+    m.set_moment(0, prefetch=1)  # moment 1's chunk
+    c1 = chunks[1]
+    assert (c1.tier is TierName.ACCELERATOR) is inline  # a move made at once
+    assert (c1.chunk_id in placement._pending) is not inline  # a copy on the worker
+    assert m.stats().bytes_moved - moved == c1.shard_bytes  # counted either way
+    m.access(["p1"])
+    assert c1.tier is TierName.ACCELERATOR and torch.equal(c1.view("p1"), params[1][1].data)
+    assert torch.all(c1.view("p1") == 1.0)
+    m.close()

@@ -55,12 +55,15 @@ class ManagerCollectives:
         into: Chunk | int | None = None,
         average: bool = True,
         async_op: bool = False,
+        read_on_host: bool = False,
     ) -> None:
         """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard
         (averaged over ranks), or into the shard of ``into``, a chunk of the same layout
         ([Note: chunk gradients] in ``_chunk.py``; see ``_reduce_target``); collective over the
         manager's group. Tensors end in HOLD/FREE. With ``async_op`` the shard is written when
-        the chunk's collective is finished ([Note: collectives in flight])."""
+        the chunk's collective is finished ([Note: collectives in flight]). ``read_on_host``:
+        the result is next read on the host (an optimizer that updates ``into``'s chunk there),
+        so a host shard of ``into`` takes it where it is."""
         c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
         dst = (
             None
@@ -72,7 +75,7 @@ class ManagerCollectives:
         if self.before_collective is not None and c.world_size > 1:
             self.before_collective("reduce-scatter", c)
         if dst is not None:
-            self._reduce_target(dst)
+            self._reduce_target(dst, read_on_host=read_on_host)
         if async_op:
             c.start_reduce_scatter(average=average, into=dst)
             self.in_flight.add(c)
@@ -80,18 +83,21 @@ class ManagerCollectives:
         self._placement.drop_gathered(c, c.reduce_scatter(average=average, into=dst))
         self._bind(c)
 
-    def _reduce_target(self, dst: Chunk) -> None:
+    def _reduce_target(self, dst: Chunk, *, read_on_host: bool = False) -> None:
         """Where a reduce-scatter ``into`` ``dst`` lands: its shard's values are dead (the result
         overwrites them). A shard off the compute tier comes to it uncopied when it fits in this
-        moment's room without evicting anything; else a host shard stays there and takes the
-        result straight from the collective (counted as a move off the compute tier, as FSDP2's
-        CPU offload copies reduced gradients to the host), and a disk shard is brought in as an
-        access would bring it."""
+        moment's room without evicting anything and is not ``read_on_host``; else a host shard
+        stays there and takes the result straight from the collective (counted as a move off the
+        compute tier, as FSDP2's CPU offload copies reduced gradients to the host), and a disk
+        shard is brought in as an access would bring it. (A shard brought in for a reader on the
+        host would be evicted again, or copied there, before that reader: two moves for none.)"""
         pl, acc = self._placement, self.tiers[ACC]
         pl.settle(dst)
         if dst.tier is ACC:
             return
-        if dst.tier is TierName.HOST and acc.used_bytes + dst.shard_bytes > pl.limit(self._moment):
+        if dst.tier is TierName.HOST and (
+            read_on_host or acc.used_bytes + dst.shard_bytes > pl.limit(self._moment)
+        ):
             pl.count_copy(ACC, TierName.HOST, dst.shard_bytes)
             return
         pl.make_room(

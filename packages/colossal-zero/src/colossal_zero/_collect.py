@@ -58,6 +58,13 @@ class GradientCollection(StepGradients):
     _used: set[str]  # names an operator read since the forward began
     _overlap: bool  # [Note: overlap] in ``_comm.py``
     _start_backward: Callable[[], None]  # the runtime's: enters BACKWARD once per backward
+    _host_reader: weakref.WeakMethod | None  # see read_gradients_on_host
+
+    def read_gradients_on_host(self, where: Callable[[Chunk], bool]) -> None:
+        """Say where the reduced gradients are read: ``where(c)`` is True when parameter chunk
+        ``c``'s are read on the host (an optimizer whose states for ``c`` live there), so a
+        reduce-scatter into a host shard leaves it there. Held weakly (a bound method)."""
+        self._host_reader = weakref.WeakMethod(where)  # type: ignore[arg-type]
 
     def _grad_hook(self, name: str):  # type: ignore[no-untyped-def]
         # A weak reference: the hook lives in the parameter's C++ hook list, which the garbage
@@ -170,8 +177,11 @@ class GradientCollection(StepGradients):
         """Reduce-scatter ``target`` (``c`` itself, or one rank's "grad" chunk) into the
         chunk that keeps ``c``'s reduced gradients."""
         into = self.working(c) if target is c else None
+        ref = self._host_reader
+        where = ref() if ref is not None and into is not None else None
+        on_host = where is not None and where(c)
         with label("Gemini::reduce_scatter"):
-            self.manager.reduce(target, into=into, async_op=self._overlap)
+            self.manager.reduce(target, into=into, async_op=self._overlap, read_on_host=on_host)
         rec = self._chunks[c.chunk_id]
         rec.open, rec.pending = False, True
 

@@ -96,6 +96,7 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
         self._norm_due: tuple[list[tuple[torch.Tensor, ParamSharding | None]], int] | None = None
         self._views: dict[int, tuple[tuple, tuple[str, ...], list[tuple]]] = {}  # see _join
         self.rt.on_forward(self._forward_begins)
+        self.rt.read_gradients_on_host(self._reads_on_host)
         self.state_plan = StatePlan(0, (), 0)  # [Note: state placement]
         self._tracking_for: object = None  # the chunk layout whose demand is being measured
         self._placed_for: object = None  # the chunk layout the states were placed for
@@ -134,6 +135,16 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
             adamw=isinstance(optimizer, torch.optim.AdamW),
             sharding=sharding,
         )
+
+    def _reads_on_host(self, c: Chunk) -> bool:
+        """Whether chunk ``c``'s update reads its gradients off the accelerator: its states live
+        there for good ([Note: state placement]: placed, or "host"), so a gradient shard on the
+        accelerator would be copied to them anyway. Before the plan, False: the step that
+        measures the demand sees gradients where it did before, and so plans the same."""
+        m = self.rt.manager
+        if self._placed_for is not m.chunks and self.rt.config.states_placement != "host":
+            return False
+        return m.parallel_chunk(STATE_KINDS[0], c).tier is not ACC
 
     def _forward_begins(self, steady: bool) -> None:
         """A forward begins: the last step's norm pieces go (they may be kept gradients, or views

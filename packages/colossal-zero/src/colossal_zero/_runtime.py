@@ -137,6 +137,7 @@ class GeminiRuntime(GradientCollection):
         )
         self._kept_now: set[int] = set()  # chunk ids that kept a gradient in this backward
         self._on_forward: list[weakref.WeakMethod] = []  # see on_forward
+        self._host_reader = None  # see read_gradients_on_host
         self._kept_bytes = sum(  # what kept gradients hold at most: one per trainable parameter
             p.numel() * dtype.itemsize for p in self.params.values() if p.requires_grad
         )
