@@ -77,6 +77,8 @@ def test_summary_shows_disk_bytes_read_ahead_and_faulted_in():
     assert got["disk read ahead"] == "4 MiB (2 MiB/s)", got
     assert got["disk faulted in (not read ahead)"] == "6 MiB", got
     assert got["disk written"] == "2 MiB (2 MiB/s)", got
+    disk = [k for k in got if k.startswith("disk ")]  # the bytes read from disk side by side
+    assert disk == ["disk read ahead", "disk faulted in (not read ahead)", "disk written"], got
 
 
 def test_plugin_refuses_a_missing_disk_dir(tmp_path):

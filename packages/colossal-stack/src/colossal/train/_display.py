@@ -103,17 +103,16 @@ def memory_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             )
             out[label] = _mib(max(r.get(key, 0) for r in records))
     out["bytes moved"] = _mib(sum(r["bytes_moved"] for r in records))
-    if "disk_read_bytes" in records[-1]:  # background disk I/O and the throughput it reached
+    if "disk_read_bytes" in records[-1]:  # disk I/O and the throughput background I/O reached
         for what, b_key, s_key in (
             ("read ahead", "disk_read_bytes", "disk_read_s"),
+            ("faulted in (not read ahead)", "disk_faulted_bytes", None),  # on the step's path
             ("written", "disk_written_bytes", "disk_write_s"),
         ):
             nbytes = sum(r.get(b_key, 0) for r in records)
-            secs = sum(r.get(s_key, 0) for r in records)
+            secs = sum(r.get(s_key, 0) for r in records) if s_key else 0
             rate = f" ({nbytes / secs / 2**20:,.0f} MiB/s)" if secs > 0 else ""
             out[f"disk {what}"] = _mib(nbytes) + rate
-        faulted = sum(r.get("disk_faulted_bytes", 0) for r in records)
-        out["disk faulted in (not read ahead)"] = _mib(faulted)
     return out
 
 
