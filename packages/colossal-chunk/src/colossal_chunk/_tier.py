@@ -7,11 +7,13 @@ moment, also on an emulated accelerator where nothing else would stop an overrun
 [Note: disk fault-ins] A disk payload is read into memory by a read-ahead before its use, or,
 when none was issued since it was last written (the read-ahead window was full, or too small
 for it: [Note: read-ahead window]), by the use itself, a page fault per page. The store counts
-what its reader read ahead (``DiskIOStats.bytes_read``); the tier counts the rest, at each use
-the owner reports (``used``: a copy off the payload, or an update in place): ``faulted_bytes``.
-Not in either: a read-ahead issued but not yet taken up by the reader when its payload was used
-and dropped by the payload's write-behind or discard after it (the use faulted the pages in, and
-the store read nothing).
+what its read-aheads read (``DiskIOStats.bytes_read``: also one its user maps itself,
+``finish_read``); the tier counts the rest, at each use the owner reports (``used``: a copy off
+the payload, or a use in place): ``faulted_bytes``. Not in either: a read-ahead not taken up by
+the reader when its payload was used without a ``finish_read`` first (a prefetch's copy, the
+uses reported only through ``ChunkManager.written``: a checkpoint's save, a gradient norm) and
+dropped by the payload's write-behind or discard after (the use faulted the pages in, the
+store read nothing).
 """
 
 from __future__ import annotations
