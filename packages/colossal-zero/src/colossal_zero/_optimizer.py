@@ -18,7 +18,11 @@ updates every element on its own, so the values are those of the chunk-by-chunk 
 the update. Without either, on one rank without tensor-parallel axes and when every chunk is
 updated in place, ``step`` does not compute it: ``last_grad_norm`` computes it when first read,
 from the step's gradient pieces (the same pieces, so the same value), which stay valid until
-``zero_grad`` or the next forward; a later first read is an error.
+``zero_grad`` or the next forward; a later first read is an error. Without either and with a
+disk tier, each chunk's squares are taken as its update set streams through memory (its
+gradients are read then anyway) and reduced after the last update: gradients on disk are read
+once per step, not once for the norm and again for the update (same pieces in the same order,
+so the same value).
 """
 
 from __future__ import annotations
@@ -220,6 +224,7 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
             norm_parts.append((rt.gradients(c) if disk else None, parts))
         in_place = {c.chunk_id for c, _ in todo if self._in_place(c, pieces[c.chunk_id], disk)}
         scale = self.loss_scale
+        streamed: list[tuple[float, bool]] | None = None  # squares taken as chunks stream through
         if (  # [Note: norm on demand]
             self.max_grad_norm == 0
             and self.scaler is None
@@ -229,6 +234,8 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
         ):
             self._norm_due = ([p for _, parts in norm_parts for p in parts], rt.forwards)
             overflow = False
+        elif self.max_grad_norm == 0 and self.scaler is None and disk:  # [Note: norm on demand]
+            self._norm_due, overflow, streamed = None, False, []
         else:
             found = reduce_squares(
                 self._squares(norm_parts), group=rt.group, shardings=self.sharding
@@ -252,6 +259,8 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
         moving = False  # a chunk updated alone may move others: the rest go alone too
         for i, (c, owned) in enumerate(todo):
             if c.chunk_id in in_place and not moving:
+                if streamed is not None:
+                    streamed += piece_squares(norm_parts[i][1])
                 self._join(c, owned, pieces[c.chunk_id], rows)
                 joined.append(c)
                 continue
@@ -266,11 +275,19 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
                     if not m.read_ahead(self._written_by(ahead)):
                         break
                 m.finish_reads(self._written_by(c))  # read now: not left to the reader
+            if streamed is not None:  # this chunk's pieces now (moves may have replaced views)
+                got = rt.grad_pieces(c, owned)
+                streamed += piece_squares(
+                    (g, self.sharding.get(n)) for n, g in zip(owned, got, strict=True)
+                )
             self._update(c, owned, grad_scale)
             rt.stepped(c)
             if disk:
                 m.written(self._written_by(c))
         self._run(rows, joined, grad_scale)
+        if streamed is not None:
+            found = reduce_squares(streamed, group=rt.group, shardings=self.sharding)
+            self._grad_norm = found.norm / scale
         for cid in [cid for cid in self._views if cid not in in_place or moving]:
             del self._views[cid]  # moved or re-packed (or maybe, in a step that moved); the
         # rest go in _forward_begins when the next step may move shards
