@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import suppress
+from functools import partial
 
 import torch
 
@@ -318,7 +319,11 @@ class Placement(ComputeRoom):
             self._prefetcher = Prefetcher(acc.device)
         src_tier = self.tiers[chunk.tier]  # type: ignore[index]
         self.used(chunk)
-        self._pending[chunk.chunk_id] = (self._prefetcher.copy(dst, chunk.shard), src_tier)
+        before = None  # a read-ahead the reader has not taken up: done where the copy runs
+        if src_tier.name is DISK:
+            before = partial(src_tier.finish_read, _key(chunk, DISK))
+        pending = self._prefetcher.copy(dst, chunk.shard, before=before)
+        self._pending[chunk.chunk_id] = (pending, src_tier)
         self._count(src_tier.name, ACC, chunk.shard_bytes)  # counted when issued
         return True
 
