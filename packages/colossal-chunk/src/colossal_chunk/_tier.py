@@ -10,8 +10,8 @@ for it: [Note: read-ahead window]), by the use itself, a page fault per page. Th
 what its read-aheads read (``DiskIOStats.bytes_read``: also one its user maps itself,
 ``finish_read``); the tier counts the rest, at each use the owner reports (``used``: a copy off
 the payload, or a use in place): ``faulted_bytes``. Not in either: a read-ahead not taken up by
-the reader when its payload was used without a ``finish_read`` first (a prefetch's copy, the
-uses reported only through ``ChunkManager.written``: a checkpoint's save, a gradient norm) and
+the reader when its payload was used without a ``finish_read`` first (the uses reported only
+through ``ChunkManager.written``: a checkpoint's save, a gradient norm taken up front) and
 dropped by the payload's write-behind or discard after (the use faulted the pages in, the
 store read nothing).
 """
