@@ -208,3 +208,26 @@ def test_a_payload_used_before_the_reader_took_up_its_read_ahead_is_mapped_by_it
     store.finish_read("u-0")  # nothing in flight: a no-op
     assert t[-1].item() == 3.0
     store.close()
+
+
+def test_a_write_out_waits_for_the_reads_in_flight(tmp_path, monkeypatch):
+    from colossal_chunk import _disk
+
+    monkeypatch.setattr(_disk, "_READS_FIRST_S", 60.0)  # [Note: reads first], no time limit
+    store = DiskStore(tmp_path)
+    t = store.allocate("w-0", NUMEL, torch.float32)
+    t.fill_(1.0)
+    reads = store._in_flight[0]
+    reads.start()  # a read in flight
+    store.write_behind("w-0", t)
+    time.sleep(0.2)
+    assert store.io_stats().bytes_written == 0  # held back while the read is in flight
+    reads.end(0)
+    store.drain()
+    assert store.io_stats().bytes_written == NUMEL * 4
+    assert reads.wait_idle(0.0)  # none in flight: at once
+    reads.start()
+    assert not reads.wait_idle(0.01)  # still in flight: timed out
+    reads.end(0)
+    assert reads.wait_idle(0.0)
+    store.close()

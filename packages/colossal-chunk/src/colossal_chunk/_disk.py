@@ -52,6 +52,14 @@ more than 32 MiB are behind (back-pressure): the page cache the disk tier dirtie
 by that window.
 ``io_stats`` counts bytes, and seconds during which at least one read (or write) was in
 flight ([Note: in-flight time]).
+
+[Note: reads first] A read is on the step's path (its chunk is used next), a write-behind is
+not (its payload was used already, and the back-pressure window bounds what waits), and the
+device serves both at once more slowly than either alone. So a write-out starts once no
+read-ahead is in flight, or after waiting ``_READS_FIRST_S`` for them. Probed in training (GPT
+20 x 512 under 32 MiB + 128 MiB + disk, loaded machine, trials alternated): the tier read at
+482 and 596 MiB/s against 394 and 552 without, and steps took 0.95x as long; writes did not
+slow.
 """
 
 from __future__ import annotations
@@ -89,6 +97,7 @@ __all__ = ["DiskIOStats", "DiskStore", "ReadRecord", "check_disk_dir"]
 
 _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
+_READS_FIRST_S = 0.02  # longest a write-out waits for the reads in flight ([Note: reads first])
 
 
 @dataclass
@@ -353,6 +362,7 @@ class DiskStore:
 
     def _write_out(self, fd: int, offset: int, nbytes: int) -> None:
         # [Note: scratch payloads]: written out, not made durable (no journal commit per file)
+        self._in_flight[0].wait_idle(_READS_FIRST_S)  # [Note: reads first]
         lc = self._libc
         if lc is None or lc.wait_sync_range(fd, offset, nbytes, SYNC_OUT) != 0:
             os.fdatasync(fd)

@@ -64,6 +64,7 @@ class InFlight:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when ``open`` drops to 0
         self.open = 0
         self._since = 0.0  # when ``open`` last went from 0 to 1
         self._bytes = 0
@@ -84,6 +85,12 @@ class InFlight:
             self.open -= 1
             if self.open == 0:
                 self._seconds += now - self._since
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until none is in flight, at most ``timeout`` seconds; whether none is."""
+        with self._lock:
+            return self._idle.wait_for(lambda: self.open == 0, timeout)
 
     def totals(self) -> tuple[int, float]:
         """(bytes, seconds) so far, the current in-flight stretch counted up to now."""
