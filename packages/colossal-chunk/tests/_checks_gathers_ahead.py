@@ -12,11 +12,12 @@ N = 64  # elements per parameter and per chunk
 
 
 def gathers_ahead_evict_only_later_chunks() -> dict[str, object]:
-    """Three one-parameter chunks on 2 ranks, a budget of two chunks in use, and the compute
-    order c0, c1, c0, c2. What ``gather_ahead`` did at moments 0 and 1, and the values seen."""
+    """Three one-parameter chunks on 2 ranks, a budget of two gathered buffers and a shard, the compute
+    order c0, c1, c0, c2. What ``gather_ahead`` did at moments 0 and 1, the bytes it moved, and
+    the values seen."""
     world = dist.get_world_size()
     shard, full = 4 * N // world, 4 * N  # fp32 bytes
-    budget = 2 * (shard + full)
+    budget = 2 * full + shard  # two gathered buffers and one shard
     policy = AutoPolicy()
     config = ChunkConfig(chunk_numel=N, accelerator_bytes=budget, disk_bytes=0, device="cpu")
     m = ChunkManager(config, policy=policy, group=dist.group.WORLD)
@@ -32,17 +33,25 @@ def gathers_ahead_evict_only_later_chunks() -> dict[str, object]:
     out["c1 at 0"] = (c1.tier.value, c1.in_flight)
     out["c2 at 0"] = c2.tier.value  # evicted: used after c1
     out["within budget at 0"] = m.tiers[ACC].used_bytes <= budget
-    m.release(["p0"])
+    m.release(["p0"])  # c0's shard stays on the compute tier: nothing is copied off it
+    out["host -> acc after 0"] = _moved(m, "host", "accelerator")
+    out["acc -> host after 0"] = _moved(m, "accelerator", "host")
     m.set_moment(1)
     m.access(["p1"])
     out["p1 equal"] = torch.equal(params[1].data, values[1])
-    out["issued at 1"] = m.gather_ahead([c2])  # c0 (used at 2) is used before c2 (at 3)
+    out["issued at 1"] = m.gather_ahead([c2])
     out["c0 at 1"] = c0.tier.value
     out["c2 at 1"] = (c2.tier.value, c2.is_gathered)
-    m.release(["p1"])
+    m.release(["p1"])  # c1's slice is copied back into its host shard
+    out["acc -> host after 1"] = _moved(m, "accelerator", "host")
     m.set_moment(2)
     m.access(["p0"])
     out["p0 equal"] = torch.equal(params[0].data, values[0])
     m.release(["p0"])
     m.close()
     return out
+
+
+def _moved(m: ChunkManager, src: str, dst: str) -> int:
+    row = m.stats().moves.get((src, dst))
+    return 0 if row is None else row.num_bytes

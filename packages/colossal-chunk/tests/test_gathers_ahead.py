@@ -1,4 +1,5 @@
-"""``ChunkManager.gather_ahead`` under a budget on 2 gloo ranks ([Note: gathers ahead])."""
+"""``ChunkManager.gather_ahead`` under a budget on 2 gloo ranks ([Note: gathers ahead], [Note:
+gathers from the host])."""
 
 import sys
 from pathlib import Path
@@ -7,16 +8,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _checks_gathers_ahead as checks
 
 
-def test_gathers_ahead_bring_shards_in_and_evict_only_chunks_used_later(world):
+def test_gathers_ahead_stage_host_shards_and_evict_only_chunks_used_later(world):
+    shard = 4 * checks.N // 2  # fp32 bytes of one rank's shard
     for out in world(2).run(checks.gathers_ahead_evict_only_later_chunks):
-        # moment 0: c1's shard came from the host and its gather is in flight; c2 made room
+        # moment 0: c1's shard and buffer do not fit beside c0 and c2's shard, so c1 is
+        # gathered from its host shard ([Note: gathers from the host]: the shard stays there,
+        # its staging counted as a move in); c2, used after c1, made room for the buffer
         assert out["issued at 0"] == 1
-        assert out["c1 at 0"] == ("accelerator", True)
+        assert out["c1 at 0"] == ("host", True)
         assert out["c2 at 0"] == "host"
         assert out["within budget at 0"]
+        # in: c2 (by the check), c0 (it fit), c1's staging; out: c2 (evicted)
+        assert out["host -> acc after 0"] == 3 * shard
+        assert out["acc -> host after 0"] == shard
         assert out["p1 equal"]
-        # moment 1: only c0 could make room, and it is used before c2: nothing is evicted
-        assert out["issued at 1"] == 0
+        # moment 1: c2's buffer fits beside c0's shard and c1's buffer, its shard does not:
+        # gathered from the host too, and c0 (used before c2) stays
+        assert out["issued at 1"] == 1
         assert out["c0 at 1"] == "accelerator"
-        assert out["c2 at 1"] == ("host", False)
+        assert out["c2 at 1"] == ("host", True)
+        assert out["acc -> host after 1"] == 2 * shard  # c1's slice copied back
         assert out["p0 equal"]

@@ -202,7 +202,8 @@ class Chunk:
     def gather(self, full: torch.Tensor) -> None:
         """All-gather the shards into ``full`` (1-D, capacity, on the compute device); FREE -> HOLD.
 
-        Collective: every rank of the group must call it. The shard must be on ``full``'s device.
+        Collective: every rank of the group must call it. A shard on another device (the host)
+        is first copied into its own slice of ``full``, then gathered in place.
         """
         self.start_gather(full)
         self.wait()
@@ -213,9 +214,13 @@ class Chunk:
         is already gathered (or gathering)."""
         if self.world_size == 1 or self.full is not None:
             return
-        if self.shard is None or self.shard.device != full.device:
-            raise RuntimeError(f"chunk {self.chunk_id}: move the shard to the compute tier first")
-        work = _all_gather(full, self.shard, group=self.group, async_op=True)
+        if self.shard is None:
+            raise RuntimeError(f"chunk {self.chunk_id} has no shard storage yet")
+        src = self.shard
+        if src.device != full.device:  # a host shard: staged into its own slice, gathered in place
+            src = full.narrow(0, self.rank * self.shard_numel, self.shard_numel)
+            src.copy_(self.shard, non_blocking=True)
+        work = _all_gather(full, src, group=self.group, async_op=True)
         self.full = full
         self._inflight = _PendingGather(work)
         for rec in self.records.values():

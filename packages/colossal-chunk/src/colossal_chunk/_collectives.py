@@ -16,6 +16,20 @@ gathers that run beside compute. It can move a little more than waiting does: a 
 for a gather ahead may be one that the access, once the current chunk is released, would have
 kept (GPT tiny, a quarter budget, 2 ranks: 3% more bytes moved).
 
+[Note: gathers from the host] A sharded chunk whose shard is on the host and whose shard and
+gathered buffer together do not fit in the moment's room beside what is there is gathered
+straight from the host shard (``Placement.from_host``): the shard is copied into its own slice
+of the gathered buffer (on a GPU, a host-to-device copy) and gathered in place, as FSDP2's CPU
+offload copies a shard in for its all-gather; the copy counts as a move of the shard. The shard
+stays on the host, so the access needs room for the buffer only and evicts nothing to bring the
+shard in, nor later to take it out again; releasing the chunk copies this rank's slice back to
+the host shard (counted), and a reduce-scatter into it counts its result's copy. A prefetch does
+not bring in such a shard: it would only take room from gathered buffers. Under a tight budget
+the compute tier holds more gathered buffers and fewer cached shards. GPT tiny on 4 ranks, a
+quarter budget, per step and rank: 16 shard moves each way -> 10 (plus the counted staging
+copies), evictions of a chunk whose reduce-scatter is in flight 10 -> 9. On one rank nothing
+changes (a shard is the gathered buffer), nor where everything fits.
+
 ``ChunkManager`` inherits these methods; they read its chunks, placement, policy and moment.
 """
 
@@ -76,6 +90,8 @@ class ManagerCollectives:
             self.before_collective("reduce-scatter", c)
         if dst is not None:
             self._reduce_target(dst, read_on_host=read_on_host)
+        elif c.world_size > 1 and c.tier is not ACC:  # gathered from the host: the result lands
+            self._placement.count_copy(ACC, c.tier, c.shard_bytes)  # type: ignore[arg-type]
         if async_op:
             c.start_reduce_scatter(average=average, into=dst)
             self.in_flight.add(c)
@@ -124,19 +140,21 @@ class ManagerCollectives:
                 continue
             if c.tier is TierName.DISK:
                 continue  # brought in by its access, after the disk read-ahead
+            staged = pl.from_host(c, self._moment)  # [Note: gathers from the host]
             if not pl.room_before(
-                pl.need_for_access(c, gather=True),
+                c.full_bytes if staged else pl.need_for_access(c, gather=True),
                 moment=self._moment,
                 target_use=next_use(c.chunk_id, self._moment),
                 chunks=self.chunks.values(),
                 skip=c,
             ):
                 break
-            if c.tier is not ACC:
-                self.in_flight.finish(c)
+            self.in_flight.finish(c)
+            if c.tier is not ACC and not staged:
                 pl.move(c, ACC)  # finishes its prefetch, or copies the shard in now
             if self.before_collective is not None:
                 self.before_collective("all-gather", c)
+            pl.count_staging(c)
             acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
             c.start_gather(acc.allocate_gathered(c.capacity, c.dtype))
             self.in_flight.add(c)

@@ -237,7 +237,13 @@ class ChunkManager(
         for c in chunks:
             self.in_flight.finish(c)
             pl.settle(c)
-        needed = sum(pl.need_for_access(c, gather=True) for c in chunks)
+        staged = set() if zero else {c.chunk_id for c in chunks if pl.from_host(c, self._moment)}
+        needed = sum(
+            c.full_bytes * (not c.is_gathered)
+            if c.chunk_id in staged
+            else pl.need_for_access(c, gather=True)
+            for c in chunks
+        )
         pl.make_room(
             needed,
             self.chunks.values(),
@@ -246,7 +252,8 @@ class ChunkManager(
             what=f"accessing chunks {list(by_chunk)}",
         )
         for c in chunks:
-            pl.move(c, ACC, copy=not discard)
+            if c.chunk_id not in staged:  # [Note: gathers from the host]
+                pl.move(c, ACC, copy=not discard)
             check = self.before_collective
             if check is not None and not zero and c.world_size > 1 and not c.is_gathered:
                 check("all-gather", c)
@@ -303,7 +310,7 @@ class ChunkManager(
                 and c.all_in(TensorState.HOLD)
                 and (keep is None or not keep(c))
             ):
-                self._placement.drop_gathered(c, c.release())
+                self._placement.release_gathered(c)
                 moved = True
             if c.movable and evict_after(c.chunk_id):
                 self._placement.offload(c)
@@ -326,7 +333,7 @@ class ChunkManager(
         self._steady = False
         self.in_flight.finish(c)
         if tier is not ACC and c.world_size > 1 and c.is_gathered:
-            self._placement.drop_gathered(c, c.release())
+            self._placement.release_gathered(c)
         if tier is ACC:
             self._placement.make_room(
                 self._placement.need_for_access(c, gather=False),

@@ -36,6 +36,7 @@ from ._accounting import MoveStats
 from ._chunk import Chunk
 from ._config import ChunkConfig
 from ._disk import DiskIOStats, DiskStore
+from ._pending import PendingReduce
 from ._prefetch import PendingCopy, Prefetcher
 from ._read_ahead import ReadAheadWindow
 from ._room import ComputeRoom
@@ -119,11 +120,25 @@ class Placement(ComputeRoom):
         return n
 
     def need_for_access(self, chunk: Chunk, *, gather: bool) -> int:
-        """Bytes to add on the compute tier to make ``chunk`` ready for compute."""
+        """Bytes to add on the compute tier to make ``chunk`` ready for compute (its shard is
+        not brought in when it is gathered from the host: ``from_host``)."""
         n = 0 if chunk.tier is ACC or chunk.chunk_id in self._pending else chunk.shard_bytes
-        if gather and chunk.world_size > 1 and not chunk.is_gathered:
+        if gather and chunk.world_size > 1:
+            if chunk.is_gathered:
+                return 0 if chunk.tier is HOST else n
             n += chunk.full_bytes
         return n
+
+    def from_host(self, chunk: Chunk, moment: int) -> bool:
+        """Whether sharded ``chunk`` is (to be) gathered straight from its host shard ([Note:
+        gathers from the host]): it is so already, or its shard and gathered buffer together
+        do not fit in ``moment``'s room beside what is there."""
+        if chunk.world_size == 1 or chunk.tier is not HOST or chunk.chunk_id in self._pending:
+            return False
+        if chunk.is_gathered:
+            return True
+        need = chunk.shard_bytes + chunk.full_bytes
+        return self.tiers[ACC].used_bytes + need > self.limit(moment)
 
     def demand_bytes(self, chunks: Iterable[Chunk]) -> int:
         """Compute-tier bytes of the chunks that may not leave it now (tensors in COMPUTE or
@@ -211,8 +226,7 @@ class Placement(ComputeRoom):
         Goes to the host, or to disk when the host is full. Returns the compute-tier bytes freed.
         """
         freed = 0
-        if chunk.world_size > 1 and chunk.is_gathered and chunk.release() is not None:
-            self.tiers[ACC].free(chunk.full_bytes)
+        if chunk.world_size > 1 and chunk.is_gathered and self.release_gathered(chunk):
             self._rebind(chunk)
             freed += chunk.full_bytes
         self.settle(chunk)
@@ -238,7 +252,26 @@ class Placement(ComputeRoom):
         if zero:
             chunk.materialize(full)
         else:
+            self.count_staging(chunk)
             chunk.gather(full)
+
+    def count_staging(self, chunk: Chunk) -> None:
+        """A gather of ``chunk`` from its shard off the compute tier copies the shard in (into
+        the gathered buffer's own slice): count it as a move of the shard."""
+        if chunk.tier is not ACC and chunk.world_size > 1:
+            self._count(chunk.tier, ACC, chunk.shard_bytes)  # type: ignore[arg-type]
+
+    def release_gathered(self, chunk: Chunk) -> bool:
+        """Drop ``chunk``'s gathered buffer (``Chunk.release``: this rank's slice is copied back
+        into the shard, counted when the shard lives off the compute tier). True if dropped."""
+        copies = not isinstance(chunk._inflight, PendingReduce) and chunk.tier is not ACC
+        dropped = chunk.release()
+        if dropped is None:
+            return False
+        self.tiers[ACC].free(chunk.full_bytes)
+        if copies:
+            self._count(ACC, chunk.tier, chunk.shard_bytes)  # type: ignore[arg-type]
+        return True
 
     def read_ahead(self, chunk: Chunk) -> bool:
         """Start reading ``chunk``'s shard into memory if it lives on disk (for a use soon) and
@@ -305,6 +338,8 @@ class Placement(ComputeRoom):
         [Note: inline prefetch]). Returns True when a copy was issued or made."""
         if chunk.tier is ACC or chunk.chunk_id in self._pending or chunk.pinned:
             return False
+        if self.from_host(chunk, moment):  # its gather stages the shard ([Note: gathers from
+            return False  # the host]): a copy now would only take room from gathered buffers
         acc = self.tiers[ACC]
         if not self.room_before(
             chunk.shard_bytes, moment=moment, target_use=target_use, chunks=chunks, skip=chunk
