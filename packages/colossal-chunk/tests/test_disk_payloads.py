@@ -23,6 +23,17 @@ def _resident(path) -> int:  # type: ignore[no-untyped-def]
     return sum(m.rss for m in psutil.Process().memory_maps(grouped=False) if m.path == str(path))
 
 
+def _written_out(store: DiskStore, keys: list[str], numel: int) -> list[torch.Tensor]:
+    """A payload of ``numel`` fp32 per key, the i-th filled with i + 1, each written behind and
+    drained (out of this process's memory)."""
+    ts = [store.allocate(k, numel, torch.float32) for k in keys]
+    for i, (k, t) in enumerate(zip(keys, ts, strict=True)):
+        t.fill_(float(i + 1))
+        store.write_behind(k, t)
+    store.drain()
+    return ts
+
+
 def test_payload_blocks_are_reserved_at_allocation(tmp_path):
     store = DiskStore(tmp_path)
     store.allocate("c0", NUMEL, torch.float32)
@@ -67,16 +78,13 @@ def test_write_behind_unmaps_and_read_ahead_maps_the_payload_back(tmp_path):
 
 def test_read_ahead_without_the_mapping_still_reads_the_file(tmp_path):
     store = DiskStore(tmp_path)
-    t = store.allocate("c0", NUMEL, torch.float32)
-    t.fill_(3.0)
-    store.write_behind("c0", t)
-    store.drain()
-    del t  # the payload's tensor is gone: the reader falls back to reading the file
+    del _written_out(store, ["c0"], NUMEL)[0]  # the payload's tensor is gone: the reader
+    # falls back to reading the file
     store.read_ahead("c0")
     store.drain()
     assert store.io_stats().bytes_read == NUMEL * 4
     back = torch.from_file(str(tmp_path / "c0.bin"), size=NUMEL)
-    assert torch.equal(back, torch.full((NUMEL,), 3.0))
+    assert torch.equal(back, torch.ones(NUMEL))
     store.close()
 
 
@@ -107,11 +115,7 @@ def test_payloads_of_one_kind_share_a_file_in_slots_reused_as_zeros(tmp_path):
 
 def test_io_seconds_count_while_io_is_in_flight(tmp_path):
     store = DiskStore(tmp_path)
-    ts = [store.allocate(f"g-{i}", NUMEL // 4, torch.float32) for i in range(4)]
-    for i, t in enumerate(ts):
-        t.fill_(float(i))
-        store.write_behind(f"g-{i}", t)
-    store.drain()
+    ts = _written_out(store, [f"g-{i}" for i in range(4)], NUMEL // 4)
     for i in range(4):
         store.read_ahead(f"g-{i}")
     store.drain()
@@ -119,7 +123,7 @@ def test_io_seconds_count_while_io_is_in_flight(tmp_path):
     assert (io.bytes_written, io.bytes_read) == (NUMEL * 4, NUMEL * 4)
     assert io.write_s > 0 and io.read_s > 0
     assert store.io_stats() == io  # nothing in flight: the seconds stand still
-    assert [t[0].item() for t in ts] == [0.0, 1.0, 2.0, 3.0]
+    assert [t[0].item() for t in ts] == [1.0, 2.0, 3.0, 4.0]
     store.close()
 
 
@@ -145,11 +149,7 @@ def _read_back(store, path, waits) -> list:  # type: ignore[no-untyped-def]
     release the interpreter lock to wait for the device. Returns the reads' records."""
     import dataclasses
 
-    ts = [store.allocate(f"r-{i}", NUMEL // 4, torch.float32) for i in range(3)]
-    for i, t in enumerate(ts):
-        t.fill_(float(i))
-        store.write_behind(f"r-{i}", t)
-    store.drain()
+    ts = _written_out(store, [f"r-{i}" for i in range(3)], NUMEL // 4)
     assert _resident(path) == 0  # unmapped from this process
     lc = store._libc
     wait = lc.wait_madvise
@@ -162,7 +162,7 @@ def _read_back(store, path, waits) -> list:  # type: ignore[no-untyped-def]
     assert [r.nbytes for r in records] == [NUMEL] * 3
     assert all(r.issued <= r.started <= r.ended for r in records)
     assert _resident(path) == NUMEL * 3  # mapped in ahead of use
-    assert [t[-1].item() for t in ts] == [0.0, 1.0, 2.0]
+    assert [t[-1].item() for t in ts] == [1.0, 2.0, 3.0]
     assert store.io_stats().bytes_read == 3 * NUMEL
     store.close()
     return records
@@ -184,10 +184,7 @@ def test_a_payload_used_before_the_reader_took_up_its_read_ahead_is_mapped_by_it
     import threading
 
     store = DiskStore(tmp_path)
-    t = store.allocate("u-0", NUMEL, torch.float32)
-    t.fill_(3.0)
-    store.write_behind("u-0", t)
-    store.drain()
+    [t] = _written_out(store, ["u-0"], NUMEL)
     store.record_reads()
     busy = threading.Event()
     store.read_ahead("u-0")  # starts the reader thread; then keep it busy
@@ -206,7 +203,7 @@ def test_a_payload_used_before_the_reader_took_up_its_read_ahead_is_mapped_by_it
     finally:
         busy.set()
     store.finish_read("u-0")  # nothing in flight: a no-op
-    assert t[-1].item() == 3.0
+    assert t[-1].item() == 1.0
     store.close()
 
 
