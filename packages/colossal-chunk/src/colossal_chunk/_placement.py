@@ -7,7 +7,7 @@ This is the half of the chunk manager that owns bytes. Every payload change goes
 pick it (an optimizer placed its states there for the whole run, in room the plan showed free).
 Only an explicit ``move`` takes it off; ``forget`` drops it from the set.
 
-[Note: inline prefetch] On an emulated accelerator a prefetch of a shard of at most
+[Note: inline prefetch] On an emulated accelerator a prefetch of a host shard of at most
 ``inline_copy_bytes`` (1 MiB) is made at once by the calling thread, as a move: there the copy is
 a memcpy on the CPU, and handing it to the worker thread costs more than it (submit, wake-up and
 wait: ~65 us of CPU for a 260 KB copy of ~17 us, ~110 us for 1 MiB of ~46 us on a loaded 2-core
@@ -345,7 +345,7 @@ class Placement(ComputeRoom):
             chunk.shard_bytes, moment=moment, target_use=target_use, chunks=chunks, skip=chunk
         ):
             return False
-        if acc.emulated and chunk.shard_bytes <= self.inline_copy_bytes:
+        if acc.emulated and chunk.tier is HOST and chunk.shard_bytes <= self.inline_copy_bytes:
             self.move(chunk, ACC)
             return True
         acc.reserve(chunk.shard_bytes, what=f"prefetch of chunk {chunk.chunk_id}")
