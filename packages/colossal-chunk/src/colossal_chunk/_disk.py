@@ -190,6 +190,10 @@ class DiskStore:
         return t
 
     # ----- background I/O ([Note: disk read-ahead and write-behind]) ----------------------------
+    def is_read_ahead(self, key: str) -> bool:
+        """Whether ``key``'s payload was read ahead since it was last written (or created)."""
+        return key in self._warm
+
     def read_ahead(self, key: str) -> None:
         """Start reading ``key``'s file into the page cache (no-op if read since last written)."""
         p = self._files.get(key)
@@ -259,13 +263,9 @@ class DiskStore:
     def _wait(self, p: _Payload, *, drop_read: bool = False) -> None:
         """Wait for ``p``'s read-ahead (with ``drop_read``, one not taken by the reader yet is
         dropped instead: it reads nothing) and its write-behinds."""
-        if drop_read:
-            with self._lock:
-                queued = any(q is p for q in self._reads)
-                self._reads = [q for q in self._reads if q is not p]
-            if queued:
-                self._in_flight[0].end(0)
-                p.read.set()  # type: ignore[union-attr]
+        if drop_read and self._unqueue(p):
+            self._in_flight[0].end(0)
+            p.read.set()  # type: ignore[union-attr]
         if p.read is not None:
             p.read.wait()
         jobs, p.jobs = p.jobs, []
@@ -279,13 +279,17 @@ class DiskStore:
         p = self._files.get(key)
         if p is None or p.read is None or p.read.is_set():
             return
-        with self._lock:
-            mine = any(q is p for q in self._reads)
-            self._reads = [q for q in self._reads if q is not p]
-        if mine:
+        if self._unqueue(p):
             self._map(p)
         else:
             p.read.wait()
+
+    def _unqueue(self, p: _Payload) -> bool:
+        """Take ``p``'s read-ahead off the reader's queue; whether it was there (not started)."""
+        with self._lock:
+            queued = any(q is p for q in self._reads)
+            self._reads = [q for q in self._reads if q is not p]
+        return queued
 
     def _read(self) -> None:
         """Map the read-aheads queued, soonest first, one at a time (a caller about to use one

@@ -56,7 +56,6 @@ class Tier:
     _used: int = field(default=0, repr=False)
     _peak: int = field(default=0, repr=False)
     _faulted: int = field(default=0, repr=False)
-    _ahead: set[str] = field(default_factory=set, repr=False)  # keys read ahead since written
 
     @property
     def used_bytes(self) -> int:
@@ -102,7 +101,7 @@ class Tier:
         """The owner is about to read ``key``'s payload of ``nbytes`` (to copy it off the tier, or
         to update it in place): on disk, count them as faulted in unless the payload was read
         ahead since it was last written ([Note: disk fault-ins])."""
-        if self.store is not None and key not in self._ahead:
+        if self.store is not None and not self.store.is_read_ahead(key):
             self._faulted += nbytes
 
     def finish_read(self, key: str) -> None:
@@ -118,7 +117,6 @@ class Tier:
         """A new 1-D payload on this tier (a file for disk; on the CPU its own mapping, returned
         to the system when dropped: [Note: host payloads]). Does not reserve."""
         if self.store is not None:
-            self._ahead.discard(key)
             return self.store.allocate(key, numel, dtype)
         if self.device.type == "cpu" and not self.pin_memory:
             return host_empty(numel, dtype)
@@ -137,18 +135,15 @@ class Tier:
     def discard(self, key: str) -> None:
         """Forget the payload of ``key`` (removes its file on disk; no-op elsewhere)."""
         if self.store is not None:
-            self._ahead.discard(key)
             self.store.discard(key)
 
     def read_ahead(self, key: str) -> None:
         """Start reading the payload of ``key`` into memory before use (disk only; see
         [Note: disk read-ahead and write-behind])."""
         if self.store is not None:
-            self._ahead.add(key)
             self.store.read_ahead(key)
 
     def write_behind(self, key: str, payload: torch.Tensor) -> None:
         """Start writing the payload of ``key`` (just written) out of memory (disk only)."""
         if self.store is not None:
-            self._ahead.discard(key)  # its pages leave this process: a use faults them in again
             self.store.write_behind(key, payload)

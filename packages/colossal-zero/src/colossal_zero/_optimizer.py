@@ -225,16 +225,12 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
         in_place = {c.chunk_id for c, _ in todo if self._in_place(c, pieces[c.chunk_id], disk)}
         scale = self.loss_scale
         streamed: list[tuple[float, bool]] | None = None  # squares taken as chunks stream through
-        if (  # [Note: norm on demand]
-            self.max_grad_norm == 0
-            and self.scaler is None
-            and m.world_size == 1
-            and not self.sharding
-            and len(in_place) == len(todo)
-        ):
+        # [Note: norm on demand]: without clipping or a scaler nothing needs it before the update
+        not_first = self.max_grad_norm == 0 and self.scaler is None
+        if not_first and m.world_size == 1 and not self.sharding and len(in_place) == len(todo):
             self._norm_due = ([p for _, parts in norm_parts for p in parts], rt.forwards)
             overflow = False
-        elif self.max_grad_norm == 0 and self.scaler is None and disk:  # [Note: norm on demand]
+        elif not_first and disk:
             self._norm_due, overflow, streamed = None, False, []
         else:
             found = reduce_squares(
