@@ -189,6 +189,19 @@ class DiskStore:
         self._files[key] = _Payload(f, slot, f.fd, slot.offset, base, nbytes, [], weakref.ref(mm))
         return t
 
+    def remap(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """``key``'s payload as it is, mapped again as a 1-D tensor of ``numel`` elements (its
+        earlier mapping was dropped: [Note: disk copies] in ``_disk_copies.py``). It counts as
+        not read ahead: its pages may have left the page cache since."""
+        p = self._files[key]
+        self._warm.discard(key)
+        if p.nbytes == 0:
+            return torch.empty(0, dtype=dtype)
+        mm = mmap.mmap(p.fd, p.nbytes, offset=p.offset)  # shared, as ``allocate``'s
+        t = torch.frombuffer(mm, dtype=dtype, count=numel)  # keeps ``mm`` mapped while alive
+        p.base, p.mapping = t.untyped_storage().data_ptr(), weakref.ref(mm)
+        return t
+
     # ----- background I/O ([Note: disk read-ahead and write-behind]) ----------------------------
     def is_read_ahead(self, key: str) -> bool:
         """Whether ``key``'s payload was read ahead since it was last written (or created)."""

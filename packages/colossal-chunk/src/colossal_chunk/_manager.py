@@ -191,6 +191,12 @@ class ChunkManager(
         for c in chunks:
             self._placement.finish_read(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
 
+    def keep_disk_copies(self, kinds: Iterable[str] = ()) -> None:
+        """Say that chunks of ``kinds`` are not written until the next call: one read off disk
+        keeps its disk payload, and goes back to disk without a write; no kinds drops every
+        payload kept ([Note: disk copies] in ``_disk_copies.py``)."""
+        self._placement.disk_copies.keep(frozenset(kinds))
+
     def written(self, chunks: Iterable[Chunk | int]) -> None:
         """Say that the shards of ``chunks`` were used in place (read, or updated by an optimizer
         step): those on disk start being written out of memory in the background."""

@@ -36,6 +36,7 @@ from ._accounting import MoveStats
 from ._chunk import Chunk
 from ._config import ChunkConfig
 from ._disk import DiskIOStats, DiskStore
+from ._disk_copies import DiskCopies
 from ._pending import PendingReduce
 from ._prefetch import PendingCopy, Prefetcher
 from ._read_ahead import ReadAheadWindow
@@ -109,6 +110,7 @@ class Placement(ComputeRoom):
         self._pending: dict[int, tuple[PendingCopy, Tier]] = {}  # chunk id -> copy to the acc
         self._prefetcher: Prefetcher | None = None
         self.spares = SparePayloads()  # [Note: spare payloads]
+        self.disk_copies = DiskCopies(tiers.get(DISK))  # [Note: disk copies]
         self.inline_copy_bytes = _INLINE_COPY_BYTES  # [Note: inline prefetch]
 
     # ----- accounting ---------------------------------------------------------------------------
@@ -170,7 +172,7 @@ class Placement(ComputeRoom):
         order = [tier] + [t for t in (HOST, DISK) if t is not tier and t in self.tiers]
         for name in order:
             t = self.tiers[name]
-            if t.free_bytes >= chunk.shard_bytes:
+            if self._fits(chunk, name):
                 t.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
                 chunk.tier = name
                 return t.allocate(_key(chunk, name), chunk.shard_numel, chunk.dtype)
@@ -198,7 +200,12 @@ class Placement(ComputeRoom):
             raise StateTransitionError(
                 f"chunk {chunk.chunk_id} cannot move while a tensor is in COMPUTE; release it first"
             )
+        if dst is DISK and self.disk_copies.has(_key(chunk, DISK)):
+            self._back_to_disk(chunk)
+            return
         d = self.tiers[dst]
+        if dst is DISK:
+            self.disk_copies.make_room(chunk.shard_bytes)
         d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
         new = self.spares.allocate(d, _key(chunk, dst), chunk.shard_numel, chunk.dtype)
         if not copy:  # padding is zero in every payload: this rank's part of the chunk's tail
@@ -213,12 +220,43 @@ class Placement(ComputeRoom):
         s = self.tiers[src]  # type: ignore[index]
         self.spares.give(old, s)
         del old
-        s.free(chunk.shard_bytes)
-        s.discard(_key(chunk, src))  # type: ignore[arg-type]
-        if src is DISK:
-            self.read_ahead_window.drop(chunk)
+        self._leave(chunk, s, copied=copy)
         chunk.tier = dst
         self._count(src, dst, chunk.shard_bytes)  # type: ignore[arg-type]
+
+    def _back_to_disk(self, chunk: Chunk) -> None:
+        """Move ``chunk``'s shard to disk by mapping its kept payload again: nothing is copied
+        or written ([Note: disk copies])."""
+        new = self.disk_copies.reuse(_key(chunk, DISK), chunk.shard_numel, chunk.dtype)
+        old = chunk.replace_shard(new, copy=False)
+        del new
+        self._rebind(chunk)
+        s = self.tiers[chunk.tier]  # type: ignore[index]
+        self.spares.give(old, s)
+        del old
+        self._leave(chunk, s, copied=False)
+        chunk.tier = DISK
+
+    def _leave(self, chunk: Chunk, src: Tier, *, copied: bool) -> None:
+        """``chunk``'s shard left ``src``: free its payload there, or, when it was copied off
+        disk and the owner keeps such chunks' disk payloads, keep it ([Note: disk copies])."""
+        key = _key(chunk, src.name)
+        if src.name is DISK:
+            self.read_ahead_window.drop(chunk)
+            if copied and self.disk_copies.takes(chunk.kind):
+                self.disk_copies.hold(key, chunk.shard_bytes)
+                return
+        src.free(chunk.shard_bytes)
+        src.discard(key)
+
+    def _fits(self, chunk: Chunk, name: TierName) -> bool:
+        """Whether ``chunk``'s shard fits on tier ``name`` (on disk: its kept payload, or room
+        made by dropping others: [Note: disk copies])."""
+        if name is DISK:
+            if self.disk_copies.has(_key(chunk, DISK)):
+                return True
+            self.disk_copies.make_room(chunk.shard_bytes)
+        return self.tiers[name].free_bytes >= chunk.shard_bytes
 
     def offload(self, chunk: Chunk) -> int:
         """Release ``chunk``'s gathered buffer and move its shard off the compute tier.
@@ -232,7 +270,7 @@ class Placement(ComputeRoom):
         self.settle(chunk)
         if chunk.tier is ACC:
             for dst in (HOST, DISK):
-                if dst in self.tiers and self.tiers[dst].free_bytes >= chunk.shard_bytes:
+                if dst in self.tiers and self._fits(chunk, dst):
                     self.move(chunk, dst)
                     return freed + chunk.shard_bytes
             raise self._no_room_anywhere(chunk)
@@ -300,6 +338,7 @@ class Placement(ComputeRoom):
     def written(self, chunk: Chunk) -> None:
         """``chunk``'s shard was written in place: if it lives on disk, start writing it out
         (its pages leave this process's memory now)."""
+        self.disk_copies.drop(_key(chunk, DISK))  # no longer the chunk's values
         if chunk.tier is DISK and chunk.shard is not None:
             self.read_ahead_window.drop(chunk)
             self.tiers[DISK].write_behind(_key(chunk, DISK), chunk.shard)
@@ -312,6 +351,7 @@ class Placement(ComputeRoom):
     def forget(self, chunk: Chunk) -> None:
         """Give up ``chunk``'s payloads (its shard and any gathered buffer) on every tier."""
         self.settle(chunk)
+        self.disk_copies.drop(_key(chunk, DISK))
         self.kept.discard(chunk.chunk_id)
         if chunk.world_size > 1 and chunk.is_gathered:
             self.tiers[ACC].free(chunk.full_bytes)
@@ -373,10 +413,7 @@ class Placement(ComputeRoom):
         self._rebind(chunk)
         self.spares.give(old, src)
         del old
-        src.free(chunk.shard_bytes)
-        src.discard(_key(chunk, src.name))
-        if src.name is DISK:
-            self.read_ahead_window.drop(chunk)
+        self._leave(chunk, src, copied=True)
         chunk.tier = ACC
 
     def settle_all(self, chunks: dict[int, Chunk]) -> None:

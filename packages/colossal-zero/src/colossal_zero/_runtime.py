@@ -123,6 +123,8 @@ class GeminiRuntime(GradientCollection):
         self._probing = False
         self.measured: Any = None  # what the probe measured (a MemStatsSource)
         self.state = _T.IDLE  # [Note: training state]
+        one_fp32 = not self.precision.master and self.manager.world_size == 1
+        self._read_only_kinds = ("param",) if one_fp32 else ()  # see _to
         self._chunks: dict[int, ChunkGrads] = {}  # param chunk id -> its gradients' record
         self._grad_done: set[str] = set()  # names whose gradient this backward collected
         self.got_grad: set[str] = set()  # names with a gradient since the last step/zero_grad
@@ -164,6 +166,10 @@ class GeminiRuntime(GradientCollection):
 
     def _to(self, new: TrainingState) -> None:
         self.state = self.state.to(new)
+        # [Note: disk copies] in colossal-chunk: within a forward or a backward nothing writes
+        # fp32 parameter shards on one rank (gradients go to their own chunks)
+        reads_only = new is _T.FORWARD or new is _T.BACKWARD
+        self.manager.keep_disk_copies(self._read_only_kinds if reads_only else ())
 
     def begin_forward(self) -> None:
         if self.state is _T.BACKWARD:  # the previous backward raised: forget its partial state
