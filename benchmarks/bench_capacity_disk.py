@@ -98,10 +98,12 @@ def _gemini_disk_fits(depth: int, width: int, b: int, h: int, d: int, where: Pat
         losses, rss = [], []
         first = gm.memory_stats()
         io0, t0, dev0 = first.disk_io, time.perf_counter(), _io()
+        unwritten0 = first.disk_unwritten_bytes
         for i in range(STEPS + 1):  # step 0 is the warmup (traced); 1..3 are measured
             if i == 1:
                 st = gm.memory_stats()
                 io0, t0, dev0 = st.disk_io, time.perf_counter(), _io()
+                unwritten0 = st.disk_unwritten_bytes
                 gm.runtime.manager.reset_stats()
                 store = gm.runtime.manager.tiers[TierName.DISK].store
                 store.record_reads()  # type: ignore[union-attr]  # from here on
@@ -135,6 +137,8 @@ def _gemini_disk_fits(depth: int, width: int, b: int, h: int, d: int, where: Pat
         "disk_peak_MiB": tiers["disk"].peak_bytes / MiB,
         "disk_read_MiB_per_step": io.bytes_read / STEPS / MiB,
         "disk_written_MiB_per_step": io.bytes_written / STEPS / MiB,
+        # moved back to disk without a write (colossal-chunk's [Note: disk copies])
+        "disk_unwritten_MiB_per_step": (stats.disk_unwritten_bytes - unwritten0) / STEPS / MiB,
         "device_read_MiB_per_step": (dev1[0] - dev0[0]) / STEPS / MiB,
         "device_written_MiB_per_step": (dev1[1] - dev0[1]) / STEPS / MiB,
         "tier_read_MiB_s": io.bytes_read / io.read_s / MiB if io.read_s else float("nan"),
@@ -308,6 +312,7 @@ def run(quick: bool, out_dir: Path) -> Report:
             "disk_peak_MiB",
             "disk_read_MiB_per_step",
             "disk_written_MiB_per_step",
+            "disk_unwritten_MiB_per_step",
             "tier_read_MiB_s",
             "tier_write_MiB_s",
             "step_s",
@@ -443,7 +448,9 @@ def run(quick: bool, out_dir: Path) -> Report:
         "Disk bytes are what the tier's background threads read ahead (MADV_POPULATE_READ "
         "into the payload's mapping) and wrote behind (sync_file_range, then dropped from the "
         "page cache); device bytes are the process's storage I/O counters (psutil), which "
-        "also see page faults that missed a read-ahead.",
+        "also see page faults that missed a read-ahead. Unwritten: parameter chunks moved "
+        "back to disk within a forward or backward by mapping the payload they were read from "
+        "again, unchanged, instead of writing it (colossal-chunk's [Note: disk copies]).",
         "Tier throughput = bytes / seconds during which at least one of the tier's reads "
         "(writes) was in flight, from its issue to the end of its job (overlaps counted once; "
         "includes the I/O threads' waits for the interpreter lock and for a CPU beside "

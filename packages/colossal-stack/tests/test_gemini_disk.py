@@ -43,7 +43,7 @@ def test_disk_tier_trains_like_adamw(tmp_path):
     )
     booster = Booster(plugin)
     gm, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-    losses, read, faulted, written = [], 0, 0, 0
+    losses, read, faulted, written, unwritten = [], 0, 0, 0, 0
     for _ in range(STEPS):
         loss = gm(x, y)
         booster.backward(loss, opt)
@@ -54,8 +54,10 @@ def test_disk_tier_trains_like_adamw(tmp_path):
         assert stats["host_peak_bytes"] <= 300 * 1024 and stats["disk_peak_bytes"] > 0
         read, written = read + stats["disk_read_bytes"], written + stats["disk_written_bytes"]
         faulted += stats["disk_faulted_bytes"]
+        unwritten += stats["disk_unwritten_bytes"]
     assert read > 0 and written > 0  # states streamed through memory every step
     assert faulted > 0  # the read-ahead window (72 KiB of 300) holds less than a step streams
+    assert unwritten > 0  # parameter chunks evicted back to disk unchanged: not rewritten
     assert losses == pytest.approx(ref_losses, abs=1e-5)
     state = gm.full_state_dict()
     for k, v in ref_state.items():
@@ -72,13 +74,20 @@ def test_summary_shows_disk_bytes_read_ahead_and_faulted_in():
         "disk_read_bytes": 2 << 20,
         "disk_faulted_bytes": 3 << 20,
         "disk_written_bytes": 1 << 20,
+        "disk_unwritten_bytes": 1 << 20,
     }
     got = memory_summary([rec, rec])
     assert got["disk read ahead"] == "4 MiB (2 MiB/s)", got
     assert got["disk faulted in (not read ahead)"] == "6 MiB", got
     assert got["disk written"] == "2 MiB (2 MiB/s)", got
+    assert got["disk not rewritten (kept on disk)"] == "2 MiB", got
     disk = [k for k in got if k.startswith("disk ")]  # the bytes read from disk side by side
-    assert disk == ["disk read ahead", "disk faulted in (not read ahead)", "disk written"], got
+    assert disk == [
+        "disk read ahead",
+        "disk faulted in (not read ahead)",
+        "disk written",
+        "disk not rewritten (kept on disk)",
+    ], got
 
 
 def test_plugin_refuses_a_missing_disk_dir(tmp_path):

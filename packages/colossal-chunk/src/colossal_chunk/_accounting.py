@@ -58,6 +58,8 @@ class ManagerStats:
         disk_faulted_bytes: bytes of disk payloads used without a read-ahead so far, read by
             page faults on use, not in ``disk_io`` (None without a disk tier; [Note: disk
             fault-ins]).
+        disk_unwritten_bytes: bytes moved back to disk so far by mapping the payload kept there
+            again instead of writing it ([Note: disk copies]); 0 without a disk tier.
     """
 
     tiers: dict[str, TierStats]
@@ -66,6 +68,7 @@ class ManagerStats:
     padding_bytes: int = 0
     disk_io: DiskIOStats | None = None
     disk_faulted_bytes: int | None = None
+    disk_unwritten_bytes: int = 0
 
     @property
     def bytes_moved(self) -> int:

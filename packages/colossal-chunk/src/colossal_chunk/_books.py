@@ -88,6 +88,7 @@ class ManagerBooks:
             padding,
             self._placement.disk_io(),
             None if disk is None else disk.faulted_bytes,
+            self.disk_writes_saved,
         )
 
     @property

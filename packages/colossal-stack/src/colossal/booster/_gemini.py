@@ -131,6 +131,7 @@ class GeminiPlugin:
     _moved: int = field(default=0, repr=False)
     _disk_io: DiskIOStats = field(default_factory=DiskIOStats, repr=False)
     _faulted: int = field(default=0, repr=False)
+    _unwritten: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -207,7 +208,8 @@ class GeminiPlugin:
         previous call and in total; with a disk tier, since the previous call, the bytes its
         reader read ahead (``disk_read_bytes``) and its writer wrote out, their in-flight
         seconds, and the bytes of disk payloads used without a read-ahead
-        (``disk_faulted_bytes``, read by page faults on use)."""
+        (``disk_faulted_bytes``, read by page faults on use), and the bytes moved back to disk
+        without a write (``disk_unwritten_bytes``: colossal-chunk's [Note: disk copies])."""
         if self._model is None:
             return {}
         stats = self._model.memory_stats()
@@ -228,6 +230,8 @@ class GeminiPlugin:
             # not in disk_read_bytes (colossal-chunk's [Note: disk fault-ins])
             faulted = stats.disk_faulted_bytes or 0
             out["disk_faulted_bytes"], self._faulted = faulted - self._faulted, faulted
+            kept = stats.disk_unwritten_bytes
+            out["disk_unwritten_bytes"], self._unwritten = kept - self._unwritten, kept
         self._model.runtime.manager.reset_peaks()  # the next call reports the next step's peaks
         if self.mesh is not None:
             out["mesh"] = self.describe()

@@ -108,6 +108,7 @@ def memory_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             ("read ahead", "disk_read_bytes", "disk_read_s"),
             ("faulted in (not read ahead)", "disk_faulted_bytes", None),  # on the step's path
             ("written", "disk_written_bytes", "disk_write_s"),
+            ("not rewritten (kept on disk)", "disk_unwritten_bytes", None),
         ):
             nbytes = sum(r.get(b_key, 0) for r in records)
             secs = sum(r.get(s_key, 0) for r in records) if s_key else 0
