@@ -3,6 +3,13 @@
 [Note: packing] Tensors are packed in the given order (first-use order when it is known) into
 chunks of ``chunk_numel`` elements; a tensor that does not fit in the open chunk starts a new one,
 so the open chunk's tail is padding. No tensor is split across chunks.
+
+[Note: fewer chunks] Padding costs memory, but so does nothing else about a chunk's size, while
+every chunk costs work on each use: sharded over data-parallel ranks, a collective per gather
+and per reduction (on gloo with 4 ranks on 2 cores, ~0.7 ms of CPU each beside the compute),
+and the access protocol's bookkeeping. GPT tiny on 4 ranks with no budget: 13 chunks at 4.9%
+waste step at 0.97x FSDP2 with CPU offload, 5 chunks at 16.7% at 0.81x (paired in one world).
+So a search may trade up to ``slack`` more waste for fewer chunks.
 """
 
 from __future__ import annotations
@@ -68,9 +75,13 @@ def search_chunk_size(
     align: int = 1024,
     world_size: int = 1,
     max_candidates: int = 2048,
+    slack: float = 0.0,
 ) -> ChunkSizeResult:
     """Try chunk sizes between the largest tensor (or ``min_numel``) and the limit, and return the
-    one with least padding (the smaller on ties).
+    one with least padding (the smaller on ties); with ``slack``, the one with fewest chunks
+    among those whose waste is at most ``slack`` above the least (the least padding among them):
+    each chunk costs a collective per gather and per reduction when chunks are sharded, which
+    outweighs some padding ([Note: fewer chunks]).
 
     The limit is ``max_numel`` and ``max_bytes // element_size`` (say a quarter of the accelerator
     budget, so several chunks fit at once), whichever is smaller; by default the total size.
@@ -95,14 +106,14 @@ def search_chunk_size(
             "raise max_bytes (a larger accelerator budget) or max_numel"
         )
     step = max(unit, _round_up((upper - lower) // max_candidates + 1, unit))
-    best: tuple[int, int, int] | None = None  # (padding, chunk_numel, num_chunks)
-    tried = 0
+    tried: list[tuple[int, int, int]] = []  # (padding, chunk_numel, num_chunks)
     for size in range(lower, upper + 1, step):
-        tried += 1
         n_chunks = len(pack(numels, size))
-        padding = n_chunks * size - total
-        if best is None or padding < best[0]:
-            best = (padding, size, n_chunks)
-    assert best is not None  # the range holds lower
-    padding, size, n_chunks = best
-    return ChunkSizeResult(size, n_chunks, total, padding, padding / (n_chunks * size), tried)
+        tried.append((n_chunks * size - total, size, n_chunks))
+    if slack:  # [Note: fewer chunks]
+        least = min(p / (n * s) for p, s, n in tried)
+        near = [t for t in tried if t[0] / (t[2] * t[1]) <= least + slack]
+        padding, size, n_chunks = min(near, key=lambda t: (t[2], t[0], t[1]))
+    else:
+        padding, size, n_chunks = min(tried)
+    return ChunkSizeResult(size, n_chunks, total, padding, padding / (n_chunks * size), len(tried))

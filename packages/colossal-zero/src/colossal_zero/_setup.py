@@ -27,14 +27,20 @@ __all__ = ["build_manager", "working_set_bytes"]
 
 _MAX_DEFAULT_CHUNK = 1 << 25  # elements per chunk when no budget bounds it (64 MiB in bf16)
 _MIN_CHUNKS = 4  # with no budget, the search stays below total / _MIN_CHUNKS elements per chunk
+_SHARDED_SLACK = 0.15  # with no budget and sharded chunks, waste traded for fewer chunks
 
 
 def working_set_bytes(chunk_numel: int, precision: Precision, world_size: int) -> int:
-    """Compute-tier bytes one chunk needs while in use: its shard and gathered buffer, and the
-    same for its gradient chunk when gradients cannot reuse the parameter storage (fp32)."""
+    """Compute-tier bytes one chunk needs while in use: its shard and gathered buffer (one
+    rank: the shard is the buffer); in fp32 also its gradient chunk's: on one rank a whole
+    chunk, sharded only a shard, since gradients go into the gathered buffer ([Note: gradients
+    in chunks] in ``_collect.py``)."""
     elem = torch.empty((), dtype=precision.param_dtype).element_size()
-    one = chunk_numel * elem + (chunk_numel // world_size * elem if world_size > 1 else 0)
-    return one * (1 if precision.master else 2)
+    shard = chunk_numel // world_size * elem
+    one = chunk_numel * elem + (shard if world_size > 1 else 0)
+    if precision.master:
+        return one
+    return one + (shard if world_size > 1 else chunk_numel * elem)
 
 
 def _chunk_numel(
@@ -51,11 +57,15 @@ def _chunk_numel(
                 f"({largest:,} elements); raise chunk_numel or leave it None to search"
             )
         return n
+    slack = 0.0
     if config.accelerator_bytes is None:
         # no budget: at least _MIN_CHUNKS chunks (so gathers can run ahead of compute), and
         # the size with least padding below that ([Note: packing] leaves a chunk's tail empty
-        # when the next tensor does not fit: a bound at the largest tensor wastes ~40%)
+        # when the next tensor does not fit: a bound at the largest tensor wastes ~40%); when
+        # sharded, the fewest chunks within _SHARDED_SLACK of that waste: each costs two
+        # all-gathers and a reduce-scatter per step (colossal-chunk's [Note: fewer chunks])
         cap_numel = sum(numels) // _MIN_CHUNKS
+        slack = _SHARDED_SLACK if world_size > 1 else 0.0
     else:  # the part of the budget chunks may use
         cap = max(0, config.accelerator_bytes - config.non_model_bytes)
         # two working sets (an operator may read tensors of two chunks) should fit in the
@@ -64,7 +74,7 @@ def _chunk_numel(
         cap_numel = cap // (2 * working_set_bytes(1, precision, 1))
     limit = max(min(cap_numel, _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
     result = search_chunk_size(
-        numels, max_numel=max(limit, unit), element_size=elem, world_size=world_size
+        numels, max_numel=max(limit, unit), element_size=elem, world_size=world_size, slack=slack
     )
     return result.chunk_numel
 
