@@ -5,7 +5,9 @@ window is used (read-aheads happen and some are refused), and the losses are pla
 And the gradient norm under a disk tier ([Note: norm on demand]): without clipping or a loss
 scaler each chunk's squares are taken as its update set streams through memory, so gradients on
 disk are read once per step; the norm equals the one computed up front (clipping on, a bound no
-step reaches), which reads every gradient on disk once more, and plain PyTorch's."""
+step reaches), which reads every gradient on disk once more, and plain PyTorch's. And fp32 parameter chunks evicted back to disk unchanged
+within a forward or backward map their kept payload again instead of being written
+(colossal-chunk's [Note: disk copies]): the same training bit for bit, fewer bytes written."""
 
 import pytest
 import torch
@@ -82,7 +84,10 @@ def test_host_payloads_and_pages_read_ahead_stay_within_the_host_budget(tmp_path
     torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-5)
 
 
-def _train(tmp_path, max_grad_norm: float, x, y):
+def _train(tmp_path, max_grad_norm: float, x, y, *, keep: bool = True):
+    """3 steps under a disk tier; with ``keep`` off, every eviction to disk writes (as before
+    [Note: disk copies]). Losses, gradient norms, bytes faulted in by each optimizer step, and
+    after the run: the weights, the bytes written and the bytes moved back unwritten."""
     torch.manual_seed(0)
     model = _gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -91,8 +96,11 @@ def _train(tmp_path, max_grad_norm: float, x, y):
         disk_bytes=None, disk_dir=tmp_path, read_ahead_bytes=0,  # every disk read a fault-in
     )  # fmt: skip
     gm = apply_gemini(model, config, group=None)
+    if not keep:
+        gm.runtime._read_only_kinds = ()
     gopt = GeminiOptimizer.from_torch(gm, opt, max_grad_norm=max_grad_norm)
-    disk = gm.runtime.manager.tiers[TierName.DISK]
+    m = gm.runtime.manager
+    disk = m.tiers[TierName.DISK]
     losses, norms, faulted = [], [], []
     for _ in range(3):
         loss = gm(x, y)
@@ -103,8 +111,11 @@ def _train(tmp_path, max_grad_norm: float, x, y):
         norms.append(gopt.last_grad_norm)
         gopt.zero_grad()
         losses.append(loss.item())
-    gm.runtime.manager.close()
-    return losses, norms, faulted
+    disk.store.drain()  # type: ignore[union-attr]
+    written = m.stats().disk_io.bytes_written  # type: ignore[union-attr]
+    after = (gm.full_state_dict(), written, m.disk_writes_saved)
+    m.close()
+    return losses, norms, faulted, *after
 
 
 def test_gradients_on_disk_are_read_once_per_step_for_the_update_and_the_norm(tmp_path):
@@ -125,3 +136,18 @@ def test_gradients_on_disk_are_read_once_per_step_for_the_update_and_the_norm(tm
     assert streamed[1] == up_front[1]  # the same norm, taken later
     torch.testing.assert_close(streamed[1], ref_norms, rtol=1e-5, atol=1e-7)
     assert all(s < u for s, u in zip(streamed[2], up_front[2], strict=True))  # grads on disk
+
+
+def test_parameter_chunks_go_back_to_disk_unwritten_with_the_same_training(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 256, (2, 2, 16), generator=g)
+    torch.manual_seed(0)
+    ref = adamw_losses(_gpt(), x, y, 3, lr=1e-3)
+    losses, _, _, weights, written, saved = _train(tmp_path / "kept", 0.0, x, y)
+    plain = _train(tmp_path / "written", 0.0, x, y, keep=False)
+    assert losses == plain[0]  # bit for bit
+    assert weights.keys() == plain[3].keys()
+    assert all(torch.equal(weights[k], plain[3][k]) for k in weights)
+    torch.testing.assert_close(losses, ref, rtol=1e-5, atol=1e-5)
+    assert plain[5] == 0 and saved > 0  # evictions to disk mapped their kept payload
+    assert written + saved == plain[4]  # and wrote exactly that much less
