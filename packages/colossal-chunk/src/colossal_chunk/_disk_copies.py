@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ._disk import DiskStore
 from ._tier import Tier
 
 __all__ = ["DiskCopies"]
@@ -84,11 +85,7 @@ class DiskCopies:
         while self._held and disk is not None and disk.free_bytes < nbytes:
             self.drop(next(iter(self._held)))
 
-    @property
-    def held_bytes(self) -> int:
-        return sum(self._held.values())
-
-    def _store(self):  # type: ignore[no-untyped-def]
+    def _store(self) -> DiskStore:
         if self._disk is None or self._disk.store is None:
             raise RuntimeError("no disk tier: nothing can be kept on it")
         return self._disk.store

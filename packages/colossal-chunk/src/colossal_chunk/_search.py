@@ -6,7 +6,7 @@ so the open chunk's tail is padding. No tensor is split across chunks.
 
 [Note: fewer chunks] Padding costs memory, but so does nothing else about a chunk's size, while
 every chunk costs work on each use: sharded over data-parallel ranks, a collective per gather
-and per reduction (on gloo with 4 ranks on 2 cores, ~0.7 ms of CPU each beside the compute),
+and per reduction (on gloo with 4 ranks on 2 cores, about 0.7 ms of CPU each beside the compute),
 and the access protocol's bookkeeping. GPT tiny on 4 ranks with no budget: 13 chunks at 4.9%
 waste step at 0.97x FSDP2 with CPU offload, 5 chunks at 16.7% at 0.81x (paired in one world).
 So a search may trade up to ``slack`` more waste for fewer chunks.
