@@ -2,6 +2,8 @@
 
 This is the half of the chunk manager that owns bytes. Every payload change goes through
 ``Placement`` so that tier accounting ([Note: tier accounting]) and the move counters are exact.
+Its disk side (read-ahead, write-out, kept disk copies) is in ``_disk_side.py``, its compute-tier
+room in ``_room.py``.
 
 [Note: kept chunks] A chunk in ``kept`` stays on the compute tier: eviction and prefetch never
 pick it (an optimizer placed its states there for the whole run, in room the plan showed free).
@@ -35,8 +37,10 @@ from colossal_contracts import (
 from ._accounting import MoveStats
 from ._chunk import Chunk
 from ._config import ChunkConfig
-from ._disk import DiskIOStats, DiskStore
+from ._disk import DiskStore
 from ._disk_copies import DiskCopies
+from ._disk_side import DiskSide
+from ._disk_side import payload_key as _key
 from ._pending import PendingReduce
 from ._prefetch import PendingCopy, Prefetcher
 from ._read_ahead import ReadAheadWindow
@@ -78,12 +82,7 @@ def build_tiers(config: ChunkConfig) -> dict[TierName, Tier]:
     return tiers
 
 
-def _key(chunk: Chunk, tier: TierName) -> str:
-    """The name of ``chunk``'s payload on ``tier`` (a file name on disk)."""
-    return f"{chunk.kind}-{chunk.chunk_id}@{tier.value}"
-
-
-class Placement(ComputeRoom):
+class Placement(ComputeRoom, DiskSide):
     """Moves chunk payloads between tiers under their budgets; see the module docstring."""
 
     tiers: dict[TierName, Tier]
@@ -224,40 +223,6 @@ class Placement(ComputeRoom):
         chunk.tier = dst
         self._count(src, dst, chunk.shard_bytes)  # type: ignore[arg-type]
 
-    def _back_to_disk(self, chunk: Chunk) -> None:
-        """Move ``chunk``'s shard to disk by mapping its kept payload again: nothing is copied
-        or written ([Note: disk copies])."""
-        new = self.disk_copies.reuse(_key(chunk, DISK), chunk.shard_numel, chunk.dtype)
-        old = chunk.replace_shard(new, copy=False)
-        del new
-        self._rebind(chunk)
-        s = self.tiers[chunk.tier]  # type: ignore[index]
-        self.spares.give(old, s)
-        del old
-        self._leave(chunk, s, copied=False)
-        chunk.tier = DISK
-
-    def _leave(self, chunk: Chunk, src: Tier, *, copied: bool) -> None:
-        """``chunk``'s shard left ``src``: free its payload there, or, when it was copied off
-        disk and the owner keeps such chunks' disk payloads, keep it ([Note: disk copies])."""
-        key = _key(chunk, src.name)
-        if src.name is DISK:
-            self.read_ahead_window.drop(chunk)
-            if copied and self.disk_copies.takes(chunk.kind):
-                self.disk_copies.hold(key, chunk.shard_bytes)
-                return
-        src.free(chunk.shard_bytes)
-        src.discard(key)
-
-    def _fits(self, chunk: Chunk, name: TierName) -> bool:
-        """Whether ``chunk``'s shard fits on tier ``name`` (on disk: its kept payload, or room
-        made by dropping others: [Note: disk copies])."""
-        if name is DISK:
-            if self.disk_copies.has(_key(chunk, DISK)):
-                return True
-            self.disk_copies.make_room(chunk.shard_bytes)
-        return self.tiers[name].free_bytes >= chunk.shard_bytes
-
     def offload(self, chunk: Chunk) -> int:
         """Release ``chunk``'s gathered buffer and move its shard off the compute tier.
 
@@ -310,43 +275,6 @@ class Placement(ComputeRoom):
         if copies:
             self._count(ACC, chunk.tier, chunk.shard_bytes)  # type: ignore[arg-type]
         return True
-
-    def read_ahead(self, chunk: Chunk) -> bool:
-        """Start reading ``chunk``'s shard into memory if it lives on disk (for a use soon) and
-        the read-ahead window has room for it; False when it has not ([Note: read-ahead
-        window])."""
-        if chunk.tier is not DISK:
-            return True
-        if not self.read_ahead_window.admit(chunk):
-            return False
-        self.tiers[DISK].read_ahead(_key(chunk, DISK))
-        return True
-
-    def used(self, chunk: Chunk) -> None:
-        """``chunk``'s shard is about to be read where it lives (copied off, or updated in
-        place): on disk, counted as faulted in unless it was read ahead ([Note: disk
-        fault-ins] in ``_tier.py``)."""
-        if chunk.tier is DISK:
-            self.tiers[DISK].used(_key(chunk, DISK), chunk.shard_bytes)
-
-    def finish_read(self, chunk: Chunk) -> None:
-        """``chunk``'s shard is read next, on this thread: on disk, its read-ahead not taken up
-        by the reader yet is done here ([Note: disk read-ahead and write-behind])."""
-        if chunk.tier is DISK:
-            self.tiers[DISK].finish_read(_key(chunk, DISK))
-
-    def written(self, chunk: Chunk) -> None:
-        """``chunk``'s shard was written in place: if it lives on disk, start writing it out
-        (its pages leave this process's memory now)."""
-        self.disk_copies.drop(_key(chunk, DISK))  # no longer the chunk's values
-        if chunk.tier is DISK and chunk.shard is not None:
-            self.read_ahead_window.drop(chunk)
-            self.tiers[DISK].write_behind(_key(chunk, DISK), chunk.shard)
-
-    def disk_io(self) -> DiskIOStats | None:
-        """Background disk I/O so far (None without a disk tier)."""
-        disk = self.tiers.get(DISK)
-        return None if disk is None or disk.store is None else disk.store.io_stats()
 
     def forget(self, chunk: Chunk) -> None:
         """Give up ``chunk``'s payloads (its shard and any gathered buffer) on every tier."""

@@ -1,0 +1,110 @@
+"""The disk side of ``Placement``: read-ahead, fault-in accounting, write-out of shards updated
+in place, and the disk payloads kept for chunks read elsewhere ([Note: disk copies] in
+``_disk_copies.py``).
+
+``Placement`` inherits these methods; they read its tiers, read-ahead window, kept disk copies,
+spare payloads and rebind callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from colossal_contracts import TierName
+
+from ._chunk import Chunk
+from ._disk import DiskIOStats
+from ._disk_copies import DiskCopies
+from ._read_ahead import ReadAheadWindow
+from ._spare import SparePayloads
+from ._tier import Tier
+
+__all__ = ["DiskSide", "payload_key"]
+
+DISK = TierName.DISK
+
+
+def payload_key(chunk: Chunk, tier: TierName) -> str:
+    """The name of ``chunk``'s payload on ``tier`` (a file name on disk)."""
+    return f"{chunk.kind}-{chunk.chunk_id}@{tier.value}"
+
+
+class DiskSide:
+    """What ``Placement`` does with the disk tier; see the module docstring."""
+
+    tiers: dict[TierName, Tier]  # the placement's
+    read_ahead_window: ReadAheadWindow  # the placement's
+    disk_copies: DiskCopies  # the placement's
+    spares: SparePayloads  # the placement's
+    _rebind: Callable[[Chunk], None]  # the placement's
+
+    def read_ahead(self, chunk: Chunk) -> bool:
+        """Start reading ``chunk``'s shard into memory if it lives on disk (for a use soon) and
+        the read-ahead window has room for it; False when it has not ([Note: read-ahead
+        window])."""
+        if chunk.tier is not DISK:
+            return True
+        if not self.read_ahead_window.admit(chunk):
+            return False
+        self.tiers[DISK].read_ahead(payload_key(chunk, DISK))
+        return True
+
+    def used(self, chunk: Chunk) -> None:
+        """``chunk``'s shard is about to be read where it lives (copied off, or updated in
+        place): on disk, counted as faulted in unless it was read ahead ([Note: disk
+        fault-ins] in ``_tier.py``)."""
+        if chunk.tier is DISK:
+            self.tiers[DISK].used(payload_key(chunk, DISK), chunk.shard_bytes)
+
+    def finish_read(self, chunk: Chunk) -> None:
+        """``chunk``'s shard is read next, on this thread: on disk, its read-ahead not taken up
+        by the reader yet is done here ([Note: disk read-ahead and write-behind])."""
+        if chunk.tier is DISK:
+            self.tiers[DISK].finish_read(payload_key(chunk, DISK))
+
+    def written(self, chunk: Chunk) -> None:
+        """``chunk``'s shard was written in place: if it lives on disk, start writing it out
+        (its pages leave this process's memory now)."""
+        self.disk_copies.drop(payload_key(chunk, DISK))  # no longer the chunk's values
+        if chunk.tier is DISK and chunk.shard is not None:
+            self.read_ahead_window.drop(chunk)
+            self.tiers[DISK].write_behind(payload_key(chunk, DISK), chunk.shard)
+
+    def disk_io(self) -> DiskIOStats | None:
+        """Background disk I/O so far (None without a disk tier)."""
+        disk = self.tiers.get(DISK)
+        return None if disk is None or disk.store is None else disk.store.io_stats()
+
+    def _back_to_disk(self, chunk: Chunk) -> None:
+        """Move ``chunk``'s shard to disk by mapping its kept payload again: nothing is copied
+        or written ([Note: disk copies])."""
+        new = self.disk_copies.reuse(payload_key(chunk, DISK), chunk.shard_numel, chunk.dtype)
+        old = chunk.replace_shard(new, copy=False)
+        del new
+        self._rebind(chunk)
+        s = self.tiers[chunk.tier]  # type: ignore[index]
+        self.spares.give(old, s)
+        del old
+        self._leave(chunk, s, copied=False)
+        chunk.tier = DISK
+
+    def _leave(self, chunk: Chunk, src: Tier, *, copied: bool) -> None:
+        """``chunk``'s shard left ``src``: free its payload there, or, when it was copied off
+        disk and the owner keeps such chunks' disk payloads, keep it ([Note: disk copies])."""
+        key = payload_key(chunk, src.name)
+        if src.name is DISK:
+            self.read_ahead_window.drop(chunk)
+            if copied and self.disk_copies.takes(chunk.kind):
+                self.disk_copies.hold(key, chunk.shard_bytes)
+                return
+        src.free(chunk.shard_bytes)
+        src.discard(key)
+
+    def _fits(self, chunk: Chunk, name: TierName) -> bool:
+        """Whether ``chunk``'s shard fits on tier ``name`` (on disk: its kept payload, or room
+        made by dropping others: [Note: disk copies])."""
+        if name is DISK:
+            if self.disk_copies.has(payload_key(chunk, DISK)):
+                return True
+            self.disk_copies.make_room(chunk.shard_bytes)
+        return self.tiers[name].free_bytes >= chunk.shard_bytes
