@@ -58,7 +58,7 @@ def test_a_kept_payload_goes_back_to_disk_without_a_write(tmp_path):
     assert disk.used_bytes == used  # the payload stays, counted
     mgr.move(c, DISK)
     assert _written(mgr) == base  # nothing written
-    assert mgr.disk_writes_saved == SHARD
+    assert mgr.stats().disk_unwritten_bytes == SHARD
     assert c.tier is DISK and torch.equal(c.shard, before)
     p = mgr._params[next(iter(c.records))]
     assert p.data.data_ptr() == c.shard.data_ptr()  # the views follow the mapping
@@ -85,7 +85,7 @@ def test_other_kinds_and_written_chunks_are_written_again(tmp_path):
     after = c.shard.clone()
     mgr.move(c, DISK)
     assert _written(mgr) == base + 2 * SHARD and torch.equal(c.shard, after)
-    assert mgr.disk_writes_saved == 0
+    assert mgr.stats().disk_unwritten_bytes == 0
 
 
 def test_kept_payloads_make_way_when_the_disk_is_full(tmp_path):
@@ -105,5 +105,5 @@ def test_kept_payloads_make_way_when_the_disk_is_full(tmp_path):
     mgr.move(on_disk[0], HOST)  # its disk copy is gone: the move frees nothing there
     assert disk.free_bytes == 0 and torch.equal(on_disk[0].shard, moved)
     mgr.keep_disk_copies()
-    assert disk.used_bytes == 4 * SHARD and mgr.disk_writes_saved == 0
+    assert disk.used_bytes == 4 * SHARD and mgr.stats().disk_unwritten_bytes == 0
     assert _written(mgr) == base

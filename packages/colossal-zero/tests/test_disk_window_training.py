@@ -113,7 +113,7 @@ def _train(tmp_path, max_grad_norm: float, x, y, *, keep: bool = True):
         losses.append(loss.item())
     disk.store.drain()  # type: ignore[union-attr]
     written = m.stats().disk_io.bytes_written  # type: ignore[union-attr]
-    after = (gm.full_state_dict(), written, m.disk_writes_saved)
+    after = (gm.full_state_dict(), written, m.stats().disk_unwritten_bytes)
     m.close()
     return losses, norms, faulted, *after
 

@@ -88,14 +88,8 @@ class ManagerBooks:
             padding,
             self._placement.disk_io(),
             None if disk is None else disk.faulted_bytes,
-            self.disk_writes_saved,
+            self._placement.disk_copies.reused_bytes,  # [Note: disk copies]
         )
-
-    @property
-    def disk_writes_saved(self) -> int:
-        """Bytes moved back to disk since creation by mapping a kept payload again instead of
-        writing it ([Note: disk copies] in ``_disk_copies.py``)."""
-        return self._placement.disk_copies.reused_bytes
 
     def model_data_bytes(self, tier: TierName | str) -> int:
         """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data: not
