@@ -1,7 +1,7 @@
-"""How Gemini sizes its chunks (``_setup._chunk_numel``): least padding below the size at which
-two working sets fit a budget, or below a quarter of the model with none; sharded with no
-budget, the fewest chunks within the slack of the least waste ([Note: fewer chunks] in
-colossal-chunk); and what a chunk in use holds (``working_set_bytes``)."""
+"""How Gemini sizes its chunks (``_setup._chunk_numel``): least padding on one rank; sharded, the
+fewest chunks within the slack of the least waste ([Note: fewer chunks] in colossal-chunk), below
+the size at which one chunk in use and the next one's gathered buffer fit a budget; and what a
+chunk in use holds (``working_set_bytes``)."""
 
 import pytest
 
@@ -28,20 +28,22 @@ def test_a_chunk_in_use_holds_its_buffer_and_shards():
     assert working_set_bytes(1024, bf16, 4) == 1024 * 2 + 256 * 2  # gradients in the buffer
 
 
-@pytest.mark.parametrize(("budget", "world_size"), [(None, 1), (BUDGET, 1), (BUDGET, 4)])
-def test_least_padding_on_one_rank_and_under_a_budget(budget, world_size):
+@pytest.mark.parametrize("budget", [None, BUDGET])
+def test_one_rank_takes_the_least_padding(budget):
     numels = _numels()
     cfg = GeminiConfig("fp32", accelerator_bytes=budget)
-    n = _chunk_numel(numels, cfg, cfg.precision_spec, world_size)
-    cap = sum(numels) // 4 if budget is None else budget // 16  # two working sets of one rank
-    want = search_chunk_size(numels, max_numel=cap, element_size=4, world_size=world_size)
-    assert n == want.chunk_numel
+    n = _chunk_numel(numels, cfg, cfg.precision_spec, 1)
+    cap = sum(numels) // 4 if budget is None else budget // 16
+    assert n == search_chunk_size(numels, max_numel=cap, element_size=4).chunk_numel
 
 
-def test_sharded_without_a_budget_takes_fewer_chunks_within_the_slack():
+@pytest.mark.parametrize("budget", [None, BUDGET])
+def test_sharded_takes_fewer_chunks_within_the_slack(budget):
     numels = _numels()
-    cfg = GeminiConfig("fp32")
+    cfg = GeminiConfig("fp32", accelerator_bytes=budget)
     n = _chunk_numel(numels, cfg, cfg.precision_spec, 4)
     least = search_chunk_size(numels, max_numel=n, element_size=4, world_size=4)
     assert len(pack(numels, n)) < least.num_chunks  # fewer than least padding takes
     assert _waste(numels, n) <= least.waste + _SHARDED_SLACK
+    if budget is not None:  # a chunk in use and the next one's gathered buffer fit
+        assert working_set_bytes(n, cfg.precision_spec, 4) + n * 4 <= budget

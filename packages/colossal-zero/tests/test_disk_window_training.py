@@ -84,15 +84,15 @@ def test_host_payloads_and_pages_read_ahead_stay_within_the_host_budget(tmp_path
     torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-5)
 
 
-def _train(tmp_path, max_grad_norm: float, x, y, *, keep: bool = True):
-    """3 steps under a disk tier; with ``keep`` off, every eviction to disk writes (as before
-    [Note: disk copies]). Losses, gradient norms, bytes faulted in by each optimizer step, and
+def _train(tmp_path, max_grad_norm: float, x, y, *, keep: bool = True, acc_shards: int = 4):
+    """3 steps under a disk tier (room for ``acc_shards`` shards on the compute tier); with
+    ``keep`` off, every eviction to disk writes (as before [Note: disk copies]). Losses, gradient norms, bytes faulted in by each optimizer step, and
     after the run: the weights, the bytes written and the bytes moved back unwritten."""
     torch.manual_seed(0)
     model = _gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     config = GeminiConfig(
-        device="cpu", chunk_numel=CHUNK, accelerator_bytes=4 * SHARD, host_bytes=4 * SHARD,
+        device="cpu", chunk_numel=CHUNK, accelerator_bytes=acc_shards * SHARD, host_bytes=4 * SHARD,
         disk_bytes=None, disk_dir=tmp_path, read_ahead_bytes=0,  # every disk read a fault-in
     )  # fmt: skip
     gm = apply_gemini(model, config, group=None)
@@ -143,8 +143,9 @@ def test_parameter_chunks_go_back_to_disk_unwritten_with_the_same_training(tmp_p
     x, y = torch.randint(0, 256, (2, 2, 16), generator=g)
     torch.manual_seed(0)
     ref = adamw_losses(_gpt(), x, y, 3, lr=1e-3)
-    losses, _, _, weights, written, saved = _train(tmp_path / "kept", 0.0, x, y)
-    plain = _train(tmp_path / "written", 0.0, x, y, keep=False)
+    # three shards of room: parameter chunks are evicted within forward and backward
+    losses, _, _, weights, written, saved = _train(tmp_path / "kept", 0.0, x, y, acc_shards=3)
+    plain = _train(tmp_path / "written", 0.0, x, y, keep=False, acc_shards=3)
     assert losses == plain[0]  # bit for bit
     assert weights.keys() == plain[3].keys()
     assert all(torch.equal(weights[k], plain[3][k]) for k in weights)

@@ -1,6 +1,7 @@
 """The operator hooks of Gemini's runtime ([Note: operator hooks] in ``_runtime.py``): a
 ``TorchFunctionMode`` around every call that reads parameters, and the identity autograd functions
-that re-access parameters before an operator's backward and release frozen ones after it.
+that re-access parameters before an operator's backward and release, after it, the parameters
+no gradient hook would release then.
 
 Each hook runs under a ``torch.profiler.record_function`` label (``Gemini::pre_forward``,
 ``Gemini::post_forward``, ``Gemini::pre_backward``, ``Gemini::post_backward``, and the runtime's
@@ -50,8 +51,8 @@ class _PreBackward(torch.autograd.Function):
 
 
 class _PostBackward(torch.autograd.Function):
-    """Identity on an operator's input; in backward (after the operator's), releases the frozen
-    parameters it read, which no gradient hook would release."""
+    """Identity on an operator's input; in backward (after the operator's), releases the
+    parameters it read that no gradient hook releases now ([Note: released after backward])."""
 
     @staticmethod
     def forward(ctx: Any, rt: GeminiRuntime, names: tuple[str, ...], x: torch.Tensor) -> Any:
@@ -84,12 +85,12 @@ class AccessMode(TorchFunctionMode):
                 return func(*args, **kwargs)
             with hooks:  # [Note: checkpointed regions]
                 return func(*args, **kwargs)
+        later = self.rt.released_after_backward(names)  # before pre_op marks them read
         with label("Gemini::pre_forward"):
             self.rt.pre_op(names)
-        frozen = tuple(n for n in names if not self.rt.params[n].requires_grad)
-        if frozen and torch.is_grad_enabled():
+        if later and torch.is_grad_enabled():
             args = tuple(
-                _PostBackward.apply(self.rt, frozen, a)
+                _PostBackward.apply(self.rt, later, a)
                 if isinstance(a, torch.Tensor) and a.requires_grad and id(a) not in self.rt.names
                 else a
                 for a in args

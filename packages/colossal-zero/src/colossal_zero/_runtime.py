@@ -9,6 +9,16 @@ the operator's backward runs. Catching operators rather than modules also covers
 outside their module (a tied output head). Gradients go into chunk memory as they arrive
 ([Note: gradients in chunks] in ``_collect.py``).
 
+[Note: released after backward] A trainable parameter's gradient hook releases it (its
+gradient is in chunk memory). A parameter read by more than one operator in a forward (a tied
+output head) gets its gradient only after the backward of its first reader, so its chunk would
+stay in COMPUTE, pinned on the compute tier, from the backward of its last reader to the end of
+backward, beside the chunks every operator in between needs (GPT's tied embedding: three chunks
+in use at once). So the later readers release it after their backward, as frozen parameters are
+released after every reader's: without resharding (a chunk nothing needs to evict keeps its
+gathered buffer, and the next reader finds it there), but movable, so that room can be made.
+The first reader's backward accesses it again, and its gradient hook collects the sum.
+
 [Note: accumulation] Reduced gradients wait in the working buffer until the optimizer step. If
 the chunk is needed again first (the next micro-batch), they are added into a lazily created
 fp32 "acc" chunk and, with masters, the parameters are restored from the masters.
@@ -317,11 +327,27 @@ class GeminiRuntime(GradientCollection):
             self._access(todo)
         self._gather_next()
 
+    def released_after_backward(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Of the parameters an operator of the forward reads, those its backward releases:
+        frozen ones, and trainable ones an earlier operator of this forward read ([Note:
+        released after backward]). Call before ``pre_op``."""
+        if self.state is not _T.FORWARD:  # a recomputation in backward: its first reads
+            return tuple(n for n in names if not self.params[n].requires_grad)
+        used, params = self._used, self.params
+        return tuple(n for n in names if n in used or not params[n].requires_grad)
+
     def post_backward(self, names: tuple[str, ...]) -> None:
-        """After an operator's backward: frozen parameters it read go back to HOLD."""
-        busy = [n for n in names if self.manager.chunk_of(n).state(n) is _S.COMPUTE]
-        if busy:
-            self.manager.release(busy, state=_S.HOLD)
+        """After an operator's backward: the parameters it read that no gradient hook releases
+        now go back to HOLD ([Note: released after backward]); trainable ones keep their chunk
+        gathered."""
+        m = self.manager
+        busy = [n for n in names if m.chunk_of(n).state(n) is _S.COMPUTE]
+        frozen = [n for n in busy if not self.params[n].requires_grad]
+        if frozen:
+            m.release(frozen, state=_S.HOLD)
+        shared = [n for n in busy if self.params[n].requires_grad]
+        if shared:
+            m.release(shared, state=_S.HOLD, reshard=False)
 
     def _finish_backward(self) -> None:
         with label("Gemini::finish_backward"):
