@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from colossal_chunk import AutoPolicy, ChunkConfig, ChunkManager
-from colossal_contracts import TierName
+from colossal_contracts import TensorState, TierName
 
 ACC, HOST = TierName.ACCELERATOR, TierName.HOST
 N = 64  # elements per parameter and per chunk
@@ -55,3 +55,29 @@ def gathers_ahead_evict_only_later_chunks() -> dict[str, object]:
 def _moved(m: ChunkManager, src: str, dst: str) -> int:
     row = m.stats().moves.get((src, dst))
     return 0 if row is None else row.num_bytes
+
+
+def reduce_in_flight_makes_room() -> dict[str, object]:
+    """Two one-parameter chunks on 2 ranks and room for one gathered buffer and one shard: c0 is
+    reduce-scattered without waiting, then c1 is accessed. The reduce-scatter in flight holds
+    c0's buffer; evicting c0 finishes it and frees both. What the access found, and the values."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    shard, full = 4 * N // world, 4 * N  # fp32 bytes
+    config = ChunkConfig(chunk_numel=N, accelerator_bytes=full + shard, disk_bytes=0, device="cpu")
+    m = ChunkManager(config, policy=AutoPolicy(), group=dist.group.WORLD)
+    params = [torch.nn.Parameter(torch.arange(N, dtype=torch.float32) + 1000 * i) for i in range(2)]
+    c0, _ = m.register([(f"p{i}", p) for i, p in enumerate(params)])
+    m.access(["p0"])
+    params[0].data.fill_(rank + 1.0)  # this rank's "gradient", written into the buffer
+    m.release(["p0"], state=TensorState.READY_FOR_REDUCE, reshard=False)
+    m.reduce(c0, async_op=True)
+    out: dict[str, object] = {"in flight": c0.in_flight}
+    m.access(["p1"])
+    out["c0 in flight after"] = c0.in_flight
+    out["within budget"] = m.tiers[ACC].used_bytes <= full + shard
+    out["p1 equal"] = torch.equal(params[1].data, torch.arange(N, dtype=torch.float32) + 1000)
+    m.release(["p1"])
+    out["c0 shard"] = c0.shard.clone()  # type: ignore[union-attr]
+    out["mean"] = sum(r + 1.0 for r in range(world)) / world
+    m.close()
+    return out

@@ -1,11 +1,13 @@
 """``ChunkManager.gather_ahead`` under a budget on 2 gloo ranks ([Note: gathers ahead], [Note:
-gathers from the host])."""
+gathers from the host]), and an access that makes room by evicting a chunk whose reduce-scatter
+is in flight (finished first: [Note: collectives in flight])."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _checks_gathers_ahead as checks
+import torch
 
 
 def test_gathers_ahead_stage_host_shards_and_evict_only_chunks_used_later(world):
@@ -29,3 +31,11 @@ def test_gathers_ahead_stage_host_shards_and_evict_only_chunks_used_later(world)
         assert out["c2 at 1"] == ("host", True)
         assert out["acc -> host after 1"] == 2 * shard  # c1's slice copied back
         assert out["p0 equal"]
+
+
+def test_an_access_evicts_a_chunk_with_a_reduce_scatter_in_flight(world):
+    for out in world(2).run(checks.reduce_in_flight_makes_room):
+        assert out["in flight"]  # it holds c0's gathered buffer
+        assert not out["c0 in flight after"]  # finished by its eviction
+        assert out["within budget"] and out["p1 equal"]
+        assert torch.equal(out["c0 shard"], torch.full_like(out["c0 shard"], out["mean"]))

@@ -21,13 +21,12 @@ re-packing them in first-use order in ``_repack.py``, the step without touching 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
 from colossal_contracts import (
-    CapacityError,
     ConfigError,
     PlacementPolicy,
     TensorState,
@@ -251,7 +250,13 @@ class ChunkManager(
             else pl.need_for_access(c, gather=True)
             for c in chunks
         )
-        self._make_room(needed, exclude=by_chunk, what=f"accessing chunks {list(by_chunk)}")
+        pl.make_room(
+            needed,
+            self.chunks.values(),
+            exclude=by_chunk,
+            moment=self._moment,
+            what=f"accessing chunks {list(by_chunk)}",
+        )
         for c in chunks:
             if c.chunk_id not in staged:  # [Note: gathers from the host]
                 pl.move(c, ACC, copy=not discard)
@@ -336,29 +341,15 @@ class ChunkManager(
         if tier is not ACC and c.world_size > 1 and c.is_gathered:
             self._placement.release_gathered(c)
         if tier is ACC:
-            need = self._placement.need_for_access(c, gather=False)
-            self._make_room(need, exclude={c.chunk_id}, what=f"moving chunk {c.chunk_id}")
+            self._placement.make_room(
+                self._placement.need_for_access(c, gather=False),
+                self.chunks.values(),
+                exclude={c.chunk_id},
+                moment=self._moment,
+                what=f"moving chunk {c.chunk_id}",
+            )
         self._placement.move(c, tier)
         self._bind(c)
-
-    def _make_room(self, needed: int, *, exclude: Collection[int], what: str) -> None:
-        """Evict until ``needed`` more bytes fit on the compute tier at this moment. When eviction
-        alone cannot, the collectives in flight are finished first: a reduce-scatter in flight
-        holds its chunk's gathered buffer, which its end frees ([Note: collectives in flight];
-        how long one runs differs from step to step, so a plan cannot count on it), and a
-        gather ahead leaves a chunk that may be evicted."""
-        pl = self._placement
-        try:
-            pl.make_room(
-                needed, self.chunks.values(), exclude=exclude, moment=self._moment, what=what
-            )
-        except CapacityError:
-            if not self.in_flight.chunks:
-                raise
-            self.in_flight.finish_all()
-            pl.make_room(
-                needed, self.chunks.values(), exclude=exclude, moment=self._moment, what=what
-            )
 
     def prefetch(self, horizon: int = 1) -> int:
         """Start copying chunks the policy says the next ``horizon`` moments need; returns how many.
