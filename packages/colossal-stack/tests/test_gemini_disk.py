@@ -38,8 +38,11 @@ def test_disk_tier_trains_like_adamw(tmp_path):
 
     torch.manual_seed(0)
     model = GPT(CFG)
+    # most of the accelerator budget is the activation reserve: the room left makes parameter
+    # chunks leave within forward and backward (with 1 MiB, since the tied head's chunk is no
+    # longer pinned through backward, none does)
     plugin = GeminiPlugin(
-        accelerator_budget="1MiB", host_budget="300KiB", disk_budget="64MiB", disk_dir=tmp_path
+        accelerator_budget="976KiB", host_budget="300KiB", disk_budget="64MiB", disk_dir=tmp_path
     )
     booster = Booster(plugin)
     gm, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))

@@ -116,7 +116,7 @@ def test_fp16_overflowing_every_step_stops_with_the_cause(tmp_path, small_corpus
 
 def test_capacity_hint_names_a_budget_that_trains(tmp_path, small_corpus):
     with pytest.raises(CapacityError) as err:
-        train(_cfg(tmp_path / "a", small_corpus, accelerator_budget="650000", steps=2))
+        train(_cfg(tmp_path / "a", small_corpus, accelerator_budget="600000", steps=2))
     assert not (tmp_path / "a" / "run" / "metrics.jsonl").exists()  # failed in step 1: no trace
     hint = re.search(r"Raise accelerator_bytes to ([\d,]+)", str(err.value))
     assert hint, str(err.value)
