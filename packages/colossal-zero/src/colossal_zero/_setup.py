@@ -79,7 +79,8 @@ def _chunk_numel(
             # chunks read by one operator need only their buffers); and the fewest chunks
             # within _SHARDED_SLACK of the least waste, as with no budget: GPT tiny under a
             # quarter of its resident bytes, 13 chunks step at 1.05x FSDP2 with CPU offload
-            # on 4 ranks, 7 at 0.93 ([Note: fewer chunks] in colossal-chunk)
+            # on 4 ranks, 7 at 0.93 ([Note: fewer chunks] in colossal-chunk). A tied head's
+            # chunk takes no third place in backward: [Note: released after backward]
             per_elem = working_set_bytes(world_size, precision, world_size) / world_size + elem
             cap_numel = int(cap // per_elem)
             slack = _SHARDED_SLACK
