@@ -1,6 +1,8 @@
 """The disk tier's background I/O and its checks: write-behind and read-ahead keep every byte,
 count what they move, and a directory that cannot hold the budget is a one-line ConfigError."""
 
+import ctypes
+import mmap
 import shutil
 
 import pytest
@@ -30,6 +32,36 @@ def test_write_behind_then_read_ahead_keeps_every_byte(tmp_path):
     assert (io.bytes_written, io.bytes_read) == (2 * src.numel() * 4, src.numel() * 4)
     store.close()
     assert not (tmp_path / "d").exists()  # the store created it, so it removes it
+
+
+def test_a_payload_only_read_is_let_go_without_a_write(tmp_path):
+    # [Note: reads let go]: its pages leave memory and the page cache as after a write-behind,
+    # and nothing counts as written
+    store = DiskStore(tmp_path / "d")
+    src = torch.randn(300_000)
+    t = store.allocate("g0", src.numel(), torch.float32)
+    t.copy_(src)
+    p = store._files["g0"]
+    vec = ctypes.create_string_buffer(-(-p.nbytes // mmap.PAGESIZE))
+
+    def in_page_cache() -> int:
+        assert store._libc.held_mincore(p.base, p.nbytes, vec) == 0
+        return sum(b & 1 for b in vec.raw)
+
+    store.write_behind("g0", t)
+    store.drain()
+    after_write = in_page_cache()
+    store.read_ahead("g0")
+    store.drain()
+    written = store.io_stats().bytes_written
+    assert in_page_cache() == len(vec.raw) and torch.equal(t, src)  # read: every page back
+    store.let_go("g0", t)
+    store.drain()
+    assert in_page_cache() <= after_write < len(vec.raw)
+    assert store.io_stats().bytes_written == written
+    assert not store.is_read_ahead("g0")  # its pages must be read again
+    assert torch.equal(t, src)  # read back from the file
+    store.close()
 
 
 def test_store_in_an_existing_directory_leaves_the_directory(tmp_path):

@@ -7,7 +7,8 @@ scaler each chunk's squares are taken as its update set streams through memory, 
 disk are read once per step; the norm equals the one computed up front (clipping on, a bound no
 step reaches), which reads every gradient on disk once more, and plain PyTorch's. And fp32 parameter chunks evicted back to disk unchanged
 within a forward or backward map their kept payload again instead of being written
-(colossal-chunk's [Note: disk copies]): the same training bit for bit, fewer bytes written."""
+(colossal-chunk's [Note: disk copies]): the same training bit for bit, fewer bytes written.
+And the gradients the optimizer step only reads leave memory unwritten ([Note: reads let go])."""
 
 import pytest
 import torch
@@ -152,3 +153,44 @@ def test_parameter_chunks_go_back_to_disk_unwritten_with_the_same_training(tmp_p
     torch.testing.assert_close(losses, ref, rtol=1e-5, atol=1e-5)
     assert plain[5] == 0 and saved > 0  # evictions to disk mapped their kept payload
     assert written + saved == plain[4]  # and wrote exactly that much less
+
+
+def test_the_step_lets_gradients_on_disk_go_without_writing_them(tmp_path):
+    # colossal-chunk's [Note: reads let go]: the update only reads a gradient (no clipping, no
+    # loss scale), so its pages leave memory with nothing written; what the step writes are the
+    # values and Adam states it updated
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 256, (2, 2, 16), generator=g)
+    torch.manual_seed(0)
+    ref = adamw_losses(_gpt(), x, y, 2, lr=1e-3)
+    torch.manual_seed(0)
+    model = _gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    config = GeminiConfig(
+        device="cpu", chunk_numel=CHUNK, accelerator_bytes=4 * SHARD, host_bytes=4 * SHARD,
+        disk_bytes=None, disk_dir=tmp_path,
+    )  # fmt: skip
+    gm = apply_gemini(model, config, group=None)
+    gopt = GeminiOptimizer.from_torch(gm, opt)
+    m = gm.runtime.manager
+    store = m.tiers[TierName.DISK].store
+    kinds, write_behind = [], store.write_behind  # type: ignore[union-attr]
+
+    def spied(key, tensor):  # type: ignore[no-untyped-def]
+        kinds.append(key.rsplit("-", 1)[0])
+        write_behind(key, tensor)
+
+    losses, grads_on_disk = [], 0
+    for _ in range(2):
+        loss = gm(x, y)
+        gopt.backward(loss)
+        grads_on_disk += sum(c.tier is TierName.DISK for c in m.chunks.values() if c.kind == "grad")
+        store.write_behind = spied  # type: ignore[union-attr]
+        gopt.step()
+        store.write_behind = write_behind  # type: ignore[union-attr]
+        gopt.zero_grad()
+        losses.append(loss.item())
+    m.close()
+    assert grads_on_disk > 0  # the step read gradients off disk
+    assert {"exp_avg", "exp_avg_sq", "param"} <= set(kinds) and "grad" not in kinds
+    torch.testing.assert_close(losses, ref, rtol=1e-5, atol=1e-5)

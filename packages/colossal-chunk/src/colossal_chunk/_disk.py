@@ -53,6 +53,13 @@ by that window.
 ``io_stats`` counts bytes, and seconds during which at least one read (or write) was in
 flight ([Note: in-flight time]).
 
+[Note: reads let go] A payload that was only read in place (a gradient the optimizer step
+consumed, a shard a checkpoint saved) has clean pages: ``let_go`` unmaps them and drops them
+from the page cache on the caller's thread, without a write job. Handing it to
+``write_behind`` instead cost a writer job per payload, counted its bytes as written (a quarter
+of the bytes "written" per step in training under a disk tier, at almost no device time, so
+the tier's write rate read high) and took room in the back-pressure window.
+
 [Note: reads first] A read is on the step's path (its chunk is used next), a write-behind is
 not (its payload was used already, and the back-pressure window bounds what waits), and the
 device serves both at once more slowly than either alone. So a write-out starts once no
@@ -250,6 +257,23 @@ class DiskStore:
         while sum(n for _, n in self._behind) > _MAX_BEHIND and len(self._behind) > 1:
             self._behind.pop(0)[0].result()
         self._behind = [(j, n) for j, n in self._behind if not j.done()]
+
+    def let_go(self, key: str, tensor: torch.Tensor) -> None:
+        """``key``'s payload (``tensor``, its mapping) was only read since it was last written:
+        its pages leave this process's memory and, with ``drop_cache``, the page cache, with
+        nothing to write out and no bytes counted as written ([Note: reads let go]). Pages
+        written after all stay in the page cache, and the kernel's writeback keeps them."""
+        p = self._files.get(key)
+        if p is None or p.nbytes == 0:
+            return
+        if key in self._warm:  # as in write_behind: no read may map the pages after the unmap
+            self._warm.discard(key)
+            self._wait(p, drop_read=True)
+        mine = tensor.untyped_storage().data_ptr() == p.base
+        if self._madvise is not None and mine and p.base % mmap.PAGESIZE == 0:
+            self._madvise(p.base, p.nbytes, MADV_DONTNEED)  # type: ignore[operator]
+        if self._drop_cache and self._libc is not None:  # clean pages: dropping is cheap
+            self._libc.held_fadvise(p.fd, p.offset, p.nbytes, FADV_DONTNEED)
 
     def drain(self) -> None:
         """Wait until every read-ahead and write-behind issued so far is done."""

@@ -70,6 +70,13 @@ class DiskSide:
             self.read_ahead_window.drop(chunk)
             self.tiers[DISK].write_behind(payload_key(chunk, DISK), chunk.shard)
 
+    def read_only(self, chunk: Chunk) -> None:
+        """``chunk``'s shard was only read in place: if it lives on disk, its pages leave this
+        process's memory with nothing written ([Note: reads let go] in ``_disk.py``)."""
+        if chunk.tier is DISK and chunk.shard is not None:
+            self.read_ahead_window.drop(chunk)
+            self.tiers[DISK].let_go(payload_key(chunk, DISK), chunk.shard)
+
     def disk_io(self) -> DiskIOStats | None:
         """Background disk I/O so far (None without a disk tier)."""
         disk = self.tiers.get(DISK)

@@ -198,12 +198,20 @@ class ChunkManager(
         self._placement.disk_copies.keep(frozenset(kinds))
 
     def written(self, chunks: Iterable[Chunk | int]) -> None:
-        """Say that the shards of ``chunks`` were used in place (read, or updated by an optimizer
-        step): those on disk start being written out of memory in the background."""
+        """Say that the shards of ``chunks`` were written in place (updated by an optimizer step,
+        loaded): those on disk start being written out of memory in the background."""
         for c in chunks:
             chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
             self._placement.used(chunk)  # [Note: disk fault-ins]
             self._placement.written(chunk)
+
+    def read_done(self, chunks: Iterable[Chunk | int]) -> None:
+        """Say that the shards of ``chunks`` were only read in place: those on disk leave this
+        process's memory with nothing written (colossal-chunk's [Note: reads let go])."""
+        for c in chunks:
+            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            self._placement.used(chunk)  # [Note: disk fault-ins]
+            self._placement.read_only(chunk)
 
     def access(self, items: Iterable[Tensorish]) -> None:
         """Make parameters ready for compute (on the compute tier, gathered, COMPUTE)."""

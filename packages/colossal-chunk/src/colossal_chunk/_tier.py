@@ -147,3 +147,9 @@ class Tier:
         """Start writing the payload of ``key`` (just written) out of memory (disk only)."""
         if self.store is not None:
             self.store.write_behind(key, payload)
+
+    def let_go(self, key: str, payload: torch.Tensor) -> None:
+        """Drop the pages of ``key``'s payload (only read since last written) from memory, with
+        nothing written (disk only)."""
+        if self.store is not None:
+            self.store.let_go(key, payload)

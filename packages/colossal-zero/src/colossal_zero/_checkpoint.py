@@ -135,7 +135,7 @@ def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
                 m.read_ahead(groups[i + 1][0])
             for _, value in items:
                 out.write(value())
-            m.written(chunks)  # disk pages read here leave this process's memory
+            m.read_done(chunks)  # disk pages read here leave this process's memory
     files = _gather_digests(model, shard.name, out.close())
     if rank == 0:
         buffers = [(n, b.detach()) for n, b in model.module.named_buffers()]

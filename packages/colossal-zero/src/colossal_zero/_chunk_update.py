@@ -142,9 +142,21 @@ class ChunkUpdates:
 
     def _written_by(self, c: Chunk) -> list[Chunk]:
         """The chunks whose shards the update of ``c`` writes (fp32 values, states, ``c``), and
-        the gradients it reads: on disk, their mapped pages must leave memory the same way."""
+        the gradients it reads: the update set that is read ahead for it."""
         grads = self.rt.gradients(c)
         return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c, grads)))
+
+    def _let_go(self, c: Chunk, grad_scale: float) -> None:
+        """After ``c``'s update under a disk tier: the shards it wrote are written out of memory;
+        its gradients, only read (not divided in place, and not in a shard it wrote), leave
+        memory with nothing written (colossal-chunk's [Note: reads let go])."""
+        m, grads = self.rt.manager, self.rt.gradients(c)
+        wrote = list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c)))
+        if grad_scale == 1.0 and not any(w is grads for w in wrote):
+            m.read_done([grads])
+        else:
+            wrote.append(grads)
+        m.written(wrote)
 
     def _states_of(self, c: Chunk) -> list[Chunk]:
         """The chunks that live where ``c``'s Adam states live (the masters with them)."""

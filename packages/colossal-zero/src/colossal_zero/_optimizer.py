@@ -279,7 +279,7 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
             self._update(c, owned, grad_scale)
             rt.stepped(c)
             if disk:
-                m.written(self._written_by(c))
+                self._let_go(c, grad_scale)
         self._run(rows, joined, grad_scale)
         if streamed is not None:
             found = reduce_squares(streamed, group=rt.group, shardings=self.sharding)
@@ -304,7 +304,7 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
         for grads, parts in per_chunk:
             out += piece_squares(parts)
             if grads is not None:  # a disk tier (else nothing to let go)
-                self.rt.manager.written([grads])
+                self.rt.manager.read_done([grads])
         return out
 
     def _update_bytes(self, c: Chunk) -> int:

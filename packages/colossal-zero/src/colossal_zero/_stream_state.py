@@ -30,6 +30,6 @@ def iter_full_state(model: GeminiModule) -> Iterator[tuple[str, torch.Tensor]]:
             for alias in names.get(name, ()):
                 yield alias, full[rec.offset : rec.end].view(rec.shape).float()
         del full
-        rt.manager.written([src])  # a shard on disk was only read: its pages leave memory
+        rt.manager.read_done([src])  # a shard on disk was only read: its pages leave memory
     for n, b in model.module.named_buffers():
         yield n, b.detach().cpu()
