@@ -66,7 +66,12 @@ device serves both at once more slowly than either alone. So a write-out starts 
 read-ahead is in flight, or after waiting ``_READS_FIRST_S`` for them. Probed in training (GPT
 20 x 512 under 32 MiB + 128 MiB + disk, loaded machine, trials alternated): the tier read at
 482 and 596 MiB/s against 394 and 552 without, and steps took 0.95x as long; writes did not
-slow.
+slow. A read issued while a write-out runs still waits behind it on the device, so a write-out
+is given to the device ``_WRITE_PIECE`` bytes at a time, each piece waiting for the reads first:
+a read waits behind at most one piece. Profiled on that model (every read recorded), four in
+five reads overlapped a write-out of a whole 4 MiB payload and took 6.0 ms against 1.9 for the
+rest; with 1 MiB pieces those took 4.1-4.5 ms and the tier read at 1684-1944 MiB/s against
+1468-1548 (two A/B pairs; 2 MiB pieces 1450, 512 KiB 1660), and steps did not slow.
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ __all__ = ["DiskIOStats", "DiskStore", "ReadRecord", "check_disk_dir"]
 _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
 _READS_FIRST_S = 0.02  # longest a write-out waits for the reads in flight ([Note: reads first])
+_WRITE_PIECE = 1 << 20  # bytes a write-out gives the device at once ([Note: reads first])
 
 
 @dataclass
@@ -395,7 +401,8 @@ class DiskStore:
         done = False
         try:
             for fd, offset, nbytes in _runs([w.p for w in batch]):
-                self._write_out(fd, offset, nbytes)
+                for at in range(0, nbytes, _WRITE_PIECE):  # [Note: reads first]
+                    self._write_out(fd, offset + at, min(_WRITE_PIECE, nbytes - at))
             done = True
         finally:
             for w in batch:
