@@ -29,21 +29,30 @@ def _gpt():
     return models.GPT(cfg)
 
 
-def test_host_payloads_and_pages_read_ahead_stay_within_the_host_budget(tmp_path):
+def _two_steps_of_adamw():
+    """A batch, and plain AdamW's losses on it for 2 steps (seed 0)."""
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 256, (2, 2, 16), generator=g)
     torch.manual_seed(0)
-    ref_losses = adamw_losses(_gpt(), x, y, 2, lr=1e-3)
+    return x, y, adamw_losses(_gpt(), x, y, 2, lr=1e-3)
 
+
+def _gemini(tmp_path, acc_shards: int, host_shards: int):
+    """The GPT (seed 0) under Gemini with a disk tier in ``tmp_path``, and its optimizer."""
     torch.manual_seed(0)
     model = _gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     config = GeminiConfig(
-        device="cpu", chunk_numel=CHUNK, accelerator_bytes=6 * SHARD, host_bytes=8 * SHARD,
-        disk_bytes=None, disk_dir=tmp_path,
+        device="cpu", chunk_numel=CHUNK, accelerator_bytes=acc_shards * SHARD,
+        host_bytes=host_shards * SHARD, disk_bytes=None, disk_dir=tmp_path,
     )  # fmt: skip
     gm = apply_gemini(model, config, group=None)
-    gopt = GeminiOptimizer.from_torch(gm, opt)
+    return gm, GeminiOptimizer.from_torch(gm, opt)
+
+
+def test_host_payloads_and_pages_read_ahead_stay_within_the_host_budget(tmp_path):
+    x, y, ref_losses = _two_steps_of_adamw()
+    gm, gopt = _gemini(tmp_path, 6, 8)
     m = gm.runtime.manager
     window = m.read_ahead_window
     assert window.window_bytes == 2 * SHARD  # the default: a quarter of the host budget
@@ -159,19 +168,8 @@ def test_the_step_lets_gradients_on_disk_go_without_writing_them(tmp_path):
     # colossal-chunk's [Note: reads let go]: the update only reads a gradient (no clipping, no
     # loss scale), so its pages leave memory with nothing written; what the step writes are the
     # values and Adam states it updated
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randint(0, 256, (2, 2, 16), generator=g)
-    torch.manual_seed(0)
-    ref = adamw_losses(_gpt(), x, y, 2, lr=1e-3)
-    torch.manual_seed(0)
-    model = _gpt()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    config = GeminiConfig(
-        device="cpu", chunk_numel=CHUNK, accelerator_bytes=4 * SHARD, host_bytes=4 * SHARD,
-        disk_bytes=None, disk_dir=tmp_path,
-    )  # fmt: skip
-    gm = apply_gemini(model, config, group=None)
-    gopt = GeminiOptimizer.from_torch(gm, opt)
+    x, y, ref = _two_steps_of_adamw()
+    gm, gopt = _gemini(tmp_path, 4, 4)
     m = gm.runtime.manager
     store = m.tiers[TierName.DISK].store
     kinds, write_behind = [], store.write_behind  # type: ignore[union-attr]
