@@ -239,17 +239,9 @@ class DiskStore:
     def write_behind(self, key: str, tensor: torch.Tensor) -> None:
         """Start writing ``key``'s payload (``tensor``, its mapping) to the device and dropping
         its pages from this process's memory."""
-        p = self._files.get(key)
-        if p is None or p.nbytes == 0:
+        p = self._unmap(key, tensor)
+        if p is None:
             return
-        if key in self._warm:  # a read-ahead not done yet would map the pages again after
-            self._warm.discard(key)  # the unmap below: drop it if queued, else wait for it
-            self._wait(p, drop_read=True)
-        mine = tensor.untyped_storage().data_ptr() == p.base  # the mapping of this payload
-        if self._madvise is not None and mine and p.base % mmap.PAGESIZE == 0:
-            # unmapped from this process now (cheap), so its resident memory never holds more
-            # of the disk tier than the payloads in use; the page cache keeps the dirty data
-            self._madvise(p.base, p.nbytes, MADV_DONTNEED)  # type: ignore[operator]
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
         self._in_flight[1].start()
@@ -269,17 +261,26 @@ class DiskStore:
         its pages leave this process's memory and, with ``drop_cache``, the page cache, with
         nothing to write out and no bytes counted as written ([Note: reads let go]). Pages
         written after all stay in the page cache, and the kernel's writeback keeps them."""
-        p = self._files.get(key)
-        if p is None or p.nbytes == 0:
+        p = self._unmap(key, tensor)
+        if p is None:
             return
-        if key in self._warm:  # as in write_behind: no read may map the pages after the unmap
-            self._warm.discard(key)
-            self._wait(p, drop_read=True)
-        mine = tensor.untyped_storage().data_ptr() == p.base
-        if self._madvise is not None and mine and p.base % mmap.PAGESIZE == 0:
-            self._madvise(p.base, p.nbytes, MADV_DONTNEED)  # type: ignore[operator]
         if self._drop_cache and self._libc is not None:  # clean pages: dropping is cheap
             self._libc.held_fadvise(p.fd, p.offset, p.nbytes, FADV_DONTNEED)
+
+    def _unmap(self, key: str, tensor: torch.Tensor) -> _Payload | None:
+        """Drop ``key``'s pages from this process's memory now (cheap: its resident memory
+        never holds more of the disk tier than the payloads in use; the page cache keeps dirty
+        data), once no read-ahead can map them again; its payload, or None when it has none."""
+        p = self._files.get(key)
+        if p is None or p.nbytes == 0:
+            return None
+        if key in self._warm:  # a read-ahead not done yet would map the pages again after
+            self._warm.discard(key)  # the unmap below: drop it if queued, else wait for it
+            self._wait(p, drop_read=True)
+        mine = tensor.untyped_storage().data_ptr() == p.base  # the mapping of this payload
+        if self._madvise is not None and mine and p.base % mmap.PAGESIZE == 0:
+            self._madvise(p.base, p.nbytes, MADV_DONTNEED)  # type: ignore[operator]
+        return p
 
     def drain(self) -> None:
         """Wait until every read-ahead and write-behind issued so far is done."""

@@ -140,18 +140,20 @@ class ChunkUpdates:
         if home is ACC:
             m.keep_on_compute(held, keep=False)
 
-    def _written_by(self, c: Chunk) -> list[Chunk]:
-        """The chunks whose shards the update of ``c`` writes (fp32 values, states, ``c``), and
-        the gradients it reads: the update set that is read ahead for it."""
-        grads = self.rt.gradients(c)
-        return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c, grads)))
+    def _updated_by(self, c: Chunk) -> list[Chunk]:
+        """The chunks whose shards the update of ``c`` writes: fp32 values, states, ``c``."""
+        return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c)))
+
+    def _update_set(self, c: Chunk) -> list[Chunk]:
+        """What the update of ``c`` reads: the shards it writes and its gradients (what is read
+        ahead for it)."""
+        return list(dict.fromkeys((*self._updated_by(c), self.rt.gradients(c))))
 
     def _let_go(self, c: Chunk, grad_scale: float) -> None:
         """After ``c``'s update under a disk tier: the shards it wrote are written out of memory;
         its gradients, only read (not divided in place, and not in a shard it wrote), leave
         memory with nothing written (colossal-chunk's [Note: reads let go])."""
-        m, grads = self.rt.manager, self.rt.gradients(c)
-        wrote = list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c)))
+        m, grads, wrote = self.rt.manager, self.rt.gradients(c), self._updated_by(c)
         if grad_scale == 1.0 and not any(w is grads for w in wrote):
             m.read_done([grads])
         else:

@@ -268,9 +268,9 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
             # and [Note: read-ahead window])
             if disk:
                 for ahead, _ in todo[i : i + 3]:
-                    if not m.read_ahead(self._written_by(ahead)):
+                    if not m.read_ahead(self._update_set(ahead)):
                         break
-                m.finish_reads(self._written_by(c))  # read now: not left to the reader
+                m.finish_reads(self._update_set(c))  # read now: not left to the reader
             if streamed is not None:  # this chunk's pieces now (moves may have replaced views)
                 got = rt.grad_pieces(c, owned)
                 streamed += piece_squares(

@@ -331,10 +331,9 @@ class GeminiRuntime(GradientCollection):
         """Of the parameters an operator of the forward reads, those its backward releases:
         frozen ones, and trainable ones an earlier operator of this forward read ([Note:
         released after backward]). Call before ``pre_op``."""
-        if self.state is not _T.FORWARD:  # a recomputation in backward: its first reads
-            return tuple(n for n in names if not self.params[n].requires_grad)
-        used, params = self._used, self.params
-        return tuple(n for n in names if n in used or not params[n].requires_grad)
+        # a recomputation in backward reads again what its forward read: no reader is later
+        read = self._used if self.state is _T.FORWARD else ()
+        return tuple(n for n in names if n in read or not self.params[n].requires_grad)
 
     def post_backward(self, names: tuple[str, ...]) -> None:
         """After an operator's backward: the parameters it read that no gradient hook releases
