@@ -1,10 +1,11 @@
 """Validation of ``colossal plan``'s memory model against measured runs: for DDP, ZeRO-1, ZeRO-2,
-Gemini, 1D and 2D tensor parallelism and a 1F1B pipeline (and DDP of a Llama-shaped model), the planner's per-rank peak
-(``device_memory(...).device_total``) against the live-tensor peak of the second training step on
-gloo CPU ranks (see [Note: measured peak] in ``_checks_plan_peak``), within 5%, at a shape where
-activations are 80-90% of the peak (GPT: 2 layers, hidden 64, 4 heads, 256 tokens, vocabulary 256).
-The model states at rest (parameters, optimizer states, persistent gradients and buckets) are
-checked alone too, within 5%, except Gemini's, whose chunks are padded."""
+Gemini, 1D and 2D tensor parallelism and a 1F1B pipeline (and DDP of a Llama-shaped model), the
+planner's per-rank peak (``device_memory(...).device_total``) against the live-tensor peak of a
+training step after the first on gloo CPU ranks (see [Note: measured peak] in
+``_checks_plan_peak``), within 5%, at a shape where activations are 80-90% of the peak (GPT: 2
+layers, hidden 64, 4 heads, 256 tokens, vocabulary 256). The model states at rest (parameters,
+optimizer states, persistent gradients and buckets) are checked alone too, within 5%, except
+Gemini's, whose chunks are padded."""
 
 from __future__ import annotations
 
