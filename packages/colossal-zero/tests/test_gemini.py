@@ -1,12 +1,13 @@
-"""Gemini against plain PyTorch AdamW on one process: same losses and weights (fp32), within
-autocast's tolerance (bf16), under budgets that force chunk moves every step."""
+"""Gemini against plain PyTorch AdamW on one process: same losses and weights (fp32), near fp32's
+(bf16: losses within autocast's, weights by [Note: bf16 tolerance] in ``_zero_model``), under
+budgets that force chunk moves every step."""
 
 from __future__ import annotations
 
 import _checks_zero as checks
 import pytest
 import torch
-from _zero_model import param_groups, reference
+from _zero_model import assert_like_fp32, param_groups, reference
 
 from colossal_contracts import ConfigError
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
@@ -41,9 +42,9 @@ def test_fp32_matches_adamw_with_evictions_every_step(placement):
 def test_bf16_within_autocast_tolerance():
     cfg = GeminiConfig(precision="bf16", accelerator_bytes=60_000, chunk_numel=8192)
     losses, weights, moved = checks.run_gemini(cfg, STEPS, BATCH)
-    ref_losses, ref_weights = reference(STEPS, BATCH, autocast=True)
+    ref_losses, _ = reference(STEPS, BATCH, autocast=True)
     assert_losses_close(losses, ref_losses, 3e-2)
-    assert rel_err(weights, ref_weights) <= 5e-2
+    assert_like_fp32(weights, STEPS, BATCH)
     assert losses[-1] < losses[0]
     assert all(m > 0 for m in moved), moved
 
@@ -58,9 +59,9 @@ def test_gradient_accumulation_and_clipping_match():
 def test_bf16_gradient_accumulation_reuses_storage_and_restores_params():
     cfg = GeminiConfig(precision="bf16", chunk_numel=8192)
     losses, weights, _ = checks.run_gemini(cfg, 6, BATCH, accum=2)
-    ref_losses, ref_weights = reference(6, BATCH, accum=2, autocast=True)
+    ref_losses, _ = reference(6, BATCH, accum=2, autocast=True)
     assert_losses_close(losses, ref_losses, 3e-2)
-    assert rel_err(weights, ref_weights) <= 5e-2
+    assert_like_fp32(weights, 6, BATCH, accum=2)
 
 
 def test_unused_parameter_is_left_alone_like_torch():
