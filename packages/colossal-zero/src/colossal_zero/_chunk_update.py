@@ -154,10 +154,11 @@ class ChunkUpdates:
         its gradients, only read (not divided in place, and not in a shard it wrote), leave
         memory with nothing written (colossal-chunk's [Note: reads let go])."""
         m, grads, wrote = self.rt.manager, self.rt.gradients(c), self._updated_by(c)
-        if grad_scale == 1.0 and not any(w is grads for w in wrote):
-            m.read_done([grads])
-        else:
-            wrote.append(grads)
+        if all(w is not grads for w in wrote):  # with masters the gradients are c's own slots
+            if grad_scale == 1.0:
+                m.read_done([grads])
+            else:
+                wrote.append(grads)  # divided in place
         m.written(wrote)
 
     def _states_of(self, c: Chunk) -> list[Chunk]:
