@@ -186,18 +186,24 @@ class Chunk:
         """
         if self.shard is None:
             raise RuntimeError(f"chunk {self.chunk_id} has no shard storage yet")
-        if self._inflight is not None:
-            if isinstance(self._inflight, PendingReduce):
-                raise RuntimeError(
-                    f"chunk {self.chunk_id}: finish its reduce-scatter (wait()) before moving it"
-                )
-            self.wait()
+        self.quiesce()
         if copy:
             storage.copy_(self.shard)
         old, self.shard = self.shard, storage
         if self.world_size == 1:
             self.full = storage
         return old
+
+    def quiesce(self) -> None:
+        """Finish a gather in flight, so that the shard holds its final values for a move.
+        Raises while a reduce-scatter is in flight (its result lands in the shard: ``wait()``
+        for it first)."""
+        if self._inflight is not None:
+            if isinstance(self._inflight, PendingReduce):
+                raise RuntimeError(
+                    f"chunk {self.chunk_id}: finish its reduce-scatter (wait()) before moving it"
+                )
+            self.wait()
 
     def gather(self, full: torch.Tensor) -> None:
         """All-gather the shards into ``full`` (1-D, capacity, on the compute device); FREE -> HOLD.

@@ -10,9 +10,14 @@ at about half the rate of one sequential file), and a file is created and remove
 once per payload. A slot is reserved with ``posix_fallocate`` before it is mapped (no space is
 a ``CapacityError`` here, not a SIGBUS at the first write). A freed slot is reused only once
 the mapping of its last payload is gone (``discard`` leaves tensors over it readable until they
-are dropped); its old bytes are punched out first (``FALLOC_FL_PUNCH_HOLE``: a new payload
-reads as zeros, costing neither a read nor a write), and a key gets its previous slot back where
-it can, so the layout stays in chunk order.
+are dropped), and a key gets its previous slot back where it can, so the layout stays in chunk
+order. A freed slot keeps its blocks. A payload written whole by ``put`` (a chunk moved to
+disk) overwrites them in place; only a payload that must read as zeros (``allocate``) has the
+old bytes punched out first (``FALLOC_FL_PUNCH_HOLE``: zeros cost neither a read nor a write).
+Punching every freed slot cost writes: the next payload's blocks were allocated afresh
+(unwritten extents, converted at write-out, and fresh blocks of a thin virtual disk), and a
+store writing 1 MiB pieces wrote to them at 660-800 MiB/s against 1030-2760 over blocks
+written before (512 MiB in 4 MiB slots, rounds alternated).
 """
 
 from __future__ import annotations
@@ -77,9 +82,11 @@ class SlotFiles:
         self.files: dict[str, SlotFile] = {}
         self._fallocate = _fallocate()
 
-    def take(self, key: str, nbytes: int) -> tuple[SlotFile, Slot, bool]:
-        """A reserved slot of at least ``nbytes`` for ``key``, and whether it reads as zeros
-        (False only where old bytes could not be punched out: the caller zeroes it)."""
+    def take(self, key: str, nbytes: int, *, zeros: bool = True) -> tuple[SlotFile, Slot, bool]:
+        """A reserved slot of at least ``nbytes`` for ``key``, and whether it reads as zeros.
+        With ``zeros`` a reused slot's old bytes are punched out first (False only where that
+        is unsupported: the caller zeroes it); without, the caller overwrites every byte and
+        the slot keeps its blocks ([Note: disk payload layout])."""
         name = key.rsplit("-", 1)[0] if "-" in key else key
         f = self.files.get(name)
         if f is None:
@@ -94,7 +101,7 @@ class SlotFiles:
                 f.end += size
             else:
                 f.free.remove(slot)
-                if not slot.zeroed:
+                if zeros and not slot.zeroed:
                     self._punch(f, slot)
                 self._reserve(f, slot)
         except CapacityError:
@@ -112,9 +119,7 @@ class SlotFiles:
         """``slot`` holds no payload any more; ``mapping`` (its payload's, if any) may live on."""
         f.in_use -= 1
         slot.mapping = None if mapping is None else weakref.ref(mapping)
-        if mapping is None and not slot.zeroed:  # nothing maps it: free its blocks now
-            slot.zeroed = self._punch(f, slot)
-        f.free.append(slot)
+        f.free.append(slot)  # its blocks stay: punched out only if its next payload needs zeros
 
     def close(self) -> None:
         """Close and remove every file."""

@@ -206,13 +206,18 @@ class Placement(ComputeRoom, DiskSide):
         if dst is DISK:
             self.disk_copies.make_room(chunk.shard_bytes)
         d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
-        new = self.spares.allocate(d, _key(chunk, dst), chunk.shard_numel, chunk.dtype)
-        if not copy:  # padding is zero in every payload: this rank's part of the chunk's tail
-            new[max(0, chunk.used - chunk.rank * chunk.shard_numel) :].zero_()
         if copy:
             self.used(chunk)
             self.finish_read(chunk)
-        old = chunk.replace_shard(new, copy=copy)
+        if copy and dst is DISK:  # written into its file ([Note: payloads put] in _disk.py)
+            chunk.quiesce()
+            new = d.put(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
+            old = chunk.replace_shard(new, copy=False)
+        else:
+            new = self.spares.allocate(d, _key(chunk, dst), chunk.shard_numel, chunk.dtype)
+            if not copy:  # padding is zero in every payload: this rank's part of the chunk's tail
+                new[max(0, chunk.used - chunk.rank * chunk.shard_numel) :].zero_()
+            old = chunk.replace_shard(new, copy=copy)
         del new
         d.write_behind(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
         self._rebind(chunk)  # the old storage's views go: it may become a spare

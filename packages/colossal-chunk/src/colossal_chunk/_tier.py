@@ -123,6 +123,15 @@ class Tier:
         # CUDA memory, or pinned host memory (the CUDA host allocator caches those blocks)
         return torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
 
+    def put(self, key: str, src: torch.Tensor) -> torch.Tensor:
+        """A new 1-D payload on this tier holding ``src``'s values (on disk, written into its
+        file: [Note: payloads put] in ``_disk.py``). Does not reserve."""
+        if self.store is not None:
+            return self.store.put(key, src)
+        t = self.allocate(key, src.numel(), src.dtype)
+        t.copy_(src)
+        return t
+
     def allocate_gathered(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A gathered chunk's buffer (dropped when the chunk is released, so short-lived):
         uninitialized, from the allocator's cache (the C heap on the CPU, as CUDA's caching
