@@ -17,17 +17,15 @@ from colossal_contracts import TierName
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux mincore")
 
 
-def _cached_pages(path, nbytes: int) -> int:  # type: ignore[no-untyped-def]
+def _cached_pages(store: DiskStore, path, nbytes: int) -> int:  # type: ignore[no-untyped-def]
     """Pages of the first ``nbytes`` of ``path`` in the page cache (``mincore`` over a fresh
     mapping, which maps nothing in by itself)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     fd = os.open(path, os.O_RDONLY)
     try:
         mm = mmap.mmap(fd, nbytes, access=mmap.ACCESS_COPY)  # private: never written
         vec = ctypes.create_string_buffer(-(-nbytes // mmap.PAGESIZE))
         addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))  # needs a writable mapping
-        assert libc.mincore(addr, nbytes, vec) == 0
+        assert store._libc.held_mincore(addr, nbytes, vec) == 0
         mm.close()
         return sum(b & 1 for b in vec.raw)
     finally:
@@ -82,11 +80,13 @@ def test_payloads_put_then_written_out_leave_nothing_in_the_page_cache(tmp_path)
     srcs = [torch.randn(numel) for _ in range(3)]
     ts = [store.put(f"exp_avg-{i}@disk", s) for i, s in enumerate(srcs)]
     path = tmp_path / "exp_avg.bin"
-    assert _cached_pages(path, 3 * numel * 4) == 3 * numel * 4 // mmap.PAGESIZE  # put: cached
+    assert (
+        _cached_pages(store, path, 3 * numel * 4) == 3 * numel * 4 // mmap.PAGESIZE
+    )  # put: cached
     for i, t in enumerate(ts):
         store.write_behind(f"exp_avg-{i}@disk", t)
     store.drain()
-    assert _cached_pages(path, 3 * numel * 4) == 0  # every piece written out, then dropped
+    assert _cached_pages(store, path, 3 * numel * 4) == 0  # every piece written out, then dropped
     back = torch.from_file(str(path), size=3 * numel)
     assert torch.equal(back, torch.cat(srcs))
     store.close()

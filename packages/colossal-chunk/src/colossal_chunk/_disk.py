@@ -53,8 +53,8 @@ place by the optimizer): it unmaps the payload's pages from this process at once
 caller's thread (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing is
 lost), so the process's resident memory holds only the disk pages in use; then the writer thread
 writes it out ([Note: scratch payloads]) and, with ``drop_cache``, drops its pages from the page
-cache: every write-behind queued when it runs, each run of consecutive slots of a file in one
-call (the device gets the run whole; the thread waits for the interpreter lock once per run).
+cache: every write-behind queued when it runs, each run of consecutive slots of a file in
+``_WRITE_PIECE`` pieces ([Note: reads first]), then dropped whole ([Note: dropped whole]).
 The caller does not start a write (its ``SYNC_FILE_RANGE_WRITE`` left some payloads' pages in the
 page cache after the writer's wait and drop, measured with ``fincore``; likely the large folios
 of [Note: dropped whole]). A write job holds the tensor it works on and a read its mapping, so the mapping stays alive;
@@ -207,22 +207,14 @@ class DiskStore:
 
     def allocate(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A 1-D tensor of ``numel`` elements backed by a new file; its content is zeros."""
-        self.discard(key)
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        if numel == 0:
-            self._files[key] = _Payload(None, None, -1, 0, 0, 0, [])
-            return torch.empty(0, dtype=dtype)
-        f, slot, zeros = self._slots.take(key, nbytes)
-        mm = mmap.mmap(f.fd, nbytes, offset=slot.offset)  # shared: writes go to the file
-        t = torch.frombuffer(mm, dtype=dtype, count=numel)  # keeps ``mm`` mapped while alive
+        t, zeros = self._new(key, numel, dtype, zeros=True)
         base = t.untyped_storage().data_ptr()
-        if self._madvise is not None and base % mmap.PAGESIZE == 0:
+        if numel and self._madvise is not None and base % mmap.PAGESIZE == 0:
             # the caller writes the whole payload next: map every page writable in one call
             # instead of one fault per page (a no-op where the kernel lacks it)
-            self._madvise(base, nbytes, MADV_POPULATE_WRITE)  # type: ignore[operator]
+            self._madvise(base, t.nbytes, MADV_POPULATE_WRITE)  # type: ignore[operator]
         if not zeros:  # a reused slot whose old bytes could not be punched out
             t.zero_()
-        self._files[key] = _Payload(f, slot, f.fd, slot.offset, base, nbytes, [], weakref.ref(mm))
         return t
 
     def put(self, key: str, src: torch.Tensor) -> torch.Tensor:
@@ -232,23 +224,32 @@ class DiskStore:
             t = self.allocate(key, src.numel(), src.dtype)
             t.copy_(src)
             return t
-        self.discard(key)
-        nbytes = src.numel() * src.element_size()
-        if nbytes == 0:
-            self._files[key] = _Payload(None, None, -1, 0, 0, 0, [])
-            return torch.empty(0, dtype=src.dtype)
-        f, slot, _ = self._slots.take(key, nbytes, zeros=False)
+        t, _ = self._new(key, src.numel(), src.dtype, zeros=False)  # maps nothing in yet
+        p = self._files[key]
         data = memoryview(src.detach().reshape(-1).view(torch.uint8).numpy())
-        pad = bytes(-nbytes % mmap.PAGESIZE)  # whole pages: none is read to be merged
-        done, total = 0, nbytes + len(pad)
+        pad = bytes(-p.nbytes % mmap.PAGESIZE)  # whole pages: none is read to be merged
+        done, total = 0, p.nbytes + len(pad)
         while done < total:
-            bufs = [data[done:], pad] if done < nbytes else [pad[done - nbytes :]]
-            done += os.pwritev(f.fd, bufs, slot.offset + done)
-        mm = mmap.mmap(f.fd, nbytes, offset=slot.offset)  # shared, as ``allocate``'s
-        t = torch.frombuffer(mm, dtype=src.dtype, count=src.numel())
+            bufs = [data[done:], pad] if done < p.nbytes else [pad[done - p.nbytes :]]
+            done += os.pwritev(p.fd, bufs, p.offset + done)
+        return t
+
+    def _new(
+        self, key: str, numel: int, dtype: torch.dtype, *, zeros: bool
+    ) -> tuple[torch.Tensor, bool]:
+        """A new payload for ``key`` in a slot (see ``SlotFiles.take`` for ``zeros``), mapped
+        as a 1-D tensor of ``numel`` elements, and whether its bytes read as zeros."""
+        self.discard(key)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if numel == 0:
+            self._files[key] = _Payload(None, None, -1, 0, 0, 0, [])
+            return torch.empty(0, dtype=dtype), True
+        f, slot, reads_zeros = self._slots.take(key, nbytes, zeros=zeros)
+        mm = mmap.mmap(f.fd, nbytes, offset=slot.offset)  # shared: writes go to the file
+        t = torch.frombuffer(mm, dtype=dtype, count=numel)  # keeps ``mm`` mapped while alive
         base = t.untyped_storage().data_ptr()
         self._files[key] = _Payload(f, slot, f.fd, slot.offset, base, nbytes, [], weakref.ref(mm))
-        return t
+        return t, reads_zeros
 
     def remap(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """``key``'s payload as it is, mapped again as a 1-D tensor of ``numel`` elements (its
