@@ -175,7 +175,7 @@ def test_a_read_ahead_already_in_the_page_cache_maps_without_waiting_for_the_dev
     assert all(r.cached for r in _read_back(kept, tmp_path / "kept" / "r.bin", waits))
     assert waits == []  # the written pages stayed in the page cache: mapped keeping the lock
     _read_back(DiskStore(tmp_path / "dropped"), tmp_path / "dropped" / "r.bin", waits)
-    assert len(waits) <= 3  # dropped from the cache: the device reads (WILLNEED at issue), and
+    assert len(waits) <= 3  # dropped from the cache: the reader reads each one, and
     # a payload not in yet when the reader gets to it is waited for with the lock released
 
 

@@ -72,7 +72,7 @@ def test_disk_tier_trains_like_adamw(tmp_path):
 
 
 def test_summary_shows_disk_bytes_read_ahead_and_faulted_in():
-    rec = {"bytes_moved": 0, "disk_read_s": 1.0, "disk_write_s": 0.5}
+    rec = {"bytes_moved": 0, "disk_read_s": 1.0, "disk_write_s": 0.5, "disk_busy_s": 1.5}
     rec |= {
         "disk_read_bytes": 2 << 20,
         "disk_faulted_bytes": 3 << 20,
@@ -90,7 +90,10 @@ def test_summary_shows_disk_bytes_read_ahead_and_faulted_in():
         "disk faulted in (not read ahead)",
         "disk written",
         "disk not rewritten (kept on disk)",
+        "disk read + written",
     ], got
+    # 2 + 1 MiB per record over 1.5 s with either in flight: each second counted once
+    assert got["disk read + written"] == "2 MiB/s over 3.0 s busy", got
 
 
 def test_plugin_refuses_a_missing_disk_dir(tmp_path):

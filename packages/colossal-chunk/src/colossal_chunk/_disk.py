@@ -32,14 +32,10 @@ critical path. ``read_ahead(key)`` brings a payload into memory before it is use
 issues it for chunks the plan says come next): ``MADV_POPULATE_READ`` over the payload's own
 mapping (held while it runs) reads the file and maps its pages into the process in one call, so
 the later access takes no page fault; without it (another kernel, the mapping gone) the file is
-read sequentially into the page cache through one reused block buffer. The read is queued in
-the kernel when it is issued (``POSIX_FADV_WILLNEED``, on the caller's thread, through a ctypes
-call that keeps the interpreter lock): the device reads while the reader thread waits to run,
-and the reader only maps what came. Each interpreter-lock hand-over costs the reader up to the
-5 ms switch interval while the main thread runs Python (a 4 MiB read takes ~3 ms; profiled in
-training on a loaded machine, the reader ran no job for about half the seconds a read was in
-flight, and two reads in three were in the page cache before it took them up), so it takes as
-few as it can: a job maps every read-ahead queued while it runs (one wake-up for the reads issued
+read sequentially into the page cache through one reused block buffer. The reader's populate
+does the kernel's read itself ([Note: no read queued at issue]). Each interpreter-lock
+hand-over costs the reader up to the 5 ms switch interval while the main thread runs Python, so
+it takes as few as it can: a job maps every read-ahead queued while it runs (one wake-up for the reads issued
 together, soonest first, taken one at a time), and a payload whose pages are all in the page
 cache already (``mincore``) is mapped keeping the lock (no device wait, so no hand-over back);
 only one still being read is waited for with the lock released. A payload about to be used
@@ -54,15 +50,17 @@ caller's thread (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache,
 lost), so the process's resident memory holds only the disk pages in use; then the writer thread
 writes it out ([Note: scratch payloads]) and, with ``drop_cache``, drops its pages from the page
 cache: every write-behind queued when it runs, each run of consecutive slots of a file in
-``_WRITE_PIECE`` pieces ([Note: reads first]), then dropped whole ([Note: dropped whole]).
+pieces ([Note: reads first], [Note: whole payloads while reads are idle]), then dropped whole
+([Note: dropped whole]).
 The caller does not start a write (its ``SYNC_FILE_RANGE_WRITE`` left some payloads' pages in the
 page cache after the writer's wait and drop, measured with ``fincore``; likely the large folios
 of [Note: dropped whole]). A write job holds the tensor it works on and a read its mapping, so the mapping stays alive;
 ``discard`` waits for a key's reads and writes before freeing its slot. Written pages are page cache until written out, so a writer waits once
 more than 32 MiB are behind (back-pressure): the page cache the disk tier dirties stays bounded
 by that window.
-``io_stats`` counts bytes, and seconds during which at least one read (or write) was in
-flight ([Note: in-flight time]).
+``io_stats`` counts bytes, and seconds during which at least one read (or write, or either)
+was in flight ([Note: in-flight time], [Note: busy time] in ``_disk_stats.py``); a payload
+``put`` is in flight from its ``pwrite``.
 
 [Note: reads let go] A payload that was only read in place (a gradient the optimizer step
 consumed, a shard a checkpoint saved) has clean pages: ``let_go`` unmaps them and drops them
@@ -89,6 +87,28 @@ queued. In training (GPT 83 x 512 under 32 MiB + 512 MiB + 4 GiB, four A/B pairs
 in three (median +7%) and read 1-11% slower, within the run-to-run noise; four pieces ahead
 while no read was in flight wrote 4-5% faster, read 5-9% slower, and the steps were longer. Not
 kept.
+
+[Note: no read queued at issue] A read-ahead used to be queued in the kernel by its caller
+(``POSIX_FADV_WILLNEED`` on the training thread), so the device read while the reader thread
+waited to run. Profiled with ``perf`` in training (GPT 83 x 512 under 32 MiB + 512 MiB + 4 GiB),
+that call was a tenth of the machine's CPU time, on the training thread: it fills the page
+cache a small page at a time (``force_page_cache_ra``). Without it the reader's populate reads
+through the page-fault path, in larger requests (6.4-7.4 thousand device reads over three steps
+against 11.4-11.8 thousand for the same bytes) into pages that later cost less to map, write
+and drop. Runs of that model alternated with and without it (three with, five without): the
+tier read at 1613-1948 MiB/s without the call against 1162-1289 with it; writes and steps moved
+within the noise from this alone, and gained with [Note: whole payloads while reads are idle].
+
+[Note: whole payloads while reads are idle] A write-out given to the device a 1 MiB piece at a
+time ([Note: reads first]) pays each piece's submission and completion in the writer thread,
+with nothing else queued: sampled in training (the device's own in-flight counters against the
+tier's), the tier had a write in flight and the device nothing for a quarter of the step, the
+writer in ``sync_file_range``. So while no read is in flight a write-out goes out in pieces of
+``_WRITE_PIECE_IDLE`` (a payload's size) instead; a read issued meanwhile waits behind at most
+one of them. A/B in training (GPT 83 x 512, as above, both without the queued read): the tier
+wrote at 555 and 551 MiB/s against 446 and 395, steps took 10.6 and 10.4 s against 11.8 and
+13.3, reads did not slow (1907 and 1662 against 1891 and 1613). Pieces of 16 MiB wrote no
+faster and read slower.
 
 [Note: dropped whole] Pages written with ``pwrite`` ([Note: payloads put]) sit in the page cache
 as large folios, and ``POSIX_FADV_DONTNEED`` over a range drops no folio that straddles its
@@ -119,7 +139,6 @@ from ._disk_check import check_disk_dir
 from ._disk_files import Slot, SlotFile, SlotFiles
 from ._disk_libc import (
     FADV_DONTNEED,
-    FADV_WILLNEED,
     MADV_DONTNEED,
     MADV_POPULATE_READ,
     MADV_POPULATE_WRITE,
@@ -134,6 +153,7 @@ _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
 _READS_FIRST_S = 0.02  # longest a write-out waits for the reads in flight ([Note: reads first])
 _WRITE_PIECE = 1 << 20  # bytes a write-out gives the device at once ([Note: reads first])
+_WRITE_PIECE_IDLE = 4 << 20  # the same while no read is in flight ([Note: whole payloads ...])
 
 
 @dataclass
@@ -148,6 +168,7 @@ class _Payload:
     mapping: weakref.ref[mmap.mmap] | None = None  # the mapping at ``base``, while alive
     read: threading.Event | None = None  # set once its last read-ahead is done (or dropped)
     issued: float = 0.0  # when its last read-ahead was issued
+    put_open: bool = False  # put: its write is in flight, ``write_behind`` not issued yet
 
 
 @dataclass(eq=False)
@@ -187,7 +208,9 @@ class DiskStore:
         self._drop_cache = drop_cache
         self._warm: set[str] = set()  # keys read ahead since they were last written
         self._lock = threading.Lock()
-        self._in_flight = (InFlight(), InFlight())  # reads, writes ([Note: in-flight time])
+        self._busy = InFlight()  # either kind ([Note: busy time])
+        # reads, writes ([Note: in-flight time])
+        self._in_flight = (InFlight(self._busy), InFlight(self._busy))
         self._reader: ThreadPoolExecutor | None = None
         self._reads: list[_Payload] = []  # read-aheads issued, not yet taken by the reader
         self._records: list[ReadRecord] | None = None  # reads done, while recording
@@ -219,19 +242,29 @@ class DiskStore:
 
     def put(self, key: str, src: torch.Tensor) -> torch.Tensor:
         """A payload holding ``src``'s values (a 1-D contiguous tensor), as a 1-D tensor mapping
-        it ([Note: payloads put]). The caller issues its ``write_behind`` next."""
+        it ([Note: payloads put]). The caller issues its ``write_behind`` next; the write is in
+        flight from the ``pwrite`` on (from the ``write_behind`` for a source off the host,
+        copied through the mapping)."""
         if src.device.type != "cpu":  # pwrite reads host memory: copy through the mapping
             t = self.allocate(key, src.numel(), src.dtype)
             t.copy_(src)
             return t
         t, _ = self._new(key, src.numel(), src.dtype, zeros=False)  # maps nothing in yet
         p = self._files[key]
+        if p.nbytes == 0:
+            return t
+        self._in_flight[1].start()  # the write is in flight from here ([Note: in-flight time])
+        p.put_open = True
         data = memoryview(src.detach().reshape(-1).view(torch.uint8).numpy())
         pad = bytes(-p.nbytes % mmap.PAGESIZE)  # whole pages: none is read to be merged
         done, total = 0, p.nbytes + len(pad)
-        while done < total:
-            bufs = [data[done:], pad] if done < p.nbytes else [pad[done - p.nbytes :]]
-            done += os.pwritev(p.fd, bufs, p.offset + done)
+        try:
+            while done < total:
+                bufs = [data[done:], pad] if done < p.nbytes else [pad[done - p.nbytes :]]
+                done += os.pwritev(p.fd, bufs, p.offset + done)
+        except BaseException:
+            self.discard(key)  # ends the write, having written nothing
+            raise
         return t
 
     def _new(
@@ -277,9 +310,7 @@ class DiskStore:
         self._warm.add(key)
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, "colossal-disk-read")
-        self._in_flight[0].start()
-        if self._libc is not None:  # queued in the kernel now: the device reads from here
-            self._libc.held_fadvise(p.fd, p.offset, p.nbytes, FADV_WILLNEED)
+        self._in_flight[0].start()  # the reader's populate reads ([Note: no read queued at issue])
         p.read, p.issued = threading.Event(), time.perf_counter()
         with self._lock:
             self._reads.append(p)
@@ -293,7 +324,9 @@ class DiskStore:
             return
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
-        self._in_flight[1].start()
+        if not p.put_open:  # else in flight since its put
+            self._in_flight[1].start()
+        p.put_open = False
         w = _Write(p, tensor)
         with self._lock:
             self._writes.append(w)
@@ -338,9 +371,10 @@ class DiskStore:
 
     def io_stats(self) -> DiskIOStats:
         """Bytes and seconds of background I/O since the store was created (seconds: while at
-        least one read, or write, was in flight; [Note: disk read-ahead and write-behind])."""
+        least one read, or write, or either, was in flight; [Note: in-flight time], [Note: busy
+        time])."""
         (r, rs), (w, ws) = (c.totals() for c in self._in_flight)
-        return DiskIOStats(r, rs, w, ws)
+        return DiskIOStats(r, rs, w, ws, self._busy.totals()[1])
 
     def record_reads(self) -> list[ReadRecord]:
         """The read-aheads done since the last call, each with its timeline (for profiling:
@@ -442,9 +476,10 @@ class DiskStore:
 
     def _write(self) -> None:
         """Write out every write-behind queued so far (one job's own may already be out, with
-        an earlier job's batch): the runs of consecutive slots, ``_WRITE_PIECE`` bytes at a
-        time, each waiting for the reads in flight first ([Note: reads first]); the thread
-        takes the interpreter lock back once per piece."""
+        an earlier job's batch): the runs of consecutive slots, a piece at a time, each waiting
+        for the reads in flight first ([Note: reads first]; ``_WRITE_PIECE_IDLE`` bytes when
+        none is left, else ``_WRITE_PIECE``); the thread takes the interpreter lock back once
+        per piece."""
         with self._lock:
             batch, self._writes = self._writes, []
         if not batch:
@@ -453,9 +488,13 @@ class DiskStore:
         try:
             runs = _runs([w.p for w in batch])
             for fd, offset, nbytes in runs:
-                for at in range(0, nbytes, _WRITE_PIECE):
-                    self._in_flight[0].wait_idle(_READS_FIRST_S)  # [Note: reads first]
-                    self._write_out((fd, offset + at, min(_WRITE_PIECE, nbytes - at)))
+                at = 0
+                while at < nbytes:
+                    idle = self._in_flight[0].wait_idle(_READS_FIRST_S)  # [Note: reads first]
+                    # [Note: whole payloads while reads are idle]
+                    n = min(_WRITE_PIECE_IDLE if idle else _WRITE_PIECE, nbytes - at)
+                    self._write_out((fd, offset + at, n))
+                    at += n
             for run in runs:  # [Note: dropped whole]
                 self._drop(run)
             done = True
@@ -485,6 +524,9 @@ class DiskStore:
         """Free the slot of ``key`` (tensors still mapping it stay readable until dropped)."""
         p = self._files.pop(key, None)
         if p is not None:
+            if p.put_open:  # put, never written behind: its write ends having written nothing
+                p.put_open = False
+                self._in_flight[1].end(0)
             self._wait(p, drop_read=True)
             self._warm.discard(key)
             if p.file is not None and p.slot is not None:

@@ -5,7 +5,17 @@ one of its operations (reads, or writes) was in flight: from the call that issue
 of the background job that completes it, overlapping operations counted once. That is how a
 plain sequential file is timed (first call to the last), so the two rates compare. The end is
 taken on the job's thread, so the seconds include that thread's waits for the interpreter lock
-and for a CPU until it sees the operation done.
+and for a CPU until it sees the operation done. A payload put on disk (``DiskStore.put``) is in
+flight from the ``pwrite`` that copies it into the page cache, as a plain file's first
+``write`` call starts its clock.
+
+[Note: busy time] While reads and writes are both in flight, each direction's seconds count that
+stretch, so the two rates together claim more seconds than passed; a write-out that waits for
+the reads ([Note: reads first] in ``_disk.py``) is in flight the whole time the device reads.
+``busy_s`` counts each second once: the seconds during which any of the tier's operations was in
+flight. Bytes read and written over ``busy_s`` is the tier's throughput with the device shared,
+comparable with a plain sequential read and write of the same sizes done one after the other
+(the sum of their times).
 """
 
 from __future__ import annotations
@@ -26,12 +36,15 @@ class DiskIOStats:
         read_s: seconds during which at least one read was in flight.
         bytes_written: bytes written behind to the device ([Note: scratch payloads]).
         write_s: seconds during which at least one write was in flight.
+        busy_s: seconds during which at least one read or write was in flight ([Note: busy
+            time]); ``max(read_s, write_s) <= busy_s <= read_s + write_s``.
     """
 
     bytes_read: int = 0
     read_s: float = 0.0
     bytes_written: int = 0
     write_s: float = 0.0
+    busy_s: float = 0.0
 
     def __sub__(self, other: DiskIOStats) -> DiskIOStats:
         return DiskIOStats(
@@ -39,6 +52,7 @@ class DiskIOStats:
             self.read_s - other.read_s,
             self.bytes_written - other.bytes_written,
             self.write_s - other.write_s,
+            self.busy_s - other.busy_s,
         )
 
 
@@ -59,10 +73,12 @@ class InFlight:
     """Bytes done and seconds with at least one operation in flight, for one kind of operation.
 
     Invariant: every ``start`` is followed by exactly one ``end`` (with 0 bytes when the
-    operation did not happen); ``open`` counts those not ended yet. Thread-safe.
+    operation did not happen); ``open`` counts those not ended yet. Each is passed on to
+    ``also`` (the counter of every kind together: [Note: busy time]). Thread-safe.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, also: InFlight | None = None) -> None:
+        self._also = also
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when ``open`` drops to 0
         self.open = 0
@@ -72,6 +88,8 @@ class InFlight:
 
     def start(self) -> None:
         """One more operation is in flight from now."""
+        if self._also is not None:
+            self._also.start()
         with self._lock:
             if self.open == 0:
                 self._since = time.perf_counter()
@@ -86,6 +104,8 @@ class InFlight:
             if self.open == 0:
                 self._seconds += now - self._since
                 self._idle.notify_all()
+        if self._also is not None:
+            self._also.end(nbytes)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until none is in flight, at most ``timeout`` seconds; whether none is."""

@@ -226,6 +226,7 @@ class GeminiPlugin:
             io, self._disk_io = stats.disk_io - self._disk_io, stats.disk_io
             out["disk_read_bytes"], out["disk_written_bytes"] = io.bytes_read, io.bytes_written
             out["disk_read_s"], out["disk_write_s"] = io.read_s, io.write_s
+            out["disk_busy_s"] = io.busy_s  # either in flight (colossal-chunk's [Note: busy time])
             # disk payloads used without a read-ahead: read by page faults on the step's path,
             # not in disk_read_bytes (colossal-chunk's [Note: disk fault-ins])
             faulted = stats.disk_faulted_bytes or 0

@@ -114,6 +114,14 @@ def memory_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             secs = sum(r.get(s_key, 0) for r in records) if s_key else 0
             rate = f" ({nbytes / secs / 2**20:,.0f} MiB/s)" if secs > 0 else ""
             out[f"disk {what}"] = _mib(nbytes) + rate
+        busy = sum(r.get("disk_busy_s", 0) for r in records)
+        if busy > 0:  # reads and writes together, each second once (read and written / busy)
+            moved = sum(
+                r.get(k, 0) for r in records for k in ("disk_read_bytes", "disk_written_bytes")
+            )
+            out["disk read + written"] = (
+                f"{moved / busy / 2**20:,.0f} MiB/s over {busy:,.1f} s busy"
+            )
     return out
 
 
