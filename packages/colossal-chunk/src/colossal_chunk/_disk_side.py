@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from colossal_contracts import TierName
 
 from ._chunk import Chunk
@@ -76,6 +78,22 @@ class DiskSide:
         if chunk.tier is DISK and chunk.shard is not None:
             self.read_ahead_window.drop(chunk)
             self.tiers[DISK].let_go(payload_key(chunk, DISK), chunk.shard)
+
+    def stage(self, chunk: Chunk) -> torch.Tensor | None:
+        """If ``chunk`` lives on disk, make a host copy of its shard the shard and return the
+        payload's mapping (for ``unstage``); None, changing nothing, elsewhere ([Note: staged
+        updates] in ``_disk.py``)."""
+        if chunk.tier is not DISK or chunk.shard is None or chunk.shard.numel() == 0:
+            return None
+        copy = self.tiers[DISK].stage(payload_key(chunk, DISK), chunk.shard)
+        return chunk.replace_shard(copy, copy=False)
+
+    def unstage(self, chunk: Chunk, mapping: torch.Tensor, *, write: bool) -> None:
+        """Give ``chunk`` its payload's ``mapping`` back as its shard; with ``write``, the host
+        copy's values are written into the payload first (else they are dropped)."""
+        copy = chunk.replace_shard(mapping, copy=False)
+        if write:
+            self.tiers[DISK].unstage(payload_key(chunk, DISK), copy)
 
     def disk_io(self) -> DiskIOStats | None:
         """Background disk I/O so far (None without a disk tier)."""

@@ -43,13 +43,15 @@ _M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
 _MAPPED_BLOCK = 32 << 10  # heap blocks this large are mapped ([Note: bounded host heap])
 
 
-def host_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-D CPU tensor of ``numel`` zeros in its own anonymous mapping ([Note: host payloads])."""
+def host_empty(numel: int, dtype: torch.dtype, *, huge: bool = True) -> torch.Tensor:
+    """A 1-D CPU tensor of ``numel`` zeros in its own anonymous mapping ([Note: host payloads]);
+    with ``huge``, one of 2 MiB or more is advised to use transparent huge pages (resident 2 MiB
+    at a time: without, a mapping filled piece by piece is resident only as far as it is)."""
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0:
         return torch.empty(0, dtype=dtype)
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if nbytes >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
+    if huge and nbytes >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):  # a kernel without transparent huge pages
             buf.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(buf, dtype=dtype, count=numel)  # keeps ``buf`` mapped while alive

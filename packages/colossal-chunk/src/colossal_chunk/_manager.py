@@ -21,7 +21,8 @@ re-packing them in first-use order in ``_repack.py``, the step without touching 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -190,6 +191,29 @@ class ChunkManager(
         disk read-ahead and write-behind] in ``_disk.py``)."""
         for c in chunks:
             self._placement.finish_read(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
+
+    @contextmanager
+    def staged(self, chunks: Iterable[Chunk | int]) -> Iterator[None]:
+        """While the block runs, the shards of ``chunks`` that live on disk are host copies
+        (computed on without a page fault per page of their mapping); when it ends they are
+        written back into their payloads with ``pwrite`` and the payloads are their shards again
+        (if it raises, the copies are dropped unwritten). Say ``written`` for them after, as for
+        shards written in place ([Note: staged updates] in ``_disk.py``). The copies replace the
+        payloads' pages in this process's memory (those leave it): no budget counts them."""
+        out: list[tuple[Chunk, torch.Tensor]] = []
+        try:
+            for c in chunks:
+                chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+                mapping = self._placement.stage(chunk)
+                if mapping is not None:
+                    out.append((chunk, mapping))
+            yield
+        except BaseException:
+            for chunk, mapping in out:
+                self._placement.unstage(chunk, mapping, write=False)
+            raise
+        for chunk, mapping in out:
+            self._placement.unstage(chunk, mapping, write=True)
 
     def keep_disk_copies(self, kinds: Iterable[str] = ()) -> None:
         """Say that chunks of ``kinds`` are not written until the next call: one read off disk

@@ -132,6 +132,19 @@ class Tier:
         t.copy_(src)
         return t
 
+    def stage(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A host copy of the disk payload ``key`` (``tensor``, its mapping) to compute on
+        ([Note: staged updates] in ``_disk.py``); disk only."""
+        if self.store is None:
+            raise ValueError(f"the {self.name.value} tier stages no payloads")
+        return self.store.stage(key, tensor)
+
+    def unstage(self, key: str, src: torch.Tensor) -> None:
+        """Write ``src`` back into the disk payload ``key`` ([Note: staged updates]); disk only."""
+        if self.store is None:
+            raise ValueError(f"the {self.name.value} tier stages no payloads")
+        self.store.unstage(key, src)
+
     def allocate_gathered(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A gathered chunk's buffer (dropped when the chunk is released, so short-lived):
         uninitialized, from the allocator's cache (the C heap on the CPU, as CUDA's caching

@@ -93,7 +93,15 @@ class ChunkUpdates:
         """Adam on chunk ``c``'s fp32 slices ``names``, where its states live ([Note: state
         placement]): on the accelerator its fp32 values and gradients are moved there first
         (counted moves); on the host they are staged through copies of this one chunk (counted)
-        and the values written back."""
+        and the values written back. The shards it writes that live on disk are updated on host
+        copies, written back into their payloads after (colossal-chunk's [Note: staged
+        updates])."""
+        rt = self.rt
+        with rt.manager.staged(dict.fromkeys((rt.roles.fp32(c), *self._states_of(c)))):
+            self._update_here(c, names, grad_scale)
+
+    def _update_here(self, c: Chunk, names: list[str], grad_scale: float) -> None:
+        """``_update`` on the shards as they are now."""
         rt, m = self.rt, self.rt.manager
         avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
         home = avg.tier
