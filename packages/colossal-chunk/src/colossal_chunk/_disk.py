@@ -122,7 +122,9 @@ piece: ``lazy_rss``'s training peaks were 11.2 MiB over H + B at depth 18 with i
 without). Pages written with ``pwrite``
 also cost less to write out. A/B in training, alternated, two pairs: steps took 10.5 and 9.3 s
 against 11.9 and 12.3, the tier wrote at 561 and 612 MiB/s against 498 and 487, the training
-thread used 21.0 and 19.8 s of CPU over the three steps against 25.3 and 25.4.
+thread used 21.0 and 19.8 s of CPU over the three steps against 25.3 and 25.4 (a first version
+that copied with ``clone()``, whose blocks the C heap kept: 20 MiB more resident after each
+step; this one ran once at 9.96 s per step, 560 MiB/s, the resident memory back where it was).
 
 [Note: dropped whole] Pages written with ``pwrite`` ([Note: payloads put]) sit in the page cache
 as large folios, and ``POSIX_FADV_DONTNEED`` over a range drops no folio that straddles its
