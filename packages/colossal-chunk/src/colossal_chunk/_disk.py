@@ -283,12 +283,7 @@ class DiskStore:
         copy = host_empty(tensor.numel(), tensor.dtype, huge=False)
         src, dst = tensor.view(torch.uint8), copy.view(torch.uint8)
         p = self._files.get(key)
-        unmap = (
-            p is not None
-            and self._madvise is not None
-            and tensor.untyped_storage().data_ptr() == p.base
-            and p.base % mmap.PAGESIZE == 0
-        )
+        unmap = p is not None and self._can_unmap(p, tensor)
         for at in range(0, src.numel(), _WRITE_PIECE):  # a piece at a time: the pages of the
             n = min(_WRITE_PIECE, src.numel() - at)  # payload not read ahead are faulted in by
             dst[at : at + n].copy_(src[at : at + n])  # the copy, and leave once copied
@@ -306,8 +301,7 @@ class DiskStore:
                 f"unstage({key!r}): a copy of {src.numel() * src.element_size()} bytes for a "
                 f"payload of {p.nbytes}; pass the copy stage() returned"
             )
-        if p.nbytes:
-            self._pwrite(p, src)
+        self._pwrite(p, src)
 
     def _pwrite(self, p: _Payload, src: torch.Tensor) -> None:
         """Write ``src``'s bytes into ``p``'s slot, whole pages ([Note: payloads put]); the write
@@ -416,10 +410,18 @@ class DiskStore:
         if key in self._warm:  # a read-ahead not done yet would map the pages again after
             self._warm.discard(key)  # the unmap below: drop it if queued, else wait for it
             self._wait(p, drop_read=True)
-        mine = tensor.untyped_storage().data_ptr() == p.base  # the mapping of this payload
-        if self._madvise is not None and mine and p.base % mmap.PAGESIZE == 0:
+        if self._can_unmap(p, tensor):
             self._madvise(p.base, p.nbytes, MADV_DONTNEED)  # type: ignore[operator]
         return p
+
+    def _can_unmap(self, p: _Payload, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is ``p``'s own page-aligned mapping and ``madvise`` can drop its
+        pages from this process."""
+        return (
+            self._madvise is not None
+            and tensor.untyped_storage().data_ptr() == p.base
+            and p.base % mmap.PAGESIZE == 0
+        )
 
     def drain(self) -> None:
         """Wait until every read-ahead and write-behind issued so far is done."""
