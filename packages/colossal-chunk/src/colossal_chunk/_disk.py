@@ -140,9 +140,10 @@ at 2009-2049 MiB/s for 0.04-0.05 s of the writer's CPU, against 858-862 MiB/s an
 through the page cache. In training (as above, eleven trials alternated, one reader) the
 process used 3-16% less CPU, but in five of six pairings the tier read 6-17% slower and steps
 took 1.4-2.1 s longer (the sixth: reads 9% faster, the step 0.6 s shorter); writes were 8-9%
-faster with 8 MiB of copies held until written, 11% slower to 7% faster with 32 MiB. The copies
-are host memory held until the device has written them, and a payload's file is stale until
-then (every read must wait for it).
+faster with 8 MiB of copies held until written, 11% slower to 7% faster with 32 MiB. Again with
+two readers, two pairs: steps took 20.3 and 18.1 s against 14.7 and 15.5, reads 975 and 1056
+MiB/s against 1409 and 1203. The copies are host memory held until the device has written
+them, and a payload's file is stale until then (every read must wait for it).
 
 [Note: dropped whole] Pages written with ``pwrite`` ([Note: payloads put]) sit in the page cache
 as large folios, and ``POSIX_FADV_DONTNEED`` over a range drops no folio that straddles its
