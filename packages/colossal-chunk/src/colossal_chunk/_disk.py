@@ -27,9 +27,10 @@ writing one out needs its pages on the device, not a durable file: ``sync_file_r
 wait) instead of ``fdatasync``, which also commits the filesystem journal once per file (one
 commit per payload, each a few MiB, was where the tier lost against one sequential file).
 
-[Note: disk read-ahead and write-behind] Two background threads keep disk traffic off the
-critical path. ``read_ahead(key)`` brings a payload into memory before it is used (the manager
-issues it for chunks the plan says come next): ``MADV_POPULATE_READ`` over the payload's own
+[Note: disk read-ahead and write-behind] Background threads keep disk traffic off the critical
+path: two readers ([Note: two readers]) and a writer. ``read_ahead(key)`` brings a payload
+into memory before it is used (the manager issues it for chunks the plan says come next):
+``MADV_POPULATE_READ`` over the payload's own
 mapping (held while it runs) reads the file and maps its pages into the process in one call, so
 the later access takes no page fault; without it (another kernel, the mapping gone) the file is
 read sequentially into the page cache through one reused block buffer. The reader's populate
@@ -127,8 +128,9 @@ that copied with ``clone()``, whose blocks the C heap kept: 20 MiB more resident
 step; this one ran once at 9.96 s per step, 560 MiB/s, the resident memory back where it was).
 
 [Note: two readers] Two reader threads map read-aheads, so two are in flight on the device at
-once: one populate at a time left the virtual disk one payload's requests deep, and a read
-queued behind a write piece ([Note: reads first]) held up every read after it. Alternated
+once: with one, a populate at a time kept the virtual disk one payload's requests deep, and
+(likely the larger part) a read that waited behind a write piece ([Note: reads first]) held up
+every read queued after it. Alternated
 trials in training (GPT 83 x 512 under 32 MiB + 512 MiB + 4 GiB, a slow spell of the machine):
 the tier read at 1411 and 1232 MiB/s against 1099 and 1063 with one reader, wrote at 394 and
 358 against 335 and 326, and steps took 14.0 and 16.1 s against 16.9 and 17.1.
