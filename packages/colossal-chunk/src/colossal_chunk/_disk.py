@@ -30,9 +30,8 @@ commit per payload, each a few MiB, was where the tier lost against one sequenti
 [Note: disk read-ahead and write-behind] Background threads keep disk traffic off the critical
 path: two readers ([Note: two readers]) and a writer. ``read_ahead(key)`` brings a payload
 into memory before it is used (the manager issues it for chunks the plan says come next):
-``MADV_POPULATE_READ`` over the payload's own
-mapping (held while it runs) reads the file and maps its pages into the process in one call, so
-the later access takes no page fault; without it (another kernel, the mapping gone) the file is
+``MADV_POPULATE_READ`` over the payload's own mapping (held while it runs) reads the file and
+maps its pages into the process in one call, so the later access takes no page fault; without it (another kernel, the mapping gone) the file is
 read sequentially into the page cache through one reused block buffer. The reader's populate
 does the kernel's read itself ([Note: no read queued at issue]). Each interpreter-lock
 hand-over costs the reader up to the 5 ms switch interval while the main thread runs Python, so
@@ -130,8 +129,7 @@ step; this one ran once at 9.96 s per step, 560 MiB/s, the resident memory back 
 [Note: two readers] Two reader threads map read-aheads, so two are in flight on the device at
 once: with one, a populate at a time kept the virtual disk one payload's requests deep, and
 (likely the larger part) a read that waited behind a write piece ([Note: reads first]) held up
-every read queued after it. Alternated
-trials in training (GPT 83 x 512 under 32 MiB + 512 MiB + 4 GiB, a slow spell of the machine):
+every read queued after it. Alternated trials in training (GPT 83 x 512 under 32 MiB + 512 MiB + 4 GiB, a slow spell of the machine):
 the tier read at 1411 and 1232 MiB/s against 1099 and 1063 with one reader, wrote at 394 and
 358 against 335 and 326, and steps took 14.0 and 16.1 s against 16.9 and 17.1.
 
