@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from _reference import adamw_losses
+from _stack_reference import adamw_losses
 
 from colossal import Booster, GeminiPlugin, HybridParallelPlugin
 from colossal.booster import load_sharded_safetensors

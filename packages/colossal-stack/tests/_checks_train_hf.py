@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import transformers
-from _reference import adamw_losses
+from _stack_reference import adamw_losses
 
 from colossal import Booster, DDPPlugin, GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin
 from colossal.train._models import resolve_model

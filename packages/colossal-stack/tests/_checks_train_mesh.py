@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from _reference import adamw_losses
+from _stack_reference import adamw_losses
 
 from colossal import TrainConfig, train
 from colossal.train._loop import _data_seed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _reference import adamw_losses
+from _stack_reference import adamw_losses
 
 from colossal import Booster, GeminiPlugin
 from colossal.cli import main

@@ -8,7 +8,7 @@ import gc
 
 import pytest
 import torch
-from _reference import adamw_losses
+from _stack_reference import adamw_losses
 
 from colossal import Booster, GeminiPlugin
 from colossal_models import GPT, GPTConfig

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 from _checks_hybrid_checkpoint import CLIP, LR, batches, hybrid_steps, make_model
-from _reference import adamw_losses
+from _stack_reference import adamw_losses
 from safetensors.torch import load_file
 
 from colossal import export_checkpoint, load_layout_checkpoint

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 from _boosted import LR, boost_nano, boosted_losses, fixed_batches
-from _reference import adamw_losses
+from _stack_reference import adamw_losses
 from safetensors.torch import load_file
 
 from colossal import LowLevelZeroPlugin, TrainConfig, train
