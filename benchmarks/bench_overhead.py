@@ -68,7 +68,7 @@ def run(quick: bool, out_dir: Path) -> Report:
     for preset in presets:
         runners = {m: _Runner(preset, m, batch, seq) for m in methods}
         for _ in range(WARM):  # Gemini's steady state starts after WARM steps ([Note:
-            for r in runners.values():  # resident steps] in colossal_zero._runtime)
+            for r in runners.values():  # resident steps] in colossal_zero.gemini._runtime)
                 r.step()
         times: dict[str, list[float]] = {m: [] for m in methods}
         for i in range(steps):  # alternate step by step: every method sees the same load,

@@ -10,7 +10,7 @@ import torch
 from test_gemini import BATCH
 
 from colossal_zero import GeminiConfig, consolidate
-from colossal_zero._checkpoint import _Reader
+from colossal_zero.gemini._checkpoint import _Reader
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")
 

@@ -7,7 +7,7 @@ import pytest
 
 from colossal_chunk import pack, search_chunk_size
 from colossal_zero import GeminiConfig
-from colossal_zero._setup import _SHARDED_SLACK, _chunk_numel, working_set_bytes
+from colossal_zero.gemini._setup import _SHARDED_SLACK, _chunk_numel, working_set_bytes
 
 BUDGET = 5_928_960  # bytes: a quarter of what GPT tiny's chunks hold on 4 ranks with none
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import _checks_zero as checks
 import pytest
 
-import colossal_zero._module as gemini_module
-import colossal_zero._optimizer as gemini_optimizer
+import colossal_zero.gemini._module as gemini_module
+import colossal_zero.gemini._optimizer as gemini_optimizer
 from colossal_zero import GeminiConfig
 
 STEPS, BATCH = 3, 4

@@ -6,21 +6,21 @@ sharded checkpoints.
     optimizer.backward(model(x, y)); optimizer.step(); optimizer.zero_grad()
 """
 
-from ._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
-from ._checkpoint import INDEX_FILE, consolidate, file_digest, load_sharded, save_sharded
-from ._config import PLACEMENTS, GeminiConfig
 from ._lazy import LazyInit
-from ._mesh_norm import GradNorm, mesh_grad_norm
-from ._module import GeminiModule, apply_gemini
-from ._optimizer import GeminiOptimizer
-from ._precision import PRECISIONS, Precision
 from ._safetensors_stream import SafetensorsStream, TensorSpec, safetensors_header, tensor_bytes
-from ._scaler import DynamicLossScaler, LossScalerConfig
-from ._stream_state import iter_full_state
-from ._zero_checkpoint import load_zero_sharded, save_zero_sharded
-from ._zero_config import ZERO_STAGES, ZeroConfig
-from ._zero_formula import model_state_bytes_per_param, zero3_device_bytes
-from ._zero_optimizer import LowLevelZeroOptimizer
+from .gemini._checkpoint import INDEX_FILE, consolidate, file_digest, load_sharded, save_sharded
+from .gemini._config import PLACEMENTS, GeminiConfig
+from .gemini._module import GeminiModule, apply_gemini
+from .gemini._optimizer import GeminiOptimizer
+from .gemini._stream_state import iter_full_state
+from .low_level._checkpoint import load_zero_sharded, save_zero_sharded
+from .low_level._config import ZERO_STAGES, ZeroConfig
+from .low_level._formula import model_state_bytes_per_param, zero3_device_bytes
+from .low_level._optimizer import LowLevelZeroOptimizer
+from .optim._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
+from .optim._mesh_norm import GradNorm, mesh_grad_norm
+from .optim._precision import PRECISIONS, Precision
+from .optim._scaler import DynamicLossScaler, LossScalerConfig
 
 __version__ = "0.1.0"
 __all__ = [

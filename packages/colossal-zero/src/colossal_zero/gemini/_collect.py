@@ -32,9 +32,9 @@ from torch import nn
 from colossal_chunk import Chunk, ChunkManager
 from colossal_contracts import TensorState
 
+from ..optim._precision import Precision
 from ._grads import StepGradients
 from ._hooks import label
-from ._precision import Precision
 from ._state import ChunkGrads
 
 __all__ = ["GradientCollection"]

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from colossal_contracts import ConfigError
 
-from ._precision import Precision
-from ._scaler import LossScalerConfig
+from ..optim._precision import Precision
+from ..optim._scaler import LossScalerConfig
 
 __all__ = ["PLACEMENTS", "STATE_PLACEMENTS", "GeminiConfig"]
 

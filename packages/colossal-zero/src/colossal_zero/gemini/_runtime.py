@@ -47,11 +47,11 @@ from torch import nn
 from colossal_chunk import Chunk, ChunkManager
 from colossal_contracts import ConfigError, StepRecorder, TensorState
 
+from .._lazy import LazyInit, LazyValues
 from ._collect import GradientCollection
 from ._comm import CommSchedule, RankMaxStats
 from ._config import GeminiConfig
 from ._hooks import AccessMode, label
-from ._lazy import LazyInit, LazyValues
 from ._setup import build_manager
 from ._state import ChunkGrads, TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree

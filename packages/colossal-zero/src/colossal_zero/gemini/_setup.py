@@ -20,8 +20,8 @@ from colossal_chunk import (
 )
 from colossal_contracts import ConfigError, PlacementPolicy, TierName
 
+from ..optim._precision import Precision
 from ._config import GeminiConfig
-from ._precision import Precision
 
 __all__ = ["build_manager", "working_set_bytes"]
 

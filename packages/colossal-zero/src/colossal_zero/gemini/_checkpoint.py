@@ -31,9 +31,9 @@ from safetensors import safe_open
 
 from colossal_contracts import CheckpointError
 
+from .._safetensors_stream import SafetensorsRangeReader, SafetensorsStream, TensorSpec
 from ._module import GeminiModule
 from ._optimizer import STATE_KINDS, GeminiOptimizer
-from ._safetensors_stream import SafetensorsRangeReader, SafetensorsStream, TensorSpec
 
 __all__ = ["INDEX_FILE", "consolidate", "file_digest", "load_sharded", "save_sharded"]
 

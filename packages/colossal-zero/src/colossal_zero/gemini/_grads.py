@@ -23,7 +23,7 @@ import torch
 from colossal_chunk import Chunk, ChunkManager
 from colossal_contracts import TensorState
 
-from ._precision import Precision
+from ..optim._precision import Precision
 from ._roles import ChunkRoles
 from ._state import ChunkGrads
 

@@ -35,11 +35,11 @@ import torch
 from colossal_chunk import UNLIMITED, AutoPolicy, Chunk, trim_host_heap
 from colossal_contracts import ConfigError, ParamSharding, TierName
 
-from ._adam import AdamHyper
+from ..optim._adam import AdamHyper
+from ..optim._mesh_norm import piece_squares, reduce_squares
+from ..optim._scaler import DynamicLossScaler
 from ._chunk_update import STATE_KINDS, ChunkUpdates, Rows
-from ._mesh_norm import piece_squares, reduce_squares
 from ._module import GeminiModule
-from ._scaler import DynamicLossScaler
 from ._setup import working_set_bytes
 from ._state_placement import StatePlan, plan_states
 

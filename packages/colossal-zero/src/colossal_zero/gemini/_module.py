@@ -12,8 +12,8 @@ from torch.utils._pytree import tree_map
 from colossal_chunk import ManagerStats, map_large_host_blocks, trim_host_heap
 from colossal_contracts import StepRecorder
 
+from .._lazy import LazyInit
 from ._config import GeminiConfig
-from ._lazy import LazyInit
 from ._runtime import GeminiRuntime
 
 __all__ = ["GeminiModule", "apply_gemini", "default_group"]

@@ -29,11 +29,11 @@ from torch import nn
 from colossal_chunk import PendingReduce
 from colossal_contracts import CapacityError, ConfigError, ParamSharding, TensorState
 
-from ._adam import AdamHyper, adamw_update
-from ._mesh_norm import mesh_grad_norm
-from ._scaler import DynamicLossScaler
-from ._zero_buckets import Bucket, build_buckets
-from ._zero_config import ZeroConfig
+from ..optim._adam import AdamHyper, adamw_update
+from ..optim._mesh_norm import mesh_grad_norm
+from ..optim._scaler import DynamicLossScaler
+from ._buckets import Bucket, build_buckets
+from ._config import ZeroConfig
 
 __all__ = ["LowLevelZeroOptimizer"]
 

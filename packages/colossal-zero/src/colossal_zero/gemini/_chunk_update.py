@@ -14,7 +14,7 @@ import torch
 from colossal_chunk import Chunk
 from colossal_contracts import TierName
 
-from ._adam import AdamHyper, adamw_update
+from ..optim._adam import AdamHyper, adamw_update
 
 __all__ = ["STATE_KINDS", "ChunkUpdates", "Rows"]
 

@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 
 from colossal_contracts import CheckpointError
 
-from ._checkpoint import BUFFERS_FILE, FORMAT, INDEX_FILE, _Reader, _shard_file, file_digest
-from ._zero_optimizer import LowLevelZeroOptimizer
+from ..gemini._checkpoint import BUFFERS_FILE, FORMAT, INDEX_FILE, _Reader, _shard_file, file_digest
+from ._optimizer import LowLevelZeroOptimizer
 
 __all__ = ["load_zero_sharded", "save_zero_sharded"]
 
