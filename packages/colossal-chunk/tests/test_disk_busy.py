@@ -6,12 +6,12 @@ import time
 import torch
 
 from colossal_chunk import DiskStore
-from colossal_chunk._disk_stats import InFlight
+from colossal_chunk.disk._stats import InFlight
 
 
 def test_busy_time_counts_overlapping_reads_and_writes_once(monkeypatch):
     now = [0.0]  # a clock the test moves
-    monkeypatch.setattr("colossal_chunk._disk_stats.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("colossal_chunk.disk._stats.time.perf_counter", lambda: now[0])
     busy = InFlight()
     reads, writes = InFlight(busy), InFlight(busy)
     reads.start()  # reads: [0, 2] and [5, 6]; writes: [1, 3]; either: [0, 3] and [5, 6]
@@ -42,7 +42,7 @@ def test_a_put_is_in_flight_from_its_pwrite_until_written_out(tmp_path, monkeypa
         time.sleep(slow_pwrite)
         return pwritev(fd, bufs, offset)
 
-    monkeypatch.setattr("colossal_chunk._disk.os.pwritev", pwritev_slowly)
+    monkeypatch.setattr("colossal_chunk.disk._store.os.pwritev", pwritev_slowly)
     t = store.put("param-0@disk", src)
     assert store.io_stats().write_s >= slow_pwrite  # in flight already, before write_behind
     store.write_behind("param-0@disk", t)

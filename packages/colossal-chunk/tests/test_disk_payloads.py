@@ -208,7 +208,7 @@ def test_a_payload_used_before_the_reader_took_up_its_read_ahead_is_mapped_by_it
 
 
 def test_a_write_out_waits_for_the_reads_in_flight(tmp_path, monkeypatch):
-    from colossal_chunk import _disk
+    from colossal_chunk.disk import _store as _disk
 
     monkeypatch.setattr(_disk, "_READS_FIRST_S", 60.0)  # [Note: reads first], no time limit
     store = DiskStore(tmp_path)

@@ -4,7 +4,8 @@ is, every byte written either way."""
 
 import torch
 
-from colossal_chunk import DiskStore, _disk
+from colossal_chunk import DiskStore
+from colossal_chunk.disk import _store as _disk
 
 NUMEL = _disk._WRITE_PIECE_IDLE // 4  # one fp32 payload of the idle piece's size
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._disk import DiskIOStats
+from .disk._store import DiskIOStats
 
 __all__ = ["ManagerStats", "MoveStats", "TierStats"]
 

@@ -40,11 +40,11 @@ from ._collectives import ManagerCollectives
 from ._config import ChunkConfig
 from ._pending import InFlight
 from ._placement import Placement, build_tiers
-from ._policy import LruPolicy
-from ._read_ahead import ReadAheadWindow, window_bytes
 from ._register import ManagerRegistry
 from ._repack import ManagerRepack
 from ._resident import ManagerResident
+from .disk._read_ahead import ReadAheadWindow, window_bytes
+from .policies._base import LruPolicy
 
 __all__ = ["ChunkManager"]
 
@@ -188,7 +188,7 @@ class ChunkManager(
     def finish_reads(self, chunks: Iterable[Chunk | int]) -> None:
         """The shards of ``chunks`` are read next where they live (updated in place): on disk,
         their read-aheads not taken up by the reader yet are done on this thread now ([Note:
-        disk read-ahead and write-behind] in ``_disk.py``)."""
+        disk read-ahead and write-behind] in ``disk/_store.py``)."""
         for c in chunks:
             self._placement.finish_read(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
 
@@ -198,7 +198,7 @@ class ChunkManager(
         (computed on without a page fault per page of their mapping); when it ends they are
         written back into their payloads with ``pwrite`` and the payloads are their shards again
         (if it raises, the copies are dropped unwritten). Say ``written`` for them after, as for
-        shards written in place ([Note: staged updates] in ``_disk.py``). The copies replace the
+        shards written in place ([Note: staged updates] in ``disk/_store.py``). The copies replace the
         payloads' pages in this process's memory (those leave it): no budget counts them."""
         out: list[tuple[Chunk, torch.Tensor]] = []
         try:
@@ -218,7 +218,7 @@ class ChunkManager(
     def keep_disk_copies(self, kinds: Iterable[str] = ()) -> None:
         """Say that chunks of ``kinds`` are not written until the next call: one read off disk
         keeps its disk payload, and goes back to disk without a write; no kinds drops every
-        payload kept ([Note: disk copies] in ``_disk_copies.py``)."""
+        payload kept ([Note: disk copies] in ``disk/_copies.py``)."""
         self._placement.disk_copies.keep(frozenset(kinds))
 
     def written(self, chunks: Iterable[Chunk | int]) -> None:

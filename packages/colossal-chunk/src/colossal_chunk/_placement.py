@@ -2,7 +2,7 @@
 
 This is the half of the chunk manager that owns bytes. Every payload change goes through
 ``Placement`` so that tier accounting ([Note: tier accounting]) and the move counters are exact.
-Its disk side (read-ahead, write-out, kept disk copies) is in ``_disk_side.py``, its compute-tier
+Its disk side (read-ahead, write-out, kept disk copies) is in ``disk/_side.py``, its compute-tier
 room in ``_room.py``.
 
 [Note: kept chunks] A chunk in ``kept`` stays on the compute tier: eviction and prefetch never
@@ -37,16 +37,16 @@ from colossal_contracts import (
 from ._accounting import MoveStats
 from ._chunk import Chunk
 from ._config import ChunkConfig
-from ._disk import DiskStore
-from ._disk_copies import DiskCopies
-from ._disk_side import DiskSide
-from ._disk_side import payload_key as _key
 from ._pending import PendingReduce
 from ._prefetch import PendingCopy, Prefetcher
-from ._read_ahead import ReadAheadWindow
 from ._room import ComputeRoom
 from ._spare import SparePayloads
 from ._tier import UNLIMITED, Tier
+from .disk._copies import DiskCopies
+from .disk._read_ahead import ReadAheadWindow
+from .disk._side import DiskSide
+from .disk._side import payload_key as _key
+from .disk._store import DiskStore
 
 __all__ = ["Placement", "build_tiers"]
 
@@ -209,7 +209,7 @@ class Placement(ComputeRoom, DiskSide):
         if copy:
             self.used(chunk)
             self.finish_read(chunk)
-        if copy and dst is DISK:  # written into its file ([Note: payloads put] in _disk.py)
+        if copy and dst is DISK:  # written into its file ([Note: payloads put] in disk/_store.py)
             chunk.quiesce()
             new = d.put(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
             old = chunk.replace_shard(new, copy=False)

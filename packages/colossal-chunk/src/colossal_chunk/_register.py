@@ -18,8 +18,8 @@ from ._chunk import Chunk
 from ._config import ChunkConfig
 from ._host_memory import host_empty
 from ._placement import Placement
-from ._policy import ChunkSummary, PolicyContext
 from ._tier import Tier
+from .policies._base import ChunkSummary, PolicyContext
 
 __all__ = ["ManagerRegistry"]
 

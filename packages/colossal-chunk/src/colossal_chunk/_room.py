@@ -11,8 +11,8 @@ from collections.abc import Callable, Collection, Iterable
 from colossal_contracts import CapacityError, PlacementPolicy, TierName
 
 from ._chunk import Chunk
-from ._policy import SimpleChunkInfo
 from ._tier import Tier
+from .policies._base import SimpleChunkInfo
 
 __all__ = ["ComputeRoom"]
 

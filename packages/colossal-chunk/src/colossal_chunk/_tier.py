@@ -25,8 +25,8 @@ import torch
 
 from colossal_contracts import CapacityError, TierName
 
-from ._disk import DiskStore
 from ._host_memory import host_empty
+from .disk._store import DiskStore
 
 __all__ = ["UNLIMITED", "Tier"]
 
@@ -125,7 +125,7 @@ class Tier:
 
     def put(self, key: str, src: torch.Tensor) -> torch.Tensor:
         """A new 1-D payload on this tier holding ``src``'s values (on disk, written into its
-        file: [Note: payloads put] in ``_disk.py``). Does not reserve."""
+        file: [Note: payloads put] in ``disk/_store.py``). Does not reserve."""
         if self.store is not None:
             return self.store.put(key, src)
         t = self.allocate(key, src.numel(), src.dtype)
@@ -134,7 +134,7 @@ class Tier:
 
     def stage(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
         """A host copy of the disk payload ``key`` (``tensor``, its mapping) to compute on
-        ([Note: staged updates] in ``_disk.py``); disk only."""
+        ([Note: staged updates] in ``disk/_store.py``); disk only."""
         if self.store is None:
             raise ValueError(f"the {self.name.value} tier stages no payloads")
         return self.store.stage(key, tensor)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from colossal_contracts import ChunkInfo, ConfigError
 
-from ._policy import LruPolicy, PolicyContext, _take
+from ._base import LruPolicy, PolicyContext, _take
 
 __all__ = ["StaticPolicy"]
 

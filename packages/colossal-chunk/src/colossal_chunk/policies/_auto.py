@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from colossal_contracts import ChunkInfo, ConfigError, MemStatsSource, TierName
 
-from ._policy import LruPolicy, PolicyContext, _take
+from ._base import LruPolicy, PolicyContext, _take
 
 __all__ = ["AutoPolicy"]
 

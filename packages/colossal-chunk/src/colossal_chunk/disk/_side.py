@@ -1,6 +1,6 @@
 """The disk side of ``Placement``: read-ahead, fault-in accounting, write-out of shards updated
 in place, and the disk payloads kept for chunks read elsewhere ([Note: disk copies] in
-``_disk_copies.py``).
+``disk/_copies.py``).
 
 ``Placement`` inherits these methods; they read its tiers, read-ahead window, kept disk copies,
 spare payloads and rebind callback.
@@ -14,12 +14,12 @@ import torch
 
 from colossal_contracts import TierName
 
-from ._chunk import Chunk
-from ._disk import DiskIOStats
-from ._disk_copies import DiskCopies
+from .._chunk import Chunk
+from .._spare import SparePayloads
+from .._tier import Tier
+from ._copies import DiskCopies
 from ._read_ahead import ReadAheadWindow
-from ._spare import SparePayloads
-from ._tier import Tier
+from ._store import DiskIOStats
 
 __all__ = ["DiskSide", "payload_key"]
 
@@ -74,7 +74,7 @@ class DiskSide:
 
     def read_only(self, chunk: Chunk) -> None:
         """``chunk``'s shard was only read in place: if it lives on disk, its pages leave this
-        process's memory with nothing written ([Note: reads let go] in ``_disk.py``)."""
+        process's memory with nothing written ([Note: reads let go] in ``disk/_store.py``)."""
         if chunk.tier is DISK and chunk.shard is not None:
             self.read_ahead_window.drop(chunk)
             self.tiers[DISK].let_go(payload_key(chunk, DISK), chunk.shard)
@@ -82,7 +82,7 @@ class DiskSide:
     def stage(self, chunk: Chunk) -> torch.Tensor | None:
         """If ``chunk`` lives on disk, make a host copy of its shard the shard and return the
         payload's mapping (for ``unstage``); None, changing nothing, elsewhere ([Note: staged
-        updates] in ``_disk.py``)."""
+        updates] in ``disk/_store.py``)."""
         if chunk.tier is not DISK or chunk.shard is None or chunk.shard.numel() == 0:
             return None
         copy = self.tiers[DISK].stage(payload_key(chunk, DISK), chunk.shard)

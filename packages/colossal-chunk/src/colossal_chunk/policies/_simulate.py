@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from colossal_contracts import CapacityError, ConfigError, PlacementPolicy
 
-from ._policy import ChunkSummary, PolicyContext, SimpleChunkInfo
+from ._base import ChunkSummary, PolicyContext, SimpleChunkInfo
 
 __all__ = ["SimResult", "simulate", "simulate_policy"]
 

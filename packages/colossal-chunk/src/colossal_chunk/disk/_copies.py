@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ._disk import DiskStore
-from ._tier import Tier
+from .._tier import Tier
+from ._store import DiskStore
 
 __all__ = ["DiskCopies"]
 

@@ -43,7 +43,7 @@ whose read-ahead the reader has not taken up yet is mapped by its user (``finish
 the owner calls before it reads a disk payload): the user neither waits for the reader to get
 the lock nor faults the pages in beside it, and the read is over when the data is in. A write-behind or ``discard`` of a payload
 drops its read-ahead not taken up yet (it reads nothing) and waits for one being mapped, so no
-read maps pages again after their unmap ([Note: read-ahead window] in ``_read_ahead.py``).
+read maps pages again after their unmap ([Note: read-ahead window] in ``disk/_read_ahead.py``).
 ``write_behind(key, tensor)`` is issued once a payload was written (moved to disk, or updated in
 place by the optimizer): it unmaps the payload's pages from this process at once, on the
 caller's thread (``madvise(MADV_DONTNEED)``: dirty data moves to the page cache, nothing is
@@ -59,7 +59,7 @@ of [Note: dropped whole]). A write job holds the tensor it works on and a read i
 more than 32 MiB are behind (back-pressure): the page cache the disk tier dirties stays bounded
 by that window.
 ``io_stats`` counts bytes, and seconds during which at least one read (or write, or either)
-was in flight ([Note: in-flight time], [Note: busy time] in ``_disk_stats.py``); a payload
+was in flight ([Note: in-flight time], [Note: busy time] in ``disk/_stats.py``); a payload
 ``put`` is in flight from its ``pwrite``.
 
 [Note: reads let go] A payload that was only read in place (a gradient the optimizer step
@@ -170,9 +170,10 @@ import torch
 
 from colossal_contracts import ConfigError
 
-from ._disk_check import check_disk_dir
-from ._disk_files import Slot, SlotFile, SlotFiles
-from ._disk_libc import (
+from .._host_memory import host_empty
+from ._check import check_disk_dir
+from ._files import Slot, SlotFile, SlotFiles
+from ._libc import (
     FADV_DONTNEED,
     MADV_DONTNEED,
     MADV_POPULATE_READ,
@@ -180,8 +181,7 @@ from ._disk_libc import (
     SYNC_OUT,
     Libc,
 )
-from ._disk_stats import DiskIOStats, InFlight, ReadRecord
-from ._host_memory import host_empty
+from ._stats import DiskIOStats, InFlight, ReadRecord
 
 __all__ = ["DiskIOStats", "DiskStore", "ReadRecord", "check_disk_dir"]
 
@@ -358,7 +358,7 @@ class DiskStore:
 
     def remap(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """``key``'s payload as it is, mapped again as a 1-D tensor of ``numel`` elements (its
-        earlier mapping was dropped: [Note: disk copies] in ``_disk_copies.py``). It counts as
+        earlier mapping was dropped: [Note: disk copies] in ``disk/_copies.py``). It counts as
         not read ahead: its pages may have left the page cache since."""
         p = self._files[key]
         self._warm.discard(key)

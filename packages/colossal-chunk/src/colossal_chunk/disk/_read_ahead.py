@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from colossal_contracts import ConfigError
 
-from ._chunk import Chunk
-from ._config import ChunkConfig
-from ._tier import UNLIMITED, Tier
+from .._chunk import Chunk
+from .._config import ChunkConfig
+from .._tier import UNLIMITED, Tier
 
 __all__ = ["ReadAheadWindow", "window_bytes"]
 
