@@ -188,7 +188,7 @@ def test_a_payload_used_before_the_reader_took_up_its_read_ahead_is_mapped_by_it
     store.record_reads()
     busy = threading.Event()
     store.read_ahead("u-0")  # starts the reader thread; then keep it busy
-    store._reader.submit(busy.wait)  # type: ignore[union-attr]
+    store._io.reader.submit(busy.wait)  # type: ignore[union-attr]
     store.read_ahead("u-0")  # no-op: read since last written
     store.write_behind("u-0", t)  # drops or waits for the first read-ahead
     store.read_ahead("u-0")  # queued behind the busy job: the reader cannot take it up
@@ -208,13 +208,13 @@ def test_a_payload_used_before_the_reader_took_up_its_read_ahead_is_mapped_by_it
 
 
 def test_a_write_out_waits_for_the_reads_in_flight(tmp_path, monkeypatch):
-    from colossal_chunk.disk import _store as _disk
+    from colossal_chunk.disk import _io as _disk
 
     monkeypatch.setattr(_disk, "_READS_FIRST_S", 60.0)  # [Note: reads first], no time limit
     store = DiskStore(tmp_path)
     t = store.allocate("w-0", NUMEL, torch.float32)
     t.fill_(1.0)
-    reads = store._in_flight[0]
+    reads = store._io.in_flight[0]
     reads.start()  # a read in flight
     store.write_behind("w-0", t)
     time.sleep(0.2)

@@ -6,11 +6,12 @@ import threading
 import torch
 
 from colossal_chunk import DiskStore
+from colossal_chunk.disk._io import DiskIO
 
 
 def test_two_read_aheads_are_in_flight_at_once(tmp_path, monkeypatch):
     both = threading.Barrier(2, timeout=30)  # broken unless two reads run together
-    read_into = DiskStore._read_into
+    read_into = DiskIO._read_into
     reading: list[str] = []
 
     def paired(self, p):  # type: ignore[no-untyped-def]
@@ -19,7 +20,7 @@ def test_two_read_aheads_are_in_flight_at_once(tmp_path, monkeypatch):
             both.wait()
         return read_into(self, p)
 
-    monkeypatch.setattr(DiskStore, "_read_into", paired)
+    monkeypatch.setattr(DiskIO, "_read_into", paired)
     store = DiskStore(tmp_path / "d")
     try:
         maps = {}
@@ -34,7 +35,7 @@ def test_two_read_aheads_are_in_flight_at_once(tmp_path, monkeypatch):
         assert len(reading) == 6 and len(set(reading[:2])) == 2  # on two threads
         assert all(n.startswith("colossal-disk-read") for n in reading)
         assert store.io_stats().bytes_read == 6 * 4096 * 4
-        assert store._in_flight[0].open == 0
+        assert store._io.in_flight[0].open == 0
         for i in range(6):
             assert torch.equal(maps[i], torch.full((4096,), float(i)))
     finally:

@@ -70,7 +70,7 @@ def test_a_staged_block_that_raises_leaves_the_payload_unchanged(tmp_path):
         assert chunk.shard is mapping and torch.equal(chunk.shard, before)
         assert torch.equal(_on_file(mgr, chunk), before)
         assert store.io_stats().bytes_written == written
-        assert store._in_flight[1].open == 0  # nothing was put in flight
+        assert store._io.in_flight[1].open == 0  # nothing was put in flight
 
 
 def test_unstage_refuses_a_copy_of_another_size(tmp_path):

@@ -5,7 +5,8 @@ is, every byte written either way."""
 import torch
 
 from colossal_chunk import DiskStore
-from colossal_chunk.disk import _store as _disk
+from colossal_chunk.disk import _io as _disk
+from colossal_chunk.disk._io import DiskIO
 
 NUMEL = _disk._WRITE_PIECE_IDLE // 4  # one fp32 payload of the idle piece's size
 
@@ -23,9 +24,9 @@ def _write_three(store: DiskStore, first: int) -> list[torch.Tensor]:
 def test_a_write_out_goes_a_payload_at_a_time_unless_a_read_is_in_flight(tmp_path, monkeypatch):
     store = DiskStore(tmp_path)
     pieces: list[int] = []
-    write_out = DiskStore._write_out
+    write_out = DiskIO._write_out
     monkeypatch.setattr(
-        DiskStore,
+        DiskIO,
         "_write_out",
         lambda self, piece: pieces.append(piece[2]) or write_out(self, piece),
     )
@@ -34,11 +35,11 @@ def test_a_write_out_goes_a_payload_at_a_time_unless_a_read_is_in_flight(tmp_pat
     assert set(pieces) == {_disk._WRITE_PIECE_IDLE}  # no read in flight: whole payloads
     pieces.clear()
     monkeypatch.setattr(_disk, "_READS_FIRST_S", 0.001)  # a read that never ends: do not wait long
-    store._in_flight[0].start()  # a read in flight for the whole write-out
+    store._io.in_flight[0].start()  # a read in flight for the whole write-out
     try:
         ts += _write_three(store, 3)
     finally:
-        store._in_flight[0].end(0)
+        store._io.in_flight[0].end(0)
     assert sum(pieces) == 3 * NUMEL * 4
     assert set(pieces) == {_disk._WRITE_PIECE}  # a read waits behind one small piece at most
     raw = (tmp_path / "w.bin").read_bytes()

@@ -188,7 +188,7 @@ class ChunkManager(
     def finish_reads(self, chunks: Iterable[Chunk | int]) -> None:
         """The shards of ``chunks`` are read next where they live (updated in place): on disk,
         their read-aheads not taken up by the reader yet are done on this thread now ([Note:
-        disk read-ahead and write-behind] in ``disk/_store.py``)."""
+        disk read-ahead and write-behind] in ``disk/_io.py``)."""
         for c in chunks:
             self._placement.finish_read(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
 

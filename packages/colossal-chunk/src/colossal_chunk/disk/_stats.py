@@ -11,7 +11,7 @@ flight from the ``pwrite`` that copies it into the page cache, as a plain file's
 
 [Note: busy time] While reads and writes are both in flight, each direction's seconds count that
 stretch, so the two rates together claim more seconds than passed; a write-out that waits for
-the reads ([Note: reads first] in ``disk/_store.py``) is in flight the whole time the device reads.
+the reads ([Note: reads first] in ``disk/_io.py``) is in flight the whole time the device reads.
 ``busy_s`` counts each second once: the seconds during which any of the tier's operations was in
 flight. Bytes read and written over ``busy_s`` is the tier's throughput with the device shared,
 comparable with a plain sequential read and write of the same sizes done one after the other
