@@ -74,27 +74,12 @@ class LowLevelZeroPlugin:
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Turn ``optimizer`` (Adam/AdamW on ``model``'s fp32 parameters) into a
         ``LowLevelZeroOptimizer`` with the same groups; the model stays a plain module."""
-        if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-            raise ConfigError(
-                f"ZeRO trains with Adam or AdamW, got {type(optimizer).__name__}; build the "
-                "optimizer as torch.optim.AdamW(...)"
-            )
-        d = optimizer.defaults
-        if d.get("amsgrad") or d.get("maximize"):
-            raise ConfigError("ZeRO's Adam supports neither amsgrad nor maximize; turn them off")
-        keep = ("params", "lr", "betas", "eps", "weight_decay")
-        groups = [{k: v for k, v in g.items() if k in keep} for g in optimizer.param_groups]
-        opt = LowLevelZeroOptimizer(
+        opt = LowLevelZeroOptimizer.from_torch(
             model,
-            groups,
-            lr=d["lr"],
-            betas=d["betas"],
-            eps=d["eps"],
-            weight_decay=d["weight_decay"],
+            optimizer,
             config=self.zero_config(),
             group=self.group,
             max_grad_norm=self.max_grad_norm,
-            adamw=isinstance(optimizer, torch.optim.AdamW),
             sharding=self.sharding,
         )
         self._optimizer = opt

@@ -36,6 +36,8 @@ from colossal_chunk import UNLIMITED, AutoPolicy, Chunk, trim_host_heap
 from colossal_contracts import ConfigError, ParamSharding, TierName
 
 from ..optim._adam import AdamHyper
+from ..optim._clip import check_max_grad_norm, clip_divisor, skip_step
+from ..optim._from_torch import adam_arguments
 from ..optim._mesh_norm import piece_squares, reduce_squares
 from ..optim._scaler import DynamicLossScaler
 from ._chunk_update import STATE_KINDS, ChunkUpdates, Rows
@@ -73,8 +75,7 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
     ):
         if not isinstance(model, GeminiModule):
             raise ConfigError("GeminiOptimizer needs the GeminiModule that apply_gemini returned")
-        if max_grad_norm < 0:
-            raise ConfigError(f"max_grad_norm must be >= 0 (0: no clipping), got {max_grad_norm}")
+        check_max_grad_norm(max_grad_norm)
         AdamHyper(lr, betas, eps, weight_decay, adamw)
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         super().__init__(list(params) if params is not None else model.parameters(), defaults)
@@ -116,29 +117,8 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
         sharding: Mapping[str, ParamSharding] | None = None,
     ) -> GeminiOptimizer:
         """The Gemini equivalent of a ``torch.optim.Adam``/``AdamW`` built on ``model``'s params."""
-        if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-            raise ConfigError(
-                f"Gemini trains with Adam or AdamW, got {type(optimizer).__name__}; build the "
-                "optimizer as torch.optim.AdamW(...)"
-            )
-        d = optimizer.defaults
-        if d.get("amsgrad") or d.get("maximize"):
-            raise ConfigError("Gemini's Adam supports neither amsgrad nor maximize; turn them off")
-        groups = [
-            {k: v for k, v in g.items() if k in ("params", "lr", "betas", "eps", "weight_decay")}
-            for g in optimizer.param_groups
-        ]
-        return cls(
-            model,
-            groups,
-            lr=d["lr"],
-            betas=d["betas"],
-            eps=d["eps"],
-            weight_decay=d["weight_decay"],
-            max_grad_norm=max_grad_norm,
-            adamw=isinstance(optimizer, torch.optim.AdamW),
-            sharding=sharding,
-        )
+        groups, kwargs = adam_arguments(optimizer, who="Gemini")
+        return cls(model, groups, max_grad_norm=max_grad_norm, sharding=sharding, **kwargs)
 
     def _reads_on_host(self, c: Chunk) -> bool:
         """Whether chunk ``c``'s update reads its gradients off the accelerator: its states live
@@ -237,16 +217,11 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
                 self._squares(norm_parts), group=rt.group, shardings=self.sharding
             )
             self._norm_due, self._grad_norm, overflow = None, found.norm / scale, found.overflow
-        self.skipped_last = self.scaler is not None and overflow
+        self.skipped_last = skip_step(self.scaler, overflow)
         if self.skipped_last:
-            self.scaler.update(True)  # type: ignore[union-attr]
             rt.clear_grads()
             return loss
-        grad_scale = scale
-        if self.max_grad_norm > 0:
-            coef = self.max_grad_norm / (self.last_grad_norm + 1e-6)
-            if coef < 1.0:
-                grad_scale = scale / coef
+        grad_scale = clip_divisor(scale, self.max_grad_norm, lambda: self.last_grad_norm)
         counts = elsewhere + [self.steps[n] for n in {n: None for _, ow in todo for n in ow}]
         if counts:
             torch._foreach_add_(counts, 1.0)

@@ -30,6 +30,8 @@ from colossal_chunk import PendingReduce
 from colossal_contracts import CapacityError, ConfigError, ParamSharding, TensorState
 
 from ..optim._adam import AdamHyper, adamw_update
+from ..optim._clip import check_max_grad_norm, clip_divisor, skip_step
+from ..optim._from_torch import adam_arguments
 from ..optim._mesh_norm import mesh_grad_norm
 from ..optim._scaler import DynamicLossScaler
 from ._buckets import Bucket, build_buckets
@@ -66,8 +68,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         sharding: Mapping[str, ParamSharding] | None = None,
     ):
         self.config = config = config or ZeroConfig()
-        if max_grad_norm < 0:
-            raise ConfigError(f"max_grad_norm must be >= 0 (0: no clipping), got {max_grad_norm}")
+        check_max_grad_norm(max_grad_norm)
         AdamHyper(lr, betas, eps, weight_decay, adamw)
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         super().__init__(list(params) if params is not None else model.parameters(), defaults)
@@ -130,6 +131,30 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         ]
 
     # ----- setup --------------------------------------------------------------------------------
+    @classmethod
+    def from_torch(
+        cls,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        config: ZeroConfig | None = None,
+        group: dist.ProcessGroup | None = None,
+        max_grad_norm: float = 0.0,
+        sharding: Mapping[str, ParamSharding] | None = None,
+    ) -> LowLevelZeroOptimizer:
+        """The ZeRO-1/2 equivalent of a ``torch.optim.Adam``/``AdamW`` built on ``model``'s
+        fp32 parameters (the same groups)."""
+        groups, kwargs = adam_arguments(optimizer, who="ZeRO")
+        return cls(
+            model,
+            groups,
+            config=config,
+            group=group,
+            max_grad_norm=max_grad_norm,
+            sharding=sharding,
+            **kwargs,
+        )
+
     def _check_host_room(self, numel: int) -> None:
         if not self.config.offload_optimizer:
             return
@@ -268,16 +293,11 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         found = mesh_grad_norm(norm_parts, group=self.group, shardings=self.sharding)
         scale = self.loss_scale
         self.last_grad_norm = found.norm / scale
-        self.skipped_last = self.scaler is not None and found.overflow
+        self.skipped_last = skip_step(self.scaler, found.overflow)
         if self.skipped_last:
-            self.scaler.update(True)  # type: ignore[union-attr]
             self.zero_grad()
             return loss
-        grad_scale = scale
-        if self.max_grad_norm > 0:
-            coef = self.max_grad_norm / (self.last_grad_norm + 1e-6)
-            if coef < 1.0:
-                grad_scale = scale / coef
+        grad_scale = clip_divisor(scale, self.max_grad_norm, lambda: self.last_grad_norm)
         for gi, (ps, gs, avgs, sqs, steps) in lists.items():
             for s in steps:
                 s += 1
