@@ -11,7 +11,7 @@ import torch
 
 from colossal_contracts import ConfigError
 
-__all__ = ["check_token_ids"]
+__all__ = ["check_input_ids", "check_token_ids"]
 
 IGNORE_INDEX = -100  # targets equal to it are left out of the loss (cross-entropy's default)
 
@@ -38,4 +38,15 @@ def check_token_ids(ids: torch.Tensor, vocab_size: int, *, what: str = "input id
         raise ConfigError(
             f"{what} hold the id {bad}, outside the vocabulary [0, {vocab_size}); check the "
             "tokenizer matches the model's vocab_size"
+        )
+
+
+def check_input_ids(ids: torch.Tensor, vocab_size: int, max_seq_len: int) -> None:
+    """``check_token_ids`` for a model's input, and ``ConfigError`` when the sequence is longer
+    than ``max_seq_len``."""
+    check_token_ids(ids, vocab_size)
+    if max_seq_len < ids.shape[1]:
+        raise ConfigError(
+            f"sequence length {ids.shape[1]} exceeds max_seq_len {max_seq_len}; "
+            "use a shorter --seq-len or a preset with a longer context"
         )

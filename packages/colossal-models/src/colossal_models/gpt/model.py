@@ -12,11 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from colossal_contracts import ConfigError
-
 from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
-from .._inputs import check_token_ids
+from .._inputs import check_input_ids, check_token_ids
 from .._io import LMIO
 from .config import GPTConfig
 
@@ -109,13 +107,8 @@ class GPT(nn.Module):
     # with those attributes (``GPTStage``) runs them too.
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
-        check_token_ids(idx, self.config.vocab_size)
+        check_input_ids(idx, self.config.vocab_size, self.config.max_seq_len)
         T = idx.shape[1]
-        if self.config.max_seq_len < T:
-            raise ConfigError(
-                f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}; "
-                "use a shorter --seq-len or a preset with a longer context"
-            )
         idx, _ = self.io.tokens(idx, None)
         pos = self.io.positions(T, idx.device)  # this rank's positions (all of them unless split)
         return self.io.enter(self.drop(self.wte(idx) + self.wpe(pos)))  # (B, T, C)

@@ -13,11 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from colossal_contracts import ConfigError
-
 from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
-from .._inputs import check_token_ids
+from .._inputs import check_input_ids, check_token_ids
 from .._io import LMIO
 from .._rotary import apply_rotary, rotary_tables
 from .config import PaLMConfig
@@ -137,13 +135,7 @@ class PaLM(nn.Module):
     # pipeline stage with those attributes (``PaLMStage``) runs them too.
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
-        check_token_ids(idx, self.config.vocab_size)
-        T = idx.shape[1]
-        if self.config.max_seq_len < T:
-            raise ConfigError(
-                f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}; "
-                "use a shorter --seq-len or a preset with a longer context"
-            )
+        check_input_ids(idx, self.config.vocab_size, self.config.max_seq_len)
         idx, _ = self.io.tokens(idx, None)
         return self.io.enter(self.wte(idx))  # (B, T, C)
 

@@ -28,10 +28,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
+from torch import nn
 
 from colossal_contracts import CheckpointError
 
 from .._safetensors_stream import SafetensorsRangeReader, SafetensorsStream, TensorSpec
+from ..optim._scaler import DynamicLossScaler
 from ._module import GeminiModule
 from ._optimizer import STATE_KINDS, GeminiOptimizer
 
@@ -231,6 +233,24 @@ class _Reader:
             f.close()
         self._files.clear()
 
+    def restore_scaler(self, scaler: DynamicLossScaler | None) -> None:
+        """Load the saved loss scaler's state into ``scaler`` (when both exist)."""
+        if scaler is not None and self.index.get("scaler"):
+            scaler.load_state_dict(self.index["scaler"])
+
+    def load_buffers(self, module: nn.Module) -> None:
+        """Copy the saved buffers into ``module``'s buffers of the same names (the buffers
+        file checked against the index first); buffers not saved keep their values."""
+        path = self.directory / BUFFERS_FILE
+        if not path.exists():
+            return
+        self.verify(BUFFERS_FILE)
+        with safe_open(str(path), framework="pt") as f:
+            own = dict(module.named_buffers())
+            for n in list(f.keys()):
+                if n in own:
+                    own[n].copy_(f.get_tensor(n))
+
 
 @torch.no_grad()
 def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directory: Path) -> None:
@@ -269,17 +289,9 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
             [c, fp32, *(m.parallel_chunk(k, c) for k in STATE_KINDS if optimizer is not None)]
         )
     rt.clear_grads()
-    if optimizer is not None and optimizer.scaler is not None and index.get("scaler"):
-        optimizer.scaler.load_state_dict(index["scaler"])
+    reader.restore_scaler(optimizer.scaler if optimizer is not None else None)
     reader.close()
-    buffers = reader.directory / BUFFERS_FILE
-    if buffers.exists():
-        reader.verify(BUFFERS_FILE)
-        with safe_open(str(buffers), framework="pt") as f:
-            own = dict(model.module.named_buffers())
-            for n in list(f.keys()):
-                if n in own:
-                    own[n].copy_(f.get_tensor(n))
+    reader.load_buffers(model.module)
 
 
 def consolidate(directory: Path) -> dict[str, torch.Tensor]:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from colossal_contracts import CheckpointError
@@ -126,13 +125,5 @@ def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
                 opt.steps[name] = torch.tensor(step, dtype=torch.float32)
     opt.refresh_params()
     opt.zero_grad()
-    if opt.scaler is not None and index.get("scaler"):
-        opt.scaler.load_state_dict(index["scaler"])
-    buffers = reader.directory / BUFFERS_FILE
-    if buffers.exists():
-        reader.verify(BUFFERS_FILE)
-        with safe_open(str(buffers), framework="pt") as f:
-            own = dict(opt.model.named_buffers())
-            for n in list(f.keys()):
-                if n in own:
-                    own[n].copy_(f.get_tensor(n))
+    reader.restore_scaler(opt.scaler)
+    reader.load_buffers(opt.model)
