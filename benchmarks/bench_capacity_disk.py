@@ -27,7 +27,7 @@ import psutil
 import torch
 from bench_capacity import BYTES_PER_PARAM, _cfg, _largest, _trace
 
-from colossal_chunk import DiskStore, ReadRecord
+from colossal_chunk.disk._store import DiskStore, ReadRecord
 from colossal_contracts import CapacityError, ConfigError, TierName
 from colossal_memtrace import MomentRecorder, estimate_step
 from colossal_models import GPT, apply_activation_checkpointing

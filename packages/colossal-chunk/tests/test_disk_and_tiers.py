@@ -3,7 +3,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from colossal_chunk import DiskStore, Tier
+from colossal_chunk._tier import Tier
+from colossal_chunk.disk._store import DiskStore
 from colossal_contracts import CapacityError, ConfigError, MemoryTier, TierName
 
 

@@ -5,8 +5,8 @@ import time
 
 import torch
 
-from colossal_chunk import DiskStore
 from colossal_chunk.disk._stats import InFlight
+from colossal_chunk.disk._store import DiskStore
 
 
 def test_busy_time_counts_overlapping_reads_and_writes_once(monkeypatch):

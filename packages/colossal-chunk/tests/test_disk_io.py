@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 
-from colossal_chunk import ChunkConfig, ChunkManager, DiskStore, check_disk_dir
+from colossal_chunk import ChunkConfig, ChunkManager, check_disk_dir
+from colossal_chunk.disk._store import DiskStore
 from colossal_contracts import ConfigError, TierName
 
 

@@ -11,7 +11,7 @@ import psutil
 import pytest
 import torch
 
-from colossal_chunk import DiskStore
+from colossal_chunk.disk._store import DiskStore
 from colossal_contracts import CapacityError
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux madvise")

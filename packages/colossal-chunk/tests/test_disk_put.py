@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from colossal_chunk import ChunkConfig, ChunkManager, DiskStore
+from colossal_chunk import ChunkConfig, ChunkManager
+from colossal_chunk.disk._store import DiskStore
 from colossal_contracts import TierName
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux mincore")

@@ -5,8 +5,8 @@ import threading
 
 import torch
 
-from colossal_chunk import DiskStore
 from colossal_chunk.disk._io import DiskIO
+from colossal_chunk.disk._store import DiskStore
 
 
 def test_two_read_aheads_are_in_flight_at_once(tmp_path, monkeypatch):

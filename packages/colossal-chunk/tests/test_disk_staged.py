@@ -5,7 +5,8 @@ payload when the block ends (dropped if it raises); chunks elsewhere are left as
 import pytest
 import torch
 
-from colossal_chunk import ChunkConfig, ChunkManager, DiskStore
+from colossal_chunk import ChunkConfig, ChunkManager
+from colossal_chunk.disk._store import DiskStore
 from colossal_contracts import TierName
 
 

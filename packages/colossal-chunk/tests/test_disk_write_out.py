@@ -4,9 +4,9 @@ is, every byte written either way."""
 
 import torch
 
-from colossal_chunk import DiskStore
 from colossal_chunk.disk import _io as _disk
 from colossal_chunk.disk._io import DiskIO
+from colossal_chunk.disk._store import DiskStore
 
 NUMEL = _disk._WRITE_PIECE_IDLE // 4  # one fp32 payload of the idle piece's size
 

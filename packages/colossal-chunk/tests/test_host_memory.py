@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from colossal_chunk import Tier, host_empty, trim_host_heap
+from colossal_chunk import host_empty, trim_host_heap
+from colossal_chunk._tier import Tier
 from colossal_contracts import TierName
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")

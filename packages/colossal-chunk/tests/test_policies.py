@@ -8,11 +8,11 @@ from colossal_chunk import (
     ChunkSummary,
     OrderStats,
     PolicyContext,
-    SimpleChunkInfo,
     StaticPolicy,
-    module_order,
     trace_order,
 )
+from colossal_chunk._order import module_order
+from colossal_chunk.policies._base import SimpleChunkInfo
 from colossal_contracts import CapacityError, ConfigError, MemStatsSource, PlacementPolicy, TierName
 
 

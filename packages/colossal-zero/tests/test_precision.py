@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from colossal_contracts import ConfigError
-from colossal_zero import DynamicLossScaler, GeminiConfig, LossScalerConfig, Precision
+from colossal_zero import GeminiConfig, LossScalerConfig
+from colossal_zero.optim._precision import Precision
+from colossal_zero.optim._scaler import DynamicLossScaler
 
 
 def test_precisions():

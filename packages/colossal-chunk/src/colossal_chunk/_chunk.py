@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from colossal_contracts import (
+    ChunkStateError,
     ConfigError,
     StateTransitionError,
     TensorState,
@@ -185,7 +186,7 @@ class Chunk:
         the caller has already filled it (a prefetch that copied on another thread or stream).
         """
         if self.shard is None:
-            raise RuntimeError(f"chunk {self.chunk_id} has no shard storage yet")
+            raise ChunkStateError(f"chunk {self.chunk_id} has no shard storage yet")
         self.quiesce()
         if copy:
             storage.copy_(self.shard)
@@ -200,7 +201,7 @@ class Chunk:
         for it first)."""
         if self._inflight is not None:
             if isinstance(self._inflight, PendingReduce):
-                raise RuntimeError(
+                raise ChunkStateError(
                     f"chunk {self.chunk_id}: finish its reduce-scatter (wait()) before moving it"
                 )
             self.wait()
@@ -221,7 +222,7 @@ class Chunk:
         if self.world_size == 1 or self.full is not None:
             return
         if self.shard is None:
-            raise RuntimeError(f"chunk {self.chunk_id} has no shard storage yet")
+            raise ChunkStateError(f"chunk {self.chunk_id} has no shard storage yet")
         src = self.shard
         if src.device != full.device:  # a host shard: staged into its own slice, gathered in place
             src = full.narrow(0, self.rank * self.shard_numel, self.shard_numel)
@@ -249,7 +250,7 @@ class Chunk:
             self.full.zero_()  # type: ignore[union-attr]
             return
         if self.full is not None:
-            raise RuntimeError(f"chunk {self.chunk_id} is already gathered")
+            raise ChunkStateError(f"chunk {self.chunk_id} is already gathered")
         full.zero_()
         self.full = full
         for rec in self.records.values():
@@ -311,7 +312,7 @@ class Chunk:
         if self.world_size == 1:
             return PendingReduce(self, None, None, average=False, accumulate=False)
         if self.shard is None or self.full is None:
-            raise RuntimeError(f"chunk {self.chunk_id} has no gathered buffer to reduce")
+            raise ChunkStateError(f"chunk {self.chunk_id} has no gathered buffer to reduce")
         if into is not None and (into.capacity, into.dtype) != (self.capacity, self.dtype):
             raise ConfigError(
                 f"chunk {self.chunk_id} cannot reduce into chunk {into.chunk_id}: layouts differ"
@@ -353,7 +354,7 @@ class Chunk:
         """The tensor ``name`` as a view into the gathered buffer (raises if not gathered)."""
         rec = self.records[name]
         if self.full is None:
-            raise RuntimeError(
+            raise ChunkStateError(
                 f"tensor {name!r} of chunk {self.chunk_id} is not gathered; access it first"
             )
         if self._inflight is not None and not isinstance(self._inflight, PendingReduce):

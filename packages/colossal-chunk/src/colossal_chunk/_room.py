@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 
-from colossal_contracts import CapacityError, PlacementPolicy, TierName
+from colossal_contracts import CapacityError, PlacementPolicy, PolicyError, TierName
 
 from ._chunk import Chunk
 from ._tier import Tier
@@ -59,7 +59,7 @@ class ComputeRoom:
                 infos.append(SimpleChunkInfo(c.chunk_id, n, ACC, False))
         for cid in self.policy.choose_evictions(infos, short, moment=moment):
             if cid not in cands:
-                raise RuntimeError(
+                raise PolicyError(
                     f"policy {self.policy.name!r} chose chunk {cid}, which is not an eviction "
                     "candidate; a policy must return ids from the candidates it is given"
                 )

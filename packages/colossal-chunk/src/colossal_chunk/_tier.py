@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from colossal_contracts import CapacityError, TierName
+from colossal_contracts import CapacityError, InternalError, TierName
 
 from ._host_memory import host_empty
 from .disk._store import DiskStore
@@ -85,7 +85,7 @@ class Tier:
     def free(self, nbytes: int) -> None:
         """Count ``nbytes`` as no longer used."""
         if nbytes > self._used:
-            raise RuntimeError(
+            raise InternalError(
                 f"{self.name.value} tier accounting went negative: freeing {nbytes:,} bytes with "
                 f"{self._used:,} in use (a payload was freed twice); this is a bug in colossal-chunk"
             )

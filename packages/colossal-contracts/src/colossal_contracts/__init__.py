@@ -3,9 +3,12 @@
 from ._errors import (
     CapacityError,
     CheckpointError,
+    ChunkStateError,
     ColossalError,
     ConfigError,
     DistributedError,
+    InternalError,
+    PolicyError,
     StateTransitionError,
 )
 from ._memory import (
@@ -27,9 +30,11 @@ __all__ = [
     "CapacityError",
     "CheckpointError",
     "ChunkInfo",
+    "ChunkStateError",
     "ColossalError",
     "ConfigError",
     "DistributedError",
+    "InternalError",
     "MemStatsSource",
     "MemoryProbe",
     "MemorySample",
@@ -37,6 +42,7 @@ __all__ = [
     "OrderStats",
     "ParamSharding",
     "PlacementPolicy",
+    "PolicyError",
     "ShardAxis",
     "StateTransitionError",
     "StepRecorder",

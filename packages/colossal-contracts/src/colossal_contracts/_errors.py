@@ -8,9 +8,12 @@ from __future__ import annotations
 __all__ = [
     "CapacityError",
     "CheckpointError",
+    "ChunkStateError",
     "ColossalError",
     "ConfigError",
     "DistributedError",
+    "InternalError",
+    "PolicyError",
     "StateTransitionError",
 ]
 
@@ -37,3 +40,17 @@ class CheckpointError(ColossalError, RuntimeError):
 
 class DistributedError(ColossalError, RuntimeError):
     """The process group or launch environment is missing or inconsistent."""
+
+
+class ChunkStateError(ColossalError, RuntimeError):
+    """A chunk was asked for what its state does not allow (read while not gathered, moved with
+    a collective in flight, gathered twice, used before it has a shard)."""
+
+
+class PolicyError(ColossalError, RuntimeError):
+    """A placement policy broke its contract (returned a chunk id it was not offered)."""
+
+
+class InternalError(ColossalError, RuntimeError):
+    """An invariant of Colossal itself broke (accounting went negative): a bug to report, not a
+    mistake in the caller's input."""

@@ -7,39 +7,34 @@ sharded checkpoints.
 """
 
 from ._lazy import LazyInit
-from ._safetensors_stream import SafetensorsStream, TensorSpec, safetensors_header, tensor_bytes
+from ._safetensors_stream import TensorSpec, safetensors_header, tensor_bytes
 from .gemini._checkpoint import INDEX_FILE, consolidate, file_digest, load_sharded, save_sharded
 from .gemini._config import PLACEMENTS, GeminiConfig
 from .gemini._module import GeminiModule, apply_gemini
 from .gemini._optimizer import GeminiOptimizer
 from .gemini._stream_state import iter_full_state
 from .low_level._checkpoint import load_zero_sharded, save_zero_sharded
-from .low_level._config import ZERO_STAGES, ZeroConfig
+from .low_level._config import ZeroConfig
 from .low_level._formula import model_state_bytes_per_param, zero3_device_bytes
 from .low_level._optimizer import LowLevelZeroOptimizer
 from .optim._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
-from .optim._mesh_norm import GradNorm, mesh_grad_norm
-from .optim._precision import PRECISIONS, Precision
-from .optim._scaler import DynamicLossScaler, LossScalerConfig
+from .optim._mesh_norm import mesh_grad_norm
+from .optim._precision import PRECISIONS
+from .optim._scaler import LossScalerConfig
 
 __version__ = "0.1.0"
 __all__ = [
     "INDEX_FILE",
     "PLACEMENTS",
     "PRECISIONS",
-    "ZERO_STAGES",
     "AdamHyper",
-    "DynamicLossScaler",
     "GeminiConfig",
     "GeminiModule",
     "GeminiOptimizer",
-    "GradNorm",
     "HybridAdam",
     "LazyInit",
     "LossScalerConfig",
     "LowLevelZeroOptimizer",
-    "Precision",
-    "SafetensorsStream",
     "TensorSpec",
     "ZeroConfig",
     "adamw_update",

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from colossal_contracts import InternalError
+
 from .._tier import Tier
 from ._store import DiskStore
 
@@ -87,5 +89,5 @@ class DiskCopies:
 
     def _store(self) -> DiskStore:
         if self._disk is None or self._disk.store is None:
-            raise RuntimeError("no disk tier: nothing can be kept on it")
+            raise InternalError("no disk tier: nothing can be kept on it")
         return self._disk.store

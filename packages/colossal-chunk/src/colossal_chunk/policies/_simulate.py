@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from colossal_contracts import CapacityError, ConfigError, PlacementPolicy
+from colossal_contracts import CapacityError, ConfigError, InternalError, PlacementPolicy
 
 from ._base import ChunkSummary, PolicyContext, SimpleChunkInfo
 
@@ -89,7 +89,7 @@ class _Tally:
         self.resident[cid] = None
         self.used += self.size[cid]
         if self.used > self.capacity:  # the simulators never let this happen
-            raise RuntimeError("simulated tier went over capacity; this is a bug")
+            raise InternalError("simulated tier went over capacity; this is a bug")
         self.peak = max(self.peak, self.used)
         self.b_in += self.size[cid]
         self.loads += 1

@@ -30,6 +30,7 @@ from torch._C._autograd import _top_saved_tensors_default_hooks
 from torch.autograd.graph import saved_tensors_hooks
 
 from colossal_chunk import Chunk, ChunkManager
+from colossal_contracts import InternalError
 
 __all__ = ["recompute_hooks", "saved_param_views"]
 
@@ -87,7 +88,7 @@ def saved_param_views(
             return x
         full = manager.chunks[x.chunk_id].full
         if full is None:
-            raise RuntimeError(
+            raise InternalError(
                 f"chunk {x.chunk_id} is not gathered when a backward needs a parameter saved "
                 "from it; this is a bug in colossal-zero's operator hooks"
             )
