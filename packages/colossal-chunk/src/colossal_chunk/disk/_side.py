@@ -54,7 +54,7 @@ class DiskSide:
     def used(self, chunk: Chunk) -> None:
         """``chunk``'s shard is about to be read where it lives (copied off, or updated in
         place): on disk, counted as faulted in unless it was read ahead ([Note: disk
-        fault-ins] in ``_tier.py``)."""
+        fault-ins] in ``colossal_chunk/_tier.py``)."""
         if chunk.tier is DISK:
             self.tiers[DISK].used(payload_key(chunk, DISK), chunk.shard_bytes)
 

@@ -1,5 +1,5 @@
 """Sharded checkpoints of ZeRO-1/2, in the same family as Gemini's (see [Note: sharded checkpoint
-layout] in ``_checkpoint``): one safetensors file per data-parallel rank with the fp32 elements of
+layout] in ``gemini/_checkpoint.py``): one safetensors file per data-parallel rank with the fp32 elements of
 every parameter its bucket shards hold (``param/``, ``exp_avg/``, ``exp_avg_sq/``, ``step/``),
 and an index of element ranges. Frozen parameters are written whole by rank 0. So a ZeRO
 checkpoint loads into ZeRO at any data-parallel size, into Gemini (``load_sharded``), and
