@@ -100,7 +100,7 @@ CLI_CASES = [
     ("out-under-a-file", [*TRAIN, "--out", "{file}/sub"], "is a file, not a directory"),
     ("out-unwritable", [*TRAIN, "--out", "/proc/colossal-run"], "is not writable"),
     ("out-holds-a-run", [*TRAIN, "--out", "{run}", "--resume-off"], "pass --resume"),
-    ("resume-nothing", [*TRAIN, "--out", "{root}/fresh"], "--resume: no checkpoint"),
+    ("resume-nothing", [*TRAIN, "--out", "{root}/fresh"], "holds no run; start a fresh"),
     ("resume-fewer-steps", [*TRAIN, "--steps", "1"], "past --steps 1"),
     ("resume-other-plugin", [*TRAIN, "--plugin", "ddp"], "written by the gemini plugin"),
     ("resume-other-preset", [*TRAIN, "--preset", "micro"], "does not match"),
@@ -272,7 +272,12 @@ API_CASES = [
     ("ids-1d", lambda f: _gpt("ddp")[0](_ids(8)), ConfigError, "shape (batch, seq_len)"),
     ("preset-unknown", lambda f: GPTConfig.preset("huge"), ConfigError, "unknown GPT preset"),
     ("corpus-binary", lambda f: load_corpus(f["binary"]), ConfigError, "is not text"),
-    ("no-checkpoint", lambda f: latest_checkpoint(f["empty"]), CheckpointError, "no checkpoint"),
+    (
+        "no-checkpoint",
+        lambda f: latest_checkpoint(f["empty"]),
+        CheckpointError,
+        "no usable checkpoint",
+    ),
     (
         "tp-model-without-adapter",
         lambda f: check_mesh(TrainConfig(tp=2), _no_adapter_spec(), None, 2),
@@ -283,7 +288,7 @@ API_CASES = [
         "load-from-nothing",
         lambda f: Booster().load(*_gpt("ddp"), f["empty"]),
         CheckpointError,
-        "no checkpoint",
+        "no step-N directory under",
     ),
 ]
 

@@ -121,7 +121,7 @@ def test_deleted_latest_finds_the_newest_complete_step(tmp_path):
 
 
 def test_no_checkpoint_says_how_to_start_fresh(tmp_path):
-    with pytest.raises(CheckpointError, match="without --resume"):
+    with pytest.raises(CheckpointError, match=r"does not exist; start a fresh run .*--restart"):
         latest_checkpoint(tmp_path / "nothing")
 
 

@@ -132,7 +132,7 @@ def watch_peers() -> Iterator[PeerWatch]:
         def stopped(_sig: int, _frame: Any) -> None:
             raise RankFailedError(
                 f"rank {rank}: stopped by the launcher (SIGTERM), which does that when another "
-                "rank failed; the launcher's report names it"
+                "rank failed or it was stopped; the launcher's report says which"
             )
 
         previous = signal.signal(signal.SIGTERM, stopped)

@@ -36,6 +36,7 @@ __all__ = [
     "LATEST",
     "MANIFEST",
     "clean_orphans",
+    "explain_no_checkpoint",
     "find_checkpoint",
     "is_complete",
     "latest_checkpoint",
@@ -226,12 +227,42 @@ def find_checkpoint(root: Path) -> Path | None:
     return steps[-1][1] if steps else None
 
 
+def _why_incomplete(directory: Path) -> str:
+    """Why ``directory`` is not a complete checkpoint, naming the file (and field)."""
+    path = directory / MANIFEST
+    if not path.exists():
+        return f"{path} is missing (its save was cut short)"
+    files = _read_manifest(directory)
+    if files is None:
+        return f"{path} is malformed (its 'files' table)"
+    for name, want in files.items():
+        try:
+            size = (directory / name).stat().st_size
+        except OSError:
+            return f"{directory / name} is missing (listed in {MANIFEST})"
+        if size != want["bytes"]:
+            return f"{directory / name} has {size} bytes, {MANIFEST} says {want['bytes']}"
+    return f"{directory} is incomplete"
+
+
+def explain_no_checkpoint(root: Path) -> str:
+    """Why ``find_checkpoint(root)`` found nothing: each ``step-N`` directory and its fault."""
+    root = Path(root)
+    if not root.is_dir():
+        return f"{root} does not exist"
+    steps = sorted((int(m.group(1)), d) for d in root.iterdir() if (m := _STEP.fullmatch(d.name)))
+    if not steps:
+        return f"no step-N directory under {root}; the run was stopped before its first save"
+    return "; ".join(_why_incomplete(d) for _, d in steps[-3:])
+
+
 def latest_checkpoint(root: Path) -> Path:
     """``find_checkpoint(root)``; ``CheckpointError`` saying how to start fresh when none."""
     found = find_checkpoint(Path(root))
     if found is None:
         raise CheckpointError(
-            f"no checkpoint under {root} (no complete step-N directory); "
-            "start a fresh run without --resume, or point --out at the run to continue"
+            f"no usable checkpoint under {root}: {explain_no_checkpoint(Path(root))}; start a "
+            "fresh run (`colossal train --restart` moves the old one aside), or point --out at "
+            "the run to continue"
         )
     return found

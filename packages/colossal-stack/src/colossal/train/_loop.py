@@ -20,6 +20,7 @@ from colossal_models import ByteTokenizer, load_corpus
 from colossal_parallel import ProcessMesh
 
 from .._dist import init_from_env, rank_and_world
+from .._lifeline import stop_on_signals
 from .._peers import watch_peers
 from ..booster import (
     Booster,
@@ -41,7 +42,7 @@ from ._display import (
 from ._guard import FiniteGuard
 from ._mesh import PLUGINS, check_mesh, hybrid_plugin, mesh_flags, state_shards
 from ._models import ModelSpec, resolve_model
-from ._outdir import METRICS, check_out, trim_metrics
+from ._outdir import METRICS, Claim, claim_out, trim_metrics
 from ._preflight import check_fits
 from ._schedule import warmup_cosine
 
@@ -157,9 +158,15 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     (see [Note: peer heartbeats]); nan/inf stops the run with ``NonFiniteError`` before saving.
     """
     init_from_env()
-    with watch_peers() as watch:
+    rank, world = rank_and_world()
+    with watch_peers() as watch, stop_on_signals(rank, world):
         try:
-            return _train(cfg, console or Console(stderr=True))
+            claim = _claim(cfg, rank, world)  # [Note: run lock]: held until the run ends
+            try:
+                return _train(cfg, console or Console(stderr=True), claim)
+            finally:
+                if claim.lock is not None:
+                    claim.lock.release(undo_mkdir=True)  # a run that wrote nothing: no trace
         except RuntimeError as err:
             failed = None if isinstance(err, ColossalError) else watch.explain(err)
             if failed is None:
@@ -167,11 +174,33 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
             raise failed from err
 
 
-def _train(cfg: TrainConfig, console: Console) -> TrainResult:
+def _claim(cfg: TrainConfig, rank: int, world: int) -> Claim:
+    """Rank 0 locks and checks ``--out`` ([Note: run lock]); every rank gets its verdict (the
+    checkpoint to resume, or the same one-line error)."""
+    claim, error = None, None
+    if rank == 0:
+        try:
+            claim = claim_out(cfg.out, resume=cfg.resume, restart=cfg.restart)
+        except ConfigError as err:
+            error = str(err)
+    if world > 1:
+        box: list[Any] = [(error, claim.resume_from if claim else None)]
+        dist.broadcast_object_list(box, src=0)
+        error, resume_from = box[0]
+        if rank != 0 and error is None:
+            claim = Claim(None, resume_from, None)
+    if error is not None:
+        raise ConfigError(error)
+    assert claim is not None
+    return claim
+
+
+def _train(cfg: TrainConfig, console: Console, claim: Claim) -> TrainResult:
     rank, world = rank_and_world()
     main = rank == 0
-
-    resume_from = check_out(cfg.out, resume=cfg.resume)  # before any work; changes nothing
+    resume_from = claim.resume_from
+    if main and claim.moved_aside is not None:
+        console.print(f"--restart: moved the old run in {cfg.out} to {claim.moved_aside}")
     spec = resolve_model(
         cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size, parallel=bool(mesh_flags(cfg))
     )
