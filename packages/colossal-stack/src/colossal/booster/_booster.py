@@ -112,12 +112,20 @@ class Booster:
         """Restore the checkpoint ``root/latest`` names (else the newest complete ``step-N``
         under ``root``, or ``root`` itself when it is one); return its ``trainer.json`` with
         ``path`` added. Files are checked against the manifest first; metadata of the wrong
-        shape and a checkpoint of another plugin are a ``CheckpointError`` saying so."""
+        shape, steps that disagree (folder, manifest, ``trainer.json``) and a checkpoint of
+        another plugin are a ``CheckpointError`` naming the file and the field; nothing is
+        restored unless the plugin's loader proved the checkpoint whole first."""
         root = Path(root)
         own = (root / TRAINER_FILE).is_file() or (root / MANIFEST).is_file()
         path = root if own else latest_checkpoint(root)
-        verify_manifest(path)
+        manifest_step = verify_manifest(path)
         info = read_trainer_file(path)
+        if info["step"] != manifest_step:
+            raise CheckpointError(
+                f"{path / TRAINER_FILE}: 'step' is {info['step']}, and {MANIFEST} (and the folder "
+                f"{path.name}) say {manifest_step}; the file was edited or comes from another "
+                "checkpoint: resume from another step-N directory"
+            )
         saved_by = info.get("plugin") or info.get("train_config", {}).get("plugin")
         if isinstance(saved_by, str) and saved_by != self.plugin.name:
             raise CheckpointError(
