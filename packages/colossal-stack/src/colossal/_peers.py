@@ -65,7 +65,12 @@ class PeerWatch:
                 return
 
     def stop(self) -> None:
+        """Stop beating and join the thread, so it is not inside a store call when the
+        interpreter shuts down ([Note: clean exit] in the Booster)."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)  # a store call times out after 10 s
+            self._thread = None
 
     def dead_ranks(self, *, wait_s: float = 4 * _BEAT_S) -> list[int] | None:
         """Ranks whose heartbeat stopped; None when the store itself is unreachable."""

@@ -282,7 +282,10 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
                     f"{directory} ({saved['shape'] if saved else 'absent'}); same model and preset?"
                 )
             mine.append(name)
-    reader.check_whole(mine, optimizer=optimizer is not None and index["optimizer"])
+    frozen = {n for n, p in model.module.named_parameters() if not p.requires_grad}
+    with_state = optimizer is not None and index["optimizer"]
+    reader.check_whole([n for n in mine if n not in frozen], optimizer=with_state)
+    reader.check_whole([n for n in mine if n in frozen], optimizer=False)
     for c in m.param_chunks():
         fp32 = _fp32_chunk(model, c)
         for name in c.records:

@@ -66,6 +66,9 @@ class DDPPlugin:
     ) -> None:
         load_model_and_optimizer(path, self.unwrap(model), optimizer)
 
+    def close(self, *, collective: bool = True) -> None:
+        """DDP keeps no threads or process groups of its own: nothing to join."""
+
 
 def model_device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)

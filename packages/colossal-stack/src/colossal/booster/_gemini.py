@@ -247,9 +247,16 @@ class GeminiPlugin:
         tp = f" x tp{self.tp_size}({self.tp_mode})" if self.tp_size > 1 else ""
         return f"dp{dp}{tp}, gemini"
 
-    def close(self) -> None:
-        """Destroy the tensor-parallel mesh's process groups (collective); no training after."""
-        if self.mesh is not None:
+    def close(self, *, collective: bool = True) -> None:
+        """Join the chunk manager's background work (prefetch copies, disk readers and writer)
+        and remove its disk files; with ``collective`` first finish the chunk collectives in
+        flight and destroy the tensor-parallel mesh's process groups. No training after."""
+        manager = self._model.runtime.manager if self._model is not None else None
+        if collective and manager is not None:
+            manager.settle()  # collectives and copies in flight finish ([Note: clean exit])
+        if manager is not None:
+            manager.close()
+        if collective and self.mesh is not None:
             self.mesh.close()
             self.mesh = None
 

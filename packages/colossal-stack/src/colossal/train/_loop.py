@@ -157,13 +157,14 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     In a multi-rank run a rank that dies makes the others raise ``RankFailedError`` naming it
     (see [Note: peer heartbeats]); nan/inf stops the run with ``NonFiniteError`` before saving.
     """
+    ours = not (dist.is_available() and dist.is_initialized())
     init_from_env()
     rank, world = rank_and_world()
     with watch_peers() as watch, stop_on_signals(rank, world):
         try:
             claim = _claim(cfg, rank, world)  # [Note: run lock]: held until the run ends
             try:
-                return _train(cfg, console or Console(stderr=True), claim)
+                result = _train(cfg, console or Console(stderr=True), claim)
             finally:
                 if claim.lock is not None:
                     claim.lock.release(undo_mkdir=True)  # a run that wrote nothing: no trace
@@ -172,6 +173,9 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
             if failed is None:
                 raise
             raise failed from err
+    if ours and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()  # after the Booster closed and the heartbeat stopped
+    return result
 
 
 def _claim(cfg: TrainConfig, rank: int, world: int) -> Claim:
@@ -263,8 +267,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim) -> TrainResult:
         if start == cfg.steps:
             if main:
                 console.print(f"nothing to do: the run in {out} already reached step {start}")
-            if mesh is not None:
-                plugin.close()  # type: ignore[attr-defined]
+            booster.close()  # [Note: clean exit]
             return TrainResult([], float("nan"), 0.0, spec.num_params, info["path"], out)
     data_gen = torch.Generator()
     extra = {
@@ -359,8 +362,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim) -> TrainResult:
         if records and "bytes_moved" in records[-1]:
             summary["memory timeline"] = str(plot_memory_timeline(records, out))
         console.print(summary_table(summary))
-    if mesh is not None:
-        plugin.close()  # type: ignore[attr-defined]  # the mesh's process groups (collective)
+    booster.close()  # every background thread joined, the plugin's groups destroyed
     return result
 
 
