@@ -21,7 +21,7 @@ from colossal_parallel import ProcessMesh
 
 from .._dist import init_from_env, rank_and_world
 from .._lifeline import stop_on_signals
-from .._peers import watch_peers
+from .._peers import PeerWatch, watch_peers
 from ..booster import (
     Booster,
     DDPPlugin,
@@ -164,7 +164,7 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
         try:
             claim = _claim(cfg, rank, world)  # [Note: run lock]: held until the run ends
             try:
-                result = _train(cfg, console or Console(stderr=True), claim)
+                result = _train(cfg, console or Console(stderr=True), claim, watch)
             finally:
                 if claim.lock is not None:
                     claim.lock.release(undo_mkdir=True)  # a run that wrote nothing: no trace
@@ -199,7 +199,7 @@ def _claim(cfg: TrainConfig, rank: int, world: int) -> Claim:
     return claim
 
 
-def _train(cfg: TrainConfig, console: Console, claim: Claim) -> TrainResult:
+def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -> TrainResult:
     rank, world = rank_and_world()
     main = rank == 0
     resume_from = claim.resume_from
@@ -313,6 +313,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim) -> TrainResult:
             guard.after_step(step + 1, optimizer)
             optimizer.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
+            watch.step_done(dt)  # [Note: watchdog]
             losses.append(loss_value)
             record = {
                 "step": step + 1,
@@ -335,16 +336,21 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim) -> TrainResult:
                 )
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                 _choose_export(plugin, cfg, step + 1)
-                checkpoint = booster.save(model, optimizer, ckpt_root, step=step + 1, extra=extra)
+                with watch.paused():
+                    checkpoint = booster.save(
+                        model, optimizer, ckpt_root, step=step + 1, extra=extra
+                    )
     elapsed = time.perf_counter() - run_start
     if metrics is not None:
         metrics.close()
     if not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every:
         _choose_export(plugin, cfg, cfg.steps)
-        checkpoint = booster.save(model, optimizer, ckpt_root, step=cfg.steps, extra=extra)
+        with watch.paused():
+            checkpoint = booster.save(model, optimizer, ckpt_root, step=cfg.steps, extra=extra)
     gen = torch.Generator().manual_seed(cfg.seed + 10_000)
     held_out = [corpus.batch(val_data, cfg.batch_size, cfg.seq_len, gen) for _ in range(4)]
-    val = _evaluate(booster, model, optimizer, held_out, dp_group)
+    with watch.paused():
+        val = _evaluate(booster, model, optimizer, held_out, dp_group)
     result = TrainResult(
         losses=losses,
         val_loss=val,
