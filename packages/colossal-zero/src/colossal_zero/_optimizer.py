@@ -27,6 +27,7 @@ so the same value).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -73,8 +74,10 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
     ):
         if not isinstance(model, GeminiModule):
             raise ConfigError("GeminiOptimizer needs the GeminiModule that apply_gemini returned")
-        if max_grad_norm < 0:
-            raise ConfigError(f"max_grad_norm must be >= 0 (0: no clipping), got {max_grad_norm}")
+        if not (0 <= max_grad_norm < math.inf):  # nan fails too
+            raise ConfigError(
+                f"max_grad_norm must be finite and >= 0 (0: no clipping), got {max_grad_norm}"
+            )
         AdamHyper(lr, betas, eps, weight_decay, adamw)
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         super().__init__(list(params) if params is not None else model.parameters(), defaults)
@@ -243,7 +246,8 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
             rt.clear_grads()
             return loss
         grad_scale = scale
-        if self.max_grad_norm > 0:
+        if self.max_grad_norm > 0 and math.isfinite(self.last_grad_norm):
+            # a non-finite norm without a scaler: nothing to clip to; the caller's guard stops
             coef = self.max_grad_norm / (self.last_grad_norm + 1e-6)
             if coef < 1.0:
                 grad_scale = scale / coef

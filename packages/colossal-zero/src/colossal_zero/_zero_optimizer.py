@@ -18,6 +18,7 @@ for. Micro-batches after the first accumulate into the shard.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -66,7 +67,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         sharding: Mapping[str, ParamSharding] | None = None,
     ):
         self.config = config = config or ZeroConfig()
-        if max_grad_norm < 0:
+        if not (0 <= max_grad_norm < math.inf):  # nan fails too
             raise ConfigError(f"max_grad_norm must be >= 0 (0: no clipping), got {max_grad_norm}")
         AdamHyper(lr, betas, eps, weight_decay, adamw)
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
@@ -274,7 +275,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
             self.zero_grad()
             return loss
         grad_scale = scale
-        if self.max_grad_norm > 0:
+        if self.max_grad_norm > 0 and math.isfinite(self.last_grad_norm):  # as Gemini's
             coef = self.max_grad_norm / (self.last_grad_norm + 1e-6)
             if coef < 1.0:
                 grad_scale = scale / coef

@@ -128,9 +128,17 @@ class Booster:
                 info = {"step": step, "plugin": self.plugin.name, **(extra or {})}
                 (directory / TRAINER_FILE).write_text(json.dumps(info, indent=2, default=str))
 
-        if getattr(self.plugin, "sharded_checkpoint", False):  # every rank writes its shard
-            return write_checkpoint_dir_all_ranks(root, step, write, rank=rank)
-        path = write_checkpoint_dir(root, step, write) if rank == 0 else None
+        try:
+            if getattr(self.plugin, "sharded_checkpoint", False):  # every rank writes its shard
+                return write_checkpoint_dir_all_ranks(root, step, write, rank=rank)
+            path = write_checkpoint_dir(root, step, write) if rank == 0 else None
+        except OSError as err:  # a full disk, a quota, a folder gone: the earlier ones stay
+            where = f" ({err.filename})" if err.filename else ""
+            raise CheckpointError(
+                f"saving step {step} under {root} failed: {err.strerror or err}{where}; the "
+                "checkpoints saved before it are intact: free space (or choose another --out) "
+                "and continue with --resume"
+            ) from err
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         return path

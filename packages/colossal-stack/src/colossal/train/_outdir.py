@@ -35,12 +35,6 @@ def _writable(out: Path) -> None:
             f"--out {out} is a symbolic link to {os.readlink(out)}, which does not exist; create "
             "its target or choose another --out"
         )
-    longest = max((len(part.encode()) for part in out.parts), default=0)
-    if longest > 255:
-        raise ConfigError(
-            f"--out has a name of {longest} bytes; a file system allows at most 255 per name: "
-            "choose a shorter --out"
-        )
     probe = out
     while not probe.exists():
         if probe.parent == probe:
@@ -61,6 +55,12 @@ def _writable(out: Path) -> None:
 
 
 def _check_place(out: Path) -> None:
+    longest = max((len(part.encode()) for part in out.parts), default=0)
+    if longest > 255:
+        raise ConfigError(
+            f"--out has a name of {longest} bytes; a file system allows at most 255 per name: "
+            "choose a shorter --out"
+        )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory (new or holding a run)")
     _writable(out)
