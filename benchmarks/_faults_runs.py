@@ -96,7 +96,8 @@ def concurrent_trial(root: Path, corpus: Path, k: int) -> dict[str, Any]:
     second as ``--resume`` once the first has saved (odd ``k``)."""
     out = root / "concurrent"
     shutil.rmtree(out, ignore_errors=True)
-    base = _colossal("train", *SMALL, "--steps", "8", "--checkpoint-every", "2",
+    steps, every = ("8", "2") if k % 2 == 0 else ("120", "20")  # the first outlives a start
+    base = _colossal("train", *SMALL, "--steps", steps, "--checkpoint-every", every,
                      "--corpus", str(corpus), "--out", str(out))  # fmt: skip
     logs = [root / f"cc-{i}.txt" for i in range(2)]
     with open(logs[0], "w") as e0:
