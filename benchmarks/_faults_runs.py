@@ -93,10 +93,11 @@ def _torn_lines(metrics: Path) -> int:
 
 def concurrent_trial(root: Path, corpus: Path, k: int) -> dict[str, Any]:
     """Two runs of different seeds into one ``--out``: started together (even ``k``), or the
-    second as ``--resume`` once the first has saved (odd ``k``)."""
+    second as ``--resume`` once the first (a long run) has saved, the first then stopped with
+    SIGINT (odd ``k``)."""
     out = root / "concurrent"
     shutil.rmtree(out, ignore_errors=True)
-    steps, every = ("8", "2") if k % 2 == 0 else ("120", "20")  # the first outlives a start
+    steps, every = ("8", "2") if k % 2 == 0 else ("100000", "5")
     base = _colossal("train", *SMALL, "--steps", steps, "--checkpoint-every", every,
                      "--corpus", str(corpus), "--out", str(out))  # fmt: skip
     logs = [root / f"cc-{i}.txt" for i in range(2)]
@@ -108,8 +109,10 @@ def concurrent_trial(root: Path, corpus: Path, k: int) -> dict[str, Any]:
         second.append("--resume")
     with open(logs[1], "w") as e1:
         b = subprocess.Popen(second, stdout=subprocess.DEVNULL, stderr=e1)
-    for p in (a, b):
-        p.wait(timeout=900)
+    b.wait(timeout=900)
+    if k % 2:
+        a.send_signal(signal.SIGINT)  # [Note: stopping a run]
+    a.wait(timeout=900)
     errs = [log.read_text(errors="replace") for log in logs]
     refused = [("in use by a running colossal job (pid" in e) for e in errs]
     seeds, broken = set(), 0
@@ -119,11 +122,13 @@ def concurrent_trial(root: Path, corpus: Path, k: int) -> dict[str, Any]:
             seeds.add(json.loads((d / "trainer.json").read_text())["train_config"]["seed"])
         except (ColossalError, OSError, ValueError, KeyError):
             broken += 1
+    stopped = [ln for ln in errs[0].splitlines() if "stopped by SIGINT" in ln]
     return {
         "torn": _torn_lines(out / "metrics.jsonl"),
         "mixed": int(len(seeds) > 1) + broken,
         "refused_with_pid": any(refused),
         "exit": (a.returncode, b.returncode),
+        "sigint_one_line": (len(stopped) == 1) if k % 2 else None,
         "tracebacks": sum("Traceback" in e for e in errs),
     }
 
@@ -225,7 +230,9 @@ def whole_run_rows(report: Any, root: Path, corpus: Path, quick: bool) -> None:
         "detail": f"torn metrics lines: {sum(r['torn'] for r in cc)}; mixed checkpoints: "
                   f"{sum(r['mixed'] for r in cc)}; refused naming the pid: "
                   f"{sum(r['refused_with_pid'] for r in cc)}/{n_cc}; exits: "
-                  f"{[r['exit'] for r in cc]}; tracebacks: {sum(r['tracebacks'] for r in cc)}",
+                  f"{[r['exit'] for r in cc]}; first run stopped by SIGINT in one line: "
+                  f"{sum(bool(r['sigint_one_line']) for r in cc)}/{n_cc // 2}; tracebacks: "
+                  f"{sum(r['tracebacks'] for r in cc)}",
     })  # fmt: skip
     report.summary["torn metrics lines / mixed checkpoints (concurrent runs)"] = (
         f"{sum(r['torn'] for r in cc)} / {sum(r['mixed'] for r in cc)}"

@@ -374,7 +374,8 @@ def run(quick: bool, out_dir: Path) -> Report:
         "agent stops rank 0 (SIGTERM) and names the failed rank. Exit time is from the kill to the "
         "survivor's (or the launcher's) exit.",
         "Concurrent runs: two `colossal train` runs (seeds 1 and 2) into one --out, started "
-        "together, or the second as --resume once the first saved; 'torn' counts metrics lines "
+        "together, or the second as --resume once the first (a long run) saved, the first then "
+        "stopped with SIGINT; 'torn' counts metrics lines "
         "that are not one record of the next step, 'mixed' checkpoint folders of the other seed "
         "or failing their manifest. Launcher kills: SIGKILL to `colossal run` (2 ranks, ddp) "
         "after 2 steps; ranks alive 5 s later. Frozen rank: SIGSTOP to rank 1 of a 2-rank "
