@@ -42,7 +42,7 @@ from ._display import (
 from ._guard import FiniteGuard
 from ._mesh import PLUGINS, check_mesh, hybrid_plugin, mesh_flags, state_shards
 from ._models import ModelSpec, resolve_model
-from ._outdir import METRICS, Claim, claim_out, trim_metrics
+from ._outdir import METRICS, Claim, claim_out_on_rank0, trim_metrics
 from ._preflight import check_fits
 from ._schedule import warmup_cosine
 
@@ -162,7 +162,9 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     rank, world = rank_and_world()
     with watch_peers() as watch, stop_on_signals(rank, world):
         try:
-            claim = _claim(cfg, rank, world)  # [Note: run lock]: held until the run ends
+            claim = claim_out_on_rank0(
+                cfg.out, cfg.resume, cfg.restart, rank=rank, world=world
+            )  # [Note: run lock]: held until the run ends
             try:
                 result = _train(cfg, console or Console(stderr=True), claim, watch)
             finally:
@@ -176,27 +178,6 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     if ours and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()  # after the Booster closed and the heartbeat stopped
     return result
-
-
-def _claim(cfg: TrainConfig, rank: int, world: int) -> Claim:
-    """Rank 0 locks and checks ``--out`` ([Note: run lock]); every rank gets its verdict (the
-    checkpoint to resume, or the same one-line error)."""
-    claim, error = None, None
-    if rank == 0:
-        try:
-            claim = claim_out(cfg.out, resume=cfg.resume, restart=cfg.restart)
-        except ConfigError as err:
-            error = str(err)
-    if world > 1:
-        box: list[Any] = [(error, claim.resume_from if claim else None)]
-        dist.broadcast_object_list(box, src=0)
-        error, resume_from = box[0]
-        if rank != 0 and error is None:
-            claim = Claim(None, resume_from, None)
-    if error is not None:
-        raise ConfigError(error)
-    assert claim is not None
-    return claim
 
 
 def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -> TrainResult:

@@ -17,13 +17,24 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
 
 from colossal_contracts import ConfigError
 
 from ..booster import explain_no_checkpoint, find_checkpoint
 from ._runlock import RunLock
 
-__all__ = ["METRICS", "Claim", "check_out", "claim_out", "move_aside", "trim_metrics"]
+__all__ = [
+    "METRICS",
+    "Claim",
+    "check_out",
+    "claim_out",
+    "claim_out_on_rank0",
+    "move_aside",
+    "trim_metrics",
+]
 
 METRICS = "metrics.jsonl"
 
@@ -163,3 +174,23 @@ def trim_metrics(out: Path, last_step: int) -> None:
     tmp = path.with_name(f".{METRICS}.tmp")
     tmp.write_text("".join(k + "\n" for k in kept))
     os.replace(tmp, path)
+
+
+def claim_out_on_rank0(out: Path, resume: bool, restart: bool, *, rank: int, world: int) -> Claim:
+    """Rank 0 claims ``out`` (``claim_out``); every rank gets its verdict: the checkpoint to
+    resume, or the same one-line ``ConfigError``. Collective when ``world > 1``."""
+    claim, error = None, None
+    if rank == 0:
+        try:
+            claim = claim_out(out, resume=resume, restart=restart)
+        except ConfigError as err:
+            error = str(err)
+    if world > 1:
+        box: list[Any] = [(error, claim.resume_from if claim else None)]
+        dist.broadcast_object_list(box, src=0)
+        error, resume_from = box[0]
+        if rank != 0 and error is None:
+            claim = Claim(None, resume_from, None)
+    if error is not None or claim is None:
+        raise ConfigError(error or f"--out {out}: rank 0 could not claim it")
+    return claim

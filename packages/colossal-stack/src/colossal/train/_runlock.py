@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 from colossal_contracts import ConfigError
@@ -103,11 +102,3 @@ class RunLock:
                     self.out.rmdir()
         os.close(self._fd)  # closing the only descriptor releases the flock
         self._fd = None
-
-    @contextlib.contextmanager
-    def holding(self) -> Iterator[RunLock]:
-        self.acquire()
-        try:
-            yield self
-        finally:
-            self.release()
