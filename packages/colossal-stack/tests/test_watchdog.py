@@ -75,3 +75,23 @@ def test_slow_steps_saves_and_finished_ranks_are_not_faults():
 @pytest.mark.parametrize("times,limit", [([], 50.0), ([0.1] * 5, 40.0), ([2.2] * 5, 44.0)])
 def test_stall_limit_follows_the_measured_steps_within_a_minute(times, limit):
     assert stall_limit(times) == pytest.approx(limit)
+
+
+def test_a_lost_store_names_rank_0_only_during_training():
+    w = _World(3)
+    dog = w.dog(1)
+    dog.store_lost()  # before the first step: a slow start, not a fault
+    assert w.stopped == []
+    w.advance(3, dog, stepping=(0, 1, 2))
+    dog.paused += 1
+    dog.store_lost()  # during a save: not judged
+    dog.paused -= 1
+    assert w.stopped == []
+    dog.store_lost()
+    assert len(w.stopped) == 1 and "rank 0, which hosts it" in w.stopped[0]
+    w2 = _World(3)
+    dog2 = w2.dog(1)
+    w2.advance(3, dog2, stepping=(0, 1, 2))
+    dog2.finished = True  # rank 0 finished and left with its store: the end of the run
+    dog2.store_lost()
+    assert w2.stopped == []

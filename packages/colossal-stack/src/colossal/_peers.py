@@ -82,13 +82,20 @@ class PeerWatch:
                         self._store.add(self._key(self.rank, "steps"), steps - published)
                         published = steps
                     self.watchdog.tick(self._where)  # [Note: watchdog]
-            except Exception:  # the store's host is gone: nothing left to tell
+            except Exception:  # the store's host is gone
+                if self.watchdog is not None and not self._stop.is_set():
+                    self.watchdog.store_lost()
                 return
 
     def step_done(self, seconds: float) -> None:
         """The main thread finished a training step (the watchdog's progress counter)."""
         if self.watchdog is not None:
             self.watchdog.step_done(seconds)
+
+    def training_over(self) -> None:
+        """The training steps ended: no stall or store check from here on."""
+        if self.watchdog is not None:
+            self.watchdog.finished = True
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

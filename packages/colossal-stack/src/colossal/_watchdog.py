@@ -8,6 +8,8 @@ ring beyond). Two faults are told apart:
 * frozen: a rank's heartbeat has not moved for ``FROZEN_S`` (SIGSTOP, a machine that stopped
   scheduling it, a process gone). Its heartbeat is a thread of its own, so a slow step, a long
   save or a long collective never freeze it.
+* store lost: under ``env://`` rank 0 hosts the store; when it stops answering during the
+  training steps (its calls time out after 10 s), rank 0 is named.
 * stalled: no watched rank finished a step for ``stall_s``, derived from the measured step times
   (20 median steps, at least 40 s, at most 50 s); the rank(s) with the fewest steps are named
   (the others wait for them in a collective). Armed after the first step (the first step plans
@@ -77,6 +79,7 @@ class Watchdog:
         self.step_times: list[float] = []
         self.steps = 0
         self.paused = 0  # > 0 while saving or evaluating
+        self.finished = False  # the training steps are over
         self._own_step_at = 0.0
         self._fired = False
 
@@ -112,7 +115,7 @@ class Watchdog:
                 "job. Restart with --resume from the last checkpoint"
             )
             return
-        if self.steps == 0 or self.paused or not steps:
+        if self.steps == 0 or self.paused or self.finished or not steps:
             return
         limit = stall_limit(self.step_times)
         steps[self.rank] = (self.steps, self._own_step_at)
@@ -134,6 +137,19 @@ class Watchdog:
             f"steps' time; rank {names} at step {fewest}, the others past it): stuck in a "
             f"collective or the kernel; rank {self.rank} stops the job. See rank {names}'s "
             "state, then restart with --resume from the last checkpoint"
+        )
+
+    def store_lost(self) -> None:
+        """The store stopped answering during training steps: its host (rank 0 under
+        ``env://``; torchrun's agent, whose death takes the ranks along, otherwise) is frozen or
+        gone. Outside training steps (a save, the end of the run) it means nothing here."""
+        if self._fired or self.steps == 0 or self.paused or self.finished:
+            return
+        self._fired = True
+        self._stop_job(
+            f"the rendezvous store stopped answering during training, so rank 0, which hosts "
+            f"it, stopped responding or died; rank {self.rank} stops the job. Restart with "
+            "--resume from the last checkpoint"
         )
 
     def step_done(self, seconds: float) -> None:

@@ -322,6 +322,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
                         model, optimizer, ckpt_root, step=step + 1, extra=extra
                     )
     elapsed = time.perf_counter() - run_start
+    watch.training_over()  # [Note: watchdog]: saves and the end are not watched for stalls
     if metrics is not None:
         metrics.close()
     if not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every:
