@@ -194,6 +194,39 @@ def frozen_trial(root: Path, corpus: Path, plugin: str) -> dict[str, Any]:
     }
 
 
+def sigint_trial(root: Path, corpus: Path) -> dict[str, Any]:
+    """SIGINT to ``colossal run`` (2 ranks) after a save; its exit status, its last line, the
+    ranks alive 5 s later and whether a complete checkpoint is kept."""
+    out = root / "sigint"
+    shutil.rmtree(out, ignore_errors=True)
+    argv = _colossal("run", "--nproc-per-node", "2", "--master-port", _free_port(), "train",
+                     *SMALL, "--steps", "5000", "--checkpoint-every", "3", "--plugin", "ddp",
+                     "--corpus", str(corpus), "--out", str(out))  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: (out / "checkpoint" / "latest").exists(), proc)
+    ranks = _ranks(proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    time.sleep(5.0)
+    surviving = [p for p in ranks if _alive(p)]
+    _kill_all(surviving)
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    kept = 0
+    for d in (out / "checkpoint").glob("step-*"):
+        try:
+            verify_manifest(d)
+            kept += 1
+        except ColossalError:
+            pass
+    return {
+        "rc": proc.returncode,
+        "last": errors[-1] if errors else "",
+        "surviving": len(surviving),
+        "kept": kept,
+        "tracebacks": "Traceback" in err,
+    }
+
+
 CLEAN_CONFIGS = [  # (label, ranks, flags)
     ("ddp", 2, ["--plugin", "ddp"]),
     ("gemini", 2, ["--plugin", "gemini"]),

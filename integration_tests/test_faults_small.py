@@ -53,3 +53,11 @@ def test_frozen_rank_stops_the_job_naming_it(tmp_path):
 def test_clean_two_rank_gemini_run_exits_cleanly(tmp_path):
     result = runs.clean_trial(tmp_path, bench_faults._corpus(tmp_path), 2, ["--plugin", "gemini"])
     assert result["rc"] == 0 and result["aborts"] == 0 and not result["tracebacks"], result
+
+
+@pytest.mark.slow
+def test_sigint_to_the_launcher_stops_every_rank_in_one_line(tmp_path):
+    result = runs.sigint_trial(tmp_path, bench_faults._corpus(tmp_path))
+    assert result["rc"] == 130 and result["surviving"] == 0, result
+    assert result["last"].startswith("error: colossal run: stopped by SIGINT"), result
+    assert result["kept"] >= 1 and not result["tracebacks"], result
