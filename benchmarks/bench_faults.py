@@ -39,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _faults_runs as runs
 from rich.console import Console
 
 from colossal import TrainConfig, train
@@ -339,6 +340,7 @@ def run(quick: bool, out_dir: Path) -> Report:
                     }
                 )
                 report.summary[f"survivor exit s ({launcher}, {plugin}), max"] = max(times)
+        runs.whole_run_rows(report, root, corpus, quick)
     saves = [r for r in report.rows if "saves" in r["case"]]
     report.summary["completed checkpoints lost"] = sum(
         r["completed_checkpoints_lost"] for r in saves
@@ -371,6 +373,15 @@ def run(quick: bool, out_dir: Path) -> Report:
         "env:// rank 0 detects it through the heartbeat counters; under `colossal run` torchrun's "
         "agent stops rank 0 (SIGTERM) and names the failed rank. Exit time is from the kill to the "
         "survivor's (or the launcher's) exit.",
+        "Concurrent runs: two `colossal train` runs (seeds 1 and 2) into one --out, started "
+        "together, or the second as --resume once the first (a long run) saved, the first then "
+        "stopped with SIGINT; 'torn' counts metrics lines "
+        "that are not one record of the next step, 'mixed' checkpoint folders of the other seed "
+        "or failing their manifest. Launcher kills: SIGKILL to `colossal run` (2 ranks, ddp) "
+        "after 2 steps; ranks alive 5 s later. Frozen rank: SIGSTOP to rank 1 of a 2-rank "
+        "`colossal run` after 3 steps; seconds until the job ended. Clean runs: 3 steps each "
+        "through `colossal run`, counting 'terminate called' / SIGABRT in their output and "
+        "non-zero exits.",
         "Measured on a 2-core machine shared with other jobs: times are noisy upper bounds.",
     ]
     return report

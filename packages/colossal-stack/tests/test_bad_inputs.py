@@ -10,8 +10,10 @@ must be byte-for-byte unchanged afterwards. Almost all cases fail before any mod
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
+import _bad_inputs_runs as runs_cases
 import pytest
 import torch
 
@@ -40,7 +42,9 @@ def files(tmp_path_factory):  # type: ignore[no-untyped-def]
     (root / "empty").mkdir()
     (root / "a-file").write_text("not a directory")
     (root / "short.txt").write_text("too short\n")
-    return {
+    more, procs = runs_cases.make_files(root)
+    yield {
+        **more,
         "root": root,
         "run": run,
         "corpus": corpus,
@@ -49,6 +53,7 @@ def files(tmp_path_factory):  # type: ignore[no-untyped-def]
         "file": root / "a-file",
         "short": root / "short.txt",
     }
+    runs_cases.stop(procs)
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -100,7 +105,7 @@ CLI_CASES = [
     ("out-under-a-file", [*TRAIN, "--out", "{file}/sub"], "is a file, not a directory"),
     ("out-unwritable", [*TRAIN, "--out", "/proc/colossal-run"], "is not writable"),
     ("out-holds-a-run", [*TRAIN, "--out", "{run}", "--resume-off"], "pass --resume"),
-    ("resume-nothing", [*TRAIN, "--out", "{root}/fresh"], "--resume: no checkpoint"),
+    ("resume-nothing", [*TRAIN, "--out", "{root}/fresh"], "holds no run; start a fresh"),
     ("resume-fewer-steps", [*TRAIN, "--steps", "1"], "past --steps 1"),
     ("resume-other-plugin", [*TRAIN, "--plugin", "ddp"], "written by the gemini plugin"),
     ("resume-other-preset", [*TRAIN, "--preset", "micro"], "does not match"),
@@ -150,6 +155,7 @@ CLI_CASES = [
     ("ckpt-activations-gemini", [*TRAIN, "--activation-checkpointing"], "hybrid plugin"),
     ("clip-negative", [*TRAIN, "--max-grad-norm=-1"], "--max-grad-norm must be finite"),
     ("hybrid-budget", [*TRAIN, "--tp", "2", "--accelerator-budget", "1GiB"], "gemini only"),
+    *runs_cases.CLI_CASES,  # runs, folders, checkpoints, models on disk (issue 34's list)
 ]
 MEMTRACE_CASES = [
     ("memtrace-no-colon", ["profile", "--model", "nocolon"], "package.module:factory"),
@@ -272,7 +278,12 @@ API_CASES = [
     ("ids-1d", lambda f: _gpt("ddp")[0](_ids(8)), ConfigError, "shape (batch, seq_len)"),
     ("preset-unknown", lambda f: GPTConfig.preset("huge"), ConfigError, "unknown GPT preset"),
     ("corpus-binary", lambda f: load_corpus(f["binary"]), ConfigError, "is not text"),
-    ("no-checkpoint", lambda f: latest_checkpoint(f["empty"]), CheckpointError, "no checkpoint"),
+    (
+        "no-checkpoint",
+        lambda f: latest_checkpoint(f["empty"]),
+        CheckpointError,
+        "no usable checkpoint",
+    ),
     (
         "tp-model-without-adapter",
         lambda f: check_mesh(TrainConfig(tp=2), _no_adapter_spec(), None, 2),
@@ -283,8 +294,9 @@ API_CASES = [
         "load-from-nothing",
         lambda f: Booster().load(*_gpt("ddp"), f["empty"]),
         CheckpointError,
-        "no checkpoint",
+        "no step-N directory under",
     ),
+    *runs_cases.API_CASES,
 ]
 
 
@@ -302,3 +314,12 @@ def test_api_bad_input(files, call, error, message):
 
 def test_the_table_is_large():
     assert len(CLI_CASES) + len(MEMTRACE_CASES) + len(API_CASES) >= 60
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_corpus_says_permission_denied(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("text " * 1000)
+    corpus.chmod(0)
+    with pytest.raises(ConfigError, match="cannot be read \\(permission denied\\)"):
+        load_corpus(corpus)

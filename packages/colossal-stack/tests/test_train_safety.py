@@ -34,7 +34,9 @@ def _snapshot(root):  # type: ignore[no-untyped-def]
 def test_fresh_run_into_an_existing_run_is_refused_and_changes_nothing(tmp_path, small_corpus):
     train(_cfg(tmp_path, small_corpus))
     before = _snapshot(tmp_path / "run")
-    with pytest.raises(ConfigError, match="pass --resume to continue it, or choose a fresh --out"):
+    with pytest.raises(
+        ConfigError, match="pass --resume to continue it, --restart to move it aside"
+    ):
         train(_cfg(tmp_path, small_corpus))
     assert _snapshot(tmp_path / "run") == before
 
@@ -56,7 +58,7 @@ def test_resume_of_a_finished_run_saves_nothing(tmp_path, small_corpus):
 
 
 def test_resume_without_a_checkpoint_says_how_to_start(tmp_path, small_corpus):
-    with pytest.raises(ConfigError, match=r"no checkpoint under .*without --resume"):
+    with pytest.raises(ConfigError, match=r"holds no run; start a fresh run without --resume"):
         train(_cfg(tmp_path, small_corpus, resume=True))
     assert not (tmp_path / "run").exists()
 

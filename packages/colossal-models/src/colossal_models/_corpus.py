@@ -6,6 +6,7 @@ The embedded default is the Python standard library's own source files on the us
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,11 @@ def _is_text(path: Path) -> bool:
 
 def _files(root: Path, default: bool) -> list[Path]:
     if root.is_file():
+        if not os.access(root, os.R_OK):
+            raise ConfigError(
+                f"corpus file {root} cannot be read (permission denied); make it readable or "
+                "give another --corpus"
+            )
         if not _is_text(root):
             raise ConfigError(
                 f"corpus file {root} is not text (binary, or not UTF-8); give a text file or a "

@@ -48,6 +48,7 @@ from .palm import LlamaStateDictAdapter, PaLM, PaLMConfig
 __all__ = [
     "HF_TP_ADAPTERS",
     "HFCausalLM",
+    "check_hf_sizes",
     "from_hf",
     "hf_adapter_config",
     "hf_max_positions",
@@ -101,6 +102,51 @@ def _config_file(path: Path) -> Path:
     return file
 
 
+# sizes a causal LM's config.json may state, each a positive int when present
+_SIZE_KEYS = (
+    "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads", "n_head",
+    "num_key_value_heads", "intermediate_size", "n_inner", "ffn_dim", "vocab_size",
+    "max_position_embeddings", "n_positions", "head_dim",
+)  # fmt: skip
+
+
+def check_hf_sizes(raw: Any, where: str) -> None:
+    """``ConfigError`` naming the first size of the config dict ``raw`` (read from ``where``)
+    that is present but not a positive int (a string, a negative or a fraction)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must hold a JSON object")
+    for key in _SIZE_KEYS:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(
+                f"{where}: {key!r} must be a positive int, got {value!r}; fix the config"
+            )
+
+
+def _check_weight_files(folder: Path) -> None:
+    """``ConfigError`` when a sharded index names a file outside ``folder`` (or none there)."""
+    for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = folder / name
+        if not index.is_file():
+            continue
+        try:
+            files = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+            raise ConfigError(f"hf:{folder}: {name} has no readable 'weight_map'") from None
+        root = folder.resolve()
+        for f in sorted(map(str, files)):
+            target = (folder / f).resolve()
+            if target.parent != root:
+                raise ConfigError(
+                    f"hf:{folder}: {name} names {f!r}, outside the model folder; an index may "
+                    "only name files beside it"
+                )
+            if not target.is_file():
+                raise ConfigError(f"hf:{folder}: {name} names {f!r}, which is missing")
+
+
 def load_hf_config(path: str | Path) -> Any:
     """The ``transformers`` config of the causal LM at ``path`` (see [Note: local only]);
     ``ConfigError`` when the path or its config.json is missing or unreadable, when the config
@@ -112,6 +158,7 @@ def load_hf_config(path: str | Path) -> Any:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"hf:{path}: cannot read {file.name} as JSON ({exc})") from exc
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    check_hf_sizes(raw, f"hf:{path}: {file.name}")
     if not model_type:
         raise ConfigError(
             f"hf:{path}: {file.name} has no model_type; save the config with save_pretrained"
@@ -153,10 +200,15 @@ def load_hf_causal_lm(path: str | Path, *, config: Any = None) -> HFCausalLM:
     if weights is None:
         hf = auto.from_config(config)
     else:
+        _check_weight_files(weights)
         try:
             hf = auto.from_pretrained(weights, config=config, local_files_only=True)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise ConfigError(f"hf:{path}: cannot load the saved weights ({exc})") from exc
+        except Exception as exc:  # truncated safetensors, refused pickles, torn shards, ...
+            cause = " ".join(str(exc).split())[:200]
+            raise ConfigError(
+                f"hf:{path}: cannot load the saved weights ({type(exc).__name__}: {cause}); "
+                "save them again with save_pretrained (safetensors)"
+            ) from exc
     return HFCausalLM(hf.float().train())
 
 

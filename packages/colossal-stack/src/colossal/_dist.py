@@ -8,6 +8,8 @@ import torch.distributed as dist
 
 from colossal_parallel import launch_from_torch
 
+from ._lifeline import die_with_launcher
+
 __all__ = ["init_from_env", "rank_and_world"]
 
 
@@ -16,6 +18,7 @@ def init_from_env() -> bool:
 
     Idempotent: a group that already exists is kept.
     """
+    die_with_launcher()  # a rank of `colossal run` dies with it ([Note: parent-death signal])
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     if not dist.is_initialized():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from typing import Any
 import torch.distributed as dist
 
 from colossal_contracts import DistributedError
+
+from ._watchdog import Watchdog
 
 __all__ = ["PeerWatch", "RankFailedError", "watch_peers"]
 
@@ -42,30 +45,78 @@ class PeerWatch:
         self.rank, self.world, self._store = rank, world, store
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.watchdog: Watchdog | None = None  # [Note: watchdog], multi-rank runs only
         run = os.environ.get("TORCHELASTIC_RUN_ID", "env") + os.environ.get(
             "TORCHELASTIC_RESTART_COUNT", "0"
         )
         self._prefix = f"{_PREFIX}/{run}"
 
-    def _key(self, rank: int) -> str:
-        return f"{self._prefix}/{rank}"
+    def _key(self, rank: int, kind: str = "alive") -> str:
+        return f"{self._prefix}/{rank}" if kind == "alive" else f"{self._prefix}/{kind}/{rank}"
 
     def start(self) -> None:
         if self._store is None:
             return
         self._store.add(self._key(self.rank), 1)
+        self._store.set(self._key(self.rank, "where"), f"{os.getpid()}@{socket.gethostname()}")
+        self.watchdog = Watchdog(
+            self.rank, self.world, lambda kind, r: self._store.add(self._key(r, kind), 0)
+        )
         self._thread = threading.Thread(target=self._beat, name="colossal-heartbeat", daemon=True)
         self._thread.start()
 
+    def _where(self, rank: int) -> str | None:
+        try:
+            return self._store.get(self._key(rank, "where")).decode()
+        except Exception:
+            return None
+
     def _beat(self) -> None:
+        published = 0
         while not self._stop.wait(_BEAT_S):
             try:
                 self._store.add(self._key(self.rank), 1)
-            except Exception:  # the store's host is gone: nothing left to tell
+                if self.watchdog is not None:
+                    steps = self.watchdog.steps
+                    if steps != published:
+                        self._store.add(self._key(self.rank, "steps"), steps - published)
+                        published = steps
+                    self.watchdog.tick(self._where)  # [Note: watchdog]
+            except Exception:  # the store's host is gone
+                if self.watchdog is not None and not self._stop.is_set():
+                    self.watchdog.store_lost()
                 return
 
+    def step_done(self, seconds: float) -> None:
+        """The main thread finished a training step (the watchdog's progress counter)."""
+        if self.watchdog is not None:
+            self.watchdog.step_done(seconds)
+
+    def training_over(self) -> None:
+        """The training steps ended: no stall or store check from here on."""
+        if self.watchdog is not None:
+            self.watchdog.finished = True
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No stall check while inside (a save or an evaluation); frozen ranks still count."""
+        if self.watchdog is not None:
+            self.watchdog.paused += 1
+        try:
+            yield
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.paused -= 1
+
     def stop(self) -> None:
+        """Stop beating and join the thread, so it is not inside a store call when the
+        interpreter shuts down ([Note: clean exit] in the Booster)."""
         self._stop.set()
+        if self._thread is not None:
+            with contextlib.suppress(Exception):  # finished, not frozen ([Note: watchdog])
+                self._store.add(self._key(self.rank, "done"), 1)
+            self._thread.join(timeout=15)  # a store call times out after 10 s
+            self._thread = None
 
     def dead_ranks(self, *, wait_s: float = 4 * _BEAT_S) -> list[int] | None:
         """Ranks whose heartbeat stopped; None when the store itself is unreachable."""
@@ -132,7 +183,7 @@ def watch_peers() -> Iterator[PeerWatch]:
         def stopped(_sig: int, _frame: Any) -> None:
             raise RankFailedError(
                 f"rank {rank}: stopped by the launcher (SIGTERM), which does that when another "
-                "rank failed; the launcher's report names it"
+                "rank failed or it was stopped; the launcher's report says which"
             )
 
         previous = signal.signal(signal.SIGTERM, stopped)

@@ -226,6 +226,16 @@ class SafetensorsRangeReader:
     def keys(self) -> set[str]:
         return set(self._table)
 
+    def numel(self, key: str) -> int | None:
+        """Elements of the tensor ``key`` as its header says; None when absent."""
+        entry = self._table.get(key)
+        if entry is None:
+            return None
+        n = 1
+        for d in entry.get("shape", []):
+            n *= int(d)
+        return n
+
     def read_into(self, key: str, start: int, out: torch.Tensor) -> None:
         """Elements ``[start, start + out.numel())`` of the flattened ``key`` into ``out`` (a
         contiguous CPU tensor of the file's dtype; others go through one host copy)."""

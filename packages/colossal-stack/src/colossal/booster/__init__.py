@@ -7,7 +7,7 @@ from ._gemini import GeminiPlugin, export_gemini, parse_bytes
 from ._hybrid import HybridParallelPlugin, PipelineModule
 from ._hybrid_checkpoint import iter_full_tensors, load_layout_checkpoint, read_layout_index
 from ._plugin import Plugin
-from ._publish import find_checkpoint, latest_checkpoint
+from ._publish import explain_no_checkpoint, find_checkpoint, latest_checkpoint
 from ._shard_writer import HF_INDEX, ShardedSafetensorsWriter, load_sharded_safetensors
 from ._zero import LowLevelZeroPlugin
 
@@ -21,6 +21,7 @@ __all__ = [
     "PipelineModule",
     "Plugin",
     "ShardedSafetensorsWriter",
+    "explain_no_checkpoint",
     "export_checkpoint",
     "export_gemini",
     "find_checkpoint",

@@ -1,8 +1,21 @@
-"""The Booster: one object that applies a plugin to a model and its optimizer."""
+"""The Booster: one object that applies a plugin to a model and its optimizer.
+
+[Note: clean exit] A process that ends while a thread of its own is inside torch's C++ code (a
+heartbeat's store call, a prefetch copy, a disk read, a collective's work) can abort in the
+interpreter's shutdown ("terminate called without an active exception": the thread wakes to a
+finalized interpreter and is unwound through a noexcept frame), so a job that succeeded is
+reported as failed. ``Booster.close()`` joins every such thread before the process group is
+destroyed: the plugin finishes its collectives in flight, shuts down its prefetch and disk
+pools and destroys its own groups. The job calls it on every rank at the end; a Booster still
+open at interpreter exit is closed then, locally (no collective: a peer may be gone).
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +41,23 @@ class Booster:
     ``optimizer.step()`` as usual. Checkpoints go through the plugin and are atomic."""
 
     def __init__(self, plugin: Plugin | None = None):
+        if plugin is not None and not isinstance(plugin, Plugin):
+            raise ConfigError(
+                f"Booster(plugin) needs a plugin object such as GeminiPlugin() or DDPPlugin(), "
+                f"got {type(plugin).__name__} {plugin!r}; build_plugin(name) makes one by name"
+            )
         self.plugin: Plugin = plugin or DDPPlugin()
+        self._at_exit: _CloseAtExit | None = _CloseAtExit(self.plugin)  # [Note: clean exit]
+        atexit.register(self._at_exit)
+
+    def close(self) -> None:
+        """Finish the plugin's collectives in flight, join its background threads and destroy
+        its own process groups (every rank calls it; see [Note: clean exit]). Idempotent; the
+        model and optimizer cannot train after it."""
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
+            self.plugin.close(collective=True)
 
     def boost(
         self, model: nn.Module, optimizer: torch.optim.Optimizer
@@ -99,9 +128,17 @@ class Booster:
                 info = {"step": step, "plugin": self.plugin.name, **(extra or {})}
                 (directory / TRAINER_FILE).write_text(json.dumps(info, indent=2, default=str))
 
-        if getattr(self.plugin, "sharded_checkpoint", False):  # every rank writes its shard
-            return write_checkpoint_dir_all_ranks(root, step, write, rank=rank)
-        path = write_checkpoint_dir(root, step, write) if rank == 0 else None
+        try:
+            if getattr(self.plugin, "sharded_checkpoint", False):  # every rank writes its shard
+                return write_checkpoint_dir_all_ranks(root, step, write, rank=rank)
+            path = write_checkpoint_dir(root, step, write) if rank == 0 else None
+        except OSError as err:  # a full disk, a quota, a folder gone: the earlier ones stay
+            where = f" ({err.filename})" if err.filename else ""
+            raise CheckpointError(
+                f"saving step {step} under {root} failed: {err.strerror or err}{where}; the "
+                "checkpoints saved before it are intact: free space (or choose another --out) "
+                "and continue with --resume"
+            ) from err
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         return path
@@ -112,12 +149,20 @@ class Booster:
         """Restore the checkpoint ``root/latest`` names (else the newest complete ``step-N``
         under ``root``, or ``root`` itself when it is one); return its ``trainer.json`` with
         ``path`` added. Files are checked against the manifest first; metadata of the wrong
-        shape and a checkpoint of another plugin are a ``CheckpointError`` saying so."""
+        shape, steps that disagree (folder, manifest, ``trainer.json``) and a checkpoint of
+        another plugin are a ``CheckpointError`` naming the file and the field; nothing is
+        restored unless the plugin's loader proved the checkpoint whole first."""
         root = Path(root)
         own = (root / TRAINER_FILE).is_file() or (root / MANIFEST).is_file()
         path = root if own else latest_checkpoint(root)
-        verify_manifest(path)
+        manifest_step = verify_manifest(path)
         info = read_trainer_file(path)
+        if info["step"] != manifest_step:
+            raise CheckpointError(
+                f"{path / TRAINER_FILE}: 'step' is {info['step']}, and {MANIFEST} (and the folder "
+                f"{path.name}) say {manifest_step}; the file was edited or comes from another "
+                "checkpoint: resume from another step-N directory"
+            )
         saved_by = info.get("plugin") or info.get("train_config", {}).get("plugin")
         if isinstance(saved_by, str) and saved_by != self.plugin.name:
             raise CheckpointError(
@@ -127,6 +172,21 @@ class Booster:
             )
         self.plugin.load_checkpoint(model, optimizer, path)
         return {**info, "path": path}
+
+
+class _CloseAtExit:
+    """Closes a plugin still open at interpreter exit, locally ([Note: clean exit]). Holds it
+    weakly: a Booster dropped while its model trains on must not close anything."""
+
+    def __init__(self, plugin: Plugin):
+        self._plugin = weakref.ref(plugin)
+
+    def __call__(self) -> None:
+        plugin = self._plugin()
+        if plugin is None:
+            return
+        with contextlib.suppress(Exception):  # at exit, after the run's own error was printed
+            plugin.close(collective=False)
 
 
 def read_trainer_file(path: Path) -> dict[str, Any]:

@@ -105,13 +105,22 @@ def load_model_and_optimizer(
         raise CheckpointError(f"checkpoint {directory} is unreadable or corrupt: {err}") from err
     if not isinstance(meta, dict):
         raise CheckpointError(f"{directory / 'meta.json'} must hold a JSON object")
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    own = model.state_dict()
+    for name, t in tensors.items():  # [Note: whole or not at all]: shapes before any copy
+        if name in own and tuple(own[name].shape) != tuple(t.shape):
+            raise CheckpointError(
+                f"{directory / 'model.safetensors'}: {name!r} has shape {list(t.shape)}, the "
+                f"model's is {list(own[name].shape)}; was it saved from another model or preset?"
+            )
+    missing = [n for n in own if n not in tensors]
+    unexpected = [n for n in tensors if n not in own]
     tied = {n for n in missing if _is_tied(model, n, tensors)}
     if set(missing) - tied or unexpected:
         raise CheckpointError(
             f"checkpoint {directory} does not match the model: missing {sorted(set(missing) - tied)}, "
             f"unexpected {sorted(unexpected)}; was it saved from another model or preset?"
         )
+    state = None
     if optimizer is not None and "optimizer" in meta:
         try:
             opt_tensors = load_file(str(directory / "optimizer.safetensors"))
@@ -119,12 +128,15 @@ def load_model_and_optimizer(
             raise CheckpointError(f"optimizer state in {directory} is corrupt: {err}") from err
         try:
             state = _rebuild_optimizer_state(opt_tensors, meta["optimizer"])
-            optimizer.load_state_dict(state)
+            _check_optimizer_whole(state, optimizer)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
             raise CheckpointError(
                 f"optimizer metadata in {directory / 'meta.json'} is malformed or belongs to "
                 f"another optimizer ({type(err).__name__}: {err}); resume from another step-N"
             ) from err
+    model.load_state_dict(tensors, strict=False)
+    if state is not None:
+        optimizer.load_state_dict(state)  # type: ignore[union-attr]
     return meta
 
 
@@ -132,6 +144,33 @@ def _is_tied(model: nn.Module, name: str, saved: dict[str, torch.Tensor]) -> boo
     sd = model.state_dict()
     ptr = sd[name].untyped_storage().data_ptr()
     return any(sd[o].untyped_storage().data_ptr() == ptr for o in saved if o in sd and o != name)
+
+
+def _check_optimizer_whole(state: dict, optimizer: torch.optim.Optimizer) -> None:
+    """``ValueError`` unless ``state`` holds, for every trainable parameter of ``optimizer``, the
+    same state keys with tensors of the parameter's shape (or no state at all: before a step)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    ids = [i for g in state["param_groups"] for i in g["params"]]
+    if len(ids) != len(params):
+        raise ValueError(f"{len(ids)} parameters saved, the optimizer has {len(params)}")
+    if not state["state"]:
+        return
+    keys: set[str] | None = None
+    for i, p in zip(ids, params, strict=True):
+        if not p.requires_grad:
+            continue
+        st = state["state"].get(i)
+        if st is None:
+            raise ValueError(f"no state for parameter {i} though others have some")
+        keys = set(st) if keys is None else keys
+        if set(st) != keys:
+            raise ValueError(f"parameter {i} has state {sorted(st)}, the others {sorted(keys)}")
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != p.shape:
+                raise ValueError(
+                    f"state {k!r} of parameter {i} has shape {list(v.shape)}, "
+                    f"the parameter {list(p.shape)}"
+                )
 
 
 def _rebuild_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:

@@ -11,6 +11,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from colossal_contracts import ConfigError
+
 from ._checkpoint import load_model_and_optimizer, save_model_and_optimizer
 
 __all__ = ["DDPPlugin"]
@@ -28,6 +30,14 @@ class DDPPlugin:
     bucket_cap_mb: int = 25
     find_unused_parameters: bool = False
     name: str = "ddp"
+
+    def __post_init__(self) -> None:
+        cap = self.bucket_cap_mb
+        if not isinstance(cap, int | float) or isinstance(cap, bool) or not 0 < cap < 2**20:
+            raise ConfigError(
+                f"DDPPlugin(bucket_cap_mb) must be a positive number of MiB (default 25), got "
+                f"{cap!r}"
+            )
 
     @property
     def distributed(self) -> bool:
@@ -65,6 +75,9 @@ class DDPPlugin:
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
         load_model_and_optimizer(path, self.unwrap(model), optimizer)
+
+    def close(self, *, collective: bool = True) -> None:
+        """DDP keeps no threads or process groups of its own: nothing to join."""
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import uuid
@@ -55,10 +56,15 @@ _UNITS.update({"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40})
 
 def parse_bytes(value: int | str | None) -> int | None:
     """``512MiB``, ``2GB``, ``1.5G``, ``4096`` -> bytes; None stays None."""
-    if value is None or isinstance(value, int):
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
         if isinstance(value, int) and value < 0:
             raise ConfigError(f"a byte budget must be >= 0, got {value}")
         return value
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"a byte budget must be an int of bytes or a size such as '512MiB', got "
+            f"{type(value).__name__} {value!r}"
+        )
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?)?b?\s*", value.lower())
     if not m:
         raise ConfigError(
@@ -141,6 +147,14 @@ class GeminiPlugin:
         if self.precision not in PRECISIONS:
             raise ConfigError(
                 f"unknown precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}"
+            )
+        if not (
+            isinstance(self.max_grad_norm, int | float)
+            and math.isfinite(self.max_grad_norm)
+            and self.max_grad_norm >= 0
+        ):
+            raise ConfigError(
+                f"max_grad_norm must be a finite number >= 0 (0 is off), got {self.max_grad_norm!r}"
             )
         self.gemini_config()  # validates the budgets
         if not parse_bytes(self.export_shard_bytes):
@@ -247,9 +261,16 @@ class GeminiPlugin:
         tp = f" x tp{self.tp_size}({self.tp_mode})" if self.tp_size > 1 else ""
         return f"dp{dp}{tp}, gemini"
 
-    def close(self) -> None:
-        """Destroy the tensor-parallel mesh's process groups (collective); no training after."""
-        if self.mesh is not None:
+    def close(self, *, collective: bool = True) -> None:
+        """Join the chunk manager's background work (prefetch copies, disk readers and writer)
+        and remove its disk files; with ``collective`` first finish the chunk collectives in
+        flight and destroy the tensor-parallel mesh's process groups. No training after."""
+        manager = self._model.runtime.manager if self._model is not None else None
+        if collective and manager is not None:
+            manager.settle()  # collectives and copies in flight finish ([Note: clean exit])
+        if manager is not None:
+            manager.close()
+        if collective and self.mesh is not None:
             self.mesh.close()
             self.mesh = None
 

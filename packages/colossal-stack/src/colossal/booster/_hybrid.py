@@ -367,9 +367,10 @@ class HybridParallelPlugin:
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
 
-    def close(self) -> None:
-        """Destroy the mesh's process groups (collective); the plugin cannot train after it."""
-        if self.mesh is not None:
+    def close(self, *, collective: bool = True) -> None:
+        """Destroy the mesh's process groups (with ``collective``: every rank calls it); the
+        plugin keeps no threads, and cannot train after it."""
+        if collective and self.mesh is not None:
             self.mesh.close()
             self.mesh = None
 

@@ -17,7 +17,10 @@ the optimizer keeps here (whole, or ZeRO-1/2's flat range over ``dp``) is cut in
 every rank learns every rank's blocks (metadata only), and a rank writes only what lower ranks
 do not hold. The blocks of one tensor in the index are therefore disjoint and cover it. Loading
 intersects each block a rank needs with the saved ones and reads only those slices
-(``safe_open(...).get_slice``), so neither side ever holds an unsharded tensor.
+(``safe_open(...).get_slice``), so neither side ever holds an unsharded tensor. Before any value
+reaches the model the index is proved whole ([Note: whole or not at all] in colossal-zero): every
+kind of every tensor is covered by disjoint blocks inside its shape, every element once, and
+every block is a tensor of its size in its file.
 """
 
 from __future__ import annotations
@@ -281,7 +284,44 @@ def read_layout_index(directory: Path) -> dict[str, Any]:
     for k in ("params", "tensors", "steps"):
         if not isinstance(index.get(k), dict):
             raise CheckpointError(f"{path}: {k!r} must be an object; the index was edited")
+    for name, meta in index["params"].items():
+        for kind in KINDS:
+            if kind != "param" and name not in index["steps"]:
+                continue  # no optimizer state saved for it
+            fault = _cover_fault(meta, index["tensors"].get(kind, {}).get(name))
+            if fault:
+                raise CheckpointError(
+                    f"{path}: the blocks of {kind} of {name!r} {fault}; the index was edited or "
+                    "the checkpoint is incomplete: resume from another checkpoint"
+                )
     return index
+
+
+def _cover_fault(meta: Any, blocks: Any) -> str | None:
+    """What keeps ``blocks`` from covering ``meta``'s shape exactly once (None when they do)."""
+    shape = meta.get("shape") if isinstance(meta, dict) else None
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return "belong to an entry without a valid 'shape'"
+    if not isinstance(blocks, list):
+        return "are absent"
+    boxes = []
+    for b in blocks:
+        ok = isinstance(b, list) and len(b) == 4 and isinstance(b[2], list)
+        ok = ok and isinstance(b[3], list) and len(b[2]) == len(b[3]) == len(shape)
+        if not ok or not all(isinstance(v, int) and v >= 0 for v in [*b[2], *b[3]]):
+            return f"include {b!r}, not [file, key, offsets, sizes] of the tensor's rank"
+        if any(o + n > d for o, n, d in zip(b[2], b[3], shape, strict=True)):
+            return f"include {b[2]}+{b[3]}, outside the shape {shape}"
+        boxes.append(Box(tuple(b[2]), tuple(b[3])))
+    for i, a in enumerate(boxes):
+        for c in boxes[i + 1 :]:
+            inter = a.intersect(c)
+            if inter is not None and inter.numel:
+                return f"overlap at {list(inter.offsets)}"
+    covered = sum(b.numel for b in boxes)
+    if covered != math.prod(shape):
+        return f"cover {covered} of its {math.prod(shape)} elements"
+    return None
 
 
 class _Reader:
@@ -291,7 +331,13 @@ class _Reader:
         self.directory, self.stack = Path(directory), stack
         self.files: dict[str, Any] = {}
 
-    def read(self, file: str, key: str, sizes: list[int], part: tuple[slice, ...]) -> torch.Tensor:
+    def check(self, file: str, key: str, sizes: list[int]) -> None:
+        """``CheckpointError`` unless ``file`` holds ``key`` of shape ``sizes`` (header only)."""
+        self.read(file, key, sizes, None)
+
+    def read(
+        self, file: str, key: str, sizes: list[int], part: tuple[slice, ...] | None
+    ) -> torch.Tensor | None:
         where = f"{self.directory / file} [{key}]"
         try:
             f = self.files.get(file)
@@ -299,10 +345,12 @@ class _Reader:
                 f = self.files[file] = self.stack.enter_context(
                     safe_open(str(self.directory / file), framework="pt")
                 )
+            if key not in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
+                raise CheckpointError(f"{where} is absent from its file, and the index names it")
             sl = f.get_slice(key)
             if list(sl.get_shape()) != list(sizes):
                 raise CheckpointError(f"{where} has shape {sl.get_shape()}, the index says {sizes}")
-            return sl[part]
+            return None if part is None else sl[part]
         except (OSError, SafetensorError) as err:
             raise CheckpointError(f"checkpoint file {where} is missing or corrupt: {err}") from err
 
@@ -349,6 +397,10 @@ def load_layout(
         )
     with ExitStack() as stack:
         reader = _Reader(directory, stack)
+        for h in held:  # every file and block this rank reads, before any value moves
+            for kind in KINDS:
+                for file, key, _, sizes in index["tensors"].get(kind, {}).get(h.smap.name, []):
+                    reader.check(file, key, sizes)
         for h in held:
             name = h.smap.name
             saved = index["params"].get(name)

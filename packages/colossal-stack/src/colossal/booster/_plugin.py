@@ -51,3 +51,9 @@ class Plugin(Protocol):
     ) -> None:
         """Restore what ``save_checkpoint`` wrote."""
         ...
+
+    def close(self, *, collective: bool = True) -> None:
+        """Join the strategy's background work and threads ([Note: clean exit] in the Booster);
+        with ``collective`` also finish collectives in flight and destroy its own process
+        groups (every rank calls it then). Idempotent; no training after it."""
+        ...

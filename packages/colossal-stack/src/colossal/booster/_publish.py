@@ -36,6 +36,7 @@ __all__ = [
     "LATEST",
     "MANIFEST",
     "clean_orphans",
+    "explain_no_checkpoint",
     "find_checkpoint",
     "is_complete",
     "latest_checkpoint",
@@ -46,6 +47,7 @@ __all__ = [
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
 _STEP = re.compile(r"step-(\d+)")
 _HIDDEN = re.compile(r"\.step-(\d+)-.+")
 
@@ -78,7 +80,7 @@ def _write_manifest(directory: Path, step: int) -> None:
             digest = known.get(f.name)
             ok = isinstance(digest, dict) and digest.get("bytes") == f.stat().st_size
             files[f.name] = digest if ok else file_digest(f)
-    body = json.dumps({"format": 1, "step": step, "files": files}, indent=1)
+    body = json.dumps({"format": MANIFEST_FORMAT, "step": step, "files": files}, indent=1)
     with open(directory / MANIFEST, "w") as fh:
         fh.write(body)
         fh.flush()
@@ -110,26 +112,53 @@ def is_complete(directory: Path) -> bool:
         return False
 
 
-def verify_manifest(directory: Path) -> None:
-    """Check every file's size and SHA-256 against ``manifest.json``; ``CheckpointError`` naming
-    the first file that differs. A directory without a manifest (older format) is not checked."""
-    if not (directory / MANIFEST).exists():
-        return
+def _manifest_error(path: Path, field: str, what: str) -> CheckpointError:
+    return CheckpointError(
+        f"{path}: {field!r} {what}; the checkpoint was edited, damaged or written by another "
+        "version: resume from another step-N directory"
+    )
+
+
+def verify_manifest(directory: Path) -> int:
+    """Check ``manifest.json`` (present, of a known ``format``, its ``step`` that of a
+    ``step-<N>`` folder) and every file's size and SHA-256 against it; the manifest's step.
+    ``CheckpointError`` naming the file and the field at fault."""
+    path = directory / MANIFEST
+    try:
+        body = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path} is missing: the save of {directory.name} was cut short (or the file was "
+            "deleted), so its files cannot be checked; resume from another step-N directory"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"{path} is unreadable ({err}); resume from another step-N") from None
+    if not isinstance(body, dict):
+        raise CheckpointError(f"{path} must hold a JSON object; resume from another step-N")
+    fmt = body.get("format")
+    if fmt != MANIFEST_FORMAT:
+        raise _manifest_error(
+            path, "format", f"is {fmt!r}, and this version reads format {MANIFEST_FORMAT}"
+        )
+    step = body.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise _manifest_error(path, "step", f"is {step!r}, not a non-negative int")
+    folder = _STEP.fullmatch(directory.name)
+    if folder and int(folder.group(1)) != step:
+        raise _manifest_error(path, "step", f"is {step}, and its folder is {directory.name}")
     files = _read_manifest(directory)
     if files is None:
-        raise CheckpointError(
-            f"{directory / MANIFEST} is malformed (expected a 'files' table of bytes and sha256); "
-            "the checkpoint was edited or damaged: resume from another step-N directory"
-        )
+        raise _manifest_error(path, "files", "is not a table of bytes and sha256")
     for name, want in files.items():
-        path = directory / name
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint file {path} is missing (listed in {MANIFEST})")
-        if path.stat().st_size != want["bytes"] or file_digest(path)["sha256"] != want["sha256"]:
+        file = directory / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint file {file} is missing (listed in {MANIFEST})")
+        if file.stat().st_size != want["bytes"] or file_digest(file)["sha256"] != want["sha256"]:
             raise CheckpointError(
-                f"checkpoint file {path} does not match the checksum in {MANIFEST}: it was "
+                f"checkpoint file {file} does not match the checksum in {MANIFEST}: it was "
                 "changed or copied from another run; restore it or resume from another step-N"
             )
+    return step
 
 
 def _point_latest(root: Path, name: str) -> None:
@@ -212,12 +241,11 @@ def _complete_steps(root: Path) -> list[tuple[int, Path]]:
 
 def find_checkpoint(root: Path) -> Path | None:
     """The complete checkpoint ``root/latest`` names; else the newest complete ``step-<N>``;
-    None when there is none. Older checkpoints without a manifest count when ``latest`` names
-    them."""
+    None when there is none (a directory without a manifest is never complete)."""
     name = _latest_name(root)
     if name is not None and "/" not in name and name not in (".", ".."):
         named = root / name
-        if named.is_dir() and (is_complete(named) or not (named / MANIFEST).exists()):
+        if named.is_dir() and is_complete(named):
             return named
         hidden = _HIDDEN.fullmatch(name)  # a re-save renamed it in; the pointer lagged behind
         if hidden and is_complete(root / f"step-{hidden.group(1)}"):
@@ -226,12 +254,42 @@ def find_checkpoint(root: Path) -> Path | None:
     return steps[-1][1] if steps else None
 
 
+def _why_incomplete(directory: Path) -> str:
+    """Why ``directory`` is not a complete checkpoint, naming the file (and field)."""
+    path = directory / MANIFEST
+    if not path.exists():
+        return f"{path} is missing (its save was cut short)"
+    files = _read_manifest(directory)
+    if files is None:
+        return f"{path} is malformed (its 'files' table)"
+    for name, want in files.items():
+        try:
+            size = (directory / name).stat().st_size
+        except OSError:
+            return f"{directory / name} is missing (listed in {MANIFEST})"
+        if size != want["bytes"]:
+            return f"{directory / name} has {size} bytes, {MANIFEST} says {want['bytes']}"
+    return f"{directory} is incomplete"
+
+
+def explain_no_checkpoint(root: Path) -> str:
+    """Why ``find_checkpoint(root)`` found nothing: each ``step-N`` directory and its fault."""
+    root = Path(root)
+    if not root.is_dir():
+        return f"{root} does not exist"
+    steps = sorted((int(m.group(1)), d) for d in root.iterdir() if (m := _STEP.fullmatch(d.name)))
+    if not steps:
+        return f"no step-N directory under {root}; the run was stopped before its first save"
+    return "; ".join(_why_incomplete(d) for _, d in steps[-3:])
+
+
 def latest_checkpoint(root: Path) -> Path:
     """``find_checkpoint(root)``; ``CheckpointError`` saying how to start fresh when none."""
     found = find_checkpoint(Path(root))
     if found is None:
         raise CheckpointError(
-            f"no checkpoint under {root} (no complete step-N directory); "
-            "start a fresh run without --resume, or point --out at the run to continue"
+            f"no usable checkpoint under {root}: {explain_no_checkpoint(Path(root))}; start a "
+            "fresh run (`colossal train --restart` moves the old one aside), or point --out at "
+            "the run to continue"
         )
     return found

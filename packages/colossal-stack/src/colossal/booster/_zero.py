@@ -119,6 +119,10 @@ class LowLevelZeroPlugin:
     ) -> None:
         load_zero_sharded(_zero_optimizer(optimizer), path)
 
+    def close(self, *, collective: bool = True) -> None:
+        """ZeRO-1/2 waits for its collectives in the step and keeps no threads: nothing to join
+        (its ``group``, when given, belongs to the caller)."""
+
 
 def _zero_optimizer(optimizer: torch.optim.Optimizer) -> LowLevelZeroOptimizer:
     if not isinstance(optimizer, LowLevelZeroOptimizer):

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from colossal_contracts import ColossalError, ConfigError
 
+from .._lifeline import die_with_launcher
 from ._check import print_check
 from ._plan import add_plan_parser
 from ._profile import add_profile_parser
@@ -20,7 +21,7 @@ from ._run import launch
 from ._train import add_train_parser
 
 # failures of a run itself (not of its input): exit status 1
-_RUN_FAILURES = ("NonFiniteError", "RankFailedError")
+_RUN_FAILURES = ("NonFiniteError", "RankFailedError", "RunStopped", "RankStalledError")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "run":
             return launch(argv[1:])
+        die_with_launcher()  # a rank of `colossal run` ([Note: parent-death signal])
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except ColossalError as err:

@@ -28,6 +28,9 @@ __all__ = ["add_plan_parser"]
 _COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
+_MOST_DEVICES = 1 << 17  # beyond any cluster we plan for; larger counts only make planning slow
+
+
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="which layouts fit a model on given hardware, and how fast")
     p.add_argument(
@@ -82,8 +85,20 @@ def _hardware(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.efficiency <= 0 or args.efficiency > 1:
+    if not 0 < args.efficiency <= 1:  # nan fails too
         raise ConfigError(f"--efficiency must be in (0, 1], got {args.efficiency}")
+    if args.top < 1:
+        raise ConfigError(f"--top must be a positive number of rows, got {args.top}")
+    if not 1 <= args.devices <= _MOST_DEVICES:
+        raise ConfigError(
+            f"--devices must be in [1, {_MOST_DEVICES:,}], got {args.devices:,}; plan a cluster "
+            "of at most that many devices"
+        )
+    if args.png is not None and not args.png.parent.is_dir():
+        raise ConfigError(
+            f"--png {args.png}: the folder {args.png.parent} does not exist; create it or write "
+            "the PNG elsewhere"
+        )
     if args.precision not in PRECISIONS:
         raise ConfigError(
             f"--precision must be one of {', '.join(PRECISIONS)}, got {args.precision!r}"

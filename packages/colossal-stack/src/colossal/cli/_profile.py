@@ -11,6 +11,7 @@ from colossal_memtrace import ProfileRequest, profile_step
 from colossal_models import ByteTokenizer
 
 from ..train._models import resolve_model
+from ..train._preflight import check_fits
 
 __all__ = ["add_profile_parser"]
 
@@ -44,5 +45,23 @@ def _run(args: argparse.Namespace) -> int:
             f"--seq-len {args.seq_len} exceeds {spec.label}'s context of "
             f"{spec.max_seq_len}; use a smaller --seq-len"
         )
+    if args.mode in ("measure", "both") and args.device == "cpu":
+        try:  # measuring builds and steps the model here: refuse what cannot fit first
+            check_fits(
+                build=spec.build,
+                num_params=spec.num_params,
+                label=spec.label,
+                presets=spec.presets,
+                batch_size=args.batch,
+                seq_len=args.seq_len,
+                sharded=False,
+                world=1,
+            )
+        except ConfigError as err:
+            head = str(err).split("; ")[0]
+            raise ConfigError(
+                f"--mode {args.mode} builds and steps the model on this machine: {head}; use "
+                "--mode estimate (nothing is allocated) or a smaller --preset"
+            ) from None
     profile_step(spec.build, req)
     return 0

@@ -10,11 +10,14 @@ the others and this command names the rank that failed first, with exit status 1
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 from colossal_contracts import ConfigError
+
+from .._lifeline import LAUNCHER_ENV
 
 __all__ = ["COMMANDS", "launch"]
 
@@ -34,6 +37,22 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 _NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
+_RANK_BYTES = 512 * 2**20  # a rank's interpreter, torch and a small model, at least
+
+
+def _most_ranks() -> tuple[int, str]:
+    """How many ranks this machine can start, and why: 8 per CPU core (or one per accelerator),
+    and no more than its available memory holds at ``_RANK_BYTES`` each."""
+    import psutil
+    import torch
+
+    cores = os.cpu_count() or 1
+    by_cores = max(8 * cores, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    avail = int(psutil.virtual_memory().available)
+    by_memory = max(1, avail // _RANK_BYTES)
+    if by_memory < by_cores:
+        return by_memory, f"{avail / 2**30:,.1f} GiB of memory available, about 0.5 GiB per rank"
+    return by_cores, f"{cores} CPU cores"
 
 
 def _flag_values(flags: list[str], names: tuple[str, ...]) -> list[str]:
@@ -59,6 +78,13 @@ def check_flags(flags: list[str], target: list[str]) -> None:
                 f"colossal run: --nproc-per-node {v!r} must be a process count from 1 to 1024 "
                 f"(or one of {', '.join(_NPROC_WORDS)})"
             )
+        if v.isdigit():
+            most, why = _most_ranks()
+            if int(v) > most:
+                raise ConfigError(
+                    f"colossal run: --nproc-per-node {v} is more ranks than this machine can "
+                    f"start ({why}); use at most {most}, or spread them over --nnodes machines"
+                )
     for v in _flag_values(flags, ("--nnodes",)):
         parts = v.split(":")
         if not (1 <= len(parts) <= 2 and all(x.isdigit() and int(x) >= 1 for x in parts)):
@@ -98,6 +124,7 @@ def launch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -107,8 +134,17 @@ def launch(argv: list[str]) -> int:
         args = [*flags, *target]
     else:
         args = [*flags, "--module", "colossal", *target]
+    os.environ[LAUNCHER_ENV] = str(os.getpid())  # [Note: parent-death signal]
     try:
         torchrun(args)
+    except (SignalException, KeyboardInterrupt) as exc:
+        name = exc.sigval.name if isinstance(exc, SignalException) else "SIGINT"
+        print(
+            f"error: colossal run: stopped by {name}; every rank was stopped, and the "
+            "checkpoints already saved are kept (continue with --resume)",
+            file=sys.stderr,
+        )
+        return 130 if name == "SIGINT" else 143
     except ChildFailedError as exc:  # each rank's own error was printed by that rank
         print(
             f"error: colossal run: {_describe(exc.failures)}; the launcher stopped the others "

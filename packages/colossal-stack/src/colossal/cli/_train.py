@@ -10,6 +10,13 @@ from ..train import TrainConfig, train
 __all__ = ["add_train_parser"]
 
 
+def _path(text: str) -> Path:
+    """A path flag's value; an empty one is refused rather than read as the current folder."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path; give a path (use . for this folder)")
+    return Path(text)
+
+
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     d = TrainConfig()
     p = sub.add_parser("train", help="train a model on a text corpus (default: Python's stdlib)")
@@ -35,12 +42,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
     p.add_argument(
         "--corpus",
-        type=Path,
+        type=_path,
         default=None,
         help="text file or folder (default: this Python's standard library sources)",
     )
     p.add_argument(
-        "--out", type=Path, default=d.out, help="output directory (default: %(default)s)"
+        "--out", type=_path, default=d.out, help="output directory (default: %(default)s)"
     )
     p.add_argument(
         "--plugin",
@@ -139,7 +146,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--disk-dir",
-        type=Path,
+        type=_path,
         default=d.disk_dir,
         help="folder of the disk tier: must exist, be writable, have --disk-budget free "
         "(default: the system's temporary directory)",
@@ -167,6 +174,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "every, none (default: %(default)s)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="move the run already in --out aside (to <out>.old-N, never deleted) and start afresh",
+    )
     p.set_defaults(func=_run)
 
 
@@ -203,6 +215,7 @@ def _run(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         export=args.export,
         resume=args.resume,
+        restart=args.restart,
     )
     train(cfg)
     return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from colossal_contracts import ConfigError
+from colossal_models import check_hf_sizes
 
 from ._shape import ModelShape
 
@@ -42,6 +43,7 @@ def _load(path: Path) -> Any:
         raw = json.loads(file.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"--model hf:{path}: {file.name} is not JSON ({e})") from None
+    check_hf_sizes(raw, f"--model hf:{path}: {file.name}")
     kind = raw.get("model_type") if isinstance(raw, dict) else None
     if kind not in HF_FAMILIES:
         raise ConfigError(

@@ -67,6 +67,7 @@ class TrainConfig:
             intermediate saves write just the shards), "every" or "none" (export later with
             ``colossal.export_checkpoint``). ddp checkpoints are the full model already.
         resume: continue from the checkpoint under ``out`` (``out/checkpoint/latest``).
+        restart: move a run already in ``out`` aside (to ``<out>.old-<k>``) and start afresh.
         log_every: refresh the progress display every N steps.
     """
 
@@ -91,6 +92,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     export: str = "final"
     resume: bool = False
+    restart: bool = False
     log_every: int = 1
     zero: int | None = None
     tp: int = 1
@@ -113,6 +115,9 @@ class TrainConfig:
                     f"TrainConfig.{name} must be {want}, got {type(value).__name__} {value!r}"
                 )
         for name in ("out", "corpus", "disk_dir"):  # str paths are fine: keep Paths from here on
+            if getattr(self, name) == "":
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} is empty; give a path (use . for this folder)")
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, Path(getattr(self, name)))
         for name, (lo, hi) in _INT_RANGES.items():
@@ -266,6 +271,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "checkpoint_every": int,
     "export": str,
     "resume": bool,
+    "restart": bool,
     "log_every": int,
     "zero": (int, type(None)),
     "tp": int,

@@ -20,7 +20,8 @@ from colossal_models import ByteTokenizer, load_corpus
 from colossal_parallel import ProcessMesh
 
 from .._dist import init_from_env, rank_and_world
-from .._peers import watch_peers
+from .._lifeline import stop_on_signals
+from .._peers import PeerWatch, watch_peers
 from ..booster import (
     Booster,
     DDPPlugin,
@@ -41,7 +42,7 @@ from ._display import (
 from ._guard import FiniteGuard
 from ._mesh import PLUGINS, check_mesh, hybrid_plugin, mesh_flags, state_shards
 from ._models import ModelSpec, resolve_model
-from ._outdir import METRICS, check_out, trim_metrics
+from ._outdir import METRICS, Claim, claim_out_on_rank0, trim_metrics
 from ._preflight import check_fits
 from ._schedule import warmup_cosine
 
@@ -156,22 +157,35 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     In a multi-rank run a rank that dies makes the others raise ``RankFailedError`` naming it
     (see [Note: peer heartbeats]); nan/inf stops the run with ``NonFiniteError`` before saving.
     """
+    ours = not (dist.is_available() and dist.is_initialized())
     init_from_env()
-    with watch_peers() as watch:
+    rank, world = rank_and_world()
+    with watch_peers() as watch, stop_on_signals(rank, world):
         try:
-            return _train(cfg, console or Console(stderr=True))
+            claim = claim_out_on_rank0(
+                cfg.out, cfg.resume, cfg.restart, rank=rank, world=world
+            )  # [Note: run lock]: held until the run ends
+            try:
+                result = _train(cfg, console or Console(stderr=True), claim, watch)
+            finally:
+                if claim.lock is not None:
+                    claim.lock.release(undo_mkdir=True)  # a run that wrote nothing: no trace
         except RuntimeError as err:
             failed = None if isinstance(err, ColossalError) else watch.explain(err)
             if failed is None:
                 raise
             raise failed from err
+    if ours and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()  # after the Booster closed and the heartbeat stopped
+    return result
 
 
-def _train(cfg: TrainConfig, console: Console) -> TrainResult:
+def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -> TrainResult:
     rank, world = rank_and_world()
     main = rank == 0
-
-    resume_from = check_out(cfg.out, resume=cfg.resume)  # before any work; changes nothing
+    resume_from = claim.resume_from
+    if main and claim.moved_aside is not None:
+        console.print(f"--restart: moved the old run in {cfg.out} to {claim.moved_aside}")
     spec = resolve_model(
         cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size, parallel=bool(mesh_flags(cfg))
     )
@@ -234,8 +248,7 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         if start == cfg.steps:
             if main:
                 console.print(f"nothing to do: the run in {out} already reached step {start}")
-            if mesh is not None:
-                plugin.close()  # type: ignore[attr-defined]
+            booster.close()  # [Note: clean exit]
             return TrainResult([], float("nan"), 0.0, spec.num_params, info["path"], out)
     data_gen = torch.Generator()
     extra = {
@@ -281,6 +294,7 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
             guard.after_step(step + 1, optimizer)
             optimizer.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
+            watch.step_done(dt)  # [Note: watchdog]
             losses.append(loss_value)
             record = {
                 "step": step + 1,
@@ -303,16 +317,22 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
                 )
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                 _choose_export(plugin, cfg, step + 1)
-                checkpoint = booster.save(model, optimizer, ckpt_root, step=step + 1, extra=extra)
+                with watch.paused():
+                    checkpoint = booster.save(
+                        model, optimizer, ckpt_root, step=step + 1, extra=extra
+                    )
     elapsed = time.perf_counter() - run_start
+    watch.training_over()  # [Note: watchdog]: saves and the end are not watched for stalls
     if metrics is not None:
         metrics.close()
     if not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every:
         _choose_export(plugin, cfg, cfg.steps)
-        checkpoint = booster.save(model, optimizer, ckpt_root, step=cfg.steps, extra=extra)
+        with watch.paused():
+            checkpoint = booster.save(model, optimizer, ckpt_root, step=cfg.steps, extra=extra)
     gen = torch.Generator().manual_seed(cfg.seed + 10_000)
     held_out = [corpus.batch(val_data, cfg.batch_size, cfg.seq_len, gen) for _ in range(4)]
-    val = _evaluate(booster, model, optimizer, held_out, dp_group)
+    with watch.paused():
+        val = _evaluate(booster, model, optimizer, held_out, dp_group)
     result = TrainResult(
         losses=losses,
         val_loss=val,
@@ -330,8 +350,7 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
         if records and "bytes_moved" in records[-1]:
             summary["memory timeline"] = str(plot_memory_timeline(records, out))
         console.print(summary_table(summary))
-    if mesh is not None:
-        plugin.close()  # type: ignore[attr-defined]  # the mesh's process groups (collective)
+    booster.close()  # every background thread joined, the plugin's groups destroyed
     return result
 
 

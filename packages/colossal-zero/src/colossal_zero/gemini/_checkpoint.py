@@ -10,6 +10,13 @@ the SHA-256 and size of every shard file and the buffers file, checked when a fi
 (a shard swapped in from another run of the same shape is named, not loaded). Buffers are in
 ``gemini-buffers.safetensors``. Values are fp32 (the masters), whatever the precision.
 
+[Note: whole or not at all] Before any value reaches the model, loading proves the checkpoint
+whole: each parameter's ranges cover every element of its flattened shape exactly once (sorted,
+no gap, no overlap, ranks within ``world_size``), and every file named by a range holds
+``param/<name>`` (and, with optimizer state, ``exp_avg``/``exp_avg_sq``) of exactly that range's
+length, and some file holds ``step/<name>``. An index edited so that a tensor is half covered,
+with its hashes recomputed, is refused naming the file and the parameter.
+
 Saving and loading go chunk by chunk: a rank's file is streamed from its shards (its header is
 computed from the chunk records first, [Note: streamed safetensors]) and hashed while written;
 loading ``pread``s each parameter's element ranges from the files straight into its shard
@@ -189,6 +196,32 @@ class _Reader:
                 )
         return path
 
+    def check_whole(self, names: Any, *, optimizer: bool) -> None:
+        """Prove the saved values of the parameters ``names`` complete before anything is read
+        into a model (see [Note: whole or not at all]); ``CheckpointError`` naming the file."""
+        kinds = ("param", *STATE_KINDS) if optimizer else ("param",)
+        index_path = self.directory / INDEX_FILE
+        for name in names:
+            meta = self.index["params"][name]
+            has_step = False
+            for rank, a, b in meta["ranges"]:
+                f = self._file(rank)
+                for kind in kinds:
+                    got = f.numel(f"{kind}/{name}")
+                    if got != b - a:
+                        held = "absent" if got is None else f"{got} elements"
+                        raise CheckpointError(
+                            f"{f.path}: '{kind}/{name}' is {held}, and {index_path} gives it "
+                            f"range [{a}, {b}) ({b - a} elements); the checkpoint is incomplete: "
+                            "resume from another checkpoint"
+                        )
+                has_step = has_step or f.numel(f"step/{name}") == 1
+            if optimizer and not has_step and meta["ranges"]:
+                raise CheckpointError(
+                    f"{self.directory}: no shard file holds 'step/{name}' (Adam's step count) "
+                    f"though {index_path} says 'optimizer' is true; resume from another checkpoint"
+                )
+
     def _file(self, rank: int) -> SafetensorsRangeReader:
         if rank not in self._files:
             path = self.verify(_shard_file(rank, self.index["world_size"]))
@@ -259,8 +292,8 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     reader = _Reader(directory)
     rt, m = model.runtime, model.runtime.manager
     index = reader.index
-    for c in m.param_chunks():
-        fp32 = _fp32_chunk(model, c)
+    mine = []
+    for c in m.param_chunks():  # shapes first, then [Note: whole or not at all]: nothing read yet
         for name, rec in c.records.items():
             saved = index["params"].get(name)
             if saved is None or list(rec.shape) != saved["shape"]:
@@ -268,6 +301,14 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
                     f"parameter {name!r} of shape {list(rec.shape)} does not match the checkpoint "
                     f"{directory} ({saved['shape'] if saved else 'absent'}); same model and preset?"
                 )
+            mine.append(name)
+    frozen = {n for n, p in model.module.named_parameters() if not p.requires_grad}
+    with_state = optimizer is not None and index["optimizer"]
+    reader.check_whole([n for n in mine if n not in frozen], optimizer=with_state)
+    reader.check_whole([n for n in mine if n in frozen], optimizer=False)
+    for c in m.param_chunks():
+        fp32 = _fp32_chunk(model, c)
+        for name in c.records:
             if optimizer is not None and index["optimizer"]:
                 # every rank counts every tensor's steps (chunks may be re-packed later)
                 step = reader.step(name)
@@ -319,6 +360,24 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _coverage_fault(meta: dict[str, Any], world: int) -> str | None:
+    """What is wrong with ``meta``'s ranges as a cover of its flattened shape, exactly once."""
+    numel = 1
+    for d in meta["shape"]:
+        numel *= d
+    at = 0
+    for rank, a, b in sorted(meta["ranges"], key=lambda r: r[1]):
+        if not 0 <= rank < world:
+            return f"name rank {rank}, outside world_size {world}"
+        if a != at or b <= a:
+            what = "overlap" if a < at else "leave a gap" if a > at else "hold an empty range"
+            return f"{what} at element {min(a, at)} of {numel}"
+        at = b
+    if at != numel:
+        return f"cover {at} of its {numel} elements"
+    return None
+
+
 def _validate_index(index: Any, path: Path) -> None:
     """``CheckpointError`` naming the first key of ``path`` that is missing or of the wrong type."""
 
@@ -350,6 +409,9 @@ def _validate_index(index: Any, path: Path) -> None:
         )
         if not ok:
             raise bad(f"entry {name!r} needs 'shape' (list of ints) and 'ranges' ([rank, a, b]s)")
+        gap = _coverage_fault(meta, index["world_size"])
+        if gap:
+            raise bad(f"the 'ranges' of {name!r} {gap}")
     if not isinstance(index.get("aliases"), dict) or not all(
         isinstance(v, str) for v in index["aliases"].values()
     ):

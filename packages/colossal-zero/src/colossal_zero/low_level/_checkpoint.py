@@ -104,6 +104,11 @@ def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
                 f"parameter {name!r} of shape {list(p.shape)} does not match the checkpoint "
                 f"{directory} ({saved['shape'] if saved else 'absent'}); same model and preset?"
             )
+    # [Note: whole or not at all]: every value this load reads is proved present first
+    frozen = [n for n, _ in opt.model.named_parameters() if n not in trained]
+    reader.check_whole(sorted(trained), optimizer=index["optimizer"])
+    reader.check_whole(frozen, optimizer=False)
+    for name, p in opt.model.named_parameters():
         if name not in trained:
             value = reader.read("param", name, 0, p.numel())
             p.copy_(value.view(p.shape))  # type: ignore[union-attr]

@@ -3,6 +3,7 @@ optimizer and ZeRO-1/2 both do them ([Note: loss scaling] in ``_scaler.py``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from colossal_contracts import ConfigError
@@ -13,9 +14,11 @@ __all__ = ["check_max_grad_norm", "clip_divisor", "skip_step"]
 
 
 def check_max_grad_norm(max_grad_norm: float) -> None:
-    """Raise ``ConfigError`` unless ``max_grad_norm >= 0`` (0: no clipping)."""
-    if max_grad_norm < 0:
-        raise ConfigError(f"max_grad_norm must be >= 0 (0: no clipping), got {max_grad_norm}")
+    """Raise ``ConfigError`` unless ``0 <= max_grad_norm < inf`` (0: no clipping; nan fails)."""
+    if not (0 <= max_grad_norm < math.inf):
+        raise ConfigError(
+            f"max_grad_norm must be finite and >= 0 (0: no clipping), got {max_grad_norm}"
+        )
 
 
 def skip_step(scaler: DynamicLossScaler | None, overflow: bool) -> bool:
@@ -30,9 +33,13 @@ def skip_step(scaler: DynamicLossScaler | None, overflow: bool) -> bool:
 def clip_divisor(loss_scale: float, max_grad_norm: float, grad_norm: Callable[[], float]) -> float:
     """What the gradients are divided by in the update: the loss scale, and with
     ``max_grad_norm > 0`` the clip factor too when the (unscaled) norm exceeds it. ``grad_norm``
-    is called only then (Gemini computes its norm on demand: [Note: norm on demand])."""
+    is called only then (Gemini computes its norm on demand: [Note: norm on demand]). A
+    non-finite norm without a scaler has nothing to clip to: the divisor stays the loss scale and
+    the caller's non-finite guard stops the run."""
     if max_grad_norm > 0:
-        coef = max_grad_norm / (grad_norm() + 1e-6)
-        if coef < 1.0:
-            return loss_scale / coef
+        norm = grad_norm()
+        if math.isfinite(norm):
+            coef = max_grad_norm / (norm + 1e-6)
+            if coef < 1.0:
+                return loss_scale / coef
     return loss_scale

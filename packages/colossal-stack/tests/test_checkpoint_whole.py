@@ -1,0 +1,147 @@
+"""Checkpoints load whole or not at all ([Note: whole or not at all]): a checkpoint edited with
+its hashes recomputed (so no checksum catches it) is refused naming the file and the field, and
+the model and optimizer are left exactly as they were."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from colossal import Booster, DDPPlugin, GeminiPlugin
+from colossal.booster import _publish
+from colossal.booster._hybrid_checkpoint import _cover_fault
+from colossal_contracts import CheckpointError
+from colossal_models import GPT, GPTConfig
+from colossal_zero import INDEX_FILE, file_digest
+
+
+def _setup(plugin=None, seed: int = 0):  # type: ignore[no-untyped-def]
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig.preset("nano"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    booster = Booster(plugin or DDPPlugin())
+    model, opt = booster.boost(model, opt)
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(seed))
+    booster.backward(model(x, x), opt)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return booster, model, opt
+
+
+def _weights(model) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _reseal(path: Path) -> None:
+    """Recompute the Gemini index's file digests and the manifest after an edit."""
+    index_path = path / INDEX_FILE
+    if index_path.exists():
+        index = json.loads(index_path.read_text())
+        index["files"] = {n: file_digest(path / n) for n in index["files"]}
+        index_path.write_text(json.dumps(index))
+    step = json.loads((path / _publish.MANIFEST).read_text())["step"]
+    _publish._write_manifest(path, step)
+
+
+def _refused_unchanged(plugin_factory, path: Path, match: str) -> None:  # type: ignore[no-untyped-def]
+    booster, model, opt = _setup(plugin_factory(), seed=1)
+    before = _weights(model)
+    with pytest.raises(CheckpointError, match=match) as info:
+        booster.load(model, opt, path)
+    assert "\n" not in str(info.value)
+    after = _weights(model)
+    assert all(torch.equal(before[k], after[k]) for k in before), "the model was touched"
+
+
+def _gemini_ckpt(tmp_path: Path) -> Path:
+    booster, model, opt = _setup(GeminiPlugin(precision="fp32"))
+    return booster.save(model, opt, tmp_path, step=1)
+
+
+def test_gemini_index_that_leaves_a_tensor_half_covered_is_refused(tmp_path):
+    path = _gemini_ckpt(tmp_path)
+    index = json.loads((path / INDEX_FILE).read_text())
+    name, meta = next((n, m) for n, m in index["params"].items() if m["ranges"][0][2] > 4)
+    meta["ranges"][0][2] -= 4  # the last four elements of its first range: no one's
+    (path / INDEX_FILE).write_text(json.dumps(index))
+    _reseal(path)
+    _refused_unchanged(
+        lambda: GeminiPlugin(precision="fp32"),
+        tmp_path,
+        f"gemini_index.json is malformed: the 'ranges' of '{name}' (leave a gap|cover)",
+    )
+
+
+def test_gemini_shard_without_an_optimizer_state_is_refused(tmp_path):
+    path = _gemini_ckpt(tmp_path)
+    shard = next(path.glob("gemini-rank*.safetensors"))
+    tensors = load_file(str(shard))
+    dropped = next(k for k in tensors if k.startswith("exp_avg_sq/"))
+    del tensors[dropped]
+    save_file(tensors, str(shard))
+    _reseal(path)
+    _refused_unchanged(lambda: GeminiPlugin(precision="fp32"), tmp_path, f"'{dropped}' is absent")
+
+
+def test_ddp_optimizer_state_missing_for_one_parameter_is_refused(tmp_path):
+    booster, model, opt = _setup()
+    path = booster.save(model, opt, tmp_path, step=1)
+    tensors = load_file(str(path / "optimizer.safetensors"))
+    del tensors["state.3.exp_avg"]
+    save_file(tensors, str(path / "optimizer.safetensors"))
+    _reseal(path)
+    _refused_unchanged(DDPPlugin, tmp_path, r"parameter 3 has state \['exp_avg_sq', 'step'\]")
+
+
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda m: m.update(format=2), r"manifest\.json: 'format' is 2, and this version reads"),
+        (lambda m: m.update(step=7), r"manifest\.json: 'step' is 7, and its folder is step-1"),
+        (lambda m: m.pop("step"), r"manifest\.json: 'step' is None"),
+    ],
+)
+def test_manifest_of_unknown_format_or_another_step_is_refused(tmp_path, edit, match):
+    booster, model, opt = _setup()
+    path = booster.save(model, opt, tmp_path, step=1)
+    manifest = json.loads((path / _publish.MANIFEST).read_text())
+    edit(manifest)
+    (path / _publish.MANIFEST).write_text(json.dumps(manifest))
+    _refused_unchanged(DDPPlugin, path, match)
+
+
+def test_trainer_state_of_another_step_is_refused(tmp_path):
+    booster, model, opt = _setup()
+    path = booster.save(model, opt, tmp_path, step=1)
+    info = json.loads((path / "trainer.json").read_text())
+    (path / "trainer.json").write_text(json.dumps({**info, "step": 5}))
+    _reseal(path)
+    _refused_unchanged(DDPPlugin, tmp_path, r"trainer\.json: 'step' is 5, and manifest\.json")
+
+
+def test_missing_manifest_is_refused_naming_it(tmp_path):
+    booster, model, opt = _setup()
+    path = booster.save(model, opt, tmp_path, step=1)
+    (path / _publish.MANIFEST).unlink()
+    _refused_unchanged(DDPPlugin, path, r"step-1/manifest\.json is missing")
+    _refused_unchanged(DDPPlugin, tmp_path, r"step-1/manifest\.json is missing")
+
+
+@pytest.mark.parametrize(
+    "blocks,fault",
+    [
+        ([["f", "k", [0, 0], [4, 3]]], None),
+        ([["f", "k", [0, 0], [2, 3]], ["f", "k2", [2, 0], [2, 3]]], None),
+        ([["f", "k", [0, 0], [2, 3]]], "cover 6 of its 12 elements"),
+        ([["f", "k", [0, 0], [3, 3]], ["f", "k2", [2, 0], [2, 3]]], "overlap at [2, 0]"),
+        ([["f", "k", [0, 0], [4, 4]]], "outside the shape"),
+        (None, "are absent"),
+    ],
+)
+def test_layout_blocks_must_cover_each_element_once(blocks, fault):
+    got = _cover_fault({"shape": [4, 3]}, blocks)
+    assert (got is None) if fault is None else (fault in got), got
