@@ -79,7 +79,7 @@ class HFTokenizer:
     """A Hugging Face ``tokenizers.Tokenizer`` read from ``tokenizer.json``."""
 
     def __init__(self, path: Path) -> None:
-        from tokenizers import Tokenizer
+        Tokenizer = _library().Tokenizer
 
         self.path = path
         self.spec = HF_PREFIX + str(path.parent if path.name == TOKENIZER_FILE else path)
@@ -105,6 +105,17 @@ class HFTokenizer:
     def save(self, directory: Path) -> None:
         """Write ``directory/tokenizer.json``."""
         self._tok.save(str(directory / TOKENIZER_FILE))
+
+
+def _library():  # type: ignore[no-untyped-def]
+    try:
+        import tokenizers
+    except ImportError:
+        raise ConfigError(
+            "Hugging Face tokenizers need the tokenizers library: pip install "
+            "'colossal-models[data]' (or use --tokenizer bytes)"
+        ) from None
+    return tokenizers
 
 
 def _read(path: Path) -> str:
@@ -169,7 +180,9 @@ def load_tokenizer(spec: str) -> TextTokenizer:
 def train_tokenizer(texts: Iterator[str], *, vocab_size: int, out: Path) -> HFTokenizer:
     """Train a byte-level BPE (GPT-2's scheme: any text encodes, no unknown token) on ``texts``
     with ``vocab_size`` ids including ``<|endoftext|>``; write ``out/tokenizer.json``. Offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    lib = _library()
+    Tokenizer, decoders, models = lib.Tokenizer, lib.decoders, lib.models
+    pre_tokenizers, trainers = lib.pre_tokenizers, lib.trainers
 
     if not 257 <= vocab_size <= 2**31 - 1:
         raise ConfigError(
