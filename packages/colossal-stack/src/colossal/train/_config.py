@@ -324,7 +324,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "activation_checkpointing": bool,
     "max_grad_norm": (float, int),
 }
-# (lowest, highest): steps and seed bound the per-step data seed (see _loop._data_seed)
+# (lowest, highest) of each integer setting
 _INT_RANGES = {
     "steps": (1, 2**24 - 1),
     "batch_size": (1, 2**16),
