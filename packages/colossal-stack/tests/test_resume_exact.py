@@ -20,6 +20,7 @@ CASES = [  # (id, plugin settings)
     ("zero1", {"plugin": "zero", "zero_stage": 1}),
     ("zero2", {"plugin": "zero", "zero_stage": 2}),
     ("ddp", {"plugin": "ddp"}),
+    ("gemini-bf16", {"plugin": "gemini", "precision": "bf16"}),
 ]
 
 

@@ -71,9 +71,17 @@ def test_an_hf_model_folder_trains_with_its_own_tokenizer(data, tmp_path):
     assert info["tokenizer"] == f"hf:{model}"
 
 
-def test_resume_with_dropout_on_two_ranks_is_bit_identical(world, tmp_path, small_corpus):
+TWO_RANKS = [  # (id, plugin settings): dp2 for zero and gemini, tp2 for hybrid
+    ("zero2", {"plugin": "zero", "zero_stage": 2}),
+    ("gemini", {"plugin": "gemini"}),
+    ("hybrid-tp2", {"tp": 2}),
+]
+
+
+@pytest.mark.parametrize("plugin", [c[1] for c in TWO_RANKS], ids=[c[0] for c in TWO_RANKS])
+def test_resume_with_dropout_on_two_ranks_is_bit_identical(world, tmp_path, small_corpus, plugin):
     kw = dict(preset="nano", steps=4, batch_size=2, seq_len=16, data=str(small_corpus),
-              dropout=0.1, checkpoint_every=2, export="none", plugin="zero", zero_stage=2)  # fmt: skip
+              dropout=0.1, checkpoint_every=2, export="none", **plugin)  # fmt: skip
     full = world(2).run(train_on_mesh, {**kw, "out": str(tmp_path / "full")})
     cut = tmp_path / "cut"
     world(2).run(train_on_mesh, {**kw, "out": str(cut)})
