@@ -38,6 +38,12 @@ def _jsonl(path, rows):  # type: ignore[no-untyped-def]
     return path
 
 
+def test_every_public_name_imports():
+    import colossal_models.data as data
+
+    assert all(getattr(data, name) is not None for name in data.__all__)
+
+
 def test_trained_bpe_round_trips_and_loads_by_folder_or_file(bpe, tmp_path):
     assert bpe.vocab_size == 300 and bpe.decode([bpe.eot_id]) == EOT_TOKEN
     text = "the lazy dog — ünïcode ✓"

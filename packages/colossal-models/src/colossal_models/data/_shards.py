@@ -10,6 +10,7 @@ in RSS until the kernel drops them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from bisect import bisect_right
@@ -183,6 +184,12 @@ class TokenShards:
         return int(np.frombuffer(raw, dtype=np.int64)[0])
 
     def close(self) -> None:
+        """Close the files (also when the object is collected)."""
         for fd in [*self._fds, self._docs_fd]:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         self._fds, self._docs_fd = [], -1
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            self.close()
