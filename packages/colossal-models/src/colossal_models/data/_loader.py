@@ -76,7 +76,7 @@ class TokenLoader:
             else 0
         )
         self.position = 0
-        self._block: tuple[int, int, np.ndarray] | None = None  # (epoch, block, its permutation)
+        self._blocks: dict[tuple[int, int], np.ndarray] = {}  # (epoch, block): permutation
         self._order: tuple[int, np.ndarray, np.ndarray] | None = None  # epoch, blocks, starts
 
     def state(self) -> DataState:
@@ -97,9 +97,9 @@ class TokenLoader:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's batch of the next step; advances every rank's position alike."""
         first = self.position + self.dp_rank * self.batch_size
-        rows = [self._window(self._window_at(first + j)) for j in range(self.batch_size)]
+        windows = self._windows_at(np.arange(first, first + self.batch_size, dtype=np.int64))
         self.position += self.batch_size * self.dp_size
-        return _pair(np.stack(rows))
+        return _pair(self.shards.read_windows(windows * self.seq_len, self.seq_len + 1))
 
     def val_batches(self, num_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The first ``num_batches`` batches of this rank's slice of the held-out windows
@@ -120,9 +120,25 @@ class TokenLoader:
         start = base + w * self.seq_len
         return self.shards.read(start, start + self.seq_len + 1)
 
-    def _window_at(self, position: int) -> int:
-        """The window the global ``position`` names (see [Note: data order])."""
-        epoch, offset = divmod(position, self.num_windows)
+    def _windows_at(self, positions: np.ndarray) -> np.ndarray:
+        """The windows the global ``positions`` name (see [Note: data order])."""
+        epochs, offsets = np.divmod(positions, self.num_windows)
+        out = np.empty_like(positions)
+        for epoch in np.unique(epochs).tolist():  # one, or two where an epoch ends
+            mask = epochs == epoch
+            order, starts = self._epoch_order(epoch)
+            slots = np.searchsorted(starts, offsets[mask], side="right") - 1
+            blocks = order[slots]
+            within = offsets[mask] - starts[slots]
+            picked = np.empty_like(within)
+            for block in np.unique(blocks).tolist():
+                here = blocks == block
+                picked[here] = self._block_perm(epoch, block)[within[here]]
+            out[mask] = blocks * BLOCK + picked
+        return out
+
+    def _epoch_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's block order and each slot's first offset."""
         if self._order is None or self._order[0] != epoch:
             num_blocks = -(-self.num_windows // BLOCK)
             g = torch.Generator().manual_seed(_mix(self.seed, epoch, -1))
@@ -130,15 +146,18 @@ class TokenLoader:
             sizes = np.minimum(BLOCK, self.num_windows - order * BLOCK)  # the last may be short
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             self._order = (epoch, order, starts)
-        _, order, starts = self._order
-        slot = int(np.searchsorted(starts, offset, side="right")) - 1
-        within = offset - int(starts[slot])
-        block = int(order[slot])
-        size = min(BLOCK, self.num_windows - block * BLOCK)
-        if self._block is None or self._block[:2] != (epoch, block):
+        return self._order[1], self._order[2]
+
+    def _block_perm(self, epoch: int, block: int) -> np.ndarray:
+        """The permutation inside ``block`` in ``epoch`` (the last two are kept)."""
+        key = (epoch, block)
+        if key not in self._blocks:
             g = torch.Generator().manual_seed(_mix(self.seed, epoch, block))
-            self._block = (epoch, block, torch.randperm(size, generator=g).numpy())
-        return block * BLOCK + int(self._block[2][within])
+            size = min(BLOCK, self.num_windows - block * BLOCK)
+            self._blocks[key] = torch.randperm(size, generator=g).numpy()
+            while len(self._blocks) > 2:
+                self._blocks.pop(next(iter(self._blocks)))
+        return self._blocks[key]
 
 
 def _mix(seed: int, epoch: int, block: int) -> int:

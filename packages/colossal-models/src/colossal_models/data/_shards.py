@@ -178,6 +178,23 @@ class TokenShards:
             at += n
         return out
 
+    def read_windows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """Rows ``[s, s + length)`` for each ``s`` in ``starts``: an ``(n, length)`` array."""
+        out = np.empty((len(starts), length), dtype=self.dtype)
+        item = self.dtype.itemsize
+        shard = np.searchsorted(self._starts, starts, side="right") - 1
+        bounds = [*self._starts[1:], self.num_tokens]
+        for row, (s, i) in enumerate(zip(starts.tolist(), shard.tolist())):
+            if s + length <= bounds[i]:  # inside one file: one pread straight into the row
+                want = length * item
+                got = os.preadv(self._fds[i], [memoryview(out[row]).cast("B")],
+                                (s - self._starts[i]) * item)  # fmt: skip
+                if got != want:
+                    raise ConfigError(f"shard {i} of {self.directory} is shorter than its index")
+            else:
+                out[row] = self.read(s, s + length)
+        return out
+
     def document_end(self, i: int) -> int:
         """The end offset (exclusive) of document ``i``."""
         raw = os.pread(self._docs_fd, 8, i * 8)
