@@ -2,14 +2,15 @@
 
 ``train_on_mesh`` runs ``colossal.train.train`` on every rank of a World; ``reference_losses``
 trains the same model in one process with plain ``torch.optim.AdamW`` on the global batch: the
-batches of every data-parallel coordinate, concatenated (the loop draws coordinate ``d``'s batch
-from ``_data_seed(seed, d, step)``), with the loop's learning-rate schedule and one parameter
+batches of every data-parallel coordinate, concatenated (coordinate ``d`` reads the ``d``-th
+slice of each global batch of the loader, [Note: data order]), with the loop's learning-rate schedule and one parameter
 group with weight decay, as the hybrid plugin trains it.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,10 @@ import torch.distributed as dist
 from _stack_reference import adamw_losses
 
 from colossal import TrainConfig, train
-from colossal.train._loop import _data_seed
+from colossal.train._data import open_data, open_loader, resolve_tokenizer
 from colossal.train._models import resolve_model
 from colossal.train._schedule import warmup_cosine
 from colossal_contracts import ConfigError
-from colossal_models import ByteTokenizer, load_corpus
 
 
 def train_on_mesh(kw: dict[str, Any]) -> dict[str, Any]:
@@ -48,24 +48,16 @@ def mesh_error(kw: dict[str, Any]) -> str:
 def reference_losses(kw: dict[str, Any], dp: int) -> list[float]:
     """Single-process AdamW on the global batch of ``dp`` data-parallel coordinates."""
     cfg = TrainConfig(**kw)
-    spec = resolve_model(cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size)
-    corpus = load_corpus(cfg.corpus)
-    data, _ = corpus.split()
+    tokenizer = resolve_tokenizer(cfg)
+    spec = resolve_model(cfg.model, cfg.preset, vocab_size=tokenizer.vocab_size)
+    # one loader with the global batch: the dp coordinates' batches, concatenated
+    loader = open_loader(
+        replace(cfg, batch_size=cfg.batch_size * dp), open_data(cfg, tokenizer, rank=0)
+    )
     torch.manual_seed(cfg.seed)
     model = spec.build()
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )
-    gen = torch.Generator()
-
-    def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, ys = [], []
-        for coord in range(dp):
-            gen.manual_seed(_data_seed(cfg.seed, coord, step))
-            x, y = corpus.batch(data, cfg.batch_size, cfg.seq_len, gen)
-            xs.append(x)
-            ys.append(y)
-        return torch.cat(xs), torch.cat(ys)
-
-    batches = (global_batch(step) for step in range(cfg.steps))
+    batches = (loader.next_batch() for _ in range(cfg.steps))
     return adamw_losses(model, batches, opt, lr_at=lambda s: cfg.lr * warmup_cosine(s, cfg.steps))

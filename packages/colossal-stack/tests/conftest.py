@@ -19,3 +19,17 @@ def small_corpus(tmp_path):
 def world_preload():
     """The ranks of the suite's worlds start with the stack imported (colossal_testing)."""
     return ("colossal",)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _data_cache(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """Raw data that runs prepare goes to a scratch cache, not the user's ~/.cache."""
+    import os
+
+    old = os.environ.get("COLOSSAL_CACHE")
+    os.environ["COLOSSAL_CACHE"] = str(tmp_path_factory.mktemp("colossal-cache"))
+    yield
+    if old is None:
+        os.environ.pop("COLOSSAL_CACHE", None)
+    else:
+        os.environ["COLOSSAL_CACHE"] = old

@@ -42,6 +42,7 @@ def files(tmp_path_factory):  # type: ignore[no-untyped-def]
     (root / "empty").mkdir()
     (root / "a-file").write_text("not a directory")
     (root / "short.txt").write_text("too short\n")
+    _data_files(root)
     more, procs = runs_cases.make_files(root)
     yield {
         **more,
@@ -52,8 +53,27 @@ def files(tmp_path_factory):  # type: ignore[no-untyped-def]
         "empty": root / "empty",
         "file": root / "a-file",
         "short": root / "short.txt",
+        **{p.stem: p for p in root.glob("data-*")},
     }
     runs_cases.stop(procs)
+
+
+def _data_files(root: Path) -> None:
+    """Bad data and tokenizers: named ``data-*`` (stem = the placeholder)."""
+    import transformers
+
+    (root / "data-nofield.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    (root / "data-notjson.jsonl").write_text('{"text": "fine"}\n{"text": "cut\n')
+    (root / "data-emptyrows.jsonl").write_text('{"text": ""}\n\n{"text": ""}\n')
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["no text column"]}), root / "data-nocolumn.parquet")
+    (root / "data-badtok").mkdir()
+    (root / "data-badtok" / "tokenizer.json").write_text('{"model": "truncated')
+    transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=100).save_pretrained(
+        root / "data-smallvocab"
+    )
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -101,6 +121,45 @@ CLI_CASES = [
     ("corpus-empty-dir", [*TRAIN, "--corpus", "{empty}"], "holds no text"),
     ("corpus-binary", [*TRAIN, "--corpus", "{binary}"], "is not text"),
     ("corpus-too-short", [*TRAIN, "--corpus", "{short}"], "too few for --seq-len"),
+    ("tokenizer-missing", [*TRAIN, "--tokenizer", "hf:{root}/nope"], "does not exist"),
+    ("tokenizer-corrupt", [*TRAIN, "--tokenizer", "hf:{data-badtok}"], "is corrupt"),
+    ("tokenizer-unknown", [*TRAIN, "--tokenizer", "spm"], "unknown --tokenizer 'spm'"),
+    ("jsonl-no-field", [*TRAIN, "--data", "{data-nofield}"], "line 2 has no 'text' field"),
+    ("jsonl-not-json", [*TRAIN, "--data", "{data-notjson}"], "line 2 is not JSON"),
+    ("parquet-no-column", [*TRAIN, "--data", "{data-nocolumn}"], "no text column 'text'"),
+    ("data-no-documents", [*TRAIN, "--data", "{data-emptyrows}"], "holds no text"),
+    (
+        "tokenizer-past-embedding",
+        [*TRAIN, "--model", "hf:{data-smallvocab}"],
+        "the tokenizer has 256 ids, more than the 100 rows",
+    ),
+    ("val-fraction-one", [*TRAIN, "--val-fraction", "1"], "--val-fraction must be in [0, 1)"),
+    ("dropout-palm", [*TRAIN, "--model", "palm", "--dropout", "0.1"], "applies to --model gpt"),
+    (
+        "prepare-no-field",
+        ["data", "prepare", "--data", "{data-nofield}", "--out", "{root}/p1"],
+        "line 2 has no 'text' field",
+    ),
+    (
+        "prepare-bad-tokenizer",
+        [
+            "data",
+            "prepare",
+            "--tokenizer",
+            "hf:{data-badtok}",
+            "--data",
+            "{corpus}",
+            "--out",
+            "{root}/p2",
+        ],
+        "is corrupt",
+    ),
+    ("prepare-out-exists", ["data", "prepare", "--data", "{corpus}", "--out", "{run}"], "exists"),
+    (
+        "tokenizer-train-vocab",
+        ["tokenizer", "train", "--corpus", "{corpus}", "--vocab-size", "10", "--out", "{root}/t"],
+        "--vocab-size must be at least 257",
+    ),
     ("out-is-a-file", [*TRAIN, "--out", "{file}"], "is a file"),
     ("out-under-a-file", [*TRAIN, "--out", "{file}/sub"], "is a file, not a directory"),
     ("out-unwritable", [*TRAIN, "--out", "/proc/colossal-run"], "is not writable"),
@@ -187,13 +246,16 @@ def test_cli_bad_input(files, capsys, argv, message):
         elif "--resume-off" not in argv:
             argv += ["--resume"]
         argv = [a for a in argv if a != "--resume-off"]
-        if "--corpus" not in argv:
+        if "--corpus" not in argv and "--data" not in argv:
             argv += ["--corpus", str(files["corpus"])]
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
+    fresh = out is not None and not out.exists()
     before = _snapshot(files["run"])
     assert main(argv) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("error: ") and message in line, line
     assert _snapshot(files["run"]) == before
+    assert not (fresh and out.exists()), f"{out} was written"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ def test_colossal_train_takes_an_hf_folder(folders, small_corpus, tmp_path, caps
     small_vocab.mkdir()
     (small_vocab / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 100}')
     assert main(argv(f"hf:{small_vocab}", "small_run")) == 2
-    assert "vocabulary of 100 tokens" in capsys.readouterr().err
+    assert "the tokenizer has 256 ids, more than the 100 rows" in capsys.readouterr().err
     assert main(argv(f"hf:{tmp_path / 'missing'}", "missing_run")) == 2
     assert "no such file or folder" in capsys.readouterr().err
 

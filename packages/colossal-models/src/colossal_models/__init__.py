@@ -1,5 +1,6 @@
 """colossal-models: GPT and PaLM built for Colossal, their tensor-parallel plans, Hugging Face
-state-dict adapters, a byte tokenizer and corpus loaders.
+state-dict adapters, a byte tokenizer and corpus loaders; the data path (tokenizers, sources,
+token shards, the streaming loader) is the ``colossal_models.data`` subpackage.
 
 Every model folder has the same shape: ``config`` (dataclass and presets), ``model``,
 ``parallelize`` (tensor-parallel plan) and ``state_dict`` (Hugging Face adapter).

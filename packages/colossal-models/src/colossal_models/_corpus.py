@@ -27,7 +27,8 @@ def default_corpus_path() -> Path:
 
 def _is_text(path: Path) -> bool:
     try:
-        head = path.read_bytes()[:_PROBE]
+        with path.open("rb") as f:
+            head = f.read(_PROBE)
     except OSError:
         return False
     if not head or b"\x00" in head:

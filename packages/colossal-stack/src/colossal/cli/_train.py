@@ -40,11 +40,39 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "--seq-len", type=int, default=d.seq_len, help="tokens per sequence (default: %(default)s)"
     )
     p.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
-    p.add_argument(
+    data = p.add_argument_group("data", "text in (see docs/data.md)")
+    data.add_argument(
+        "--data",
         "--corpus",
+        dest="data",
         type=_path,
         default=None,
-        help="text file or folder (default: this Python's standard library sources)",
+        help="text file or folder, .jsonl, .parquet, a saved Hugging Face dataset folder, or a "
+        "folder from colossal data prepare (default: this Python's standard library sources); "
+        "--corpus is its older name",
+    )
+    data.add_argument(
+        "--tokenizer",
+        default=None,
+        help="bytes, or hf:PATH (a tokenizer.json or a folder holding one) (default: a prepared "
+        "folder's own, else the --model hf: folder's, else bytes)",
+    )
+    data.add_argument(
+        "--text-field",
+        default=d.text_field,
+        help="jsonl key or parquet/dataset column of the text (default: %(default)s)",
+    )
+    data.add_argument(
+        "--val-fraction",
+        type=float,
+        default=d.val_fraction,
+        help="documents held out for validation, the last ones (default: %(default)s)",
+    )
+    data.add_argument(
+        "--dropout",
+        type=float,
+        default=None,
+        help="dropout of --model gpt (default: the preset's, 0); resumes stay exact",
     )
     p.add_argument(
         "--out", type=_path, default=d.out, help="output directory (default: %(default)s)"
@@ -190,7 +218,11 @@ def _run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seq_len=args.seq_len,
         seed=args.seed,
-        corpus=args.corpus,
+        data=args.data,
+        tokenizer=args.tokenizer,
+        text_field=args.text_field,
+        val_fraction=args.val_fraction,
+        dropout=args.dropout,
         out=args.out,
         plugin=args.plugin,
         placement=args.placement,

@@ -30,7 +30,16 @@ class TrainConfig:
             dp; every rank of one dp coordinate gets the same batch, see [Note: mesh data]).
         seq_len: tokens per sequence.
         seed: seeds model init (same on every rank) and data (offset per rank).
-        corpus: text file or folder; None is the embedded default (Python's standard library).
+        data: text file or folder, .jsonl, .parquet, a saved Hugging Face dataset folder, or a
+            folder made by ``colossal data prepare``; None is the embedded default (the first 16
+            MiB of Python's standard library). See docs/data.md.
+        corpus: the older name of ``data`` (after construction both hold the same path).
+        tokenizer: "bytes" or "hf:PATH" (a tokenizer.json or a folder holding one); None: a
+            prepared folder's own, else the ``hf:`` model folder's, else "bytes".
+        text_field: the jsonl key / parquet or dataset column holding the text.
+        val_fraction: documents held out for validation (the last ones; 0: no validation).
+        dropout: dropout probability of ``--model gpt`` (None: the preset's, 0); resumes are
+            exact with it on (the checkpoint keeps every rank's RNG states).
         out: directory for metrics.jsonl, the checkpoint and plots.
         plugin: training strategy ("gemini": ZeRO-3 over chunks under a memory budget, "zero":
             ZeRO stage 1 or 2 with replicated parameters, "ddp", or "hybrid": tensor, pipeline
@@ -77,7 +86,12 @@ class TrainConfig:
     batch_size: int = 16
     seq_len: int = 128
     seed: int = 0
+    data: Path | None = None
     corpus: Path | None = None
+    tokenizer: str | None = None
+    text_field: str = "text"
+    val_fraction: float = 0.05
+    dropout: float | None = None
     out: Path = Path("runs/latest")
     plugin: str | None = None
     placement: str = "auto"
@@ -114,7 +128,12 @@ class TrainConfig:
                 raise ConfigError(
                     f"TrainConfig.{name} must be {want}, got {type(value).__name__} {value!r}"
                 )
-        for name in ("out", "corpus", "disk_dir"):  # str paths are fine: keep Paths from here on
+        for name in (
+            "out",
+            "data",
+            "corpus",
+            "disk_dir",
+        ):  # str paths are fine: keep Paths from here on
             if getattr(self, name) == "":
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} is empty; give a path (use . for this folder)")
@@ -127,6 +146,7 @@ class TrainConfig:
                 if lo == 1 and value < 1:
                     raise ConfigError(f"{flag} must be positive, got {value}")
                 raise ConfigError(f"{flag} must be in [{lo}, {hi}], got {value}")
+        self._check_data()
         if not (math.isfinite(self.lr) and 0 < self.lr <= 10):
             raise ConfigError(f"--lr must be positive and at most 10 (try 1e-3), got {self.lr}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
@@ -201,6 +221,26 @@ class TrainConfig:
         """Whether the checkpoint saved after ``step`` carries the consolidated model."""
         return self.export == "every" or (self.export == "final" and step == self.steps)
 
+    def _check_data(self) -> None:
+        """``corpus`` as a synonym of ``data``; the fraction and dropout in range."""
+        if self.data is not None and self.corpus is not None and self.data != self.corpus:
+            raise ConfigError(
+                f"--data {self.data} and --corpus {self.corpus} disagree; --corpus is the older "
+                "name of --data: give one"
+            )
+        object.__setattr__(self, "data", self.data or self.corpus)
+        object.__setattr__(self, "corpus", self.data)
+        if not (math.isfinite(self.val_fraction) and 0 <= self.val_fraction < 1):
+            raise ConfigError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
+        if self.dropout is not None:
+            if not (math.isfinite(self.dropout) and 0 <= self.dropout < 1):
+                raise ConfigError(f"--dropout must be in [0, 1), got {self.dropout}")
+            if self.model != "gpt":
+                raise ConfigError(
+                    f"--dropout applies to --model gpt, not {self.model} (a Hugging Face model "
+                    "keeps its config.json's dropout); drop it"
+                )
+
     def _check_tiers(self) -> None:
         """Host and disk budgets (Gemini only); the disk directory is checked before anything
         runs or is written."""
@@ -256,7 +296,12 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "batch_size": int,
     "seq_len": int,
     "seed": int,
+    "data": (Path, str, type(None)),
     "corpus": (Path, str, type(None)),
+    "tokenizer": (str, type(None)),
+    "text_field": str,
+    "val_fraction": (float, int),
+    "dropout": (float, int, type(None)),
     "out": (Path, str),
     "plugin": (str, type(None)),
     "placement": str,
@@ -285,7 +330,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "activation_checkpointing": bool,
     "max_grad_norm": (float, int),
 }
-# (lowest, highest): steps and seed bound the per-step data seed (see _loop._data_seed)
+# (lowest, highest) of each integer setting
 _INT_RANGES = {
     "steps": (1, 2**24 - 1),
     "batch_size": (1, 2**16),

@@ -16,7 +16,6 @@ from torch import nn
 
 from colossal_contracts import ColossalError, ConfigError
 from colossal_memtrace import estimate_step
-from colossal_models import ByteTokenizer, load_corpus
 from colossal_parallel import ProcessMesh
 
 from .._dist import init_from_env, rank_and_world
@@ -32,6 +31,7 @@ from ..booster import (
     Plugin,
 )
 from ._config import TrainConfig
+from ._data import describe_data, open_data, open_loader, resolve_tokenizer
 from ._display import (
     TrainDisplay,
     comm_summary,
@@ -44,6 +44,7 @@ from ._mesh import PLUGINS, check_mesh, hybrid_plugin, mesh_flags, state_shards
 from ._models import ModelSpec, resolve_model
 from ._outdir import METRICS, Claim, claim_out_on_rank0, trim_metrics
 from ._preflight import check_fits
+from ._resume import restore_position, save_with_state
 from ._schedule import warmup_cosine
 
 __all__ = ["TrainResult", "build_plugin", "train"]
@@ -186,8 +187,13 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     resume_from = claim.resume_from
     if main and claim.moved_aside is not None:
         console.print(f"--restart: moved the old run in {cfg.out} to {claim.moved_aside}")
+    tokenizer = resolve_tokenizer(cfg)
     spec = resolve_model(
-        cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size, parallel=bool(mesh_flags(cfg))
+        cfg.model,
+        cfg.preset,
+        vocab_size=tokenizer.vocab_size,
+        parallel=bool(mesh_flags(cfg)),
+        dropout=cfg.dropout,
     )
     if cfg.seq_len > spec.max_seq_len:
         raise ConfigError(
@@ -206,14 +212,8 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
         sharded=cfg.plugin in ("gemini", "hybrid"),
         world=state_shards(cfg, world),
     )
-    corpus = load_corpus(cfg.corpus)
-    train_data, val_data = corpus.split()
-    if min(len(train_data), len(val_data)) <= cfg.seq_len + 1:
-        raise ConfigError(
-            f"corpus {corpus.source} has {len(corpus.data):,} bytes, too few for --seq-len "
-            f"{cfg.seq_len} (5% of it is held out for validation); give more text or a shorter "
-            "--seq-len"
-        )
+    shards = open_data(cfg, tokenizer, rank=rank)  # bad data: an error before any write
+    open_loader(cfg, shards)  # data shorter than one sequence: an error here too
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model = spec.build()
     # plugins that shard the model rebuild one parameter group: decay applies to every parameter
@@ -230,6 +230,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     mesh = _mesh_of(plugin, cfg)
     data_rank, dp = (mesh.coord("dp"), mesh.size("dp")) if mesh else (rank, world)
     dp_group = mesh.group("dp") if mesh else None
+    loader = open_loader(cfg, shards, dp_rank=data_rank, dp_size=dp)
 
     out = cfg.out
     ckpt_root = out / "checkpoint"
@@ -237,6 +238,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     if resume_from is not None:
         info = booster.load(model, optimizer, resume_from)
         start = info["step"]
+        restore_position(loader, info, rank, console if main else None)
         if start > cfg.steps:
             raise ConfigError(
                 f"--resume: the checkpoint {info['path']} is at step {start}, past --steps "
@@ -250,17 +252,17 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
                 console.print(f"nothing to do: the run in {out} already reached step {start}")
             booster.close()  # [Note: clean exit]
             return TrainResult([], float("nan"), 0.0, spec.num_params, info["path"], out)
-    data_gen = torch.Generator()
     extra = {
         "train_config": {k: str(v) for k, v in asdict(cfg).items()},
         "model_config": spec.config,
+        "tokenizer": tokenizer.spec,
     }
     if main:
         out.mkdir(parents=True, exist_ok=True)
         console.print(
             f"[bold]colossal train[/]: {spec.label} ({spec.num_params:,} params), "
-            f"{world} rank(s), plugin {_plugin_label(cfg, plugin, mesh)}, corpus {corpus.source} "
-            f"({len(corpus.data):,} bytes, {corpus.num_files} files)"
+            f"{world} rank(s), plugin {_plugin_label(cfg, plugin, mesh)}, "
+            f"{describe_data(shards, tokenizer)}"
         )
     if main and cfg.resume:
         trim_metrics(out, start)
@@ -277,8 +279,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             t0 = time.perf_counter()
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
-            data_gen.manual_seed(_data_seed(cfg.seed, data_rank, step))  # resumable
-            x, y = corpus.batch(train_data, cfg.batch_size, cfg.seq_len, data_gen)
+            x, y = loader.next_batch()  # [Note: data order]
             if isinstance(model, PipelineModule):  # forward and backward through the schedule
                 loss_value = _mean_over_ranks(
                     booster.execute_pipeline(x, y, model, optimizer).item(), dp_group
@@ -318,8 +319,8 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                 _choose_export(plugin, cfg, step + 1)
                 with watch.paused():
-                    checkpoint = booster.save(
-                        model, optimizer, ckpt_root, step=step + 1, extra=extra
+                    checkpoint = save_with_state(
+                        booster, model, optimizer, ckpt_root, step + 1, extra, loader
                     )
     elapsed = time.perf_counter() - run_start
     watch.training_over()  # [Note: watchdog]: saves and the end are not watched for stalls
@@ -328,11 +329,12 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     if not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every:
         _choose_export(plugin, cfg, cfg.steps)
         with watch.paused():
-            checkpoint = booster.save(model, optimizer, ckpt_root, step=cfg.steps, extra=extra)
-    gen = torch.Generator().manual_seed(cfg.seed + 10_000)
-    held_out = [corpus.batch(val_data, cfg.batch_size, cfg.seq_len, gen) for _ in range(4)]
+            checkpoint = save_with_state(
+                booster, model, optimizer, ckpt_root, cfg.steps, extra, loader
+            )
+    held_out = loader.val_batches(4)
     with watch.paused():
-        val = _evaluate(booster, model, optimizer, held_out, dp_group)
+        val = _evaluate(booster, model, optimizer, held_out, dp_group) if held_out else float("nan")
     result = TrainResult(
         losses=losses,
         val_loss=val,
@@ -376,11 +378,6 @@ def _plugin_label(cfg: TrainConfig, plugin: Plugin, mesh: ProcessMesh | None) ->
     if plugin.non_model_bytes:
         label += f", {int(plugin.non_model_bytes) / 2**20:,.1f} MiB kept for activations"
     return label + ")"
-
-
-def _data_seed(seed: int, rank: int, step: int) -> int:
-    """Distinct for every (seed, rank, step) with rank < 2**16 and step < 2**24."""
-    return (seed << 40) + (rank << 24) + step
 
 
 def _summary(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from torch import nn
@@ -77,9 +77,18 @@ _FAMILIES: dict[str, tuple[type[nn.Module], Any, dict[str, Any]]] = {
 }
 
 
-def resolve_model(model: str, preset: str, *, vocab_size: int, parallel: bool = False) -> ModelSpec:
+def resolve_model(
+    model: str,
+    preset: str,
+    *,
+    vocab_size: int,
+    parallel: bool = False,
+    dropout: float | None = None,
+) -> ModelSpec:
     """The model called ``model`` ("gpt", "palm", "hf:PATH") at ``preset`` with ``vocab_size``
-    tokens; ``ConfigError`` naming the choices when unknown.
+    tokens (the tokenizer's: GPT and PaLM take it as their vocabulary, a Hugging Face model's
+    embedding must hold it); ``ConfigError`` naming the choices when unknown. ``dropout``: GPT's
+    (None: the preset's).
 
     ``parallel``: the run shards layers (tensor, pipeline or sequence parallelism), so ``build``
     must return GPT or PaLM; a Hugging Face model without an adapter is then a ``ConfigError``
@@ -91,6 +100,8 @@ def resolve_model(model: str, preset: str, *, vocab_size: int, parallel: bool = 
         raise ConfigError(f"unknown --model {model!r}; choose one of: {', '.join(MODEL_FAMILIES)}")
     family, config_cls, presets = _FAMILIES[model]
     cfg = config_cls.preset(preset).with_vocab(vocab_size)
+    if dropout is not None:
+        cfg = replace(cfg, dropout=dropout)
     return ModelSpec(
         label=f"{model}-{preset}",
         build=lambda: family(cfg),
@@ -110,8 +121,9 @@ def _resolve_hf(path: str, *, vocab_size: int, parallel: bool) -> ModelSpec:
     kind = hf_config.model_type
     if hf_config.vocab_size < vocab_size:
         raise ConfigError(
-            f"hf:{path} has a vocabulary of {hf_config.vocab_size} tokens, fewer than the "
-            f"{vocab_size} ids of the byte tokenizer; give a model with vocab_size >= {vocab_size}"
+            f"the tokenizer has {vocab_size} ids, more than the {hf_config.vocab_size} rows of "
+            f"hf:{path}'s embedding; give a tokenizer of at most {hf_config.vocab_size} ids "
+            "(the model's own: --tokenizer hf:MODEL_DIR) or a model with a larger vocabulary"
         )
     try:
         ours = hf_adapter_config(hf_config)

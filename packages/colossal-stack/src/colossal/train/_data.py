@@ -1,0 +1,101 @@
+"""The job's tokenizer and data: chosen from the flags, checked before anything is written, and
+streamed with a position the checkpoint records (colossal-models' ``data`` package does the work).
+
+The tokenizer is ``--tokenizer`` when given; else a prepared ``--data`` folder's own; else the
+``--model hf:PATH`` folder's tokenizer.json when it has one; else the byte tokenizer. Raw data is
+prepared on first use into a cache (rank 0 first, the others then find it), so a bad file is one
+error on every rank and nothing half-written is left.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed as dist
+
+from colossal_contracts import ConfigError
+from colossal_models.data import (
+    BYTES,
+    TextTokenizer,
+    TokenLoader,
+    TokenShards,
+    cached_data,
+    is_prepared,
+    load_tokenizer,
+    open_source,
+    tokenizer_file,
+)
+
+from ._config import TrainConfig
+from ._models import HF_PREFIX
+
+__all__ = ["describe_data", "open_data", "open_loader", "resolve_tokenizer"]
+
+
+def resolve_tokenizer(cfg: TrainConfig) -> TextTokenizer:
+    """The run's tokenizer (see the module's docstring for the order of choice)."""
+    if cfg.tokenizer is not None:
+        return load_tokenizer(cfg.tokenizer)
+    if is_prepared(cfg.data):
+        folder = Path(cfg.data).expanduser()  # type: ignore[arg-type]
+        return load_tokenizer(f"hf:{folder}" if tokenizer_file(folder) else BYTES)
+    if cfg.model.startswith(HF_PREFIX):
+        path = Path(cfg.model[len(HF_PREFIX) :]).expanduser()
+        folder = path if path.is_dir() else path.parent
+        if tokenizer_file(folder):
+            return load_tokenizer(f"hf:{folder}")
+    return load_tokenizer(BYTES)
+
+
+def open_data(cfg: TrainConfig, tokenizer: TextTokenizer, *, rank: int) -> TokenShards:
+    """The prepared shards of ``cfg.data`` (raw data: prepared into the cache now, rank 0 first);
+    ``ConfigError`` on every rank for bad data, or a prepared folder of another tokenizer."""
+    if is_prepared(cfg.data):
+        shards = TokenShards.open(Path(cfg.data).expanduser())  # type: ignore[arg-type]
+        made_by = shards.index["tokenizer"]
+        if made_by["fingerprint"] != tokenizer.fingerprint:
+            raise ConfigError(
+                f"--data {cfg.data} was prepared with the tokenizer {made_by['spec']}, not "
+                f"{tokenizer.spec}; drop --tokenizer (the folder's own is used) or prepare the "
+                "data again with this one"
+            )
+        return shards
+    source = open_source(cfg.data, text_field=cfg.text_field)
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not distributed:
+        return cached_data(source, tokenizer)
+    failure: list[str | None] = [None]
+    shards = None
+    if rank == 0:
+        try:
+            shards = cached_data(source, tokenizer)
+        except ConfigError as err:
+            failure[0] = str(err)
+    dist.broadcast_object_list(failure, src=0)
+    if failure[0] is not None:
+        raise ConfigError(failure[0])
+    return shards if shards is not None else cached_data(source, tokenizer)
+
+
+def open_loader(
+    cfg: TrainConfig, shards: TokenShards, *, dp_rank: int = 0, dp_size: int = 1
+) -> TokenLoader:
+    """The run's loader over ``shards``; ``ConfigError`` when the data is shorter than one
+    sequence (training or held out)."""
+    return TokenLoader(
+        shards,
+        seq_len=cfg.seq_len,
+        batch_size=cfg.batch_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=cfg.seed,
+        val_fraction=cfg.val_fraction,
+    )
+
+
+def describe_data(shards: TokenShards, tokenizer: TextTokenizer) -> str:
+    """One phrase for the run's banner."""
+    return (
+        f"data {shards.index.get('source', shards.directory)} ({shards.num_tokens:,} tokens, "
+        f"{shards.num_documents:,} documents, tokenizer {tokenizer.spec})"
+    )
