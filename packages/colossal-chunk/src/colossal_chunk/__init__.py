@@ -3,6 +3,7 @@
 from ._accounting import ManagerStats
 from ._chunk import Chunk, PendingReduce
 from ._config import ChunkConfig
+from ._hooks import ManagerHooks
 from ._host_memory import host_empty, map_large_host_blocks, trim_host_heap
 from ._manager import ChunkManager
 from ._order import OrderStats, trace_order
@@ -24,6 +25,7 @@ __all__ = [
     "ChunkSummary",
     "DiskIOStats",
     "LruPolicy",
+    "ManagerHooks",
     "ManagerStats",
     "OrderStats",
     "PendingReduce",

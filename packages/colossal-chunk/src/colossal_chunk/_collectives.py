@@ -3,7 +3,7 @@ what is in flight.
 
 [Note: collectives in flight] (``_pending.py``): ``gather_ahead`` and ``reduce(async_op=True)``
 start collectives that an access, a move, a re-pack or ``settle()`` of the chunk finishes. A
-runtime that sets ``keep_gathered`` keeps a chunk gathered after a release when the rule says it
+runtime whose ``ManagerHooks.keep_gathered`` says so keeps a chunk gathered after a release when the rule says it
 is used again soon. Every rank must make the same calls, as for any collective.
 
 [Note: gathers ahead] ``gather_ahead`` is the budgeted path's overlap: a chunk a coming moment
@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from colossal_contracts import PlacementPolicy, TierName
 
 from ._chunk import Chunk
+from ._hooks import ManagerHooks
 from ._pending import InFlight
 from ._placement import Placement
 from ._tier import Tier
@@ -55,7 +56,7 @@ class ManagerCollectives:
     chunks: dict[int, Chunk]  # every chunk by id (the manager's)
     policy: PlacementPolicy  # the manager's
     in_flight: InFlight  # the manager's: chunks with a collective started here
-    before_collective: Callable[[str, Chunk], None] | None  # the manager's
+    hooks: ManagerHooks  # the manager's
     _placement: Placement  # the manager's
     _moment: int  # the manager's
     _steady: bool  # [Note: resident fast path]: the manager's
@@ -86,8 +87,8 @@ class ManagerCollectives:
         )
         if dst is c or c.world_size == 1:
             dst = None
-        if self.before_collective is not None and c.world_size > 1:
-            self.before_collective("reduce-scatter", c)
+        if c.world_size > 1:
+            self.hooks.before_collective("reduce-scatter", c)
         if dst is not None:
             self._reduce_target(dst, read_on_host=read_on_host)
         elif c.world_size > 1 and c.tier is not ACC:  # gathered from the host: the result lands
@@ -152,8 +153,7 @@ class ManagerCollectives:
             self.in_flight.finish(c)
             if c.tier is not ACC and not staged:
                 pl.move(c, ACC)  # finishes its prefetch, or copies the shard in now
-            if self.before_collective is not None:
-                self.before_collective("all-gather", c)
+            self.hooks.before_collective("all-gather", c)
             pl.count_staging(c)
             acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
             c.start_gather(acc.allocate_gathered(c.capacity, c.dtype))

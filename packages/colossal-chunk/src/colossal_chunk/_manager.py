@@ -21,7 +21,7 @@ re-packing them in first-use order in ``_repack.py``, the step without touching 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -38,6 +38,7 @@ from ._books import ManagerBooks
 from ._chunk import Chunk
 from ._collectives import ManagerCollectives
 from ._config import ChunkConfig
+from ._hooks import ManagerHooks
 from ._pending import InFlight
 from ._placement import Placement, build_tiers
 from ._register import ManagerRegistry
@@ -65,12 +66,7 @@ class ChunkManager(
     config: ChunkConfig
     policy: PlacementPolicy
     chunks: dict[int, Chunk]  # every chunk by id, parameter chunks first
-    before_collective: Callable[[str, Chunk], None] | None
-    """Called with ("all-gather" | "reduce-scatter", chunk) before every collective on a chunk
-    (a runtime checks there that all ranks agree); None: nothing is called."""
-    keep_gathered: Callable[[Chunk], bool] | None
-    """Asked when a release could drop a sharded chunk's gathered buffer: True keeps it (the
-    runtime knows the chunk is used again soon); None: always drop it."""
+    hooks: ManagerHooks  # told before collectives, asked whether to keep chunks gathered
     in_flight: InFlight  # [Note: collectives in flight]
 
     def __init__(
@@ -79,8 +75,10 @@ class ChunkManager(
         *,
         policy: PlacementPolicy | None = None,
         group: dist.ProcessGroup | None = None,
+        hooks: ManagerHooks | None = None,
     ):
         self.config = config
+        self.hooks = hooks if hooks is not None else ManagerHooks()
         self.policy = policy if policy is not None else LruPolicy()
         if not isinstance(self.policy, PlacementPolicy):
             raise ConfigError(
@@ -101,8 +99,6 @@ class ChunkManager(
         self._steady = False  # fully_resident() said yes and nothing changed since
         self._demand: dict[int, list[int]] | None = None  # moment -> [unfreeable, resident]
         self._closed = False
-        self.before_collective = None
-        self.keep_gathered = None
         self._placement = Placement(
             build_tiers(config),
             self.policy,
@@ -292,9 +288,8 @@ class ChunkManager(
         for c in chunks:
             if c.chunk_id not in staged:  # [Note: gathers from the host]
                 pl.move(c, ACC, copy=not discard)
-            check = self.before_collective
-            if check is not None and not zero and c.world_size > 1 and not c.is_gathered:
-                check("all-gather", c)
+            if not zero and c.world_size > 1 and not c.is_gathered:
+                self.hooks.before_collective("all-gather", c)
             pl.gather(c, zero=zero)
             for name in by_chunk[c.chunk_id]:
                 c.set_state(name, TensorState.COMPUTE)
@@ -339,15 +334,10 @@ class ChunkManager(
         self._after_release(done, reshard)
 
     def _after_release(self, chunks: list[Chunk], reshard: bool) -> None:
-        evict_after, keep = self.policy.evict_after_use, self.keep_gathered
+        evict_after, keep = self.policy.evict_after_use, self.hooks.keep_gathered
         for c in chunks:
             moved = False
-            if (
-                reshard
-                and c.world_size > 1
-                and c.all_in(TensorState.HOLD)
-                and (keep is None or not keep(c))
-            ):
+            if reshard and c.world_size > 1 and c.all_in(TensorState.HOLD) and not keep(c):
                 self._placement.release_gathered(c)
                 moved = True
             if c.movable and evict_after(c.chunk_id):

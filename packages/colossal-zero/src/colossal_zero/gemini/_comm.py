@@ -20,15 +20,15 @@ The values computed are those of the synchronous path, bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from colossal_chunk import Chunk, ChunkManager
+from colossal_chunk import Chunk, ChunkManager, ManagerHooks
 from colossal_contracts import MemStatsSource, TierName
 
-__all__ = ["CommSchedule", "RankMaxStats"]
+__all__ = ["CommSchedule", "GeminiHooks", "RankMaxStats"]
 
 
 class CommSchedule:
@@ -56,9 +56,26 @@ class CommSchedule:
         return self._next[moment] if moment < len(self._next) else ()
 
     def keep(self, chunk: Chunk) -> bool:
-        """``ChunkManager.keep_gathered``: True if the moment after the current one uses ``chunk``."""
+        """``ManagerHooks.keep_gathered`` (through ``GeminiHooks``): True if the moment after the current one uses ``chunk``."""
         moment = self.manager.moment
         return moment < len(self._next_set) and chunk.chunk_id in self._next_set[moment]
+
+
+class GeminiHooks(ManagerHooks):
+    """What Gemini's runtime answers its chunk manager: while the warmup step records on more
+    than one rank, every collective is checked to be the same on all of them (``agree``); once
+    an overlap schedule exists, a chunk the next moment uses stays gathered (``keep``)."""
+
+    def __init__(self) -> None:
+        self.agree: Callable[[str, Chunk], None] | None = None  # set while the warmup records
+        self.keep: Callable[[Chunk], bool] | None = None  # CommSchedule.keep, with overlap
+
+    def before_collective(self, kind: str, chunk: Chunk) -> None:
+        if self.agree is not None:
+            self.agree(kind, chunk)
+
+    def keep_gathered(self, chunk: Chunk) -> bool:
+        return self.keep is not None and self.keep(chunk)
 
 
 class RankMaxStats:

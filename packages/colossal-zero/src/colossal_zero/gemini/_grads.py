@@ -24,6 +24,7 @@ from colossal_chunk import Chunk, ChunkManager
 from colossal_contracts import TensorState
 
 from ..optim._precision import Precision
+from ._comm import GeminiHooks
 from ._roles import ChunkRoles
 from ._state import ChunkGrads
 
@@ -34,6 +35,7 @@ class StepGradients:
     """The runtime's gradient books after backward; ``GeminiRuntime`` is one."""
 
     manager: ChunkManager
+    _hooks: GeminiHooks  # the manager's ([Note: overlap] keeps chunks gathered)
     precision: Precision
     _chunks: dict[int, ChunkGrads]  # param chunk id -> its gradients' record
     got_grad: set[str]  # names with a gradient since the last step/zero_grad
@@ -151,8 +153,8 @@ class StepGradients:
             return
         m = self.manager
         m.in_flight.finish(c)
-        keep, m.keep_gathered = m.keep_gathered, None
+        keep, self._hooks.keep = self._hooks.keep, None
         try:
             m.release_chunks([c])
         finally:
-            m.keep_gathered = keep
+            self._hooks.keep = keep

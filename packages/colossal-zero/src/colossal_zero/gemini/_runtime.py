@@ -49,7 +49,7 @@ from colossal_contracts import ConfigError, StepRecorder, TensorState
 
 from .._lazy import LazyInit, LazyValues
 from ._collect import GradientCollection
-from ._comm import CommSchedule, RankMaxStats
+from ._comm import CommSchedule, GeminiHooks, RankMaxStats
 from ._config import GeminiConfig
 from ._hooks import AccessMode, label
 from ._setup import build_manager
@@ -96,7 +96,8 @@ class GeminiRuntime(GradientCollection):
                 )
             p.data = p.data.to(dtype)
         lazy_values.swap_out()
-        self.manager = build_manager(named, config, group)
+        self._hooks = GeminiHooks()  # the manager's hooks: [Note: warmup], [Note: overlap]
+        self.manager = build_manager(named, config, group, self._hooks)
         self.manager.register(named, materialize=lazy_values.fill if lazy_values else None)
         if self.precision.master:
             self.manager.add_parallel("master", torch.float32)
@@ -193,7 +194,7 @@ class GeminiRuntime(GradientCollection):
         if self._recording:
             self._warmup.start(self.manager.model_data_bytes, self.manager.model_tensors())
             if self.group is not None:
-                self.manager.before_collective = self._agree_collective
+                self._hooks.agree = self._agree_collective
             return
         self._warmup.close()  # outside backward: removes what the warmup installed
         if self._probe is not None:
@@ -367,13 +368,13 @@ class GeminiRuntime(GradientCollection):
         self._to(_T.IDLE)
         if self._recording:
             self._recording = False
-            m.before_collective = None
+            self._hooks.agree = None
             stats = self._warmup.finish()
             if m.world_size > 1 and self._warmup.order:  # the same room on every rank
                 stats = RankMaxStats(stats, self.group)  # type: ignore[arg-type]
             if self._overlap and self._warmup.order:
                 self._comm = CommSchedule(m, self._warmup.order)
-                m.keep_gathered = self._comm.keep
+                self._hooks.keep = self._comm.keep
             self._never_read = {n for n in self.params if n not in self.got_grad}
             self._index_chunks()
             if self._warmup.order:

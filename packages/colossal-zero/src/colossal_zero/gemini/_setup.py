@@ -15,6 +15,7 @@ from colossal_chunk import (
     AutoPolicy,
     ChunkConfig,
     ChunkManager,
+    ManagerHooks,
     StaticPolicy,
     search_chunk_size,
 )
@@ -109,9 +110,11 @@ def build_manager(
     named: Sequence[tuple[str, torch.nn.Parameter]],
     config: GeminiConfig,
     group: dist.ProcessGroup | None,
+    hooks: ManagerHooks | None = None,
 ) -> ChunkManager:
     """A chunk manager sized for ``named`` (parameters already in the compute dtype), with the
-    budget checked against the working set of one chunk. Registers nothing yet."""
+    budget checked against the working set of one chunk, told and asked through ``hooks``.
+    Registers nothing yet."""
     precision = config.precision_spec
     world_size = dist.get_world_size(group) if group is not None else 1
     numels = [p.numel() for _, p in named]
@@ -143,4 +146,4 @@ def build_manager(
         home=TierName.HOST.value,
     )
     policy = _policy(config, param_bytes, working)
-    return ChunkManager(chunk_cfg, policy=policy, group=group)
+    return ChunkManager(chunk_cfg, policy=policy, group=group, hooks=hooks)
