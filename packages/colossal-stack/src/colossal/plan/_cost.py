@@ -7,7 +7,7 @@ context-parallel and pipeline messages, which are not overlapped; a step is
 gradient traffic overlaps the backward pass (ZeRO-3/Gemini's gathers the whole step), so only
 what exceeds it shows. Offload traffic (PCIe, disk) and the host Adam step are not overlapped.
 Bytes are colossal-parallel's counted bytes (``block_comm_bytes_1d``, ``linear_comm_bytes``,
-``ulysses_comm_bytes``, ``pipeline_p2p_bytes``) turned into wire bytes by the ring factor
+``ulysses_comm_bytes``, ``ring_attention_comm_bytes``, ``pipeline_p2p_bytes``) turned into wire bytes by the ring factor
 ``(g-1)/g`` per gathered or scattered tensor, and into seconds by the link they cross.
 """
 
@@ -21,6 +21,7 @@ from colossal_parallel import (
     layernorm_comm_bytes,
     linear_comm_bytes,
     pipeline_p2p_bytes,
+    ring_attention_comm_bytes,
     ulysses_comm_bytes,
 )
 
@@ -126,10 +127,14 @@ def step_cost(
     sp_mb = 0.0
     if lay.sp > 1:
         heads = max(1, shape.heads // lay.tp)
-        f, b = ulysses_comm_bytes(
+        count = ring_attention_comm_bytes if lay.sp_kind == "ring" else ulysses_comm_bytes
+        f, b = count(
             lay.micro_batch, heads, seq_len, shape.hidden // shape.heads, lay.sp, elem_bytes=2
         )
-        sp_mb = layers * (f + b) * (lay.sp - 1) / lay.sp / _link(hw, lay.tp * lay.sp)
+        # the ring's count is what a rank sends; an all-to-all counts its input, of which
+        # (sp-1)/sp leaves the rank
+        wire = 1.0 if lay.sp_kind == "ring" else (lay.sp - 1) / lay.sp
+        sp_mb = layers * (f + b) * wire / _link(hw, lay.tp * lay.sp)
     pp_mb = 0.0
     if lay.pp > 1:
         numel = tokens_mb * shape.hidden // (lay.tp * lay.sp)

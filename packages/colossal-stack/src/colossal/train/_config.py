@@ -9,7 +9,7 @@ from pathlib import Path
 from colossal_contracts import ConfigError
 from colossal_parallel import SCHEDULES, TP_MODES
 
-from ._mesh import resolve_plugin
+from ._mesh import check_flags, resolve_plugin
 
 __all__ = ["EXPORTS", "TrainConfig"]
 
@@ -153,6 +153,7 @@ class TrainConfig:
         object.__setattr__(self, "zero", zero)
         if plugin == "zero":
             object.__setattr__(self, "zero_stage", zero)
+        check_flags(self, zero)  # the capability table ([Note: capability table])
         if self.activation_checkpointing and plugin != "hybrid":
             raise ConfigError(
                 f"--activation-checkpointing runs on the hybrid plugin (--tp/--pp/--sp or "

@@ -1,0 +1,156 @@
+"""``colossal train --layout``: a layout string of ``colossal plan`` (or ``auto``, the planner's
+pick) turned into the training job's flags.
+
+[Note: layout flags] A layout names the mesh, the sharding, the micro-batches and the
+recomputation; with ``--layout`` the job's ``--batch-size`` is the global batch (samples per
+step over every data-parallel rank), which ``auto`` plans for and an explicit layout must match
+(``dp x micro_batch x num_micro``). Gemini's tiers become byte budgets from the layout's predicted
+memory: ``gemini`` keeps everything on the accelerator (no budget), ``gemini-host`` budgets the
+accelerator for the 16-bit parameters, gradients and working set, ``gemini-host-all`` for the
+working set only, and ``gemini-disk`` adds a host budget for the 16-bit model states and a disk
+budget for the optimizer states, each with ``_ROOM`` to spare for chunk rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from colossal_contracts import ConfigError
+from colossal_models import GPTConfig, PaLMConfig
+
+from ..plan import Hardware, Plan, PlanRequest, evaluate, fewest_devices, plan_layouts
+from ..plan._hardware import GiB
+from ..plan._layout import Layout, check_layout, parse_layout
+from ..plan._shape import ModelShape, from_gpt_config, from_palm_config, model_shape
+
+__all__ = ["LayoutChoice", "choose_layout", "layout_flags", "train_shape"]
+
+_ROOM = 1.5  # budgets over the predicted bytes: chunks round tensors up to whole chunks
+_MIN_BUDGET = 16 << 20
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """The layout a run uses with its predicted memory and step (``pick``), and with ``auto``
+    the runner-up."""
+
+    layout: Layout
+    pick: Plan | None = None
+    runner_up: Plan | None = None
+
+
+def train_shape(model: str, preset: str, vocab: int) -> ModelShape:
+    """The planner's shape of the model the job trains (the byte tokenizer's ``vocab``)."""
+    if model == "gpt":
+        return from_gpt_config(GPTConfig.preset(preset).with_vocab(vocab), f"gpt-{preset}")
+    if model == "palm":
+        return from_palm_config(PaLMConfig.preset(preset).with_vocab(vocab), f"palm-{preset}")
+    return model_shape(model, preset)
+
+
+def _plan_precision(precision: str) -> str:
+    return "fp32" if precision == "fp32" else "bf16"  # fp16 holds what bf16 holds
+
+
+def choose_layout(
+    text: str,
+    *,
+    shape: ModelShape,
+    hardware: Hardware,
+    world: int,
+    global_batch: int,
+    seq_len: int,
+    precision: str,
+) -> LayoutChoice:
+    """The layout ``text`` names (a ``colossal plan`` row), or with ``auto`` the fastest that
+    fits ``hardware`` on ``world`` ranks at ``global_batch`` x ``seq_len``. One-line
+    ``ConfigError`` when ``text`` does not read or build, or nothing fits (naming the smallest
+    device budget and device count that do)."""
+    req = PlanRequest(
+        shape, hardware, world, global_batch, seq_len, precision=_plan_precision(precision)
+    )
+    if text.strip() != "auto":
+        lay = parse_layout(text)
+        check_layout(lay, _plan_precision(precision))
+        if lay.devices != world:
+            raise ConfigError(
+                f"layout {lay.describe()!r} uses {lay.devices} ranks, the run has {world}; "
+                f"launch {lay.devices} ranks (colossal run --nproc-per-node {lay.devices}) or "
+                "use --layout auto"
+            )
+        batch = lay.dp * lay.micro_batch * lay.num_micro
+        if batch != global_batch:
+            raise ConfigError(
+                f"layout {lay.describe()!r} trains {batch} samples per step, --batch-size is "
+                f"{global_batch} (with --layout it is the global batch); use --batch-size {batch}"
+            )
+        return LayoutChoice(lay, evaluate(req, lay))
+    plans = plan_layouts(req)
+    if not plans:
+        raise ConfigError(
+            f"--layout auto: no layout of {shape.name} builds on {world} ranks at batch "
+            f"{global_batch} x seq {seq_len} (tp must divide {shape.heads} heads, pp "
+            f"{shape.layers} blocks, dp the batch); change the world size or --batch-size"
+        )
+    fitting = [p for p in plans if p.fits]
+    if not fitting:
+        need = min(p.memory.device_total for p in plans)
+        more = fewest_devices(req, [n for n in (2, 4, 8, 16, 32, 64, 128) if n > world])
+        grow = f", or {more[0]} ranks ({more[1].layout.describe()})" if more else ""
+        raise ConfigError(
+            f"--layout auto: no layout of {shape.name} fits {world} ranks of "
+            f"{hardware.memory / GiB:.2f} GiB (nearest: {plans[0].layout.describe()}, "
+            f"{plans[0].why}); the smallest device budget that fits is "
+            f"{math.ceil(need / 2**20)} MiB{grow}"
+        )
+    return LayoutChoice(fitting[0].layout, fitting[0], fitting[1] if len(fitting) > 1 else None)
+
+
+def layout_flags(lay: Layout, plan: Plan | None = None) -> dict[str, Any]:
+    """``TrainConfig`` settings that run ``lay`` (see [Note: layout flags]); ``plan`` (its
+    predicted memory) sets the budgets of Gemini's host and disk tiers."""
+    out: dict[str, Any] = {
+        "tp": lay.tp,
+        "tp_mode": "1d" if lay.tp_mode == "1d-sp" else lay.tp_mode,
+        "tp_depth": lay.depth,
+        "sp": None,
+        "sp_size": 1,
+        "pp": lay.pp,
+        "microbatches": lay.num_micro if lay.pp > 1 else 1,
+        "schedule": "1f1b",
+        "batch_size": lay.micro_batch * lay.num_micro,
+        "activation_checkpointing": lay.recompute == "full",
+        "plugin": None,
+        "zero": {"ddp": 0, "zero1": 1, "zero2": 2}.get(lay.method, 3),
+    }
+    if lay.tp_mode == "1d-sp" and lay.tp > 1:
+        out["sp"] = "megatron"
+    if lay.sp > 1:
+        out["sp"], out["sp_size"] = lay.sp_kind, lay.sp
+    if lay.method.startswith("gemini"):
+        out["plugin"] = "gemini"
+        out.update(_tier_budgets(lay, plan))
+    return out
+
+
+def _budget(nbytes: float) -> str:
+    return str(max(_MIN_BUDGET, int(nbytes * _ROOM)))
+
+
+def _tier_budgets(lay: Layout, plan: Plan | None) -> dict[str, Any]:
+    if lay.method == "gemini":
+        return {}
+    if plan is None:
+        raise ConfigError(f"layout {lay.describe()!r}: {lay.method} needs its planned memory")
+    m = plan.memory
+    if lay.method == "gemini-host":
+        return {"accelerator_budget": _budget(m.params + m.grads + m.buffers), "host_budget": None}
+    if lay.method == "gemini-host-all":
+        return {"accelerator_budget": _budget(m.buffers)}
+    return {  # gemini-disk
+        "accelerator_budget": _budget(m.buffers),
+        "host_budget": _budget(m.host),
+        "disk_budget": _budget(m.disk),
+    }
