@@ -68,6 +68,8 @@ class TrainConfig:
             ``colossal.export_checkpoint``). ddp checkpoints are the full model already.
         resume: continue from the checkpoint under ``out`` (``out/checkpoint/latest``).
         log_every: refresh the progress display every N steps.
+        layout: the ``colossal plan`` layout the mesh flags came from (``--layout``), recorded
+            in metrics.jsonl and the summary; None: flags given one by one.
     """
 
     model: str = "gpt"
@@ -103,6 +105,7 @@ class TrainConfig:
     schedule: str = "1f1b"
     activation_checkpointing: bool = False
     max_grad_norm: float = 0.0
+    layout: str | None = None
 
     def __post_init__(self) -> None:
         for name, kinds in _TYPES.items():
@@ -279,6 +282,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "schedule": str,
     "activation_checkpointing": bool,
     "max_grad_norm": (float, int),
+    "layout": (str, type(None)),
 }
 # (lowest, highest): steps and seed bound the per-step data seed (see _loop._data_seed)
 _INT_RANGES = {

@@ -14,18 +14,30 @@ budget for the optimizer states, each with ``_ROOM`` to spare for chunk rounding
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+import psutil
+import torch
+
 from colossal_contracts import ConfigError
-from colossal_models import GPTConfig, PaLMConfig
+from colossal_models import ByteTokenizer, GPTConfig, PaLMConfig
 
 from ..plan import Hardware, Plan, PlanRequest, evaluate, fewest_devices, plan_layouts
-from ..plan._hardware import GiB
 from ..plan._layout import Layout, check_layout, parse_layout
 from ..plan._shape import ModelShape, from_gpt_config, from_palm_config, model_shape
+from ._config import TrainConfig
 
-__all__ = ["LayoutChoice", "choose_layout", "layout_flags", "train_shape"]
+__all__ = [
+    "LayoutChoice",
+    "apply_layout",
+    "choose_layout",
+    "layout_flags",
+    "local_hardware",
+    "train_shape",
+]
 
 _ROOM = 1.5  # budgets over the predicted bytes: chunks round tensors up to whole chunks
 _MIN_BUDGET = 16 << 20
@@ -101,7 +113,7 @@ def choose_layout(
         grow = f", or {more[0]} ranks ({more[1].layout.describe()})" if more else ""
         raise ConfigError(
             f"--layout auto: no layout of {shape.name} fits {world} ranks of "
-            f"{hardware.memory / GiB:.2f} GiB (nearest: {plans[0].layout.describe()}, "
+            f"{hardware.memory / 2**20:,.1f} MiB (nearest: {plans[0].layout.describe()}, "
             f"{plans[0].why}); the smallest device budget that fits is "
             f"{math.ceil(need / 2**20)} MiB{grow}"
         )
@@ -154,3 +166,70 @@ def _tier_budgets(lay: Layout, plan: Plan | None) -> dict[str, Any]:
         "host_budget": _budget(m.host),
         "disk_budget": _budget(m.disk),
     }
+
+
+_MESH_KEYS = ("tp", "tp_mode", "tp_depth", "sp", "sp_size", "pp", "microbatches", "zero")
+_MESH_KEYS += ("activation_checkpointing",)
+
+
+def local_hardware(world: int, kw: dict[str, Any], profile: Path | None) -> Hardware:
+    """What ``--layout auto`` plans with: the profile's figures (``--hardware-profile``), else
+    nominal ones for this machine (the same on every rank: see [Note: hardware profile]); the
+    job's budgets, when given, are the device, host and disk room."""
+    from ..booster import parse_bytes
+    from ..plan._calibrate import load_profile, profile_hardware
+
+    precision = _plan_precision(kw.get("precision", "fp32"))
+    if profile is not None:
+        hw = profile_hardware(load_profile(profile), precision=precision, name=str(profile))
+    else:
+        cuda = torch.cuda.is_available()
+        memory = (
+            torch.cuda.get_device_properties(0).total_memory
+            if cuda
+            else psutil.virtual_memory().total // world
+        )
+        hw = Hardware("local", memory, 50e12 if cuda else 50e9, world, 5e9, 5e9, 5e9, 0)
+        hw = replace(hw, host_memory=psutil.virtual_memory().total, disk_bw=5e8)
+    changes: dict[str, Any] = {"devices_per_node": world}
+    if kw.get("accelerator_budget") is not None:
+        changes["memory"] = parse_bytes(kw["accelerator_budget"])
+    if kw.get("host_budget") is not None:
+        changes["host_memory"] = parse_bytes(kw["host_budget"]) * world
+    if kw.get("disk_budget") is not None:
+        changes["disk"] = parse_bytes(kw["disk_budget"]) * world
+    return replace(hw, **changes)
+
+
+def apply_layout(text: str, kw: dict[str, Any], *, profile: Path | None = None) -> dict[str, Any]:
+    """``kw`` (``TrainConfig`` settings) with ``--layout text``'s flags; on rank 0 prints the
+    pick (and with ``auto`` the runner-up) with its predicted memory and step time."""
+    defaults = TrainConfig.__dataclass_fields__
+    given = [k for k in _MESH_KEYS if kw.get(k, defaults[k].default) != defaults[k].default]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ConfigError(f"{flags} comes from --layout {text!r}; drop it")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    spec_vocab = ByteTokenizer.vocab_size
+    shape = train_shape(kw.get("model", "gpt"), kw.get("preset", "tiny"), spec_vocab)
+    choice = choose_layout(
+        text,
+        shape=shape,
+        hardware=local_hardware(world, kw, profile),
+        world=world,
+        global_batch=kw.get("batch_size", defaults["batch_size"].default),
+        seq_len=kw.get("seq_len", defaults["seq_len"].default),
+        precision=kw.get("precision", "fp32"),
+    )
+    if int(os.environ.get("RANK", "0")) == 0:
+        for what, plan in (("layout", choice.pick), ("runner-up", choice.runner_up)):
+            if plan is not None:
+                print(
+                    f"{what}: {plan.layout.describe()}  predicted peak "
+                    f"{plan.memory.device_total / 2**20:,.1f} MiB per rank, step "
+                    f"{plan.cost.step:.3g} s",
+                    flush=True,
+                )
+    out = {**kw, **layout_flags(choice.layout, choice.pick)}
+    out["layout"] = choice.layout.describe()
+    return out
