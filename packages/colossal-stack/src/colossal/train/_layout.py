@@ -5,9 +5,9 @@ pick) turned into the training job's flags.
 recomputation; with ``--layout`` the job's ``--batch-size`` is the global batch (samples per
 step over every data-parallel rank), which ``auto`` plans for and an explicit layout must match
 (``dp x micro_batch x num_micro``). Gemini's tiers become byte budgets from the layout's predicted
-memory: ``gemini`` keeps everything on the accelerator (no budget), ``gemini-host`` budgets the
-accelerator for the 16-bit parameters, gradients and working set, ``gemini-host-all`` for the
-working set only, and ``gemini-disk`` adds a host budget for the 16-bit model states and a disk
+memory: ``gemini`` keeps everything on the accelerator (no budget); the tiers budget the
+accelerator for the layout's predicted peak (its device-resident states, working set and
+activations), and ``gemini-disk`` adds a host budget for the 16-bit model states and a disk
 budget for the optimizer states, each with ``_ROOM`` to spare for chunk rounding.
 """
 
@@ -39,7 +39,7 @@ __all__ = [
     "train_shape",
 ]
 
-_ROOM = 1.5  # budgets over the predicted bytes: chunks round tensors up to whole chunks
+_ROOM = 2.0  # budgets over the predicted bytes: chunks round tensors up to whole chunks
 _MIN_BUDGET = 16 << 20
 
 
@@ -157,12 +157,11 @@ def _tier_budgets(lay: Layout, plan: Plan | None) -> dict[str, Any]:
     if plan is None:
         raise ConfigError(f"layout {lay.describe()!r}: {lay.method} needs its planned memory")
     m = plan.memory
-    if lay.method == "gemini-host":
-        return {"accelerator_budget": _budget(m.params + m.grads + m.buffers), "host_budget": None}
-    if lay.method == "gemini-host-all":
-        return {"accelerator_budget": _budget(m.buffers)}
-    return {  # gemini-disk
-        "accelerator_budget": _budget(m.buffers),
+    device = _budget(m.device_total)  # the accelerator budget holds activations too
+    if lay.method in ("gemini-host", "gemini-host-all"):
+        return {"accelerator_budget": device}
+    return {
+        "accelerator_budget": device,
         "host_budget": _budget(m.host),
         "disk_budget": _budget(m.disk),
     }
