@@ -147,4 +147,5 @@ def profile_hardware(prof: dict[str, Any], *, precision: str, name: str) -> Hard
         int(prof.get("host_memory", prof["memory"])),
         int(prof.get("disk", 0)),
         float(disk_bw),
+        2 * float(prof["copy_bw"]),  # a copy reads and writes each byte
     )
