@@ -112,7 +112,7 @@ CLI_CASES = [
     ("plugin-unknown", [*TRAIN, "--plugin", "nope"], "unknown --plugin 'nope'"),
     ("placement-unknown", [*TRAIN, "--placement", "lru"], "unknown --placement 'lru'"),
     ("precision-unknown", [*TRAIN, "--precision", "fp8"], "unknown --precision 'fp8'"),
-    ("ddp-precision", [*TRAIN, "--plugin", "ddp", "--precision", "bf16"], "gemini only"),
+    ("ddp-precision", [*TRAIN, "--plugin", "ddp", "--precision", "bf16"], "fp32 masters"),
     ("ddp-budget", [*TRAIN, "--plugin", "ddp", "--accelerator-budget", "1GiB"], "gemini only"),
     ("ddp-placement", [*TRAIN, "--plugin", "ddp", "--placement", "static"], "gemini only"),
     ("budget-text", [*TRAIN, "--accelerator-budget", "lots"], "cannot read 'lots' as a size"),

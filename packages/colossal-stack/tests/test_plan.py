@@ -114,13 +114,14 @@ def test_parsers():
 
 def test_plan_ranks_fitting_layouts_first_and_memory_shrinks_with_zero():
     shape = model_shape("gpt", "xl")
-    plans = plan_layouts(PlanRequest(shape, HARDWARE["rtx3090-24g"], 4, 8, 1024))
+    req = PlanRequest(shape, HARDWARE["rtx3090-24g"], 4, 8, 1024, precision="fp32")
+    plans = plan_layouts(req)  # fp32: plain data parallelism builds in fp32 only
     fits = [p.fits for p in plans]
     assert fits[0] and fits == sorted(fits, reverse=True)
     steps = [p.cost.step for p in plans if p.fits]
     assert steps == sorted(steps)
-    same = [p for p in plans if p.layout.dp == 4 and p.layout.micro_batch == 1]
-    by = {p.layout.method: p.memory for p in same if p.layout.recompute == "full"}
+    same = [p for p in plans if p.layout.dp == 4]  # 2 samples per rank, one micro-batch
+    by = {p.layout.method: p.memory for p in same if p.layout.recompute == "none"}
     assert by["ddp"].device_total > by["zero1"].device_total > by["zero2"].device_total
     assert by["gemini-host-all"].host > 0 and by["gemini-host-all"].params == 0
 
@@ -129,10 +130,14 @@ def test_fewest_devices_for_175b_is_monotone_in_memory():
     shape = model_shape("gpt", "175b")
     req = PlanRequest(shape, HARDWARE["a100-80g"], 1, 64, 2048)
     megatron = lambda lay: lay.tp_mode in ("1d", "1d-sp") and lay.method == "ddp"  # noqa: E731
-    n_mega, p = fewest_devices(PlanRequest(**{**req.__dict__, "only": megatron}), (32, 48, 64))
+    # Megatron's bf16 without ZeRO is a peer's layout (Colossal builds plain dp in fp32 only)
+    peer = PlanRequest(**{**req.__dict__, "only": megatron, "buildable": False})
+    n_mega, p = fewest_devices(peer, (32, 48, 64))
     assert p.fits and 175e9 * 16 / n_mega < 80 * GiB  # model states alone need > 32 devices
     n_any, _ = fewest_devices(req, (8, 16, 32, 48, 64))
-    assert n_any < n_mega
+    # buildable layouts only: no gradient accumulation without pipeline stages, so Gemini's
+    # ZeRO-3 cannot shrink its micro-batch and does not beat Megatron's count here
+    assert n_any <= n_mega
 
 
 @pytest.mark.parametrize(

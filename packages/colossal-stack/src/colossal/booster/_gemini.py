@@ -34,6 +34,7 @@ from colossal_zero import (
     save_sharded,
 )
 
+from .._capability import Combination, check_combination
 from ._gemini_tp import (
     check_tp,
     check_tp_inputs,
@@ -163,8 +164,25 @@ class GeminiPlugin:
                 f"{self.export_shard_bytes!r}"
             )
         check_tp(self.tp_size, self.tp_mode, self.tp_depth)
+        self._check_combination()
         if self.disk_budget is not None:
             check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
+
+    def combination(self) -> Combination:
+        """The kinds these settings compose ([Note: capability table])."""
+        return Combination(
+            tp=self.tp_mode if self.tp_size > 1 else "none",
+            sharding="gemini",
+            precision=self.precision,
+            lazy=self.lazy is not None,
+        )
+
+    def _check_combination(self) -> None:
+        what = f"GeminiPlugin(tp_size={self.tp_size}, tp_mode={self.tp_mode!r}"
+        what += (
+            f", precision={self.precision!r}, lazy={'a lazily built model' if self.lazy else None})"
+        )
+        check_combination(self.combination(), what=what)
 
     def gemini_config(self) -> GeminiConfig:
         """The ``GeminiConfig`` these settings stand for."""
@@ -186,12 +204,8 @@ class GeminiPlugin:
         model's parameters) into a ``GeminiOptimizer`` with the same groups."""
         cfg = self.gemini_config()
         group: Any = "default"
+        self._check_combination()  # ``lazy`` may have been set after construction
         if self.tp_size > 1:  # [Note: Gemini with tp]
-            if self.lazy is not None:  # the plan shards real weights, lazy ones are meta
-                raise ConfigError(
-                    "GeminiPlugin(tp_size > 1) shards the model's weights through its plan and "
-                    "cannot take a lazily built (meta) model; build it eagerly, or use tp_size=1"
-                )
             check_tp_inputs(model, optimizer)
             mesh_cfg = tp_mesh_config(world_size(), self.tp_size, self.tp_mode, self.tp_depth)
             self.mesh = ProcessMesh(mesh_cfg)

@@ -38,6 +38,7 @@ from colossal_parallel import (
 )
 from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 
+from .._capability import PRECISIONS, Combination, check_combination
 from ._hybrid_checkpoint import load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
 
@@ -114,50 +115,41 @@ class HybridParallelPlugin:
             )
         if self.num_virtual == 0:
             self.num_virtual = 2 if self.schedule == "interleaved" else 1
-        self._check_combination()
-        if self.zero_stage == 0 and self.precision != "fp32":
-            raise ConfigError(
-                f"precision {self.precision!r} needs ZeRO's fp32 masters here: set zero_stage=1 "
-                "or 2 (--zero 1), or use precision='fp32'"
-            )
         if self.zero_stage:
             self._zero_config()  # validates precision and bucket size
+        elif self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        self._check_combination()
+
+    def combination(self) -> Combination:
+        """The kinds these settings compose ([Note: capability table])."""
+        return Combination(
+            tp=self.tp_mode if self.tp_size > 1 else "none",
+            sp=self.sequence_parallel or "none",
+            pp=self.schedule if self.pp_size > 1 else "none",
+            sharding=f"zero{self.zero_stage}",
+            precision=self.precision if self.precision in PRECISIONS else "fp32",
+            checkpointing=self.activation_checkpointing,
+        )
 
     def _check_combination(self) -> None:
-        sp, tp, pp = self.sequence_parallel, self.tp_size, self.pp_size
-        MeshConfig(tp=tp, tp_mode=self.tp_mode, tp_depth=self.tp_depth).check_tp()  # type: ignore[arg-type]
-        if sp in ("ring", "ulysses"):
-            if tp > 1 or pp > 1:
-                raise ConfigError(
-                    f"{sp} sequence parallelism composes with data parallelism only here; use "
-                    "tp_size=1 and pp_size=1 with it (or sequence_parallel='megatron' with 1d tp)"
-                )
-            if self.zero_stage:
-                raise ConfigError(
-                    f"{sp} sequence parallelism runs with zero_stage=0 here (gradients are summed "
-                    "over sp before the dp average); use --zero 0"
-                )
-        elif self.sp_size != 1:
+        MeshConfig(tp=self.tp_size, tp_mode=self.tp_mode, tp_depth=self.tp_depth).check_tp()  # type: ignore[arg-type]
+        if self.sequence_parallel not in ("ring", "ulysses") and self.sp_size != 1:
             raise ConfigError(
                 f"sp_size={self.sp_size} needs sequence_parallel='ring' or 'ulysses' (Megatron "
                 "sequence parallelism uses the tp ranks); set sp_size=1"
             )
-        if sp == "megatron" and (tp == 1 or self.tp_mode != "1d"):
-            raise ConfigError(
-                "Megatron sequence parallelism needs 1d tensor parallelism, tp_size>1"
-            )
-        if pp > 1 and tp > 1 and self.tp_mode != "1d":
-            raise ConfigError(
-                f"pipeline stages compose with 1d tensor parallelism only, got tp_mode="
-                f"{self.tp_mode!r}; use tp_mode='1d' or pp_size=1"
-            )
-        if pp > 1 and self.zero_stage == 2:
-            raise ConfigError(
-                "ZeRO-2 reduces gradients during backward, before the pipeline sums the tied "
-                "embedding's gradients; use zero_stage=1 with pp_size>1"
-            )
-        if pp == 1 and self.microbatches != 1:
+        if self.pp_size == 1 and self.microbatches != 1:
             raise ConfigError("microbatches > 1 needs pp_size > 1 (pipeline micro-batches)")
+        check_combination(self.combination(), what=f"HybridParallelPlugin({self._settings()})")
+
+    def _settings(self) -> str:
+        names = ("tp_size", "tp_mode", "sequence_parallel", "pp_size", "schedule", "zero_stage")
+        names += ("precision", "activation_checkpointing")
+        d = HybridParallelPlugin.__dataclass_fields__
+        return ", ".join(
+            f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != d[n].default
+        )
 
     def _zero_config(self) -> ZeroConfig:
         return ZeroConfig(

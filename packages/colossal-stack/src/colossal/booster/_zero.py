@@ -19,6 +19,7 @@ from colossal_zero import (
     save_zero_sharded,
 )
 
+from .._capability import Combination, check_combination
 from ._gemini import parse_bytes, write_full_model
 
 __all__ = ["LowLevelZeroPlugin"]
@@ -58,6 +59,11 @@ class LowLevelZeroPlugin:
 
     def __post_init__(self) -> None:
         self.zero_config()  # validates stage, precision, budget
+        check_combination(self.combination(), what=f"LowLevelZeroPlugin(stage={self.stage})")
+
+    def combination(self) -> Combination:
+        """The kinds these settings compose ([Note: capability table])."""
+        return Combination(sharding=f"zero{self.stage}", precision=self.precision)
 
     def zero_config(self) -> ZeroConfig:
         """The ``ZeroConfig`` these settings stand for."""

@@ -55,6 +55,18 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=int, default=15, help="rows of the table (default 15)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--png", type=Path, help="write a PNG of the top layouts' memory split")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure this machine (matmul FLOP/s per dtype at --seq-len tokens of the model's "
+        "width, memory copy, all-reduce over the launched world, disk) into a profile",
+    )
+    p.add_argument("--out", type=Path, help="with --calibrate: write the profile here (JSON)")
+    p.add_argument(
+        "--hardware-profile",
+        type=Path,
+        help="plan with a --calibrate profile instead of a --hardware preset",
+    )
     p.set_defaults(func=_run)
 
 
@@ -84,7 +96,31 @@ def _hardware(args: argparse.Namespace):
     return hw
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    import os
+
+    from .._dist import init_from_env
+    from ..plan._calibrate import calibrate
+
+    if args.out is not None and not args.out.parent.is_dir():
+        raise ConfigError(f"--out {args.out}: folder {args.out.parent} does not exist")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        init_from_env()
+    shape = model_shape(args.model, args.preset)
+    prof = calibrate(tokens=args.seq_len, hidden=shape.hidden)
+    text = json.dumps(prof, indent=2)
+    if int(os.environ.get("RANK", "0")) == 0:
+        if args.out is not None:
+            args.out.write_text(text + "\n")
+        print(text)
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.calibrate:
+        return _calibrate(args)
+    if args.out is not None:
+        raise ConfigError("--out is where --calibrate writes its profile; add --calibrate")
     if not 0 < args.efficiency <= 1:  # nan fails too
         raise ConfigError(f"--efficiency must be in (0, 1], got {args.efficiency}")
     if args.top < 1:
@@ -103,7 +139,13 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--precision must be one of {', '.join(PRECISIONS)}, got {args.precision!r}"
         )
-    hw = _hardware(args)
+    if args.hardware_profile is not None:
+        from ..plan._calibrate import load_profile, profile_hardware
+
+        prof = load_profile(args.hardware_profile)
+        hw = profile_hardware(prof, precision=args.precision, name=str(args.hardware_profile))
+    else:
+        hw = _hardware(args)
     shape = model_shape(args.model, args.preset)
     if shape.max_positions and args.seq_len > shape.max_positions:
         raise ConfigError(

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from colossal_contracts import ConfigError
+
 from ..train import TrainConfig, train
+from ..train._layout import apply_layout
 
 __all__ = ["add_train_parser"]
 
@@ -207,11 +210,34 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="move the run already in --out aside (to <out>.old-N, never deleted) and start afresh",
     )
+    p.add_argument(
+        "--layout",
+        default=None,
+        help="a layout as colossal plan prints it (e.g. 'dp2 tp2 zero1 mb4x1') or auto (the "
+        "planner's fastest that fits); the mesh, ZeRO and micro-batch flags then come from it "
+        "and --batch-size is the global batch",
+    )
+    p.add_argument(
+        "--hardware-profile",
+        type=Path,
+        default=None,
+        help="with --layout auto: plan with this colossal plan --calibrate profile",
+    )
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    cfg = TrainConfig(
+    kw = _flags(args)
+    if args.layout is not None:
+        kw = apply_layout(args.layout, kw, profile=args.hardware_profile)
+    elif args.hardware_profile is not None:
+        raise ConfigError("--hardware-profile plans --layout auto; add --layout auto or drop it")
+    train(TrainConfig(**kw))
+    return 0
+
+
+def _flags(args: argparse.Namespace) -> dict:
+    return dict(
         model=args.model,
         preset=args.preset,
         steps=args.steps,
@@ -249,5 +275,3 @@ def _run(args: argparse.Namespace) -> int:
         resume=args.resume,
         restart=args.restart,
     )
-    train(cfg)
-    return 0

@@ -6,8 +6,12 @@ context-parallel and pipeline messages, which are not overlapped; a step is
 ``(m + pp - 1)`` such micro-batch slots (1F1B: the bubble ``(pp-1)/(m+pp-1)``). The data-parallel
 gradient traffic overlaps the backward pass (ZeRO-3/Gemini's gathers the whole step), so only
 what exceeds it shows. Offload traffic (PCIe, disk) and the host Adam step are not overlapped.
+Memory-bound work (``memory_bound``) is modelled at the device's ``mem_bw``: each activation the
+step saves written in forward, read and its gradient written in backward (three passes over
+the activations of one micro-batch), and a device AdamW step reading and writing 28 bytes per
+parameter it updates.
 Bytes are colossal-parallel's counted bytes (``block_comm_bytes_1d``, ``linear_comm_bytes``,
-``ulysses_comm_bytes``, ``pipeline_p2p_bytes``) turned into wire bytes by the ring factor
+``ulysses_comm_bytes``, ``ring_attention_comm_bytes``, ``pipeline_p2p_bytes``) turned into wire bytes by the ring factor
 ``(g-1)/g`` per gathered or scattered tensor, and into seconds by the link they cross.
 """
 
@@ -21,6 +25,7 @@ from colossal_parallel import (
     layernorm_comm_bytes,
     linear_comm_bytes,
     pipeline_p2p_bytes,
+    ring_attention_comm_bytes,
     ulysses_comm_bytes,
 )
 
@@ -47,6 +52,7 @@ class StepCost:
     bubble: float
     step: float
     mfu: float
+    memory_bound: float = 0.0
 
 
 def _link(hw: Hardware, inner: int) -> float:
@@ -126,17 +132,25 @@ def step_cost(
     sp_mb = 0.0
     if lay.sp > 1:
         heads = max(1, shape.heads // lay.tp)
-        f, b = ulysses_comm_bytes(
+        count = ring_attention_comm_bytes if lay.sp_kind == "ring" else ulysses_comm_bytes
+        f, b = count(
             lay.micro_batch, heads, seq_len, shape.hidden // shape.heads, lay.sp, elem_bytes=2
         )
-        sp_mb = layers * (f + b) * (lay.sp - 1) / lay.sp / _link(hw, lay.tp * lay.sp)
+        # the ring's count is what a rank sends; an all-to-all counts its input, of which
+        # (sp-1)/sp leaves the rank
+        wire = 1.0 if lay.sp_kind == "ring" else (lay.sp - 1) / lay.sp
+        sp_mb = layers * (f + b) * wire / _link(hw, lay.tp * lay.sp)
     pp_mb = 0.0
     if lay.pp > 1:
         numel = tokens_mb * shape.hidden // (lay.tp * lay.sp)
         sent = pipeline_p2p_bytes(1, max(lay.pp, 3), 1, numel, elem_bytes=2)
         pp_mb = sent / _link(hw, lay.devices)
+    # elementwise work: each saved activation written in forward, read and its gradient
+    # written in backward, at the device's memory bandwidth
+    held = max(1, min(lay.pp, lay.num_micro)) if lay.pp > 1 else 1
+    mem_mb = 3 * mem.activations / held / hw.mem_bw if hw.mem_bw else 0.0
     slots = lay.num_micro + lay.pp - 1
-    busy = slots * (compute_mb + tp_mb + sp_mb + pp_mb)
+    busy = slots * (compute_mb + tp_mb + sp_mb + pp_mb + mem_mb)
     backward = lay.num_micro * compute_mb * 2 / 3
     n_dev = stage_params(shape, lay.pp) / lay.tp
     dp_bytes = dp_comm_bytes(shape, lay) * (lay.dp - 1) / lay.dp
@@ -153,7 +167,11 @@ def step_cost(
         offload += lay.num_micro * 6 * shard / hw.pcie_bw
     if lay.method == "gemini-disk":
         offload += 24 * shard / hw.disk_bw  # optimizer states read and written
-    step = busy + dp_exposed + offload
+    adam = 0.0
+    if hw.mem_bw and lay.method in ("ddp", "zero1", "zero2", "gemini"):
+        # AdamW on the device: read parameter, gradient and both moments, write three back
+        adam = 7 * 4 * (shard if lay.method != "ddp" else n_dev) / hw.mem_bw
+    step = busy + dp_exposed + offload + adam
     model_flops = shape.flops_per_token(seq_len) * seq_len * lay.micro_batch * lay.num_micro
     mfu = model_flops * lay.dp / (step * lay.devices * hw.peak_flops)
     bubble = ideal_idle_fraction("1f1b", lay.pp, lay.num_micro)  # == (pp-1) / slots
@@ -167,4 +185,5 @@ def step_cost(
         bubble,
         step,
         mfu,
+        slots * mem_mb + adam,
     )

@@ -60,6 +60,8 @@ class Hardware:
         pcie_bw: bytes/s per direction between a device and its host.
         host_memory: bytes of host memory per node.
         disk: bytes of NVMe per node; ``disk_bw`` its bytes/s (read or write).
+        mem_bw: bytes/s of device memory traffic (reads plus writes), for the steps that are
+            bound by it (elementwise ops over activations, the optimizer); 0: not modelled.
     """
 
     name: str
@@ -72,6 +74,7 @@ class Hardware:
     host_memory: int
     disk: int = 0
     disk_bw: float = 3e9
+    mem_bw: float = 0.0
 
     def with_(self, **changes: object) -> Hardware:
         """A copy with fields replaced (CLI overrides)."""
@@ -80,10 +83,21 @@ class Hardware:
 
 HARDWARE: dict[str, Hardware] = {
     # Consumer cards: one per machine, PCIe only; fp16 tensor peak with fp32 accumulation.
-    "rtx2060-6g": Hardware("rtx2060-6g", 6 * GiB, 26e12, 1, 12e9, 12e9, 12e9, 32 * GiB),
-    "rtx3090-24g": Hardware("rtx3090-24g", 24 * GiB, 71e12, 1, 25e9, 25e9, 25e9, 64 * GiB),
+    "rtx2060-6g": Hardware(
+        "rtx2060-6g", 6 * GiB, 26e12, 1, 12e9, 12e9, 12e9, 32 * GiB, mem_bw=336e9
+    ),
+    "rtx3090-24g": Hardware(
+        "rtx3090-24g", 24 * GiB, 71e12, 1, 25e9, 25e9, 25e9, 64 * GiB, mem_bw=936e9
+    ),
     # Data-centre nodes of 8 (SXM, NVLink per direction, 200 Gb/s InfiniBand per device).
-    "a100-80g": Hardware("a100-80g", 80 * GiB, 312e12, 8, 300e9, 25e9, 25e9, 1024 * GiB),
-    "h100-80g": Hardware("h100-80g", 80 * GiB, 989e12, 8, 450e9, 50e9, 50e9, 2048 * GiB),
-    "h200-141g": Hardware("h200-141g", 141 * 10**9, 989e12, 8, 450e9, 50e9, 50e9, 2048 * GiB),
+    # mem_bw: the vendors' HBM/GDDR bandwidth
+    "a100-80g": Hardware(
+        "a100-80g", 80 * GiB, 312e12, 8, 300e9, 25e9, 25e9, 1024 * GiB, mem_bw=2.04e12
+    ),
+    "h100-80g": Hardware(
+        "h100-80g", 80 * GiB, 989e12, 8, 450e9, 50e9, 50e9, 2048 * GiB, mem_bw=3.35e12
+    ),
+    "h200-141g": Hardware(
+        "h200-141g", 141 * 10**9, 989e12, 8, 450e9, 50e9, 50e9, 2048 * GiB, mem_bw=4.8e12
+    ),
 }

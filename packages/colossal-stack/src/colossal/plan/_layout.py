@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["METHODS", "TP_MODES", "Layout", "enumerate_layouts"]
+from colossal_contracts import ConfigError
+
+from .._capability import Combination, builds, check_combination
+
+__all__ = [
+    "METHODS",
+    "SP_KINDS",
+    "TP_MODES",
+    "Layout",
+    "check_layout",
+    "enumerate_layouts",
+    "parse_layout",
+]
 
 # Data-parallel methods: plain DDP, ZeRO-1/2, and Gemini (ZeRO-3 chunks) with its tiers:
 # everything on the device, optimizer states on the host, all model states on the host,
@@ -16,6 +29,7 @@ TP_MODES = ("1d", "1d-sp", "2d", "2.5d", "3d")
 # The runtime's attention is fused (it saves no scores), so selective recomputation would
 # recompute nothing: the candidates are none and full (whole blocks).
 RUNTIME_RECOMPUTE = ("none", "full")
+SP_KINDS = ("ring", "ulysses")
 
 
 @dataclass(frozen=True)
@@ -24,8 +38,9 @@ class Layout:
     micro-batch (``num_micro`` of them per step and data-parallel rank), and ``recompute``.
 
     ``tp_mode`` ``1d-sp`` is Megatron 1D with its sequence parallelism; ``depth`` is the 2.5D
-    depth. ``sp`` is ring/Ulysses context parallelism. Axes are placed tp innermost, then sp, dp,
-    pp (outermost), so the inner axes use the intra-node link first.
+    depth. ``sp`` ranks run ``sp_kind`` ("ring" or "ulysses") context parallelism. Axes are
+    placed tp innermost, then sp, dp, pp (outermost), so the inner axes use the intra-node link
+    first. ``describe()`` is the layout's text form and ``parse_layout`` reads it back.
     """
 
     dp: int
@@ -38,6 +53,7 @@ class Layout:
     num_micro: int
     recompute: str
     depth: int = 1
+    sp_kind: str = "ring"
 
     @property
     def devices(self) -> int:
@@ -54,11 +70,126 @@ class Layout:
             return round(self.tp ** (1 / 3))
         return self.tp
 
+    def combination(self, precision: str = "bf16") -> Combination:
+        """The kinds this layout composes, for the capability table ([Note: capability table])."""
+        tp = "none" if self.tp == 1 else ("1d" if self.tp_mode.startswith("1d") else self.tp_mode)
+        sp = "megatron" if self.tp_mode == "1d-sp" and self.tp > 1 else "none"
+        if self.sp > 1:
+            sp = self.sp_kind
+        return Combination(
+            tp=tp,
+            sp=sp,
+            pp="1f1b" if self.pp > 1 else "none",
+            sharding="zero0" if self.method == "ddp" else self.method.split("-")[0],
+            precision=precision,
+            checkpointing=self.recompute == "full",
+        )
+
     def describe(self) -> str:
-        tp = f"tp{self.tp_mode}x{self.tp}" + (f"(d{self.depth})" if self.tp_mode == "2.5d" else "")
-        return (
-            f"dp{self.dp} pp{self.pp} {tp} sp{self.sp} {self.method} "
-            f"mb{self.micro_batch}x{self.num_micro} rc-{self.recompute}"
+        """The text form, e.g. ``dp2 pp2 tp2-sp zero1 mb2x4 ckpt``: axes of size 1 left out
+        (``dp`` always shown); ``parse_layout`` reads it back."""
+        parts = [f"dp{self.dp}"]
+        if self.pp > 1:
+            parts.append(f"pp{self.pp}")
+        if self.tp > 1:
+            mode = {"1d": "", "1d-sp": "-sp"}.get(self.tp_mode, f"-{self.tp_mode}")
+            parts.append(
+                f"tp{self.tp}{mode}" + (f"-d{self.depth}" if self.tp_mode == "2.5d" else "")
+            )
+        if self.sp > 1:
+            parts.append(f"{self.sp_kind}{self.sp}")
+        parts.append(self.method)
+        parts.append(f"mb{self.micro_batch}x{self.num_micro}")
+        if self.recompute != "none":
+            parts.append("ckpt" if self.recompute == "full" else f"rc-{self.recompute}")
+        return " ".join(parts)
+
+
+_GRAMMAR = (
+    "write e.g. 'dp2 tp2 zero1 mb4x1' or 'dp1 pp2 tp2-sp zero1 mb2x4 ckpt': dpN, optional ppN, "
+    "tpN[-sp|-2d|-2.5d-dD|-3d], ringN or ulyssesN, one of "
+    + ", ".join(METHODS)
+    + ", mbBxM (B samples per micro-batch, M micro-batches), optional ckpt"
+)
+_TOKEN = re.compile(
+    r"dp(?P<dp>\d+)|pp(?P<pp>\d+)|tp(?P<tp>\d+)(?P<mode>-sp|-2d|-2\.5d-d(?P<d>\d+)|-3d)?"
+    r"|(?P<spk>ring|ulysses)(?P<sp>\d+)|mb(?P<mb>\d+)x(?P<m>\d+)|(?P<ckpt>ckpt)"
+)
+
+
+def parse_layout(text: str) -> Layout:
+    """The ``Layout`` that ``describe()`` printed as ``text``; ``ConfigError`` naming the token
+    that does not read (this checks the spelling only: ``check_layout`` checks that it builds)."""
+    got: dict[str, object] = {}
+
+    def put(key: str, value: object, token: str) -> None:
+        if key in got:
+            raise ConfigError(f"layout {text!r}: {token!r} repeats a part given before; {_GRAMMAR}")
+        got[key] = value
+
+    for token in text.split():
+        if token in METHODS:
+            put("method", token, token)
+            continue
+        m = _TOKEN.fullmatch(token)
+        if m is None:
+            raise ConfigError(f"layout {text!r}: cannot read {token!r}; {_GRAMMAR}")
+        g = {k: v for k, v in m.groupdict().items() if v is not None}
+        if "dp" in g:
+            put("dp", int(g["dp"]), token)
+        elif "pp" in g:
+            put("pp", int(g["pp"]), token)
+        elif "tp" in g:
+            mode = (g.get("mode") or "").lstrip("-")
+            mode = {"": "1d", "sp": "1d-sp"}.get(mode, mode.split("-")[0])
+            put("tp", (int(g["tp"]), mode, int(g.get("d", 1))), token)
+        elif "sp" in g:
+            put("sp", (int(g["sp"]), g["spk"]), token)
+        elif "mb" in g:
+            put("mb", (int(g["mb"]), int(g["m"])), token)
+        else:
+            put("ckpt", True, token)
+    for need in ("dp", "method", "mb"):
+        if need not in got:
+            raise ConfigError(f"layout {text!r} has no {need} part; {_GRAMMAR}")
+    tp, mode, depth = got.get("tp", (1, "1d", 1))  # type: ignore[misc]
+    sp, kind = got.get("sp", (1, "ring"))  # type: ignore[misc]
+    mb, m = got["mb"]  # type: ignore[misc]
+    sizes = {"dp": got["dp"], "pp": got.get("pp", 1), "tp": tp, "sp": sp, "mb": mb, "x": m}
+    for name, v in {**sizes, "d": depth}.items():
+        if v < 1:  # type: ignore[operator]
+            raise ConfigError(f"layout {text!r}: {name} must be positive, got {v}")
+    return Layout(
+        got["dp"],  # type: ignore[arg-type]
+        got.get("pp", 1),  # type: ignore[arg-type]
+        tp,
+        mode,
+        sp,
+        got["method"],  # type: ignore[arg-type]
+        mb,
+        m,
+        "full" if got.get("ckpt") else "none",
+        depth,
+        kind,
+    )
+
+
+def check_layout(lay: Layout, precision: str = "bf16") -> None:
+    """``ConfigError`` unless the runtime builds ``lay``'s kinds at ``precision``, naming the
+    nearest combination that builds; and unless its sizes are whole (a 2d tp of q*q ranks, a
+    2.5d of q*q*depth, a 3d of q**3, one micro-batch per step without pipeline stages)."""
+    check_combination(lay.combination(precision), what=f"layout {lay.describe()!r}")
+    if lay.pp == 1 and lay.num_micro != 1:
+        raise ConfigError(
+            f"layout {lay.describe()!r}: {lay.num_micro} micro-batches need pipeline stages "
+            f"(no gradient accumulation without them); use mb{lay.micro_batch * lay.num_micro}x1"
+        )
+    q = lay.grid_q
+    want = {"2d": q * q, "2.5d": q * q * lay.depth, "3d": q**3}.get(lay.tp_mode, lay.tp)
+    if lay.tp > 1 and want != lay.tp:
+        raise ConfigError(
+            f"layout {lay.describe()!r}: tp{lay.tp} is not a whole {lay.tp_mode} grid "
+            "(2d: q*q ranks, 2.5d: q*q*depth, 3d: q**3)"
         )
 
 
@@ -87,6 +218,19 @@ def _tp_choices(devices: int, heads: int, modes: tuple[str, ...]) -> Iterator[tu
                     yield mode, q**3, 1
 
 
+def _sp_choices(devices: int, heads: int, seq_len: int, max_sp: int) -> Iterator[tuple[int, str]]:
+    """``(sp, kind)``: ring splits each sequence into ``2 sp`` zigzag parts, Ulysses the heads
+    and the sequence into ``sp``."""
+    yield 1, "ring"
+    for sp in _divisors(devices)[1:]:
+        if sp > max_sp:
+            break
+        if seq_len % (2 * sp) == 0:
+            yield sp, "ring"
+        if seq_len % sp == 0 and heads % sp == 0:
+            yield sp, "ulysses"
+
+
 def enumerate_layouts(
     devices: int,
     *,
@@ -94,18 +238,19 @@ def enumerate_layouts(
     heads: int,
     seq_len: int,
     global_batch: int,
+    precision: str | None = "bf16",
     tp_modes: tuple[str, ...] = TP_MODES,
     methods: tuple[str, ...] = METHODS,
     recompute: tuple[str, ...] = RUNTIME_RECOMPUTE,
     max_sp: int = 8,
 ) -> Iterator[Layout]:
-    """Every layout on exactly ``devices`` devices that the runtime can build: tp divides the
-    heads, pp the layers, dp the global batch; sp (ring) divides ``seq_len / 2``; ZeRO-2 and Gemini
-    only without pipeline stages (as HybridParallelPlugin allows); micro-batches of 1..16 samples."""
+    """Every layout on exactly ``devices`` devices that the runtime builds at ``precision``: its
+    kinds pass the capability table ([Note: capability table]); tp divides the heads, pp the
+    layers, dp the global batch; ring sp divides ``seq_len / 2``, Ulysses sp the sequence and the
+    heads; micro-batches of 1..16 samples, more than one per step only with pipeline stages.
+    ``precision`` None skips the capability table (a peer's layouts, for comparisons)."""
     for mode, tp, depth in _tp_choices(devices, heads, tp_modes):
-        for sp in _divisors(devices // tp):
-            if sp > max_sp or seq_len % (2 * sp) or (sp > 1 and (heads // tp) < 1):
-                continue
+        for sp, kind in _sp_choices(devices // tp, heads, seq_len, max_sp):
             for pp in _divisors(devices // (tp * sp)):
                 if layers % pp:
                     continue
@@ -114,12 +259,12 @@ def enumerate_layouts(
                     continue
                 per_rank = global_batch // dp
                 for method in methods:
-                    if pp > 1 and method not in ("ddp", "zero1"):
-                        continue
-                    for mb in (1, 2, 4, 8, 16):
+                    for mb in (1, 2, 4, 8, 16) if pp > 1 else (per_rank,):
                         if per_rank % mb:
                             continue
                         for rc in recompute:
-                            yield Layout(
-                                dp, pp, tp, mode, sp, method, mb, per_rank // mb, rc, depth
+                            lay = Layout(
+                                dp, pp, tp, mode, sp, method, mb, per_rank // mb, rc, depth, kind
                             )
+                            if precision is None or builds(lay.combination(precision)):
+                                yield lay

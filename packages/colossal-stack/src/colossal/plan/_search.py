@@ -21,7 +21,8 @@ class PlanRequest:
     """What to plan: a model on ``devices`` devices of ``hardware`` at a global batch and sequence
     length; ``efficiency`` is the fraction of peak FLOP/s a kernel reaches; ``precision`` is bf16
     (mixed) or fp32 training; ``only`` filters
-    layouts (e.g. Megatron 1D + pipeline)."""
+    layouts (e.g. Megatron 1D + pipeline). ``buildable`` False also lists layouts the capability
+    table refuses: a peer's (Megatron's bf16 without ZeRO), for comparisons only."""
 
     shape: ModelShape
     hardware: Hardware
@@ -31,6 +32,7 @@ class PlanRequest:
     efficiency: float = 0.6
     precision: str = "bf16"
     only: Callable[[Layout], bool] | None = field(default=None, compare=False)
+    buildable: bool = True
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ def plan_layouts(req: PlanRequest) -> list[Plan]:
         heads=req.shape.heads,
         seq_len=req.seq_len,
         global_batch=req.global_batch,
+        precision=req.precision if req.buildable else None,
     )
     plans = [evaluate(req, lay) for lay in lays if req.only is None or req.only(lay)]
     return sorted(

@@ -9,7 +9,7 @@ from pathlib import Path
 from colossal_contracts import ConfigError
 from colossal_parallel import SCHEDULES, TP_MODES
 
-from ._mesh import resolve_plugin
+from ._mesh import check_flags, resolve_plugin
 
 __all__ = ["EXPORTS", "TrainConfig"]
 
@@ -78,6 +78,8 @@ class TrainConfig:
         resume: continue from the checkpoint under ``out`` (``out/checkpoint/latest``).
         restart: move a run already in ``out`` aside (to ``<out>.old-<k>``) and start afresh.
         log_every: refresh the progress display every N steps.
+        layout: the ``colossal plan`` layout the mesh flags came from (``--layout``), recorded
+            in metrics.jsonl and the summary; None: flags given one by one.
     """
 
     model: str = "gpt"
@@ -119,6 +121,7 @@ class TrainConfig:
     schedule: str = "1f1b"
     activation_checkpointing: bool = False
     max_grad_norm: float = 0.0
+    layout: str | None = None
 
     def __post_init__(self) -> None:
         for name, kinds in _TYPES.items():
@@ -178,6 +181,7 @@ class TrainConfig:
         object.__setattr__(self, "zero", zero)
         if plugin == "zero":
             object.__setattr__(self, "zero_stage", zero)
+        check_flags(self, zero)  # the capability table ([Note: capability table])
         if self.activation_checkpointing and plugin != "hybrid":
             raise ConfigError(
                 f"--activation-checkpointing runs on the hybrid plugin (--tp/--pp/--sp or "
@@ -329,6 +333,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "schedule": str,
     "activation_checkpointing": bool,
     "max_grad_norm": (float, int),
+    "layout": (str, type(None)),
 }
 # (lowest, highest) of each integer setting
 _INT_RANGES = {

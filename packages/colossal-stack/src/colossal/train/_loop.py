@@ -306,6 +306,8 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
                 "host_rss_bytes": proc.memory_info().rss,
                 **booster.memory_stats(),
             }
+            if cfg.layout is not None:
+                record["layout"] = cfg.layout
             records.append(record)
             if main:
                 if metrics is None:
@@ -390,8 +392,10 @@ def _summary(
     first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"),) * 2
     (world, dp), shape = ranks, f"{cfg.batch_size} x {cfg.seq_len}"
     global_batch = {} if dp == world else {"global batch (dp x batch x seq)": f"{dp} x {shape}"}
+    layout = {} if cfg.layout is None else {"layout": cfg.layout}
     return {
         "model": f"{label} ({result.num_params:,} params)",
+        **layout,
         "ranks x batch x seq": f"{world} x {shape}",
         **global_batch,
         "steps run": len(result.losses),

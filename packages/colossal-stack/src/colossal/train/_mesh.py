@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from colossal_contracts import ConfigError
 
+from .._capability import Combination, check_combination
 from ..booster import HybridParallelPlugin
 
 if TYPE_CHECKING:
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
 __all__ = [
     "PLUGINS",
     "SP_METHODS",
+    "check_flags",
     "check_mesh",
+    "combination_of",
     "hybrid_plugin",
     "mesh_flags",
     "resolve_plugin",
@@ -62,7 +65,10 @@ def resolve_plugin(cfg: TrainConfig) -> tuple[str, int]:
     if zero is not None and zero not in _BY_STAGE:
         raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {zero}")
     if plugin is None:
-        plugin = "hybrid" if cfg.tp > 1 or cfg.pp > 1 or long_seq else _BY_STAGE.get(zero, "gemini")
+        # activation checkpointing runs on the hybrid plugin: --zero 0-2 with it goes there
+        ckpt = cfg.activation_checkpointing and zero in (0, 1, 2)
+        mesh = cfg.tp > 1 or cfg.pp > 1 or long_seq
+        plugin = "hybrid" if mesh or ckpt else _BY_STAGE.get(zero, "gemini")
     if plugin not in PLUGINS:
         raise ConfigError(f"unknown --plugin {plugin!r}; choose one of: {', '.join(PLUGINS)}")
     if plugin == "hybrid":
@@ -78,12 +84,7 @@ def resolve_plugin(cfg: TrainConfig) -> tuple[str, int]:
                 f"--plugin gemini is ZeRO stage 3, not --zero {zero}; drop --plugin gemini (with "
                 "--tp/--pp the hybrid plugin runs --zero 0-2) or drop --zero"
             )
-        if cfg.pp > 1 or long_seq or cfg.sp == "megatron":
-            extra = [f for f in flags if not f.startswith("--tp")]
-            raise ConfigError(
-                f"{', '.join(extra)} does not run on --plugin gemini (it takes --tp only); drop "
-                "--plugin gemini to use the hybrid plugin with --zero 0-2"
-            )
+        check_combination(combination_of(cfg, 3), what=_flags_text(cfg, 3))
         return plugin, 3
     if flags:
         raise ConfigError(
@@ -104,6 +105,36 @@ def resolve_plugin(cfg: TrainConfig) -> tuple[str, int]:
             )
         return plugin, zero
     return plugin, cfg.zero_stage  # zero: its stage is checked with the rest of --plugin zero
+
+
+def combination_of(cfg: TrainConfig, zero: int) -> Combination:
+    """The kinds ``cfg``'s flags compose at ZeRO stage ``zero`` (3: Gemini)."""
+    return Combination(
+        tp=cfg.tp_mode if cfg.tp > 1 else "none",
+        sp=cfg.sp or "none",
+        pp=cfg.schedule if cfg.pp > 1 else "none",
+        sharding="gemini" if zero == 3 else f"zero{zero}",
+        precision=cfg.precision,
+        checkpointing=cfg.activation_checkpointing,
+    )
+
+
+def check_flags(cfg: TrainConfig, zero: int) -> None:
+    """``ConfigError`` unless the capability table builds ``cfg``'s flags ([Note: capability
+    table]), naming the nearest combination that builds. A stage outside 0-3 is left to the
+    plugin's own check, whose message names the stages."""
+    if zero not in (0, 1, 2, 3):
+        return
+    check_combination(combination_of(cfg, zero), what=_flags_text(cfg, zero))
+
+
+def _flags_text(cfg: TrainConfig, zero: int) -> str:
+    flags = [*mesh_flags(cfg), f"--zero {zero}" if zero < 3 else "--plugin gemini"]
+    if cfg.precision != "fp32":
+        flags.append(f"--precision {cfg.precision}")
+    if cfg.activation_checkpointing:
+        flags.append("--activation-checkpointing")
+    return " ".join(flags)
 
 
 def _check_flag_pairs(cfg: TrainConfig) -> None:

@@ -1,0 +1,243 @@
+"""Which combinations of parallelism, sharding, precision, recomputation and lazy init build.
+
+[Note: capability table] One table, ``REFUSED``, lists what the runtime does not build today;
+every combination it does not name builds. The plugins' constructor checks
+(``HybridParallelPlugin``, ``GeminiPlugin``, ``LowLevelZeroPlugin``), the training job's flag
+checks (``colossal.train``) and ``colossal plan``'s enumeration of candidates all ask
+``check_combination`` / ``builds``, so none of them can accept what another refuses. Widening
+what builds (a composition made to work) is deleting its row here; the tests that compare the
+table with the plugins and the planner then cover the new cells. Sizes (a tp that is not q*q, a
+world that tp*pp*sp does not divide, more stages than blocks) are not kinds and stay with the
+mesh checks.
+
+A refused combination is reported with the nearest one that builds: the fewest fields changed,
+changing precision, recomputation and lazy init before the sharding, and the sharding before a
+parallel axis (see ``_COST``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from colossal_contracts import ConfigError
+
+__all__ = [
+    "PP_SCHEDULES",
+    "PRECISIONS",
+    "REFUSED",
+    "SHARDINGS",
+    "SP_KINDS",
+    "TP_KINDS",
+    "Combination",
+    "Refusal",
+    "builds",
+    "check_combination",
+    "nearest",
+    "refusal",
+]
+
+TP_KINDS = ("none", "1d", "2d", "2.5d", "3d")  # none: tp_size 1
+SP_KINDS = ("none", "megatron", "ring", "ulysses")  # megatron: over the 1d tp ranks
+PP_SCHEDULES = ("none", "1f1b", "interleaved", "gpipe")  # none: one stage
+SHARDINGS = ("zero0", "zero1", "zero2", "gemini")  # gemini: ZeRO-3 over chunks
+PRECISIONS = ("fp32", "bf16", "fp16")
+_LONG = ("ring", "ulysses")
+
+
+@dataclass(frozen=True)
+class Combination:
+    """What a run composes, by kind (no sizes).
+
+    Attributes:
+        tp: tensor-parallel mode, "none" without tensor parallelism.
+        sp: sequence parallelism: "megatron" (activations over the tp ranks), "ring" or
+            "ulysses" (ranks of their own), "none".
+        pp: pipeline schedule, "none" with one stage.
+        sharding: "zero0" (plain data parallelism), "zero1", "zero2" or "gemini".
+        precision: "fp32", or mixed "bf16"/"fp16" with fp32 masters.
+        checkpointing: activation checkpointing (whole blocks recomputed in backward).
+        lazy: the model is built under ``colossal.lazy_init()`` (meta parameters).
+    """
+
+    tp: str = "none"
+    sp: str = "none"
+    pp: str = "none"
+    sharding: str = "zero0"
+    precision: str = "fp32"
+    checkpointing: bool = False
+    lazy: bool = False
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"Combination.{name} must be one of {allowed}, got {getattr(self, name)!r}"
+                )
+
+    def describe(self) -> str:
+        """One line, e.g. ``tp 1d + ring sp + pp 1f1b + zero1 + bf16 + checkpointing``."""
+        parts = []
+        if self.tp != "none":
+            parts.append(f"tp {self.tp}")
+        if self.sp != "none":
+            parts.append("Megatron sp" if self.sp == "megatron" else f"{self.sp} sp")
+        if self.pp != "none":
+            parts.append(f"pp {self.pp}")
+        parts += [self.sharding, self.precision]
+        if self.checkpointing:
+            parts.append("activation checkpointing")
+        if self.lazy:
+            parts.append("lazy init")
+        return " + ".join(parts)
+
+
+_CHOICES: dict[str, tuple[object, ...]] = {
+    "tp": TP_KINDS,
+    "sp": SP_KINDS,
+    "pp": PP_SCHEDULES,
+    "sharding": SHARDINGS,
+    "precision": PRECISIONS,
+    "checkpointing": (False, True),
+    "lazy": (False, True),
+}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One refused region: ``when`` holds for the combinations it covers; ``why`` says why."""
+
+    when: Callable[[Combination], bool]
+    why: str
+
+
+# [Note: capability table] Each row is read off a refusal in the runtime (the plugin that would
+# run it, or the job); delete a row when its composition is built and tested.
+REFUSED: tuple[Refusal, ...] = (
+    Refusal(
+        lambda c: c.sp == "megatron" and c.tp != "1d",
+        "Megatron sequence parallelism splits activations over 1d tensor-parallel ranks",
+    ),
+    Refusal(
+        lambda c: c.sp in _LONG and c.tp != "none",
+        "ring/Ulysses sequence parallelism does not compose with tensor parallelism yet",
+    ),
+    Refusal(
+        lambda c: c.sp in _LONG and c.pp != "none",
+        "ring/Ulysses sequence parallelism does not compose with pipeline stages yet",
+    ),
+    Refusal(
+        lambda c: c.sp in _LONG and c.sharding != "zero0",
+        "ring/Ulysses sequence parallelism sums gradients over sp before the dp average, which "
+        "ZeRO's and Gemini's reductions do not do yet",
+    ),
+    Refusal(
+        lambda c: c.pp != "none" and c.tp in ("2d", "2.5d", "3d"),
+        "pipeline stages compose with 1d tensor parallelism only",
+    ),
+    Refusal(
+        lambda c: c.pp != "none" and c.sharding == "zero2",
+        "ZeRO-2 reduces gradients during backward, before the pipeline sums the tied "
+        "embedding's gradients",
+    ),
+    Refusal(
+        lambda c: c.pp != "none" and c.precision == "fp16",
+        "the pipeline schedule runs backward itself, without ZeRO's fp16 loss scale; use bf16",
+    ),
+    Refusal(
+        lambda c: c.pp != "none" and c.sharding == "gemini",
+        "Gemini (ZeRO-3) takes --tp only, not pipeline stages",
+    ),
+    Refusal(
+        lambda c: c.sharding == "gemini" and c.sp != "none",
+        "Gemini (ZeRO-3) takes --tp only, not sequence parallelism",
+    ),
+    Refusal(
+        lambda c: c.sharding == "gemini" and c.checkpointing,
+        "activation checkpointing runs on the hybrid plugin (ZeRO 0-2), not Gemini",
+    ),
+    Refusal(
+        lambda c: c.sharding == "zero0" and c.precision != "fp32",
+        "mixed precision needs the fp32 masters of ZeRO-1/2 or Gemini; plain data "
+        "parallelism trains in fp32",
+    ),
+    Refusal(
+        lambda c: c.lazy and c.sharding != "gemini",
+        "a lazily built (meta) model is materialized into Gemini's chunks only",
+    ),
+    Refusal(
+        lambda c: c.lazy and c.tp != "none",
+        "Gemini with tensor parallelism shards real weights through the model's plan and cannot "
+        "take a lazily built (meta) model",
+    ),
+)
+
+# What changing a field costs when looking for the nearest combination that builds.
+_COST = {
+    "precision": 1,
+    "checkpointing": 1,
+    "lazy": 1,
+    "sharding": 2,
+    "pp": 3,
+    "sp": 3,
+    "tp": 3,
+}
+
+
+def refusal(c: Combination) -> str | None:
+    """Why ``c`` does not build (the first row of ``REFUSED`` that covers it); None if it does."""
+    for row in REFUSED:
+        if row.when(c):
+            return row.why
+    return None
+
+
+def builds(c: Combination) -> bool:
+    """Whether the runtime builds ``c`` (no row of ``REFUSED`` covers it)."""
+    return refusal(c) is None
+
+
+_NAMES = tuple(_CHOICES)
+
+
+@lru_cache(maxsize=1)
+def _buildable() -> tuple[tuple[tuple[int, ...], Combination], ...]:
+    """Every combination that builds, with the indices of its choices."""
+    out = []
+    for values in itertools.product(*(_CHOICES[n] for n in _NAMES)):
+        cand = Combination(**dict(zip(_NAMES, values)))  # type: ignore[arg-type]
+        if builds(cand):
+            out.append((tuple(_CHOICES[n].index(v) for n, v in zip(_NAMES, values)), cand))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def nearest(c: Combination) -> Combination | None:
+    """The combination that builds with the least cost of changes from ``c`` (``c`` itself when
+    it builds); ties go to the choices closest to ``c``'s in their tuples (``SHARDINGS`` etc.:
+    zero2 is nearer zero1 than zero0), then to the earlier choices, in field order."""
+    if builds(c):
+        return c
+    here = tuple(_CHOICES[n].index(getattr(c, n)) for n in _NAMES)
+    costs = tuple(_COST[n] for n in _NAMES)
+
+    def key(item: tuple[tuple[int, ...], Combination]) -> tuple[int, ...]:
+        idx = item[0]
+        cost = sum(w for w, a, b in zip(costs, idx, here) if a != b)
+        return (cost, sum(abs(a - b) for a, b in zip(idx, here)), *idx)
+
+    found = min(_buildable(), key=key, default=None)
+    return None if found is None else found[1]
+
+
+def check_combination(c: Combination, *, what: str = "") -> None:
+    """``ConfigError`` naming why ``c`` does not build and the nearest combination that does.
+    ``what`` names the caller's spelling of ``c`` (flags, plugin settings) for the message."""
+    why = refusal(c)
+    if why is None:
+        return
+    near = nearest(c)
+    fix = f"; the nearest that builds: {near.describe()}" if near is not None else ""
+    raise ConfigError(f"{what or c.describe()} does not build: {why}{fix}")

@@ -1,0 +1,151 @@
+"""``colossal plan --calibrate``: measure the machine into a hardware profile (JSON) that
+``plan --hardware-profile`` and ``colossal train --layout auto`` plan with.
+
+[Note: hardware profile] A profile holds what was measured: matmul FLOP/s per dtype at the given
+shape, memory-copy bytes/s, the all-reduce bus bytes/s over the launched world (none in one
+process), disk write and read bytes/s (written with fsync, read after dropping the file's
+cached pages), and the memory sizes seen. ``Hardware`` reads it with the measured matmul rate
+as its peak (so plan with ``--efficiency 1`` or the fraction of it a whole step reaches). Every
+rank of a run must plan from the same file, so a run never measures on its own: ranks measuring
+apart could pick different layouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from colossal_contracts import ConfigError
+
+from ._hardware import Hardware
+
+__all__ = ["calibrate", "load_profile", "profile_hardware"]
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_KEYS = ("flops", "copy_bw", "collective_bw", "disk_write_bw", "disk_read_bw", "memory")
+
+
+def _timed(fn: Any, repeat: int) -> float:
+    fn()  # warm
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / repeat
+
+
+def calibrate(
+    *, tokens: int = 1024, hidden: int = 1024, disk_dir: Path | None = None, quick: bool = False
+) -> dict[str, Any]:
+    """Measure this machine (and, when torch.distributed is up, the world's all-reduce); see
+    [Note: hardware profile]. ``tokens x hidden @ hidden x 4 hidden`` is the matmul shape."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    repeat = 2 if quick else 5
+    flops = {}
+    for name, dtype in _DTYPES.items():
+        a = torch.randn(tokens, hidden, device=dev).to(dtype)
+        b = torch.randn(hidden, 4 * hidden, device=dev).to(dtype)
+        flops[name] = 2 * tokens * hidden * 4 * hidden / _timed(lambda a=a, b=b: a @ b, repeat)
+    n = (1 << 24) if not quick else (1 << 22)
+    src, dst = torch.empty(n, device=dev), torch.empty(n, device=dev)
+    copy_bw = 4 * n / _timed(lambda: dst.copy_(src), repeat)
+    coll = None
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world > 1:
+        buf = torch.ones(n // 4, device=dev)
+        secs = _timed(lambda: dist.all_reduce(buf), repeat)
+        coll = 2 * (world - 1) / world * buf.numel() * 4 / secs  # bus bandwidth
+    write_bw, read_bw = _disk(disk_dir, (64 << 20) if not quick else (8 << 20))
+    if dev == "cuda":
+        memory = torch.cuda.get_device_properties(0).total_memory
+    else:
+        memory = psutil.virtual_memory().total // max(1, world)
+    return {
+        "device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu",
+        "world": world,
+        "matmul_shape": [tokens, hidden, 4 * hidden],
+        "flops": flops,
+        "copy_bw": copy_bw,
+        "collective_bw": coll,
+        "disk_write_bw": write_bw,
+        "disk_read_bw": read_bw,
+        "memory": memory,
+        "host_memory": psutil.virtual_memory().total,
+        "disk": psutil.disk_usage(str(disk_dir or tempfile.gettempdir())).free,
+    }
+
+
+def _disk(folder: Path | None, size: int) -> tuple[float, float]:
+    data = os.urandom(1 << 20) * (size >> 20)
+    fd, name = tempfile.mkstemp(dir=folder, prefix="colossal-calibrate-")
+    try:
+        t0 = time.perf_counter()
+        os.write(fd, data)
+        os.fsync(fd)
+        write_s = time.perf_counter() - t0
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.lseek(fd, 0, os.SEEK_SET)
+        t0 = time.perf_counter()
+        while os.read(fd, 1 << 22):
+            pass
+        read_s = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    return size / write_s, size / read_s
+
+
+def load_profile(path: Path) -> dict[str, Any]:
+    """The profile at ``path``; one-line ``ConfigError`` when missing or not a profile."""
+    try:
+        prof = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"hardware profile {path} does not exist; write one with colossal plan --calibrate "
+            f"--out {path}"
+        ) from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"hardware profile {path} is not readable JSON ({type(err).__name__}); write it again "
+            "with colossal plan --calibrate"
+        ) from None
+    missing = [k for k in _KEYS if not isinstance(prof, dict) or k not in prof]
+    bad = not missing and not all(
+        isinstance(prof["flops"].get(d), (int, float)) and prof["flops"][d] > 0 for d in _DTYPES
+    )
+    if missing or bad:
+        what = f"lacks {', '.join(missing)}" if missing else "has no positive flops per dtype"
+        raise ConfigError(
+            f"hardware profile {path} {what}; write it again with colossal plan --calibrate"
+        )
+    return prof
+
+
+def profile_hardware(prof: dict[str, Any], *, precision: str, name: str) -> Hardware:
+    """The ``Hardware`` a profile describes, its peak the measured matmul rate at
+    ``precision`` (see [Note: hardware profile])."""
+    link = prof["collective_bw"] or prof["copy_bw"]
+    disk_bw = min(prof["disk_write_bw"], prof["disk_read_bw"])
+    return Hardware(
+        name,
+        int(prof["memory"]),
+        float(prof["flops"][precision]),
+        max(1, int(prof.get("world", 1))),
+        float(link),
+        float(link),
+        float(prof["copy_bw"]),
+        int(prof.get("host_memory", prof["memory"])),
+        int(prof.get("disk", 0)),
+        float(disk_bw),
+        2 * float(prof["copy_bw"]),  # a copy reads and writes each byte
+    )
