@@ -20,6 +20,7 @@ from ._hf_load import (
     load_hf_config,
 )
 from ._io import LMIO
+from ._kv_cache import KVCache
 from ._long_seq import apply_sequence_parallel
 from ._parallelize import parallelize
 from ._shard_map import Box, Piece, ShardMap, flat_range_boxes, shard_map
@@ -47,6 +48,7 @@ __all__ = [
     "GPT2StateDictAdapter",
     "GPTConfig",
     "HFCausalLM",
+    "KVCache",
     "LlamaStateDictAdapter",
     "PaLM",
     "PaLMConfig",

@@ -30,6 +30,7 @@ from ..booster import (
     PipelineModule,
     Plugin,
 )
+from ..export import export_after_training
 from ._config import TrainConfig
 from ._display import (
     TrainDisplay,
@@ -313,6 +314,7 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
     gen = torch.Generator().manual_seed(cfg.seed + 10_000)
     held_out = [corpus.batch(val_data, cfg.batch_size, cfg.seq_len, gen) for _ in range(4)]
     val = _evaluate(booster, model, optimizer, held_out, dp_group)
+    hf_folder = export_after_training(cfg.model, cfg.export, checkpoint, out) if main else None
     result = TrainResult(
         losses=losses,
         val_loss=val,
@@ -327,6 +329,8 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
             **memory_summary(records),
             **comm_summary(records),
         }
+        if hf_folder is not None:
+            summary["hugging face export"] = str(hf_folder)
         if records and "bytes_moved" in records[-1]:
             summary["memory timeline"] = str(plot_memory_timeline(records, out))
         console.print(summary_table(summary))
