@@ -3,8 +3,8 @@
 ``train_on_mesh`` runs ``colossal.train.train`` on every rank of a World; ``reference_losses``
 trains the same model in one process with plain ``torch.optim.AdamW`` on the global batch: the
 batches of every data-parallel coordinate, concatenated (the loop draws coordinate ``d``'s batch
-from ``_data_seed(seed, d, step)``), with the loop's learning-rate schedule and one parameter
-group with weight decay, as the hybrid plugin trains it.
+from ``_data_seed(seed, d, step)``), with the loop's learning-rate schedule and its two parameter
+groups (decay on matrices only), which every plugin keeps.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from _reference import adamw_losses
 
 from colossal import TrainConfig, train
-from colossal.train._loop import _data_seed
+from colossal.train._loop import _data_seed, _param_groups
 from colossal.train._models import resolve_model
 from colossal.train._schedule import warmup_cosine
 from colossal_contracts import ConfigError
@@ -47,6 +47,11 @@ def mesh_error(kw: dict[str, Any]) -> str:
 
 def reference_losses(kw: dict[str, Any], dp: int) -> list[float]:
     """Single-process AdamW on the global batch of ``dp`` data-parallel coordinates."""
+    return reference_run(kw, dp)[0]
+
+
+def reference_run(kw: dict[str, Any], dp: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """``reference_losses`` and the final weights (the model's state dict)."""
     cfg = TrainConfig(**kw)
     spec = resolve_model(cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size)
     corpus = load_corpus(cfg.corpus)
@@ -54,7 +59,10 @@ def reference_losses(kw: dict[str, Any], dp: int) -> list[float]:
     torch.manual_seed(cfg.seed)
     model = spec.build()
     opt = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+        _param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        weight_decay=cfg.weight_decay,
     )
     gen = torch.Generator()
 
@@ -68,4 +76,5 @@ def reference_losses(kw: dict[str, Any], dp: int) -> list[float]:
         return torch.cat(xs), torch.cat(ys)
 
     batches = (global_batch(step) for step in range(cfg.steps))
-    return adamw_losses(model, batches, opt, lr_at=lambda s: cfg.lr * warmup_cosine(s, cfg.steps))
+    losses = adamw_losses(model, batches, opt, lr_at=lambda s: cfg.lr * warmup_cosine(s, cfg.steps))
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}

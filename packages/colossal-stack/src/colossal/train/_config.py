@@ -56,10 +56,19 @@ class TrainConfig:
         sp_size: ranks each sequence is split over (ring, ulysses).
         pp: pipeline stages; microbatches per step; schedule "1f1b", "interleaved" (two chunks
             per rank) or "gpipe".
-        activation_checkpointing: recompute each block's activations in backward (hybrid).
+        activation_checkpointing: recompute each block's activations in backward (every
+            plugin; a Hugging Face model through its own ``gradient_checkpointing_enable``).
         max_grad_norm: clip the global gradient norm, over the whole mesh (0: off).
         lr: peak learning rate (linear warmup over 10% of steps, cosine decay to 10% of it).
-        weight_decay: AdamW decay, applied to matrices only.
+        weight_decay: AdamW decay of matrices (embeddings and Linear weights); biases and norm
+            weights are not decayed (the nanoGPT / Hugging Face convention), under every plugin.
+        grad_accum: micro-batches of ``batch_size`` sequences accumulated into one optimizer
+            step (a step sees ``batch_size * grad_accum`` sequences per data-parallel rank and
+            equals one batch of that size); pipelined runs take them as more micro-batches.
+        eval_every: evaluate on held-out batches every N steps (``val_loss`` in the step's
+            record; 0: only at the end).
+        log: also log scalars to TensorBoard under ``out/tensorboard`` ("tensorboard", the
+            optional extra ``tensorboard``); None: ``metrics.jsonl`` only.
         checkpoint_every: save every N steps (0: only at the end).
         export: which checkpoints also carry the consolidated fp32 model (bounded safetensors
             shards with a Hugging Face ``model.safetensors.index.json``) beside the sharded
@@ -103,6 +112,9 @@ class TrainConfig:
     schedule: str = "1f1b"
     activation_checkpointing: bool = False
     max_grad_norm: float = 0.0
+    grad_accum: int = 1
+    eval_every: int = 0
+    log: str | None = None
 
     def __post_init__(self) -> None:
         for name, kinds in _TYPES.items():
@@ -153,11 +165,8 @@ class TrainConfig:
         object.__setattr__(self, "zero", zero)
         if plugin == "zero":
             object.__setattr__(self, "zero_stage", zero)
-        if self.activation_checkpointing and plugin != "hybrid":
-            raise ConfigError(
-                f"--activation-checkpointing runs on the hybrid plugin (--tp/--pp/--sp or "
-                f"--plugin hybrid), not {plugin}; drop it"
-            )
+        if self.log not in (None, "tensorboard"):
+            raise ConfigError(f"unknown --log {self.log!r}; the one choice is: tensorboard")
         if self.export == "every" and plugin in ("ddp", "hybrid"):
             raise ConfigError(
                 f"--export every applies to the gemini and zero plugins, not {plugin} (ddp "
@@ -278,6 +287,9 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "schedule": str,
     "activation_checkpointing": bool,
     "max_grad_norm": (float, int),
+    "grad_accum": int,
+    "eval_every": int,
+    "log": (str, type(None)),
 }
 # (lowest, highest): steps and seed bound the per-step data seed (see _loop._data_seed)
 _INT_RANGES = {
@@ -292,5 +304,7 @@ _INT_RANGES = {
     "sp_size": (1, 2**12),
     "pp": (1, 2**12),
     "microbatches": (1, 2**16),
+    "grad_accum": (1, 2**16),
+    "eval_every": (0, 2**24 - 1),
 }
 _GEMINI_DEFAULTS = {"placement": "auto", "accelerator_budget": None, "precision": "fp32"}
