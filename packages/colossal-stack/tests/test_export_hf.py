@@ -1,6 +1,6 @@
 """A Hugging Face round trip: a tiny GPT-2 folder (with a ``tokenizers``-built tokenizer)
-trained by ``colossal train --model hf:DIR`` on 2 ranks under Gemini, Gemini with tp 2, ZeRO-2
-and the hybrid plugin (tp 2) leaves ``--out/hf``, which ``AutoModelForCausalLM`` and
+trained by ``colossal train --model hf:DIR`` on 2 ranks under Gemini, Gemini with tp 2, ZeRO-2,
+DDP and the hybrid plugin (tp 2) leaves ``--out/hf``, which ``AutoModelForCausalLM`` and
 ``AutoTokenizer.from_pretrained`` load, with the logits of the trained model as Colossal
 rebuilds it from its checkpoint (fp32, within 1e-5); greedy ``colossal.generate`` on the run
 gives ``transformers``' ``generate`` token for token. Helpers in ``_checks_export.py``."""
@@ -23,13 +23,14 @@ RUNS = {
     "gemini": {"plugin": "gemini"},
     "gemini-tp2": {"plugin": "gemini", "tp": 2},
     "zero2": {"plugin": "zero", "zero_stage": 2},
+    "ddp": {"plugin": "ddp"},
     "hybrid-tp2": {"tp": 2},
 }
 
 
 @pytest.fixture(scope="module")
 def trained(world, tmp_path_factory):
-    """The four runs, trained in one 2-rank World: {name: --out folder}."""
+    """The runs, trained in one 2-rank World: {name: --out folder}."""
     root = tmp_path_factory.mktemp("export")
     from colossal_models import default_corpus_path
 

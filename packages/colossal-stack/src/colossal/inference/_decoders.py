@@ -19,7 +19,7 @@ from torch import nn
 from colossal_contracts import ConfigError
 from colossal_models import KVCache
 
-__all__ = ["Decoder", "HFDecoder", "NativeDecoder"]
+__all__ = ["Decoder", "HFDecoder", "NativeDecoder", "check_length"]
 
 
 class Decoder(Protocol):

@@ -74,7 +74,9 @@ class TrainConfig:
             shards with a Hugging Face ``model.safetensors.index.json``) beside the sharded
             training state, for the gemini and zero plugins: "final" (the last step's only:
             intermediate saves write just the shards), "every" or "none" (export later with
-            ``colossal.export_checkpoint``). ddp checkpoints are the full model already.
+            ``colossal.export_checkpoint``). ddp checkpoints are the full model already. Unless
+            "none", an ``hf:`` run also leaves ``out/hf``: a Hugging Face folder of the final
+            checkpoint (``colossal.export_hf``).
         resume: continue from the checkpoint under ``out`` (``out/checkpoint/latest``).
         log_every: refresh the progress display every N steps.
     """
