@@ -73,6 +73,10 @@ def test_greedy_generate_equals_transformers_generate(trained, name):
     theirs = hf.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
     assert theirs[0, ids.shape[1] :].tolist() == ours.new_ids
     assert len(ours.new_ids) == 24 or ours.new_ids[-1] == 0  # stopped at end-of-text only
+    # the HF model's weights streamed through Gemini's chunks: the same tokens
+    offloaded = generate(trained[name], "import os\n", max_new_tokens=24, accelerator_budget=80_000)
+    assert offloaded.new_ids == ours.new_ids
+    assert offloaded.memory["accelerator_peak_bytes"] <= 80_000 < 4 * hf.num_parameters()
 
 
 def test_colossal_export_rewrites_any_checkpoint_folder(trained, tmp_path, capsys):
