@@ -3,8 +3,8 @@
 ``train_on_mesh`` runs ``colossal.train.train`` on every rank of a World; ``reference_losses``
 trains the same model in one process with plain ``torch.optim.AdamW`` on the global batch: the
 batches of every data-parallel coordinate, concatenated (coordinate ``d`` reads the ``d``-th
-slice of each global batch of the loader, [Note: data order]), with the loop's learning-rate schedule and one parameter
-group with weight decay, as the hybrid plugin trains it.
+slice of each global batch of the loader, [Note: data order]), with the loop's learning-rate
+schedule and its two parameter groups (decay on matrices only), which every plugin keeps.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from _stack_reference import adamw_losses
 
 from colossal import TrainConfig, train
 from colossal.train._data import open_data, open_loader, resolve_tokenizer
+from colossal.train._loop import _param_groups
 from colossal.train._models import resolve_model
 from colossal.train._schedule import warmup_cosine
 from colossal_contracts import ConfigError
@@ -47,6 +48,11 @@ def mesh_error(kw: dict[str, Any]) -> str:
 
 def reference_losses(kw: dict[str, Any], dp: int) -> list[float]:
     """Single-process AdamW on the global batch of ``dp`` data-parallel coordinates."""
+    return reference_run(kw, dp)[0]
+
+
+def reference_run(kw: dict[str, Any], dp: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """``reference_losses`` and the final weights (the model's state dict)."""
     cfg = TrainConfig(**kw)
     tokenizer = resolve_tokenizer(cfg)
     spec = resolve_model(cfg.model, cfg.preset, vocab_size=tokenizer.vocab_size)
@@ -57,7 +63,11 @@ def reference_losses(kw: dict[str, Any], dp: int) -> list[float]:
     torch.manual_seed(cfg.seed)
     model = spec.build()
     opt = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+        _param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        weight_decay=cfg.weight_decay,
     )
     batches = (loader.next_batch() for _ in range(cfg.steps))
-    return adamw_losses(model, batches, opt, lr_at=lambda s: cfg.lr * warmup_cosine(s, cfg.steps))
+    losses = adamw_losses(model, batches, opt, lr_at=lambda s: cfg.lr * warmup_cosine(s, cfg.steps))
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}

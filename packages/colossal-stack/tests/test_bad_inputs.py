@@ -211,7 +211,10 @@ CLI_CASES = [
     ("sp-ring-one-rank", [*TRAIN, "--sp", "ring"], "needs --sp-size N of 2 or more"),
     ("sp-megatron-no-tp", [*TRAIN, "--sp", "megatron"], "--sp megatron needs --tp"),
     ("tp-depth-not-2.5d", [*TRAIN, "--tp", "2", "--tp-depth", "2"], "needs --tp-mode 2.5d"),
-    ("ckpt-activations-gemini", [*TRAIN, "--activation-checkpointing"], "hybrid plugin"),
+    ("grad-accum-zero", [*TRAIN, "--grad-accum", "0"], "--grad-accum must be positive"),
+    ("eval-every-negative", [*TRAIN, "--eval-every=-1"], "--eval-every must be in [0"),
+    ("log-unknown", [*TRAIN, "--log", "wandb"], "unknown --log 'wandb'"),
+    ("decay-negative", [*TRAIN, "--weight-decay=-0.1"], "weight_decay must be finite"),
     ("clip-negative", [*TRAIN, "--max-grad-norm=-1"], "--max-grad-norm must be finite"),
     ("hybrid-budget", [*TRAIN, "--tp", "2", "--accelerator-budget", "1GiB"], "gemini only"),
     *runs_cases.CLI_CASES,  # runs, folders, checkpoints, models on disk (issue 34's list)

@@ -22,6 +22,7 @@ from ._hf_load import (
     load_hf_config,
 )
 from ._io import LMIO
+from ._kv_cache import KVCache
 from ._long_seq import apply_sequence_parallel
 from ._parallelize import parallelize
 from ._shard_map import Box, Piece, ShardMap, flat_range_boxes, shard_map
@@ -49,6 +50,7 @@ __all__ = [
     "GPT2StateDictAdapter",
     "GPTConfig",
     "HFCausalLM",
+    "KVCache",
     "LlamaStateDictAdapter",
     "PaLM",
     "PaLMConfig",

@@ -20,6 +20,7 @@ from ._long_seq._ulysses import all_to_all_along, ulysses_attention, ulysses_com
 from ._mesh import ProcessMesh
 from ._p2p import exchange
 from ._pipeline._cost import pipeline_p2p_bytes
+from ._pipeline._forward import run_pipeline_forward
 from ._pipeline._partition import parameter_costs, partition_layers, stage_rank
 from ._pipeline._runtime import PipelineResult, run_pipeline
 from ._pipeline._schedule import (
@@ -154,6 +155,7 @@ __all__ = [
     "ring_attention",
     "ring_attention_comm_bytes",
     "run_pipeline",
+    "run_pipeline_forward",
     "seed_everything",
     "sequence_positions",
     "simulate",

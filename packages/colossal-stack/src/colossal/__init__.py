@@ -17,6 +17,8 @@ from .booster import (
     latest_checkpoint,
     load_layout_checkpoint,
 )
+from .export import export_hf
+from .inference import GenerationResult, generate
 from .train import NonFiniteError, TrainConfig, TrainResult, build_plugin, train
 
 __version__ = "0.1.0"
@@ -24,6 +26,7 @@ __all__ = [
     "Booster",
     "DDPPlugin",
     "GeminiPlugin",
+    "GenerationResult",
     "HybridParallelPlugin",
     "LowLevelZeroPlugin",
     "NonFiniteError",
@@ -33,6 +36,8 @@ __all__ = [
     "TrainResult",
     "build_plugin",
     "export_checkpoint",
+    "export_hf",
+    "generate",
     "latest_checkpoint",
     "lazy_init",
     "load_layout_checkpoint",

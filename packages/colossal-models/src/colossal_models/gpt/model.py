@@ -16,6 +16,7 @@ from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
 from .._inputs import check_input_ids, check_token_ids
 from .._io import LMIO
+from .._kv_cache import KVCache, LayerKV, cached_attention
 from .config import GPTConfig
 
 __all__ = ["GPT", "MLP", "Block", "CausalSelfAttention"]
@@ -30,13 +31,16 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.core = CausalAttention()  # a long-sequence plan swaps in ring attention or Ulysses
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         qkv = self.qkv(x)  # (B, T, 3C); T is the whole sequence even when x holds a slice of it
         B, T = qkv.shape[:2]
         q, k, v = qkv.chunk(3, dim=-1)  # each (B, T, C)
         q, k, v = (t.reshape(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         p = self.dropout if self.training else 0.0
-        y = self.core(q, k, v, p)  # (B, H, T, D)
+        if cache is None:
+            y = self.core(q, k, v, p)  # (B, H, T, D)
+        else:  # [Note: incremental decoding]: over the cached positions too
+            y = cached_attention(q, *cache.append(k, v))
         y = y.transpose(1, 2).reshape(B, T, -1)
         return F.dropout(self.proj(y), p, self.training)
 
@@ -63,8 +67,8 @@ class Block(CheckpointedBlock):
         self.ln2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def _forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), cache)
         return x + self.mlp(self.ln2(x))
 
 
@@ -97,11 +101,37 @@ class GPT(nn.Module):
             else:
                 p.normal_(0.0, resid_std if name.endswith("proj.weight") else 0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        if cache is not None:
+            return self._decode(idx, cache)
         x = self.embed(idx)
         for block in self.blocks:
             x = block(x)
         return self.head(x, targets)
+
+    def _decode(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits ``(B, T, V)`` of the tokens ``idx`` that follow the cached positions
+        ([Note: incremental decoding]); unsharded models only."""
+        check_token_ids(idx, self.config.vocab_size)
+        T = idx.shape[1]
+        start = cache.check_room(T)
+        if start + T > self.config.max_seq_len:
+            raise ConfigError(
+                f"position {start + T - 1} is past max_seq_len {self.config.max_seq_len}; "
+                "generate fewer tokens or use a shorter prompt"
+            )
+        pos = torch.arange(start, start + T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache.layer(i))
+        cache.advance(T)
+        return self.io(self.ln_f(x), self.wte.weight, None)
 
     # ``embed`` and ``head`` read only wte, wpe, drop, ln_f, io and config, so a pipeline stage
     # with those attributes (``GPTStage``) runs them too.

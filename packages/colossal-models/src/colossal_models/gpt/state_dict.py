@@ -136,5 +136,7 @@ class GPT2StateDictAdapter:
             layer_norm_epsilon=c.layer_norm_eps,
             tie_word_embeddings=True,
         )
+        if c.vocab_size <= 50256:  # GPT-2's end-of-text id is past a smaller vocabulary
+            kwargs.update(bos_token_id=None, eos_token_id=None)
         kwargs.update(overrides)
         return import_transformers().GPT2Config(**kwargs)

@@ -17,6 +17,7 @@ from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
 from .._inputs import check_input_ids, check_token_ids
 from .._io import LMIO
+from .._kv_cache import KVCache, LayerKV, cached_attention
 from .._rotary import apply_rotary, rotary_tables
 from .config import PaLMConfig
 
@@ -43,7 +44,13 @@ class PaLMAttention(nn.Module):
         self.proj = nn.Linear(cfg.num_heads * d, c, bias=False)
         self.core = CausalAttention()  # a long-sequence plan swaps in ring attention or Ulysses
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: LayerKV | None = None,
+    ) -> torch.Tensor:
         d = self.head_dim
         q, k, v = self.q(x), self.k(x), self.v(x)  # whole sequence even when x holds a slice
         B, T = q.shape[:2]
@@ -51,10 +58,12 @@ class PaLMAttention(nn.Module):
         k = k.reshape(B, T, -1, d).transpose(1, 2)  # (B, K, T, D)
         v = v.reshape(B, T, -1, d).transpose(1, 2)  # (B, K, T, D)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:  # [Note: incremental decoding]: K heads cached, not H
+            k, v = cache.append(k, v)
         rep = q.shape[1] // k.shape[1]  # query head h reads key/value head h // rep
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = self.core(q, k, v)  # (B, H, T, D)
+        y = self.core(q, k, v) if cache is None else cached_attention(q, k, v)  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -83,11 +92,17 @@ class PaLMBlock(CheckpointedBlock):
         self.ln2 = None if cfg.parallel_block else build_norm(cfg)
         self.mlp = SwiGLU(cfg)
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: LayerKV | None = None,
+    ) -> torch.Tensor:
         if self.ln2 is None:
             h = self.ln1(x)
-            return x + self.attn(h, cos, sin) + self.mlp(h)
-        x = x + self.attn(self.ln1(x), cos, sin)
+            return x + self.attn(h, cos, sin, cache) + self.mlp(h)
+        x = x + self.attn(self.ln1(x), cos, sin, cache)
         return x + self.mlp(self.ln2(x))
 
 
@@ -124,12 +139,45 @@ class PaLM(nn.Module):
         """The ``(V, C)`` matrix of the output head (the embedding when tied)."""
         return self.wte.weight if self.lm_head is None else self.lm_head.weight
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        if cache is not None:
+            return self._decode(idx, cache)
         x = self.embed(idx)
         cos, sin = self.rotary(idx.shape[1], x)
         for block in self.blocks:
             x = block(x, cos, sin)
         return self.head(x, targets)
+
+    def _decode(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits ``(B, T, V)`` of the tokens ``idx`` that follow the cached positions
+        ([Note: incremental decoding]); unsharded models only."""
+        check_token_ids(idx, self.config.vocab_size)
+        T = idx.shape[1]
+        start = cache.check_room(T)
+        if start + T > self.config.max_seq_len:
+            raise ConfigError(
+                f"position {start + T - 1} is past max_seq_len {self.config.max_seq_len}; "
+                "generate fewer tokens or use a shorter prompt"
+            )
+        x = self.wte(idx)  # (B, T, C)
+        cos, sin = rotary_tables(
+            start + T,
+            self.config.head_size,
+            theta=self.config.rope_theta,
+            device=x.device,
+            dtype=x.dtype,
+        )
+        cos, sin = cos[start:], sin[start:]  # (T, D): this step's positions
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cache.layer(i))
+        cache.advance(T)
+        return self.io(self.ln_f(x), self.output_weight, None)
 
     # ``embed``, ``rotary`` and ``head`` read only wte, lm_head, ln_f, io and config, so a
     # pipeline stage with those attributes (``PaLMStage``) runs them too.

@@ -39,6 +39,8 @@ from colossal_models import (
 )
 from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
 
+from ._groups import GroupMap
+
 __all__ = [
     "check_tp",
     "check_tp_inputs",
@@ -75,7 +77,7 @@ def tp_mesh_config(world_size: int, size: int, mode: str, depth: int) -> MeshCon
 
 def check_tp_inputs(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """``ConfigError`` unless ``model`` has a tensor-parallel plan and ``optimizer`` is an
-    Adam/AdamW of one parameter group (checked before the mesh exists)."""
+    Adam/AdamW (checked before the mesh exists)."""
     if not isinstance(model, GPT | PaLM):
         raise ConfigError(
             f"GeminiPlugin(tp_size > 1) shards GPT and PaLM through their plans, got "
@@ -86,24 +88,20 @@ def check_tp_inputs(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
             f"Gemini trains with Adam or AdamW, got {type(optimizer).__name__}; build the "
             "optimizer as torch.optim.AdamW(...)"
         )
-    if len(optimizer.param_groups) != 1:
-        raise ConfigError(
-            "GeminiPlugin with tp_size > 1 rebuilds the optimizer on the sharded parameters and "
-            f"keeps one parameter group; got {len(optimizer.param_groups)}: pass one"
-        )
 
 
 def shard_for_tp(
     model: nn.Module, optimizer: torch.optim.Optimizer, mesh: ProcessMesh
 ) -> tuple[torch.optim.Optimizer, dict[str, ParamSharding]]:
     """Shard ``model`` (see ``check_tp_inputs``) in place for ``mesh``; the user's optimizer
-    rebuilt on the sharded parameters (same class and hyperparameters) and every layout."""
+    rebuilt on the sharded parameters (same class, groups and hyperparameters) and every
+    layout."""
+    group_map = GroupMap(model, optimizer)  # each sharded parameter keeps its group, by name
     parallelize(model, mesh)
     sharding = describe_sharding(model, mesh)
     keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
     hyper = {k: v for k, v in optimizer.defaults.items() if k in keep}
-    params = [p for p in model.parameters() if p.requires_grad]
-    return type(optimizer)(params, **hyper), sharding
+    return type(optimizer)(group_map.groups(model.named_parameters()), **hyper), sharding
 
 
 def tp_folder(path: Path, mesh: ProcessMesh) -> Path:

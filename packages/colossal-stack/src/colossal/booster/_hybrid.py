@@ -35,10 +35,12 @@ from colossal_parallel import (
     ProcessMesh,
     all_reduce_grads,
     run_pipeline,
+    run_pipeline_forward,
 )
 from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 
 from .._capability import PRECISIONS, Combination, check_combination
+from ._groups import GroupMap
 from ._hybrid_checkpoint import load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
 
@@ -203,8 +205,8 @@ class HybridParallelPlugin:
     def configure(
         self, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Shard ``model`` in place through its plan and rebuild ``optimizer`` (Adam/AdamW, one
-        parameter group) on this rank's parameters."""
+        """Shard ``model`` in place through its plan and rebuild ``optimizer`` (Adam/AdamW) on
+        this rank's parameters, each in the group of its unsharded original (``GroupMap``)."""
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         cfg = self.mesh_config(world)
         layers = getattr(getattr(model, "config", None), "num_layers", None)
@@ -221,8 +223,7 @@ class HybridParallelPlugin:
             raise ConfigError(
                 f"the hybrid plugin trains with Adam or AdamW, got {type(optimizer).__name__}"
             )
-        if len(optimizer.param_groups) != 1:
-            raise ConfigError("the hybrid plugin rebuilds one parameter group; pass one")
+        group_map = GroupMap(model, optimizer)  # by name: the sharded model keeps the groups
         self.mesh = mesh = ProcessMesh(cfg)
         if cfg.tp > 1:
             parallelize(model, mesh, sequence_parallel=self.sequence_parallel == "megatron")
@@ -245,11 +246,13 @@ class HybridParallelPlugin:
         self.sharding = self._layout(out, names, tp_layout, tied)
         hyper = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "betas", "eps")}
         wd = optimizer.defaults["weight_decay"]
-        params = [p for p in out.parameters() if p.requires_grad]
+        named_out = [(names[n], p) for n, p in out.named_parameters()]
+        groups = group_map.groups(named_out, keep=("lr", "betas", "eps", "weight_decay"))
+        params = [p for g in groups for p in g["params"]]
         if self.zero_stage:
             opt: torch.optim.Optimizer = LowLevelZeroOptimizer(
                 out,
-                params,
+                [g for g in groups if g["params"]],
                 weight_decay=wd,
                 **hyper,
                 config=self._zero_config(),
@@ -259,7 +262,7 @@ class HybridParallelPlugin:
                 sharding=self.sharding,
             )
         else:
-            opt = type(optimizer)(params, weight_decay=wd, **hyper)
+            opt = type(optimizer)(groups, weight_decay=wd, **hyper)
             named = [(n, p) for n, p in out.named_parameters() if p.requires_grad]
             opt.register_step_pre_hook(lambda *_: self._reduce_and_clip(named))
         self._optimizer = opt
@@ -355,6 +358,23 @@ class HybridParallelPlugin:
                     view.copy_(q.grad)
                     q.grad = view
         return res.loss.detach()
+
+    def evaluate_pipeline(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The batch's mean loss through the pipeline, forward only (``run_pipeline_forward``:
+        no activations kept, gradients untouched); the same on every rank of the pipeline."""
+        if self._stages is None or self.mesh is None:
+            raise ConfigError("evaluate_pipeline needs a model boosted with pp_size > 1")
+        b, t = inputs.shape[0], inputs.shape[-1]
+        m = self.microbatches if b % self.microbatches == 0 else 1
+        return run_pipeline_forward(
+            self._stages.chunks,
+            self.mesh,
+            inputs,
+            targets,
+            num_microbatches=m,
+            boundary_shape=self._stages.boundary_shape(b // m, t),
+            boundary_dtype=self._boundary_dtype,
+        )
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model

@@ -420,10 +420,9 @@ def load_layout(
             if step is not None:
                 h.set_step(float(step))
     if optimizer is not None and index.get("optimizer"):
-        for group in optimizer.param_groups:
-            group.update(
-                {k: tuple(v) if k == "betas" else v for k, v in index["optimizer"].items()}
-            )
+        saved = {k: v for k, v in index["optimizer"].items() if k != "weight_decay"}
+        for group in optimizer.param_groups:  # each group keeps its own weight decay
+            group.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
     if isinstance(optimizer, LowLevelZeroOptimizer):
         if optimizer.scaler is not None and index.get("scaler"):
             optimizer.scaler.load_state_dict(index["scaler"])

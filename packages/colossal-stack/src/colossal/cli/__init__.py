@@ -1,5 +1,5 @@
-"""The ``colossal`` command: ``train``, ``run``, ``profile``, ``plan``, ``check``, ``tokenizer``
-and ``data``.
+"""The ``colossal`` command: ``train``, ``run``, ``profile``, ``plan``, ``export``, ``generate``,
+``check``, ``tokenizer`` and ``data``.
 
 Errors that come from bad input (``ColossalError``, argparse's own included) are printed as one
 line, ``error: ...``, with exit status 2; a run that fails on its own (nan/inf, a rank died) is the
@@ -17,6 +17,7 @@ from colossal_contracts import ColossalError, ConfigError
 from .._lifeline import die_with_launcher
 from ._check import print_check
 from ._data import add_data_parsers
+from ._export import add_export_parser, add_generate_parser
 from ._plan import add_plan_parser
 from ._profile import add_profile_parser
 from ._run import launch
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=None)
     add_profile_parser(sub)
     add_plan_parser(sub)
+    add_export_parser(sub)
+    add_generate_parser(sub)
     check = sub.add_parser("check", help="print what torch, devices, backends and memory are seen")
     check.set_defaults(func=lambda _a: print_check())
     add_data_parsers(sub)

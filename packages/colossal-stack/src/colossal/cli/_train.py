@@ -146,7 +146,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     mesh.add_argument(
         "--activation-checkpointing",
         action="store_true",
-        help="recompute each block's activations in backward (hybrid plugin)",
+        help="recompute each block's activations in backward (every plugin)",
     )
     p.add_argument(
         "--max-grad-norm",
@@ -189,6 +189,30 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)"
+    )
+    p.add_argument(
+        "--weight-decay",
+        type=float,
+        default=d.weight_decay,
+        help="AdamW decay of matrices; biases and norm weights get none (default: %(default)s)",
+    )
+    p.add_argument(
+        "--grad-accum",
+        type=int,
+        default=d.grad_accum,
+        help="micro-batches of --batch-size per optimizer step (default: %(default)s)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=d.eval_every,
+        help="validation loss every N steps; 0 only at the end (default: %(default)s)",
+    )
+    p.add_argument(
+        "--log",
+        default=d.log,
+        metavar="tensorboard",
+        help="also write TensorBoard scalars under --out/tensorboard (pip install tensorboard)",
     )
     p.add_argument(
         "--checkpoint-every",
@@ -270,6 +294,10 @@ def _flags(args: argparse.Namespace) -> dict:
         activation_checkpointing=args.activation_checkpointing,
         max_grad_norm=args.max_grad_norm,
         lr=args.lr,
+        weight_decay=args.weight_decay,
+        grad_accum=args.grad_accum,
+        eval_every=args.eval_every,
+        log=args.log,
         checkpoint_every=args.checkpoint_every,
         export=args.export,
         resume=args.resume,

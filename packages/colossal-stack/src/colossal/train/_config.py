@@ -65,16 +65,27 @@ class TrainConfig:
         sp_size: ranks each sequence is split over (ring, ulysses).
         pp: pipeline stages; microbatches per step; schedule "1f1b", "interleaved" (two chunks
             per rank) or "gpipe".
-        activation_checkpointing: recompute each block's activations in backward (hybrid).
+        activation_checkpointing: recompute each block's activations in backward (every
+            plugin; a Hugging Face model through its own ``gradient_checkpointing_enable``).
         max_grad_norm: clip the global gradient norm, over the whole mesh (0: off).
         lr: peak learning rate (linear warmup over 10% of steps, cosine decay to 10% of it).
-        weight_decay: AdamW decay, applied to matrices only.
+        weight_decay: AdamW decay of matrices (embeddings and Linear weights); biases and norm
+            weights are not decayed (the nanoGPT / Hugging Face convention), under every plugin.
+        grad_accum: micro-batches of ``batch_size`` sequences accumulated into one optimizer
+            step (a step sees ``batch_size * grad_accum`` sequences per data-parallel rank and
+            equals one batch of that size); pipelined runs take them as more micro-batches.
+        eval_every: evaluate on held-out batches every N steps (``val_loss`` in the step's
+            record; 0: only at the end).
+        log: also log scalars to TensorBoard under ``out/tensorboard`` ("tensorboard", the
+            optional extra ``tensorboard``); None: ``metrics.jsonl`` only.
         checkpoint_every: save every N steps (0: only at the end).
         export: which checkpoints also carry the consolidated fp32 model (bounded safetensors
             shards with a Hugging Face ``model.safetensors.index.json``) beside the sharded
             training state, for the gemini and zero plugins: "final" (the last step's only:
             intermediate saves write just the shards), "every" or "none" (export later with
-            ``colossal.export_checkpoint``). ddp checkpoints are the full model already.
+            ``colossal.export_checkpoint``). ddp checkpoints are the full model already. Unless
+            "none", an ``hf:`` run also leaves ``out/hf``: a Hugging Face folder of the final
+            checkpoint (``colossal.export_hf``).
         resume: continue from the checkpoint under ``out`` (``out/checkpoint/latest``).
         restart: move a run already in ``out`` aside (to ``<out>.old-<k>``) and start afresh.
         log_every: refresh the progress display every N steps.
@@ -122,6 +133,9 @@ class TrainConfig:
     activation_checkpointing: bool = False
     max_grad_norm: float = 0.0
     layout: str | None = None
+    grad_accum: int = 1
+    eval_every: int = 0
+    log: str | None = None
 
     def __post_init__(self) -> None:
         for name, kinds in _TYPES.items():
@@ -182,11 +196,8 @@ class TrainConfig:
         if plugin == "zero":
             object.__setattr__(self, "zero_stage", zero)
         check_flags(self, zero)  # the capability table ([Note: capability table])
-        if self.activation_checkpointing and plugin != "hybrid":
-            raise ConfigError(
-                f"--activation-checkpointing runs on the hybrid plugin (--tp/--pp/--sp or "
-                f"--plugin hybrid), not {plugin}; drop it"
-            )
+        if self.log not in (None, "tensorboard"):
+            raise ConfigError(f"unknown --log {self.log!r}; the one choice is: tensorboard")
         if self.export == "every" and plugin in ("ddp", "hybrid"):
             raise ConfigError(
                 f"--export every applies to the gemini and zero plugins, not {plugin} (ddp "
@@ -334,6 +345,9 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "activation_checkpointing": bool,
     "max_grad_norm": (float, int),
     "layout": (str, type(None)),
+    "grad_accum": int,
+    "eval_every": int,
+    "log": (str, type(None)),
 }
 # (lowest, highest) of each integer setting
 _INT_RANGES = {
@@ -348,5 +362,7 @@ _INT_RANGES = {
     "sp_size": (1, 2**12),
     "pp": (1, 2**12),
     "microbatches": (1, 2**16),
+    "grad_accum": (1, 2**16),
+    "eval_every": (0, 2**24 - 1),
 }
 _GEMINI_DEFAULTS = {"placement": "auto", "accelerator_budget": None, "precision": "fp32"}

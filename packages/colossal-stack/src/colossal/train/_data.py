@@ -80,12 +80,13 @@ def open_data(cfg: TrainConfig, tokenizer: TextTokenizer, *, rank: int) -> Token
 def open_loader(
     cfg: TrainConfig, shards: TokenShards, *, dp_rank: int = 0, dp_size: int = 1
 ) -> TokenLoader:
-    """The run's loader over ``shards``; ``ConfigError`` when the data is shorter than one
-    sequence (training or held out)."""
+    """The run's loader over ``shards``: ``batch_size * grad_accum`` sequences per step and
+    dp rank (the micro-batches of one step are consecutive rows); ``ConfigError`` when the data
+    is shorter than one sequence (training or held out)."""
     return TokenLoader(
         shards,
         seq_len=cfg.seq_len,
-        batch_size=cfg.batch_size,
+        batch_size=cfg.batch_size * cfg.grad_accum,
         dp_rank=dp_rank,
         dp_size=dp_size,
         seed=cfg.seed,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from ..booster import (
     PipelineModule,
     Plugin,
 )
+from ..export import export_after_training
 from ._config import TrainConfig
 from ._data import describe_data, open_data, open_loader, resolve_tokenizer
 from ._display import (
@@ -41,11 +43,12 @@ from ._display import (
 )
 from ._guard import FiniteGuard
 from ._mesh import PLUGINS, check_mesh, hybrid_plugin, mesh_flags, state_shards
-from ._models import ModelSpec, resolve_model
+from ._models import ModelSpec, enable_activation_checkpointing, resolve_model
 from ._outdir import METRICS, Claim, claim_out_on_rank0, trim_metrics
 from ._preflight import check_fits
 from ._resume import restore_position, save_with_state
 from ._schedule import warmup_cosine
+from ._tensorboard import TensorBoardLog
 
 __all__ = ["TrainResult", "build_plugin", "train"]
 
@@ -114,6 +117,7 @@ def _mesh_of(plugin: Plugin, cfg: TrainConfig) -> ProcessMesh | None:
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay on matrices (embeddings, Linear weights), none on biases and norm weights."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
@@ -132,19 +136,16 @@ def _mean_over_ranks(value: float, group: Any = None) -> float:
 def _evaluate(
     booster: Booster,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     group: Any,
 ) -> float:
-    """Mean loss of ``batches`` (the same on every rank). A pipelined model has no forward-only
-    schedule: its batches run through the pipeline (forward and backward), and the gradients
-    are dropped without a step."""
+    """Mean loss of ``batches`` (the same on every rank); forward only, a pipelined model
+    through the pipeline (``HybridParallelPlugin.evaluate_pipeline``)."""
     model.eval()
     losses = []
     for x, y in batches:
-        if isinstance(model, PipelineModule):
-            losses.append(booster.execute_pipeline(x, y, model, optimizer).item())
-            optimizer.zero_grad(set_to_none=True)
+        if isinstance(model, PipelineModule) and isinstance(booster.plugin, HybridParallelPlugin):
+            losses.append(booster.plugin.evaluate_pipeline(x, y).item())
         else:
             with torch.no_grad():
                 losses.append(model(x, y).item())
@@ -216,11 +217,13 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     open_loader(cfg, shards)  # data shorter than one sequence: an error here too
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model = spec.build()
-    # plugins that shard the model rebuild one parameter group: decay applies to every parameter
-    one_group = cfg.plugin == "hybrid" or cfg.tp > 1
-    params = model.parameters() if one_group else _param_groups(model, cfg.weight_decay)
-    optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+    if cfg.activation_checkpointing and cfg.plugin != "hybrid":  # the hybrid plugin's own
+        enable_activation_checkpointing(model)
+    optimizer = torch.optim.AdamW(  # every plugin keeps the groups (sharding ones by name)
+        _param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        weight_decay=cfg.weight_decay,
     )
     if isinstance(plugin, GeminiPlugin) and cfg.accelerator_budget is not None:
         plugin.non_model_bytes = _activation_bytes(spec, cfg)
@@ -270,7 +273,9 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     guard = FiniteGuard(precision=cfg.precision, lr=cfg.lr)
     proc = psutil.Process()
     losses: list[float] = []
-    tokens_per_step = cfg.batch_size * cfg.seq_len * dp  # the global batch, counted once
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len * dp  # global, once
+    held_out = loader.val_batches(4)  # the same on resume: not drawn from the training order
+    tensorboard = TensorBoardLog(out) if main and cfg.log == "tensorboard" else None
     checkpoint: Path | None = None
     records: list[dict[str, Any]] = []
     run_start = time.perf_counter()
@@ -279,17 +284,22 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             t0 = time.perf_counter()
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
-            x, y = loader.next_batch()  # [Note: data order]
+            x, y = loader.next_batch()  # [Note: data order]; batch_size * grad_accum rows
             if isinstance(model, PipelineModule):  # forward and backward through the schedule
-                loss_value = _mean_over_ranks(
+                loss_value = _mean_over_ranks(  # (grad_accum is in its micro-batches)
                     booster.execute_pipeline(x, y, model, optimizer).item(), dp_group
                 )
                 guard.check_loss(step + 1, loss_value)
             else:
-                loss = model(x, y)
-                loss_value = _mean_over_ranks(loss.item(), dp_group)
-                guard.check_loss(step + 1, loss_value)
-                booster.backward(loss, optimizer)
+                loss_value = _accumulate(
+                    booster,
+                    model,
+                    optimizer,
+                    (x, y),
+                    n=cfg.grad_accum,
+                    group=dp_group,
+                    check=lambda v, s=step + 1: guard.check_loss(s, v),
+                )
             guard.check_grads(step + 1, model, optimizer)
             optimizer.step()
             guard.after_step(step + 1, optimizer)
@@ -308,7 +318,11 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             }
             if cfg.layout is not None:
                 record["layout"] = cfg.layout
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and held_out:
+                record["val_loss"] = _evaluate(booster, model, held_out, dp_group)
             records.append(record)
+            if tensorboard is not None:
+                tensorboard.add(record)
             if main:
                 if metrics is None:
                     metrics = (out / METRICS).open("a" if cfg.resume else "w")
@@ -328,15 +342,17 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     watch.training_over()  # [Note: watchdog]: saves and the end are not watched for stalls
     if metrics is not None:
         metrics.close()
+    if tensorboard is not None:
+        tensorboard.close()
     if not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every:
         _choose_export(plugin, cfg, cfg.steps)
         with watch.paused():
             checkpoint = save_with_state(
                 booster, model, optimizer, ckpt_root, cfg.steps, extra, loader
             )
-    held_out = loader.val_batches(4)
     with watch.paused():
-        val = _evaluate(booster, model, optimizer, held_out, dp_group) if held_out else float("nan")
+        val = _evaluate(booster, model, held_out, dp_group) if held_out else float("nan")
+    hf_folder = export_after_training(cfg.model, cfg.export, checkpoint, out) if main else None
     result = TrainResult(
         losses=losses,
         val_loss=val,
@@ -351,11 +367,36 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             **memory_summary(records),
             **comm_summary(records),
         }
+        if hf_folder is not None:
+            summary["hugging face export"] = str(hf_folder)
         if records and "bytes_moved" in records[-1]:
             summary["memory timeline"] = str(plot_memory_timeline(records, out))
         console.print(summary_table(summary))
     booster.close()  # every background thread joined, the plugin's groups destroyed
     return result
+
+
+def _accumulate(
+    booster: Booster,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    *,
+    n: int,
+    group: Any,
+    check: Callable[[float], None],
+) -> float:
+    """Forward and backward of the step's ``n`` micro-batches (rows of ``batch``), each loss
+    scaled by ``1 / n`` so the gradients are the whole batch's; ``check`` sees each loss
+    (averaged over ``group``, the data-parallel ranks) before its backward. The mean loss."""
+    total = 0.0
+    for x, y in zip(batch[0].chunk(n), batch[1].chunk(n), strict=True):
+        loss = model(x, y)
+        value = _mean_over_ranks(loss.item(), group)
+        check(value)
+        booster.backward(loss / n if n > 1 else loss, optimizer)
+        total += value
+    return total / n
 
 
 def _activation_bytes(spec: ModelSpec, cfg: TrainConfig) -> int:

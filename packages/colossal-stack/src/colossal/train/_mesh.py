@@ -181,7 +181,7 @@ def hybrid_plugin(cfg: TrainConfig) -> HybridParallelPlugin:
         sequence_parallel=cfg.sp,
         sp_size=cfg.sp_size,
         pp_size=cfg.pp,
-        microbatches=cfg.microbatches,
+        microbatches=cfg.microbatches * (cfg.grad_accum if cfg.pp > 1 else 1),  # accumulated
         schedule=cfg.schedule,
         zero_stage=cfg.zero,
         precision=cfg.precision,

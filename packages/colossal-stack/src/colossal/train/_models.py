@@ -24,8 +24,10 @@ from colossal_models import (
     HF_TP_ADAPTERS,
     PALM_PRESETS,
     GPTConfig,
+    HFCausalLM,
     PaLM,
     PaLMConfig,
+    apply_activation_checkpointing,
     from_hf,
     hf_adapter_config,
     hf_max_positions,
@@ -34,7 +36,13 @@ from colossal_models import (
     load_hf_config,
 )
 
-__all__ = ["HF_PREFIX", "MODEL_FAMILIES", "ModelSpec", "resolve_model"]
+__all__ = [
+    "HF_PREFIX",
+    "MODEL_FAMILIES",
+    "ModelSpec",
+    "enable_activation_checkpointing",
+    "resolve_model",
+]
 
 HF_PREFIX = "hf:"
 MODEL_FAMILIES = ("gpt", "palm", "hf:PATH")  # hf: a local Hugging Face config or saved folder
@@ -154,4 +162,19 @@ def _resolve_hf(path: str, *, vocab_size: int, parallel: bool) -> ModelSpec:
         max_seq_len=hf_max_positions(hf_config),
         num_layers=int(getattr(hf_config, "num_hidden_layers", 0) or 0),
         **common,
+    )
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each block's activations in backward: GPT's and PaLM's blocks through their
+    flag, a Hugging Face model through its own ``gradient_checkpointing_enable``
+    (non-reentrant, as our blocks); ``ConfigError`` for a model with neither."""
+    if apply_activation_checkpointing(model):
+        return
+    hf = getattr(model, "hf", None)
+    if isinstance(model, HFCausalLM) and getattr(hf, "supports_gradient_checkpointing", False):
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return
+    raise ConfigError(
+        f"--activation-checkpointing: {type(model).__name__} has no blocks to recompute; drop it"
     )
