@@ -14,6 +14,7 @@ from colossal_contracts import CheckpointError, ConfigError
 
 from ._checkpoint import write_checkpoint_dir_all_ranks
 from ._ddp import DDPPlugin
+from ._device import to_device
 from ._plugin import Plugin
 from ._publish import MANIFEST, latest_checkpoint, verify_manifest, write_checkpoint_dir
 
@@ -74,6 +75,15 @@ class Booster:
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.plugin.unwrap(model)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the plugin computes ([Note: plugin device])."""
+        return self.plugin.device
+
+    def to_device(self, batch: Any) -> Any:
+        """``batch`` (a tensor, or a tuple/list/dict of them) on the plugin's device."""
+        return to_device(batch, self.plugin.device)
 
     def memory_stats(self) -> dict[str, Any]:
         return self.plugin.memory_stats()

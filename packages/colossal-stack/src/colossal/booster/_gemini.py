@@ -33,6 +33,7 @@ from colossal_zero import (
     save_sharded,
 )
 
+from ._device import resolve_device
 from ._gemini_tp import (
     check_tp,
     check_tp_inputs,
@@ -240,6 +241,15 @@ class GeminiPlugin:
             tp = axis_comm_bytes(self.mesh)
             out.update({k: v for k, v in tp.items() if k != "comm_dp_bytes_total"})
         return out
+
+    @property
+    def device(self) -> torch.device:
+        """Where chunks compute: the accelerator tier's device (CUDA, or the CPU emulating it);
+        Gemini moves each batch there itself."""
+        if self._model is not None:
+            return self._model.runtime.manager.compute_device
+        cuda = self.gemini_config().device != "cpu" and torch.cuda.is_available()
+        return resolve_device("auto") if cuda else torch.device("cpu")
 
     def describe(self) -> str:
         """The mesh as one line, e.g. ``dp2 x tp2(1d), gemini``."""

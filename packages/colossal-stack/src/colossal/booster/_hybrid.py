@@ -38,6 +38,8 @@ from colossal_parallel import (
 )
 from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 
+from .._dist import init_single_process
+from ._device import move_model, resolve_device, to_device
 from ._hybrid_checkpoint import load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
 
@@ -86,11 +88,13 @@ class HybridParallelPlugin:
     bucket_numel: int = 1 << 22
     name: str = "hybrid"
     sharded_checkpoint: bool = True
+    device: torch.device = "auto"  # type: ignore[assignment]  # [Note: plugin device]
     mesh: ProcessMesh | None = field(default=None, repr=False)
     sharding: dict[str, ParamSharding] | None = field(default=None, repr=False)
     _stages: Any = field(default=None, repr=False)
     _optimizer: Any = field(default=None, repr=False)
     _boundary_dtype: torch.dtype = field(default=torch.float32, repr=False)
+    _own_group: bool = field(default=False, repr=False)  # a one-rank group this plugin made
 
     def __post_init__(self) -> None:
         for k in ("tp_size", "tp_depth", "sp_size", "pp_size", "microbatches"):
@@ -122,6 +126,7 @@ class HybridParallelPlugin:
             )
         if self.zero_stage:
             self._zero_config()  # validates precision and bucket size
+        self.device = resolve_device(self.device)
 
     def _check_combination(self) -> None:
         sp, tp, pp = self.sequence_parallel, self.tp_size, self.pp_size
@@ -214,7 +219,7 @@ class HybridParallelPlugin:
         """Shard ``model`` in place through its plan and rebuild ``optimizer`` (Adam/AdamW, one
         parameter group) on this rank's parameters."""
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        cfg = self.mesh_config(world)
+        cfg = self.mesh_config(world)  # one process: every size must be 1 (dp1)
         layers = getattr(getattr(model, "config", None), "num_layers", None)
         if layers is None:
             raise ConfigError(f"the hybrid plugin knows GPT and PaLM, got {type(model).__name__}")
@@ -231,6 +236,7 @@ class HybridParallelPlugin:
             )
         if len(optimizer.param_groups) != 1:
             raise ConfigError("the hybrid plugin rebuilds one parameter group; pass one")
+        self._own_group = init_single_process()  # one process without torchrun: a 1-rank world
         self.mesh = mesh = ProcessMesh(cfg)
         if cfg.tp > 1:
             parallelize(model, mesh, sequence_parallel=self.sequence_parallel == "megatron")
@@ -249,6 +255,9 @@ class HybridParallelPlugin:
             for i, chunk in enumerate(self._stages.chunks):
                 for n, _ in chunk.named_parameters():
                     names[f"chunks.{i}.{n}"] = n
+        swap = move_model(out, self.device)  # this rank's shards only, before ZeRO's buffers
+        if self._stages is not None:
+            self._stages.tied = [swap.get(id(q), q) for q in self._stages.tied]
             tied = {id(p) for p in self._stages.tied}
         self.sharding = self._layout(out, names, tp_layout, tied)
         hyper = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "betas", "eps")}
@@ -332,6 +341,7 @@ class HybridParallelPlugin:
     ) -> torch.Tensor:
         """Forward and backward of one batch through the schedule; the batch's mean loss (on
         every rank). Then ``optimizer.step()`` as usual."""
+        inputs, targets = to_device((inputs, targets), self.device)
         if self.pp_size == 1:
             loss = model(inputs, targets)
             self.backward(loss, optimizer)
@@ -356,6 +366,7 @@ class HybridParallelPlugin:
             boundary_shape=self._stages.boundary_shape(b // self.microbatches, t),
             boundary_dtype=self._boundary_dtype,
             tied=self._stages.tied,
+            device=self.device,
         )
         with torch.no_grad():
             for q, view in zip(self._stages.tied, views):
@@ -372,6 +383,9 @@ class HybridParallelPlugin:
         if self.mesh is not None:
             self.mesh.close()
             self.mesh = None
+        if self._own_group:
+            dist.destroy_process_group()
+            self._own_group = False
 
     def memory_stats(self) -> dict[str, Any]:
         """The mesh and the bytes counted per axis since construction."""

@@ -19,6 +19,7 @@ from colossal_zero import (
     save_zero_sharded,
 )
 
+from ._device import move_model, resolve_device
 from ._gemini import parse_bytes, write_full_model
 
 __all__ = ["LowLevelZeroPlugin"]
@@ -41,6 +42,8 @@ class LowLevelZeroPlugin:
         group: the data-parallel process group (None: every rank).
         export_full_model: also write a consolidated fp32 ``model.safetensors`` per checkpoint.
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
+        device: where the model and its flat buffers live ([Note: plugin device]); "auto":
+            this rank's CUDA device, else the CPU. Adam states follow it unless offloaded.
     """
 
     stage: int = 1
@@ -54,10 +57,12 @@ class LowLevelZeroPlugin:
     export_full_model: bool = True
     name: str = "zero"
     sharded_checkpoint: bool = True
+    device: torch.device = "auto"  # type: ignore[assignment]  # resolved in __post_init__
     _optimizer: LowLevelZeroOptimizer | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.zero_config()  # validates stage, precision, budget
+        self.device = resolve_device(self.device)
 
     def zero_config(self) -> ZeroConfig:
         """The ``ZeroConfig`` these settings stand for."""
@@ -82,6 +87,9 @@ class LowLevelZeroPlugin:
         d = optimizer.defaults
         if d.get("amsgrad") or d.get("maximize"):
             raise ConfigError("ZeRO's Adam supports neither amsgrad nor maximize; turn them off")
+        move_model(
+            model, self.device, optimizer
+        )  # before the flat buffers are built from the parameters
         keep = ("params", "lr", "betas", "eps", "weight_decay")
         groups = [{k: v for k, v in g.items() if k in keep} for g in optimizer.param_groups]
         opt = LowLevelZeroOptimizer(

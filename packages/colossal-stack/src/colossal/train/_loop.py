@@ -122,7 +122,8 @@ def _mean_over_ranks(value: float, group: Any = None) -> float:
     replica counts once, whatever its tensor, pipeline and sequence ranks."""
     if not (dist.is_available() and dist.is_initialized()):
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    nccl = dist.get_backend(group) == "nccl"  # NCCL reduces CUDA tensors only
+    t = torch.tensor([value], dtype=torch.float64, device="cuda" if nccl else "cpu")
     dist.all_reduce(t, group=group)
     return float(t.item()) / dist.get_world_size(group)
 
@@ -140,6 +141,7 @@ def _evaluate(
     model.eval()
     losses = []
     for x, y in batches:
+        x, y = booster.to_device((x, y))
         if isinstance(model, PipelineModule):
             losses.append(booster.execute_pipeline(x, y, model, optimizer).item())
             optimizer.zero_grad(set_to_none=True)
@@ -266,6 +268,7 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
                 group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
             data_gen.manual_seed(_data_seed(cfg.seed, data_rank, step))  # resumable
             x, y = corpus.batch(train_data, cfg.batch_size, cfg.seq_len, data_gen)
+            x, y = booster.to_device((x, y))  # [Note: plugin device]
             if isinstance(model, PipelineModule):  # forward and backward through the schedule
                 loss_value = _mean_over_ranks(
                     booster.execute_pipeline(x, y, model, optimizer).item(), dp_group
