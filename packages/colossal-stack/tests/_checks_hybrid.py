@@ -151,6 +151,7 @@ def gemini_case(settings: dict, steps: int, root: str, layers: int = 2) -> dict:
         out["export_err"] = max(_rel(full[n], p.detach()) for n, p in ref_half.named_parameters())
         out["export_names"] = sorted(full) == sorted(ref_half.state_dict())
         out["folders"] = sorted(p.name for p in saved.iterdir() if p.is_dir())
+        out["layout_index"] = (saved / "layout_index.json").is_file()
     return out
 
 

@@ -120,7 +120,7 @@ def test_gemini_tp2_dp2_moves_chunks_matches_adamw_and_resumes(world, tmp_path):
         assert r["stats"]["comm_tp_bytes_total"] > 0
         assert r["resume_err"] <= 1e-6  # same layout: measured 0 (bit-identical)
     first = out[0]
-    assert first["folders"] == ["tp1d-0-of-2", "tp1d-1-of-2"]
+    assert first["folders"] == [] and first["layout_index"]  # any tp size resumes it
     assert first["export_names"] and first["export_err"] <= 1e-5
 
 

@@ -15,6 +15,7 @@ from colossal_contracts import CheckpointError, ConfigError
 from ._checkpoint import write_checkpoint_dir_all_ranks
 from ._ddp import DDPPlugin
 from ._device import to_device
+from ._hybrid_checkpoint import LAYOUT_INDEX
 from ._plugin import Plugin
 from ._publish import MANIFEST, latest_checkpoint, verify_manifest, write_checkpoint_dir
 
@@ -129,7 +130,8 @@ class Booster:
         verify_manifest(path)
         info = read_trainer_file(path)
         saved_by = info.get("plugin") or info.get("train_config", {}).get("plugin")
-        if isinstance(saved_by, str) and saved_by != self.plugin.name:
+        any_plugin = (path / LAYOUT_INDEX).is_file()  # [Note: layout checkpoint]: every plugin
+        if isinstance(saved_by, str) and saved_by != self.plugin.name and not any_plugin:
             raise CheckpointError(
                 f"checkpoint {path} was written by the {saved_by} plugin, and this run uses "
                 f"{self.plugin.name}; resume with --plugin {saved_by} (the two store weights "

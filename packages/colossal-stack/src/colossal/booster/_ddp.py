@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ._checkpoint import load_model_and_optimizer, save_model_and_optimizer
 from ._device import move_model, resolve_device
+from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout
 
 __all__ = ["DDPPlugin"]
 
@@ -72,4 +73,7 @@ class DDPPlugin:
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
+        if (Path(path) / LAYOUT_INDEX).is_file():  # a checkpoint of any layout or plugin
+            load_layout(self.unwrap(model), optimizer, None, Path(path))
+            return
         load_model_and_optimizer(path, self.unwrap(model), optimizer)

@@ -44,6 +44,7 @@ from ._gemini_tp import (
     tp_stream_state,
     world_size,
 )
+from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
 from ._shard_writer import ShardedSafetensorsWriter
 
@@ -275,9 +276,11 @@ class GeminiPlugin:
         those tensors is assembled over tp on rank 0 alone before it is written
         (``tp_stream_state``): no process holds the model either."""
         gm = _gemini_module(model)
-        folder = self._shard_folder(path)
-        folder.mkdir(exist_ok=True)
-        save_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, folder)
+        opt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
+        if self.mesh is not None:  # [Note: layout checkpoint]: any tp size or plugin resumes it
+            save_layout(gm, opt, self.mesh, Path(path), layout=self.describe())
+        else:
+            save_sharded(gm, opt, Path(path))
         if self.export_full_model:
             limit = parse_bytes(self.export_shard_bytes)
             export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=self.mesh, maps=self._tp_maps)  # type: ignore[arg-type]
@@ -286,6 +289,10 @@ class GeminiPlugin:
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
         gm = _gemini_module(model)
+        opt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
+        if (Path(path) / LAYOUT_INDEX).is_file():  # written by any layout or plugin
+            load_layout(gm, opt, self.mesh, Path(path))
+            return
         folder = self._shard_folder(path)
         saved_tp = sorted(p.name for p in Path(path).glob("tp*-0-of-*"))
         if (self.mesh is not None and not folder.is_dir()) or (self.mesh is None and saved_tp):

@@ -40,7 +40,9 @@ from torch import nn
 from colossal_contracts import CheckpointError
 from colossal_models import Box, ShardMap, flat_range_boxes, shard_map
 from colossal_parallel import ProcessMesh
-from colossal_zero import LowLevelZeroOptimizer
+from colossal_zero import GeminiModule, GeminiOptimizer, LowLevelZeroOptimizer
+
+from ._layout_gemini import finish_gemini_load, gemini_shards, shard_map_of
 
 __all__ = [
     "LAYOUT_FORMAT",
@@ -92,7 +94,9 @@ def _regions(held: _Held, kind: str) -> Iterator[tuple[Box, torch.Tensor]]:
 
 def _base(model: nn.Module) -> nn.Module:
     """The module that carries the model's ``config``: a pipelined model's first chunk (its
-    parameters are named ``chunks.<i>.<name>``), else the model."""
+    parameters are named ``chunks.<i>.<name>``), Gemini's wrapped module, else the model."""
+    if isinstance(model, GeminiModule):
+        return model.module
     return model.chunks[0] if hasattr(model, "chunks") and not hasattr(model, "config") else model
 
 
@@ -114,6 +118,12 @@ def _held(
             return ShardMap.whole(name, tuple(p.shape))
         return maps[name.split(".", 2)[2] if piped else name]
 
+    if isinstance(model, GeminiModule):  # chunk shards: see _layout_gemini
+        gopt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
+        return [
+            _Held(shard_map_of(maps, g.name, g.shape), g.shape, g.flats, g.step, g.set_step)
+            for g in gemini_shards(model, gopt)
+        ]
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if isinstance(optimizer, LowLevelZeroOptimizer):
         return _held_zero(optimizer, {n: smap(n, p) for n, p in named})
@@ -231,7 +241,7 @@ def save_layout(
         group = optimizer.param_groups[0] if optimizer is not None else {}
         scaler = (
             getattr(optimizer, "scaler", None)
-            if isinstance(optimizer, LowLevelZeroOptimizer)
+            if isinstance(optimizer, LowLevelZeroOptimizer | GeminiOptimizer)
             else None
         )
         index = {
@@ -368,10 +378,21 @@ def load_layout(
             if step is not None:
                 h.set_step(float(step))
     if optimizer is not None and index.get("optimizer"):
+        # weight decay stays per group where the optimizer has several (no decay on norms)
+        multi = len(optimizer.param_groups) > 1
         for group in optimizer.param_groups:
             group.update(
-                {k: tuple(v) if k == "betas" else v for k, v in index["optimizer"].items()}
+                {
+                    k: tuple(v) if k == "betas" else v
+                    for k, v in index["optimizer"].items()
+                    if not (multi and k == "weight_decay")
+                }
             )
+    if isinstance(model, GeminiModule):
+        gopt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
+        finish_gemini_load(model, gopt)
+        if gopt is not None and gopt.scaler is not None and index.get("scaler"):
+            gopt.scaler.load_state_dict(index["scaler"])
     if isinstance(optimizer, LowLevelZeroOptimizer):
         if optimizer.scaler is not None and index.get("scaler"):
             optimizer.scaler.load_state_dict(index["scaler"])

@@ -21,6 +21,7 @@ from colossal_zero import (
 
 from ._device import move_model, resolve_device
 from ._gemini import parse_bytes, write_full_model
+from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout
 
 __all__ = ["LowLevelZeroPlugin"]
 
@@ -140,6 +141,9 @@ class LowLevelZeroPlugin:
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
+        if (Path(path) / LAYOUT_INDEX).is_file():  # a checkpoint of any layout or plugin
+            load_layout(model, _zero_optimizer(optimizer), None, Path(path))
+            return
         load_zero_sharded(_zero_optimizer(optimizer), path)
 
 
