@@ -133,7 +133,9 @@ def gemini_case(settings: dict, steps: int, root: str, layers: int = 2) -> dict:
     losses += _gemini_steps(booster, model, opt, mesh, batches(steps)[half:])
     stats = booster.memory_stats()
     ref_losses, ref = _reference(layers, steps, 1)
-    want = parallelize(copy.deepcopy(ref), mesh)
+    want = copy.deepcopy(ref)
+    if plugin.tp_size > 1:
+        parallelize(want, mesh)
     out = _errors(losses, ref_losses, model.full_state_dict(), want)
     out["stats"] = stats
     plugin.close()

@@ -18,7 +18,7 @@ from torch import nn
 from colossal_chunk import DiskIOStats, check_disk_dir
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_memtrace import MomentRecorder
-from colossal_models import ShardMap
+from colossal_models import ShardMap, apply_sequence_parallel
 from colossal_parallel import ProcessMesh
 from colossal_zero import (
     PLACEMENTS,
@@ -35,9 +35,11 @@ from colossal_zero import (
 
 from ._device import resolve_device
 from ._gemini_tp import (
+    check_sp,
     check_tp,
     check_tp_inputs,
     shard_for_tp,
+    sp_mesh_config,
     tp_folder,
     tp_mesh_config,
     tp_shard_maps,
@@ -107,6 +109,9 @@ class GeminiPlugin:
             builds the mesh ``dp = world / tp_size``, shards the model through its plan, and
             shards Gemini's chunks over ``dp`` (ZeRO-3 with tp; see [Note: Gemini with tp]).
             ``tp_mode`` "1d", "2d" (tp = q*q), "2.5d" (q*q*tp_depth) or "3d" (q**3).
+        sequence_parallel, sp_size: "ring" or "ulysses" over ``sp_size`` ranks (GPT and PaLM,
+            with tp_size=1): the mesh ``dp = world / sp_size``; Gemini shards its chunks over
+            dp and sp together ([Note: Gemini with sp]).
     """
 
     placement: str = "auto"
@@ -127,6 +132,8 @@ class GeminiPlugin:
     tp_size: int = 1
     tp_mode: str = "1d"
     tp_depth: int = 1
+    sequence_parallel: str | None = None
+    sp_size: int = 1
     mesh: ProcessMesh | None = field(default=None, repr=False)
     _tp_maps: list[dict[str, ShardMap]] | None = field(default=None, repr=False)
     _model: GeminiModule | None = field(default=None, repr=False)
@@ -151,6 +158,7 @@ class GeminiPlugin:
                 f"{self.export_shard_bytes!r}"
             )
         check_tp(self.tp_size, self.tp_mode, self.tp_depth)
+        check_sp(self.sequence_parallel, self.sp_size, self.tp_size)
         if self.disk_budget is not None:
             check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
 
@@ -186,6 +194,11 @@ class GeminiPlugin:
             optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh)
             self._tp_maps = tp_shard_maps(model, self.mesh)  # for the streamed export
             group = self.mesh.group("dp") if mesh_cfg.dp > 1 else None
+        elif self.sp_size > 1:  # [Note: Gemini with sp]
+            check_tp_inputs(model, optimizer, one_group=False)
+            self.mesh = ProcessMesh(sp_mesh_config(world_size(), self.sp_size))
+            apply_sequence_parallel(model, self.mesh, self.sequence_parallel)  # type: ignore[arg-type]
+            group = self.mesh.group("dp_sp")
         # the warmup step measures non-model bytes per moment (memtrace, through the contract)
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         recorder = MomentRecorder("cuda" if cuda else "cpu") if cfg.placement == "auto" else None
@@ -197,8 +210,8 @@ class GeminiPlugin:
         return gm, opt
 
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
-        if isinstance(optimizer, GeminiOptimizer):
-            optimizer.backward(loss)
+        if isinstance(optimizer, GeminiOptimizer):  # times sp: [Note: Gemini with sp]
+            optimizer.backward(loss * self.sp_size if self.sp_size > 1 else loss)
         else:
             loss.backward()
 
@@ -254,8 +267,10 @@ class GeminiPlugin:
 
     def describe(self) -> str:
         """The mesh as one line, e.g. ``dp2 x tp2(1d), gemini``."""
-        dp = world_size() // self.tp_size
+        dp = world_size() // (self.tp_size * self.sp_size)
         tp = f" x tp{self.tp_size}({self.tp_mode})" if self.tp_size > 1 else ""
+        if self.sp_size > 1:
+            tp += f" x sp{self.sp_size}({self.sequence_parallel})"
         return f"dp{dp}{tp}, gemini"
 
     def close(self) -> None:
@@ -283,7 +298,8 @@ class GeminiPlugin:
             save_sharded(gm, opt, Path(path))
         if self.export_full_model:
             limit = parse_bytes(self.export_shard_bytes)
-            export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=self.mesh, maps=self._tp_maps)  # type: ignore[arg-type]
+            tp_mesh = self.mesh if self.tp_size > 1 else None
+            export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=tp_mesh, maps=self._tp_maps)  # type: ignore[arg-type]
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path

@@ -6,7 +6,10 @@ sharded parameters, with a step pre-hook that sums gradients over ``sp`` (each s
 part of the sequence), averages them over ``dp`` and clips by the norm over the whole mesh
 (``mesh_grad_norm`` with the tensor-parallel layout plus a ``pp`` axis: every stage's
 parameters are disjoint pieces, the tied embedding is counted on the first stage only). With
-ZeRO-1/2 the ``LowLevelZeroOptimizer`` does the dp reduction and the mesh-wide norm itself.
+ZeRO-1/2 the ``LowLevelZeroOptimizer`` does the dp reduction and the mesh-wide norm itself; with
+ring or Ulysses sequence parallelism it shards over ``dp_sp`` (dp and sp flattened), which
+averages over dp * sp ranks, so the loss is multiplied by sp before backward (the sum over sp, the
+mean over dp).
 """
 
 from __future__ import annotations
@@ -137,11 +140,6 @@ class HybridParallelPlugin:
                     f"{sp} sequence parallelism composes with data parallelism only here; use "
                     "tp_size=1 and pp_size=1 with it (or sequence_parallel='megatron' with 1d tp)"
                 )
-            if self.zero_stage:
-                raise ConfigError(
-                    f"{sp} sequence parallelism runs with zero_stage=0 here (gradients are summed "
-                    "over sp before the dp average); use --zero 0"
-                )
         elif self.sp_size != 1:
             raise ConfigError(
                 f"sp_size={self.sp_size} needs sequence_parallel='ring' or 'ulysses' (Megatron "
@@ -270,7 +268,7 @@ class HybridParallelPlugin:
                 weight_decay=wd,
                 **hyper,
                 config=self._zero_config(),
-                group=mesh.group("dp"),
+                group=mesh.group("dp_sp" if self.sp > 1 else "dp"),  # [Note: hybrid gradients]
                 max_grad_norm=self.max_grad_norm,
                 adamw=isinstance(optimizer, torch.optim.AdamW),
                 sharding=self.sharding,
@@ -328,7 +326,8 @@ class HybridParallelPlugin:
         if self.pp_size > 1:
             raise ConfigError("with pp_size > 1 use booster.execute_pipeline(...) for a step")
         if isinstance(optimizer, LowLevelZeroOptimizer):
-            optimizer.backward(loss)
+            # ZeRO averages over dp x sp; the sp ranks' gradients must be summed: times sp
+            optimizer.backward(loss * self.sp if self.sp > 1 else loss)
         else:
             loss.backward()
 

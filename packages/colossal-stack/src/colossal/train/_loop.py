@@ -92,6 +92,8 @@ def _gemini_plugin(cfg: TrainConfig) -> Plugin:
         tp_size=cfg.tp,
         tp_mode=cfg.tp_mode,
         tp_depth=cfg.tp_depth,
+        sequence_parallel=cfg.sp if cfg.sp in ("ring", "ulysses") else None,
+        sp_size=cfg.sp_size if cfg.sp in ("ring", "ulysses") else 1,
     )
 
 
@@ -103,11 +105,10 @@ def _choose_export(plugin: Plugin, cfg: TrainConfig, step: int) -> None:
 
 
 def _mesh_of(plugin: Plugin, cfg: TrainConfig) -> ProcessMesh | None:
-    """The plugin's process mesh once boosted (hybrid; Gemini with ``--tp``); None without one."""
-    if isinstance(plugin, HybridParallelPlugin) or (
-        isinstance(plugin, GeminiPlugin) and cfg.tp > 1
-    ):
-        return plugin.mesh  # type: ignore[union-attr]
+    """The plugin's process mesh once boosted (hybrid; Gemini with ``--tp`` or ``--sp``); None
+    without one."""
+    if isinstance(plugin, HybridParallelPlugin | GeminiPlugin):
+        return plugin.mesh
     return None
 
 
@@ -205,7 +206,7 @@ def _train(cfg: TrainConfig, console: Console) -> TrainResult:
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model = spec.build()
     # plugins that shard the model rebuild one parameter group: decay applies to every parameter
-    one_group = cfg.plugin == "hybrid" or cfg.tp > 1
+    one_group = cfg.plugin == "hybrid" or cfg.tp > 1  # Gemini with --sp keeps the groups
     params = model.parameters() if one_group else _param_groups(model, cfg.weight_decay)
     optimizer = torch.optim.AdamW(
         params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay

@@ -78,11 +78,12 @@ def resolve_plugin(cfg: TrainConfig) -> tuple[str, int]:
                 f"--plugin gemini is ZeRO stage 3, not --zero {zero}; drop --plugin gemini (with "
                 "--tp/--pp the hybrid plugin runs --zero 0-2) or drop --zero"
             )
-        if cfg.pp > 1 or long_seq or cfg.sp == "megatron":
-            extra = [f for f in flags if not f.startswith("--tp")]
+        if cfg.pp > 1 or cfg.sp == "megatron" or (long_seq and cfg.tp > 1):
+            extra = [f for f in flags if not f.startswith(("--tp", "--sp ring", "--sp ulysses"))]
+            extra = extra or [f"--sp {cfg.sp} with --tp {cfg.tp}"]
             raise ConfigError(
-                f"{', '.join(extra)} does not run on --plugin gemini (it takes --tp only); drop "
-                "--plugin gemini to use the hybrid plugin with --zero 0-2"
+                f"{', '.join(extra)} does not run on --plugin gemini (it takes --tp, or --sp ring"
+                "/ulysses without --tp); drop --plugin gemini to use the hybrid plugin with --zero 0-2"
             )
         return plugin, 3
     if flags:
@@ -177,6 +178,11 @@ def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: object, world: int) ->
                 "deeper --preset)"
             )
         plugin.mesh_config(world)  # tp*pp*sp must divide the world
+    elif cfg.sp in ("ring", "ulysses") and world % cfg.sp_size:
+        raise ConfigError(
+            f"--sp-size {cfg.sp_size} does not divide the world size {world}; launch a multiple "
+            f"of {cfg.sp_size} ranks (colossal run --nproc-per-node N) or change --sp-size"
+        )
     elif cfg.tp > 1 and world % cfg.tp:
         raise ConfigError(
             f"--tp {cfg.tp} does not divide the world size {world}; launch a multiple of "
