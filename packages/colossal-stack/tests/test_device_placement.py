@@ -74,6 +74,49 @@ CASES: dict[str, tuple[type, dict, int, tuple[int, ...]]] = {
     ),
     "2.5d-tp8": (HybridParallelPlugin, {"tp_size": 8, "tp_mode": "2.5d", "tp_depth": 2}, 8, (6,)),
     "3d-tp8": (HybridParallelPlugin, {"tp_size": 8, "tp_mode": "3d"}, 8, (3,)),
+    # compositions: long sequences with tp, pp and ZeRO in low precision; grid tp in stages;
+    # activation checkpointing
+    "ring-sp2-tp2-pp2-zero1-bf16": (
+        HybridParallelPlugin,
+        {"sequence_parallel": "ring", "sp_size": 2, "tp_size": 2, "pp_size": 2}
+        | {"microbatches": 2, "zero_stage": 1, "precision": "bf16", "max_grad_norm": 1.0},
+        8,
+        (0, 7),
+    ),
+    "ulysses-sp2-pp2-zero1-fp16-ac": (
+        HybridParallelPlugin,
+        {"sequence_parallel": "ulysses", "sp_size": 2, "pp_size": 2, "microbatches": 2}
+        | {"zero_stage": 1, "precision": "fp16", "activation_checkpointing": True},
+        4,
+        (3,),
+    ),
+    "ring-sp2-zero2-bf16": (
+        HybridParallelPlugin,
+        {"sequence_parallel": "ring", "sp_size": 2, "zero_stage": 2, "precision": "bf16"},
+        4,
+        (1,),
+    ),
+    "zero2-tp2-pp2-interleaved-bf16": (
+        HybridParallelPlugin,
+        {"tp_size": 2, "pp_size": 2, "microbatches": 2, "schedule": "interleaved"}
+        | {"zero_stage": 2, "precision": "bf16", "max_grad_norm": 1.0},
+        8,
+        (1, 6),
+    ),
+    "2.5d-tp8-pp2-ac": (
+        HybridParallelPlugin,
+        {"tp_size": 8, "tp_mode": "2.5d", "tp_depth": 2, "pp_size": 2, "microbatches": 2}
+        | {"activation_checkpointing": True},
+        16,
+        (0, 15),
+    ),
+    "3d-tp8-pp2-interleaved": (
+        HybridParallelPlugin,
+        {"tp_size": 8, "tp_mode": "3d", "pp_size": 2, "microbatches": 2}
+        | {"schedule": "interleaved"},
+        16,
+        (9,),
+    ),
 }
 
 

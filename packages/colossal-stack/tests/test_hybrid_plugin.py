@@ -64,6 +64,12 @@ CASES_8: dict[str, tuple[dict, int, str]] = {
         4,
         "dp2 x tp2(1d) x pp2(1f1b, m=2), zero1",
     ),
+    # ZeRO-2 inside a pipeline: the tied embedding summed after ZeRO's in-backward reduction
+    "zero2-pp2-tp2-dp2": (
+        {"tp_size": 2, "pp_size": 2, "microbatches": 2, "zero_stage": 2},
+        4,
+        "dp2 x tp2(1d) x pp2(1f1b, m=2), zero2",
+    ),
     # 4 stages x 2 virtual chunks: one block per chunk
     "pp4-dp2-interleaved": (
         {"pp_size": 4, "microbatches": 4, "schedule": "interleaved"},
@@ -71,12 +77,35 @@ CASES_8: dict[str, tuple[dict, int, str]] = {
         "dp2 x pp4(interleaved, m=4)",
     ),
     "ring-sp2-dp4": ({"sequence_parallel": "ring", "sp_size": 2}, 4, "dp4 x sp2(ring)"),
+    # long sequences with tp and pp: ring/Ulysses over sp beside 1d tp and the stages
+    "ring-sp2-tp2-dp2": (
+        {"sequence_parallel": "ring", "sp_size": 2, "tp_size": 2},
+        4,
+        "dp2 x tp2(1d) x sp2(ring)",
+    ),
+    "ulysses-sp2-pp2-dp2-1f1b": (
+        {"sequence_parallel": "ulysses", "sp_size": 2, "pp_size": 2, "microbatches": 2},
+        4,
+        "dp2 x pp2(1f1b, m=2) x sp2(ulysses)",
+    ),
+    # a grid mode inside pipeline stages: the activation between stages keeps its 2d layout
+    "2d-tp4-pp2-interleaved": (
+        {"tp_size": 4, "tp_mode": "2d", "pp_size": 2, "microbatches": 4, "schedule": "interleaved"},
+        4,
+        "dp1 x tp4(2d) x pp2(interleaved, m=4)",
+    ),
+    "ring-sp2-pp2-tp2": (
+        {"sequence_parallel": "ring", "sp_size": 2, "pp_size": 2, "tp_size": 2, "microbatches": 2},
+        4,
+        "dp1 x tp2(1d) x pp2(1f1b, m=2) x sp2(ring)",
+    ),
 }
 # float64 needs zero_stage=0 (ZeRO and Gemini keep fp32 parameters); ZeRO's shard update is
 # elementwise AdamW, checked in colossal-zero. One case per mechanism:
 # 2.5d with d=2 runs 2d's SUMMA on each depth layer, so 2d is covered by it.
 FLOAT64_CASES = ("2.5d-tp8-q2-d2", "3d-tp8", "tp2-pp2-dp2-1f1b-zero1", "pp4-dp2-interleaved")
-FLOAT64_CASES += ("ring-sp2-dp4",)
+FLOAT64_CASES += ("ring-sp2-dp4", "ring-sp2-tp2-dp2", "ulysses-sp2-pp2-dp2-1f1b")
+FLOAT64_CASES += ("ring-sp2-pp2-tp2", "2d-tp4-pp2-interleaved")
 
 GEMINI_TP2 = {"tp_size": 2, "placement": "static", "accelerator_budget": "160KiB"}
 # ZeRO-3 over dp with ring sequence parallelism: chunks sharded over dp x sp

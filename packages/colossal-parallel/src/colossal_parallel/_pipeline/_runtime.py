@@ -106,11 +106,12 @@ def _check(chunks, mesh, schedule, inputs, targets, boundary_shape, tied) -> Non
             f"pp rank {me} passed tied parameters; only the ranks of the first and last stage "
             "hold them (pass tied=() elsewhere)"
         )
-    m = schedule.num_microbatches
-    if not boundary_shape or boundary_shape[0] != inputs.shape[0] // m:
+    mb = inputs.shape[0] // schedule.num_microbatches
+    if not boundary_shape or boundary_shape[0] < 1 or mb % boundary_shape[0]:
         raise ConfigError(
-            f"boundary_shape {tuple(boundary_shape)} must be one micro-batch's activation "
-            f"between stages, leading with the micro-batch size {inputs.shape[0] // m}"
+            f"boundary_shape {tuple(boundary_shape)} must be this rank's part of one "
+            f"micro-batch's activation between stages, leading with the micro-batch size {mb} "
+            "(or its share of it where a tensor-parallel layout splits the batch)"
         )
 
 
@@ -131,7 +132,8 @@ def run_pipeline(
     ``chunks[c]`` is this rank's virtual stage ``c * pp + coord("pp")`` ([Note: stage order]).
     The first stage is called ``chunk(inputs_mb)``, the last ``chunk(x, targets_mb)`` and must
     return a scalar loss; the others ``chunk(x)``, where ``x`` has ``boundary_shape`` (one
-    micro-batch's activation between stages). Every rank passes the whole batch; only the first
+    micro-batch's activation between stages, as this rank holds it: a grid tensor-parallel
+    layout splits its batch and hidden dims). Every rank passes the whole batch; only the first
     and last stage read it. ``tied`` lists the parameters shared by the first and last stage
     ([Note: tied parameters]), in the same order on both ranks. Data-parallel replicas of the
     pipeline reduce their gradients afterwards, like any replica. Received activations and

@@ -44,6 +44,7 @@ from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 from .._dist import init_single_process
 from ._device import move_model, resolve_device, to_device
 from ._hybrid_checkpoint import load_layout, save_layout
+from ._pp_zero2 import sum_tied_zero2_grads
 from ._mesh_stats import axis_comm_bytes
 
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
@@ -135,10 +136,10 @@ class HybridParallelPlugin:
         sp, tp, pp = self.sequence_parallel, self.tp_size, self.pp_size
         MeshConfig(tp=tp, tp_mode=self.tp_mode, tp_depth=self.tp_depth).check_tp()  # type: ignore[arg-type]
         if sp in ("ring", "ulysses"):
-            if tp > 1 or pp > 1:
+            if tp > 1 and self.tp_mode != "1d":
                 raise ConfigError(
-                    f"{sp} sequence parallelism composes with data parallelism only here; use "
-                    "tp_size=1 and pp_size=1 with it (or sequence_parallel='megatron' with 1d tp)"
+                    f"{sp} sequence parallelism composes with 1d tensor parallelism, got tp_mode="
+                    f"{self.tp_mode!r}; use tp_mode='1d' or sequence_parallel=None"
                 )
         elif self.sp_size != 1:
             raise ConfigError(
@@ -148,16 +149,6 @@ class HybridParallelPlugin:
         if sp == "megatron" and (tp == 1 or self.tp_mode != "1d"):
             raise ConfigError(
                 "Megatron sequence parallelism needs 1d tensor parallelism, tp_size>1"
-            )
-        if pp > 1 and tp > 1 and self.tp_mode != "1d":
-            raise ConfigError(
-                f"pipeline stages compose with 1d tensor parallelism only, got tp_mode="
-                f"{self.tp_mode!r}; use tp_mode='1d' or pp_size=1"
-            )
-        if pp > 1 and self.zero_stage == 2:
-            raise ConfigError(
-                "ZeRO-2 reduces gradients during backward, before the pipeline sums the tied "
-                "embedding's gradients; use zero_stage=1 with pp_size>1"
             )
         if pp == 1 and self.microbatches != 1:
             raise ConfigError("microbatches > 1 needs pp_size > 1 (pipeline micro-batches)")
@@ -356,6 +347,7 @@ class HybridParallelPlugin:
         # ZeRO-1's .grad are views into its flat buffer; the pipeline replaces the tied
         # gradient by the first+last sum, so that sum is copied back into the view
         views = [q.grad for q in self._stages.tied]
+        zero2 = isinstance(optimizer, LowLevelZeroOptimizer) and self.zero_stage == 2
         res = run_pipeline(
             self._stages.chunks,
             self.mesh,
@@ -364,14 +356,20 @@ class HybridParallelPlugin:
             targets,
             boundary_shape=self._stages.boundary_shape(b // self.microbatches, t),
             boundary_dtype=self._boundary_dtype,
-            tied=self._stages.tied,
+            tied=() if zero2 else self._stages.tied,  # ZeRO-2: summed after its reduction
             device=self.device,
         )
+        if zero2:
+            sum_tied_zero2_grads(optimizer, self._stages.tied, self.mesh)  # type: ignore[arg-type]
         with torch.no_grad():
             for q, view in zip(self._stages.tied, views):
                 if view is not None and q.grad is not view:
                     view.copy_(q.grad)
                     q.grad = view
+            if self.sp > 1 and isinstance(optimizer, LowLevelZeroOptimizer):
+                for q in model.parameters():  # ZeRO averages over dp x sp: sum over sp
+                    if q.grad is not None:
+                        q.grad.mul_(self.sp)
         return res.loss.detach()
 
     def unwrap(self, model: nn.Module) -> nn.Module:

@@ -198,4 +198,4 @@ def state_shards(cfg: TrainConfig, world: int) -> int:
         return world
     sp = cfg.sp_size if cfg.sp in ("ring", "ulysses") else 1
     dp = max(1, world // (cfg.tp * cfg.pp * sp))
-    return cfg.tp * cfg.pp * (dp if cfg.zero else 1)
+    return cfg.tp * cfg.pp * (dp * sp if cfg.zero else 1)  # ZeRO shards over dp x sp
