@@ -44,8 +44,8 @@ from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 from .._dist import init_single_process
 from ._device import move_model, resolve_device, to_device
 from ._hybrid_checkpoint import load_layout, save_layout
-from ._pp_zero2 import sum_tied_zero2_grads
 from ._mesh_stats import axis_comm_bytes
+from ._pp_zero2 import sum_tied_zero2_grads
 
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
 
