@@ -94,8 +94,10 @@ CASES_8: dict[str, tuple[dict, int, str]] = {
         4,
         "dp1 x tp4(2d) x pp2(interleaved, m=4)",
     ),
-    "ring-sp2-pp2-tp2": (
-        {"sequence_parallel": "ring", "sp_size": 2, "pp_size": 2, "tp_size": 2, "microbatches": 2},
+    # with activation checkpointing: ring attention recomputed in backward, inside the stages
+    "ring-sp2-pp2-tp2-ac": (
+        {"sequence_parallel": "ring", "sp_size": 2, "pp_size": 2, "tp_size": 2, "microbatches": 2}
+        | {"activation_checkpointing": True},
         4,
         "dp1 x tp2(1d) x pp2(1f1b, m=2) x sp2(ring)",
     ),
@@ -105,7 +107,7 @@ CASES_8: dict[str, tuple[dict, int, str]] = {
 # 2.5d with d=2 runs 2d's SUMMA on each depth layer, so 2d is covered by it.
 FLOAT64_CASES = ("2.5d-tp8-q2-d2", "3d-tp8", "tp2-pp2-dp2-1f1b-zero1", "pp4-dp2-interleaved")
 FLOAT64_CASES += ("ring-sp2-dp4", "ring-sp2-tp2-dp2", "ulysses-sp2-pp2-dp2-1f1b")
-FLOAT64_CASES += ("ring-sp2-pp2-tp2", "2d-tp4-pp2-interleaved")
+FLOAT64_CASES += ("ring-sp2-pp2-tp2-ac", "2d-tp4-pp2-interleaved")
 
 GEMINI_TP2 = {"tp_size": 2, "placement": "static", "accelerator_budget": "160KiB"}
 # ZeRO-3 over dp with ring sequence parallelism: chunks sharded over dp x sp
