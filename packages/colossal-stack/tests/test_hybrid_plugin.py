@@ -20,12 +20,7 @@ See docs/parallel/hybrid.md for every figure.
 from __future__ import annotations
 
 import pytest
-import torch
-from _checks_hybrid import bad_settings, gemini_case, train_case
-
-from colossal import Booster, GeminiPlugin, lazy_init
-from colossal_contracts import ConfigError
-from colossal_models import GPT, GPTConfig
+from _checks_hybrid import bad_settings, gemini_case, gemini_lazy_case, train_case
 
 STEPS = 10
 STEPS_64 = 3  # the float64 runs show exactness; a few steps do (each adds rounding in fp32 only)
@@ -184,12 +179,7 @@ def test_bad_settings_are_one_line_config_errors(world):
     assert all("\n" not in v for v in out.values())
 
 
-def test_gemini_tp_refuses_a_lazily_built_model_before_any_group():
-    with lazy_init() as lazy:
-        model = GPT(
-            GPTConfig(vocab_size=64, max_seq_len=8, num_layers=1, num_heads=2, hidden_size=16)
-        )
-    with pytest.raises(ConfigError, match="lazily built"):
-        Booster(GeminiPlugin(tp_size=2, lazy=lazy)).boost(
-            model, torch.optim.AdamW(model.parameters())
-        )
+def test_gemini_tp_trains_a_lazily_built_model_as_an_eager_one(world):
+    out = world(2).run(gemini_lazy_case, {"tp_size": 2}, 3)
+    for r in out:
+        assert r["lazy"] == r["eager"]  # lazy init replays construction bit for bit

@@ -38,6 +38,7 @@ from ._gemini_tp import (
     check_sp,
     check_tp,
     check_tp_inputs,
+    materialize_for_tp,
     shard_for_tp,
     sp_mesh_config,
     tp_folder,
@@ -182,13 +183,12 @@ class GeminiPlugin:
         model's parameters) into a ``GeminiOptimizer`` with the same groups."""
         cfg = self.gemini_config()
         group: Any = "default"
+        lazy = self.lazy
         if self.tp_size > 1:  # [Note: Gemini with tp]
-            if self.lazy is not None:  # the plan shards real weights, lazy ones are meta
-                raise ConfigError(
-                    "GeminiPlugin(tp_size > 1) shards the model's weights through its plan and "
-                    "cannot take a lazily built (meta) model; build it eagerly, or use tp_size=1"
-                )
             check_tp_inputs(model, optimizer)
+            if lazy is not None:  # the plan slices real weights: see materialize_for_tp
+                materialize_for_tp(model, lazy)
+                lazy = None
             mesh_cfg = tp_mesh_config(world_size(), self.tp_size, self.tp_mode, self.tp_depth)
             self.mesh = ProcessMesh(mesh_cfg)
             optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh)
@@ -202,7 +202,7 @@ class GeminiPlugin:
         # the warmup step measures non-model bytes per moment (memtrace, through the contract)
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         recorder = MomentRecorder("cuda" if cuda else "cpu") if cfg.placement == "auto" else None
-        gm = apply_gemini(model, cfg, group=group, recorder=recorder, lazy=self.lazy)
+        gm = apply_gemini(model, cfg, group=group, recorder=recorder, lazy=lazy)
         opt = GeminiOptimizer.from_torch(
             gm, optimizer, max_grad_norm=self.max_grad_norm, sharding=self.sharding
         )

@@ -45,11 +45,13 @@ from colossal_models import (
     stream_full_state,
 )
 from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
+from colossal_zero import LazyInit
 
 __all__ = [
     "check_sp",
     "check_tp",
     "check_tp_inputs",
+    "materialize_for_tp",
     "shard_for_tp",
     "sp_mesh_config",
     "tp_folder",
@@ -102,6 +104,30 @@ def check_tp_inputs(
             "GeminiPlugin with tp_size > 1 rebuilds the optimizer on the sharded parameters and "
             f"keeps one parameter group; got {len(optimizer.param_groups)}: pass one"
         )
+
+
+@torch.no_grad()
+def materialize_for_tp(model: nn.Module, lazy: LazyInit) -> None:
+    """Give a model built in ``lazy_init()`` real values (bit-identical to eager construction)
+    before its plan slices them, one tensor at a time: the host holds the whole model once
+    (then Gemini holds this rank's shards), where tp_size=1 never holds it. Tied
+    parameters stay one parameter."""
+    done: dict[int, nn.Parameter] = {}
+    replayed: list[torch.Tensor] = []
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None or not p.is_meta:
+                continue
+            if id(p) not in done:
+                done[id(p)] = nn.Parameter(lazy.materialize(p), requires_grad=p.requires_grad)
+                replayed.append(p)
+            module._parameters[name] = done[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_meta:
+                module._buffers[name] = lazy.materialize(b)
+                replayed.append(b)
+    for t in replayed:  # after all: views of one storage share its record
+        lazy.forget(t)
 
 
 def shard_for_tp(
