@@ -43,6 +43,11 @@ CASES = {
         (2, {"plugin": "zero", "zero": 2}),
     ),
     "tp2-to-one-process-hybrid": ("nano", (2, {"tp": 2}), (1, {"plugin": "hybrid"})),
+    "gemini-ring-sp2-to-one-process-ddp": (
+        "nano",
+        (2, {"plugin": "gemini", "sp": "ring", "sp_size": 2}),
+        (1, {"plugin": "ddp"}),
+    ),
 }
 
 
