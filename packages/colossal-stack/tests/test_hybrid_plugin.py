@@ -36,6 +36,14 @@ CASES_4 = {
     # sequence parallelism with ZeRO: ZeRO shards over dp x sp ([Note: hybrid gradients])
     "ring-sp2-dp2-zero2": {"sequence_parallel": "ring", "sp_size": 2, "zero_stage": 2},
     "ulysses-sp2-dp2-zero1": {"sequence_parallel": "ulysses", "sp_size": 2, "zero_stage": 1},
+    # ... and inside a pipeline with ZeRO-2 (the loss scaled by sp in the schedule's backward)
+    "ring-sp2-pp2-zero2": {
+        "sequence_parallel": "ring",
+        "sp_size": 2,
+        "pp_size": 2,
+        "microbatches": 2,
+        "zero_stage": 2,
+    },
     "megatron-tp2-dp2-zero2": {
         "tp_size": 2,
         "sequence_parallel": "megatron",

@@ -126,6 +126,7 @@ def run_pipeline(
     boundary_dtype: torch.dtype = torch.float32,
     tied: Sequence[nn.Parameter] = (),
     device: torch.device | None = None,
+    loss_scale: float = 1.0,
 ) -> PipelineResult:
     """Forward and backward of one batch through the pipeline; gradients accumulate in ``.grad``.
 
@@ -138,7 +139,8 @@ def run_pipeline(
     ([Note: tied parameters]), in the same order on both ranks. Data-parallel replicas of the
     pipeline reduce their gradients afterwards, like any replica. Received activations and
     gradients are allocated on ``device`` (None: the device of the first chunk's parameters,
-    else of ``inputs``); the batch is moved there.
+    else of ``inputs``); the batch is moved there. Backward runs on ``loss * loss_scale / m``
+    (fp16 loss scaling, or a data-parallel reduction's factor); the reported loss is unscaled.
     """
     _check(chunks, mesh, schedule, inputs, targets, boundary_shape, tied)
     p, me, m, v = mesh.size(AXIS), mesh.coord(AXIS), schedule.num_microbatches, len(chunks)
@@ -167,7 +169,7 @@ def run_pipeline(
                 if out.dim() != 0:
                     raise ConfigError("the last pipeline stage must return a scalar loss")
                 loss_sum += out.detach().to(loss_sum.dtype)
-                out = out / m
+                out = out / m if loss_scale == 1.0 else out * (loss_scale / m)
             saved[(mb, c)] = (x, out)
             timeline.append((action, start, time.perf_counter()))
             if stage != last:

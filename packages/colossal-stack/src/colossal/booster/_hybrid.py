@@ -347,7 +347,10 @@ class HybridParallelPlugin:
         # ZeRO-1's .grad are views into its flat buffer; the pipeline replaces the tied
         # gradient by the first+last sum, so that sum is copied back into the view
         views = [q.grad for q in self._stages.tied]
-        zero2 = isinstance(optimizer, LowLevelZeroOptimizer) and self.zero_stage == 2
+        zero = isinstance(optimizer, LowLevelZeroOptimizer)
+        zero2 = zero and self.zero_stage == 2
+        # ZeRO: fp16's loss scale, and times sp (ZeRO averages over dp x sp; sp must be summed)
+        scale = optimizer.loss_scale * self.sp if zero else 1.0  # type: ignore[union-attr]
         res = run_pipeline(
             self._stages.chunks,
             self.mesh,
@@ -358,6 +361,7 @@ class HybridParallelPlugin:
             boundary_dtype=self._boundary_dtype,
             tied=() if zero2 else self._stages.tied,  # ZeRO-2: summed after its reduction
             device=self.device,
+            loss_scale=scale,
         )
         if zero2:
             sum_tied_zero2_grads(optimizer, self._stages.tied, self.mesh)  # type: ignore[arg-type]
@@ -366,10 +370,6 @@ class HybridParallelPlugin:
                 if view is not None and q.grad is not view:
                     view.copy_(q.grad)
                     q.grad = view
-            if self.sp > 1 and isinstance(optimizer, LowLevelZeroOptimizer):
-                for q in model.parameters():  # ZeRO averages over dp x sp: sum over sp
-                    if q.grad is not None:
-                        q.grad.mul_(self.sp)
         return res.loss.detach()
 
     def unwrap(self, model: nn.Module) -> nn.Module:
