@@ -3,8 +3,8 @@
 One 4-rank gloo world trains GPT-mini's shape (fp32, 8 blocks so that 4 interleaved stages of 2
 chunks each fit) through the Booster in each layout of ``LAYOUTS``: data parallelism with ZeRO 0, 1
 and 2, 1D tensor parallelism with and without Megatron sequence parallelism, 2D tensor
-parallelism, pipelines (1F1B, interleaved), tp x pp, ring sequence parallelism and Gemini (and
-Gemini with tp2 where ``GeminiPlugin(tp_size=...)`` exists). Layouts take turns in blocks of
+parallelism, pipelines (1F1B, interleaved), tp x pp, ring sequence parallelism (with ZeRO-2, with
+pp), Ulysses with tp, and Gemini (with tp2, and with ring sp2). Layouts take turns in blocks of
 ``steps`` steps, round robin, so the machine's load drift hits all of them alike; each block builds
 its layout from the same seed, trains one warmup step plus ``steps`` timed ones on the same global
 batches, and frees it (one layout's memory at a time). Every layout trains the same model on the
@@ -49,8 +49,22 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any]]] = {
         {"pp_size": 4, "microbatches": 4, "schedule": "interleaved"},
     ),
     "ring sp2 x dp2": ("hybrid", {"sequence_parallel": "ring", "sp_size": 2}),
+    "ring sp2 x dp2 zero2": (
+        "hybrid",
+        {"sequence_parallel": "ring", "sp_size": 2, "zero_stage": 2},
+    ),
+    "ulysses sp2 x tp2": ("hybrid", {"sequence_parallel": "ulysses", "sp_size": 2, "tp_size": 2}),
+    "ring sp2 x pp2(1f1b)": (
+        "hybrid",
+        {"sequence_parallel": "ring", "sp_size": 2, "pp_size": 2, "microbatches": 4},
+    ),
+    "tp2 x pp2(1f1b) zero1": (
+        "hybrid",
+        {"tp_size": 2, "pp_size": 2, "microbatches": 4, "zero_stage": 1},
+    ),
     "gemini dp4": ("gemini", {}),
     "gemini tp2 x dp2": ("gemini", {"tp_size": 2}),
+    "gemini ring sp2 x dp2": ("gemini", {"sequence_parallel": "ring", "sp_size": 2}),
 }
 BASE = "dp4 zero0"
 

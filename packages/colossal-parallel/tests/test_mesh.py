@@ -105,6 +105,9 @@ def _expected(cfg: MeshConfig, rank: int) -> dict[str, tuple[int, list[int]]]:
     if cfg.tp_mode != "1d":
         members = [g for g, co in enumerate(grid) if co[:3] == mine[:3]]
         out["tp"] = (members.index(rank), members)
+    if cfg.sp > 1:  # dp and sp flattened: same pp and tp coordinates
+        members = [g for g, co in enumerate(grid) if co[0] == mine[0] and co[3:] == mine[3:]]
+        out["dp_sp"] = (members.index(rank), members)
     return out
 
 

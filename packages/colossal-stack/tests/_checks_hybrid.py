@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from _stack_reference import adamw_losses
 
-from colossal import Booster, GeminiPlugin, HybridParallelPlugin
+from colossal import Booster, GeminiPlugin, HybridParallelPlugin, lazy_init
 from colossal.booster import load_sharded_safetensors
 from colossal_contracts import ConfigError
 from colossal_models import GPT, GPTConfig, parallelize
@@ -133,7 +133,9 @@ def gemini_case(settings: dict, steps: int, root: str, layers: int = 2) -> dict:
     losses += _gemini_steps(booster, model, opt, mesh, batches(steps)[half:])
     stats = booster.memory_stats()
     ref_losses, ref = _reference(layers, steps, 1)
-    want = parallelize(copy.deepcopy(ref), mesh)
+    want = copy.deepcopy(ref)
+    if plugin.tp_size > 1:
+        parallelize(want, mesh)
     out = _errors(losses, ref_losses, model.full_state_dict(), want)
     out["stats"] = stats
     plugin.close()
@@ -151,6 +153,27 @@ def gemini_case(settings: dict, steps: int, root: str, layers: int = 2) -> dict:
         out["export_err"] = max(_rel(full[n], p.detach()) for n, p in ref_half.named_parameters())
         out["export_names"] = sorted(full) == sorted(ref_half.state_dict())
         out["folders"] = sorted(p.name for p in saved.iterdir() if p.is_dir())
+        out["layout_index"] = (saved / "layout_index.json").is_file()
+    return out
+
+
+def gemini_lazy_case(settings: dict, steps: int) -> dict:
+    """Losses of ``GeminiPlugin(**settings)`` on a model built in ``lazy_init()`` and on the same
+    model built eagerly (bit-identical when lazy init replays construction exactly)."""
+    out = {}
+    for name in ("lazy", "eager"):
+        lazy = None
+        if name == "lazy":
+            with lazy_init() as lazy:
+                model = _model(2)
+        else:
+            model = _model(2)
+        plugin = GeminiPlugin(max_grad_norm=CLIP, lazy=lazy, **settings)
+        booster = Booster(plugin)
+        model, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=LR))
+        assert plugin.mesh is not None
+        out[name] = _gemini_steps(booster, model, opt, plugin.mesh, batches(steps))
+        plugin.close()
     return out
 
 

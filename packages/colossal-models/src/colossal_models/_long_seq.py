@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from colossal_contracts import ConfigError
@@ -30,7 +29,8 @@ from colossal_parallel import (
     ulysses_attention,
 )
 
-from ._io import LMIO, at_least_fp32
+from ._io import LMIO
+from ._tp._layers1d import IO1D
 from .gpt.model import GPT
 from .palm.model import PaLM
 
@@ -69,11 +69,14 @@ class UlyssesCore(nn.Module):
 
 
 class SequenceIO(LMIO):
-    """Ids, targets and positions of this rank's slice; the loss is the mean over every token."""
+    """Ids, targets and positions of this rank's slice; the loss is the mean over every token.
+    ``inner`` is the boundary it splits: the unsharded one, or 1D tensor parallelism's
+    vocabulary-parallel head (``IO1D``), which computes each slice's logits and loss."""
 
-    def __init__(self, mesh: ProcessMesh, layout: str) -> None:
+    def __init__(self, mesh: ProcessMesh, layout: str, inner: LMIO | None = None) -> None:
         super().__init__()
         self.mesh, self.layout = mesh, layout
+        self.inner = inner if inner is not None else LMIO()
 
     def _index(self, seq_len: int, device: torch.device) -> torch.Tensor:
         size, coord = self.mesh.size(AXIS), self.mesh.coord(AXIS)
@@ -87,21 +90,25 @@ class SequenceIO(LMIO):
     def positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
         return self._index(seq_len, device)
 
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner.enter(x)
+
     def forward(self, h, weight, targets):
-        comm, size = self.mesh.comm, self.mesh.size(AXIS)
-        logits = F.linear(h, weight)  # (B, T/sp, V)
-        if targets is None:  # whole-sequence logits, back in position order
-            full = gather_along(logits, comm, AXIS, SEQ)
-            seq_len = full.shape[SEQ]
-            order = torch.cat(
-                [
-                    sequence_positions(seq_len, size, r, self.layout, full.device)
-                    for r in range(size)
-                ]
-            )
-            return full[:, torch.argsort(order)]
-        local = F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), targets.flatten())
-        return reduce_from_axis(local, comm, AXIS) / size  # backward: 1/sp of the local loss
+        out = self.inner(h, weight, targets)  # this slice's logits (B, T/sp, V) or mean loss
+        if targets is None:
+            return self._in_order(out)
+        # the mean over every token; backward: 1/sp of the local loss
+        return reduce_from_axis(out, self.mesh.comm, AXIS) / self.mesh.size(AXIS)
+
+    def _in_order(self, logits: torch.Tensor) -> torch.Tensor:
+        """Whole-sequence logits from every rank's slice, back in position order."""
+        size = self.mesh.size(AXIS)
+        full = gather_along(logits, self.mesh.comm, AXIS, SEQ)
+        seq_len = full.shape[SEQ]
+        order = torch.cat(
+            [sequence_positions(seq_len, size, r, self.layout, full.device) for r in range(size)]
+        )
+        return full[:, torch.argsort(order)]
 
 
 def apply_sequence_parallel(
@@ -109,27 +116,33 @@ def apply_sequence_parallel(
 ) -> nn.Module:
     """Split ``model``'s sequences over ``mesh``'s ``sp`` axis in place; returns it.
 
-    ``method`` "ring" (zigzag layout, any head count) or "ulysses" (contiguous layout, heads a
-    multiple of sp). ``ConfigError`` before any collective for an unknown method, a head count
-    Ulysses cannot split, or a model already sharded for tensor parallelism (long-sequence
-    parallelism composes with data parallelism here, not with tp).
+    ``method`` "ring" (zigzag layout, any head count) or "ulysses" (contiguous layout, heads per
+    tp rank a multiple of sp). Composes with 1d tensor parallelism (apply it after
+    ``parallelize``; the vocabulary-parallel head computes each slice's loss) and with pipeline
+    stages (``split_into_stages`` after it: activations between stages are ``T / sp`` long).
+    ``ConfigError`` before any collective for an unknown method, a head count Ulysses cannot
+    split, or a grid tensor-parallel mode or Megatron sequence parallelism.
     """
     if not isinstance(model, (GPT, PaLM)):
         raise ConfigError(f"apply_sequence_parallel knows GPT and PaLM, got {type(model).__name__}")
     if method not in ("ring", "ulysses"):
         raise ConfigError(f"long-sequence method must be 'ring' or 'ulysses', got {method!r}")
-    if type(model.io) is not LMIO or mesh.size("tp") > 1:
+    io = model.io
+    plain = type(io) is LMIO and mesh.size("tp") == 1
+    tp1d = isinstance(io, IO1D) and not io.sequence_parallel and mesh.config.tp_mode == "1d"
+    if not (plain or tp1d):
         raise ConfigError(
-            "apply_sequence_parallel composes with data parallelism only; apply it to an "
-            "unsharded model on a mesh with tp=1"
+            "apply_sequence_parallel composes with data, pipeline and 1d tensor parallelism "
+            "(without Megatron sequence parallelism); apply it to an unsharded model or after "
+            "parallelize on a 1d mesh"
         )
-    sp, heads = mesh.size(AXIS), model.config.num_heads
+    sp, heads = mesh.size(AXIS), model.config.num_heads // mesh.size("tp")  # heads per tp rank
     if method == "ulysses" and heads % sp:
         raise ConfigError(
-            f"Ulysses splits the {heads} attention heads over sp={sp} ranks; use a head count "
-            f"that is a multiple of {sp}, a smaller sp, or method='ring'"
+            f"Ulysses splits the {heads} attention heads of each tp rank over sp={sp} ranks; use "
+            f"a head count that is a multiple of {sp} * tp, a smaller sp, or method='ring'"
         )
-    model.io = SequenceIO(mesh, "zigzag" if method == "ring" else "contiguous")
+    model.io = SequenceIO(mesh, "zigzag" if method == "ring" else "contiguous", io)
     for block in model.blocks:
         block.attn.core = RingAttentionCore(mesh) if method == "ring" else UlyssesCore(mesh)
     return model

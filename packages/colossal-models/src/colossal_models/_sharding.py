@@ -20,6 +20,7 @@ from torch import nn
 from colossal_contracts import ConfigError, ParamSharding, ShardAxis
 from colossal_parallel import ProcessMesh
 
+from ._gather import _comm_device
 from ._parallelize import parallelize
 
 __all__ = ["describe_sharding"]
@@ -55,8 +56,10 @@ def describe_sharding(model: nn.Module, mesh: ProcessMesh) -> dict[str, ParamSha
         if size == 1:
             continue
         axis = ShardAxis(name, mesh.group(name), size, mesh.coord(name))
-        every = [torch.empty_like(prints) for _ in range(size)]
-        dist.all_gather(every, prints, group=axis.group)
+        mine = prints.to(_comm_device(axis.group))  # NCCL gathers CUDA tensors only
+        every = [torch.empty_like(mine) for _ in range(size)]
+        dist.all_gather(every, mine, group=axis.group)
+        every = [e.cpu() for e in every]
         same = torch.stack([(e == prints).all(dim=1) for e in every]).all(dim=0)
         for n, s in zip(names, same.tolist(), strict=True):
             (replicated if s else split)[n].append(axis)

@@ -10,6 +10,7 @@ head is the embedding of the last rank's own model copy, kept equal to the first
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -19,6 +20,8 @@ from torch import nn
 from colossal_contracts import ConfigError
 from colossal_parallel import ProcessMesh, parameter_costs, partition_layers, stage_rank
 
+from ._long_seq import SequenceIO
+from ._tp._grid import GridIO
 from ._tp._layers1d import IO1D
 from .gpt.model import GPT
 from .gpt.stages import GPTStage
@@ -37,7 +40,10 @@ class PipelineStages:
         layers: the block indices of each chunk.
         tied: parameters shared by the first and last stage, on the ranks holding those.
         hidden_size: width of the activation passed between stages.
-        seq_parts: ranks sharing that activation's sequence (Megatron sequence parallelism).
+        seq_parts: ranks sharing that activation's sequence (Megatron sequence parallelism,
+            ring or Ulysses).
+        batch_parts, hidden_parts: ranks sharing its batch and its hidden dim (the grid tensor-
+            parallel modes' activation layout, [Note: activation layout]).
     """
 
     chunks: list[nn.Module]
@@ -45,10 +51,23 @@ class PipelineStages:
     tied: list[nn.Parameter]
     hidden_size: int
     seq_parts: int
+    batch_parts: int = 1
+    hidden_parts: int = 1
 
     def boundary_shape(self, micro_batch: int, seq_len: int) -> tuple[int, int, int]:
-        """Shape of one micro-batch's activation between stages: ``(b, T / seq_parts, C)``."""
-        return (micro_batch, seq_len // self.seq_parts, self.hidden_size)
+        """Shape of one micro-batch's activation between stages on this rank:
+        ``(b / batch_parts, T / seq_parts, C / hidden_parts)``."""
+        if micro_batch % self.batch_parts:
+            raise ConfigError(
+                f"a micro-batch of {micro_batch} cannot be split over the {self.batch_parts} "
+                "batch ranks of the grid tensor-parallel layout; use a micro-batch size that is "
+                f"a multiple of {self.batch_parts}"
+            )
+        return (
+            micro_batch // self.batch_parts,
+            seq_len // self.seq_parts,
+            self.hidden_size // self.hidden_parts,
+        )
 
     def parameters(self) -> list[nn.Parameter]:
         """Every parameter of the chunks, once each (chunks on one rank may share the head)."""
@@ -71,18 +90,13 @@ def split_into_stages(
     ``num_virtual`` chunks per rank (interleaved schedule); ``costs`` balances the blocks: by
     count, by parameter bytes, or by one figure per block (a traced time or memory). Raises
     ``ConfigError`` (before any collective) when there are more stages than blocks or when the
-    model is sharded by a grid tensor-parallel mode (stages compose with 1d only).
+    model's blocks cannot be split as asked. Stages compose with every tensor-parallel mode:
+    with a grid mode the activation between stages keeps its layout (batch and hidden split).
     """
     if not isinstance(model, (GPT, PaLM)):
         raise ConfigError(
             f"split_into_stages knows GPT and PaLM, got {type(model).__name__}; for other models "
             "build stage modules and call colossal_parallel.run_pipeline directly"
-        )
-    cfg = mesh.config
-    if cfg.tp > 1 and cfg.tp_mode != "1d":
-        raise ConfigError(
-            f"pipeline stages compose with 1d tensor parallelism only, the mesh is "
-            f"{cfg.tp_mode}; use MeshConfig(tp_mode='1d', ...) with pp > 1"
         )
     p, me = mesh.size("pp"), mesh.coord("pp")
     num_stages = p * num_virtual
@@ -95,6 +109,13 @@ def split_into_stages(
         runs = partition_layers(len(blocks), num_stages, list(costs))
     sp_io = isinstance(model.io, IO1D) and model.io.sequence_parallel
     seq_parts = mesh.size("tp") if sp_io else 1
+    if isinstance(model.io, SequenceIO):  # ring or Ulysses: each rank holds T / sp tokens
+        seq_parts = mesh.size("sp")
+    batch_parts = hidden_parts = 1
+    if isinstance(model.io, GridIO):  # [Note: activation layout]: batch and hidden split
+        layout = model.io.layout
+        batch_parts = math.prod(mesh.size(a) for a in layout.row_axes)
+        hidden_parts = mesh.size(layout.hidden_axis)
     mine = [s for s in range(num_stages) if stage_rank(s, p)[0] == me]
     chunks: list[nn.Module] = []
     for s in mine:
@@ -111,4 +132,6 @@ def split_into_stages(
         tied=tied,
         hidden_size=model.config.hidden_size,
         seq_parts=seq_parts,
+        batch_parts=batch_parts,
+        hidden_parts=hidden_parts,
     )

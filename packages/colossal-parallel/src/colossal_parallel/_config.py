@@ -146,7 +146,9 @@ class MeshConfig:
     def axes(self) -> tuple[str, ...]:
         """Every axis name a mesh of this config answers to, layout axes first."""
         names = ("pp", "dp", "sp", *self.tp_axes)
-        return names if self.tp_mode == "1d" else (*names, "tp")
+        names = names if self.tp_mode == "1d" else (*names, "tp")
+        # dp and sp flattened (ZeRO and Gemini shard over both when sequences are split)
+        return (*names, "dp_sp") if self.sp > 1 else names
 
     @property
     def world_size(self) -> int:

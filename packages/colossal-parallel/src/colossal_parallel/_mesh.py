@@ -82,6 +82,8 @@ class ProcessMesh:
             return (self._layout_axes.index(axis),)
         if axis == "tp":
             return tuple(range(3, len(self._layout_axes)))
+        if axis == "dp_sp" and self.config.sp > 1:  # adjacent in the layout: (pp, dp, sp, ...)
+            return (1, 2)
         raise ConfigError(
             f"unknown mesh axis {axis!r}; this {self.config.tp_mode} mesh has axes "
             f"{self.config.axes}"

@@ -121,42 +121,20 @@ REFUSED: tuple[Refusal, ...] = (
         "Megatron sequence parallelism splits activations over 1d tensor-parallel ranks",
     ),
     Refusal(
-        lambda c: c.sp in _LONG and c.tp != "none",
-        "ring/Ulysses sequence parallelism does not compose with tensor parallelism yet",
-    ),
-    Refusal(
-        lambda c: c.sp in _LONG and c.pp != "none",
-        "ring/Ulysses sequence parallelism does not compose with pipeline stages yet",
-    ),
-    Refusal(
-        lambda c: c.sp in _LONG and c.sharding != "zero0",
-        "ring/Ulysses sequence parallelism sums gradients over sp before the dp average, which "
-        "ZeRO's and Gemini's reductions do not do yet",
-    ),
-    Refusal(
-        lambda c: c.pp != "none" and c.tp in ("2d", "2.5d", "3d"),
-        "pipeline stages compose with 1d tensor parallelism only",
-    ),
-    Refusal(
-        lambda c: c.pp != "none" and c.sharding == "zero2",
-        "ZeRO-2 reduces gradients during backward, before the pipeline sums the tied "
-        "embedding's gradients",
-    ),
-    Refusal(
-        lambda c: c.pp != "none" and c.precision == "fp16",
-        "the pipeline schedule runs backward itself, without ZeRO's fp16 loss scale; use bf16",
+        lambda c: c.sp in _LONG and c.tp not in ("none", "1d"),
+        "ring/Ulysses sequence parallelism composes with 1d tensor parallelism only",
     ),
     Refusal(
         lambda c: c.pp != "none" and c.sharding == "gemini",
-        "Gemini (ZeRO-3) takes --tp only, not pipeline stages",
+        "Gemini (ZeRO-3) takes --tp or ring/Ulysses --sp, not pipeline stages",
     ),
     Refusal(
-        lambda c: c.sharding == "gemini" and c.sp != "none",
-        "Gemini (ZeRO-3) takes --tp only, not sequence parallelism",
+        lambda c: c.sharding == "gemini" and c.sp == "megatron",
+        "Gemini (ZeRO-3) takes ring/Ulysses sequence parallelism, not Megatron's",
     ),
     Refusal(
-        lambda c: c.sharding == "gemini" and c.checkpointing,
-        "activation checkpointing runs on the hybrid plugin (ZeRO 0-2), not Gemini",
+        lambda c: c.sharding == "gemini" and c.sp in _LONG and c.tp != "none",
+        "Gemini (ZeRO-3) takes ring/Ulysses sequence parallelism or tensor parallelism, not both",
     ),
     Refusal(
         lambda c: c.sharding == "zero0" and c.precision != "fp32",
@@ -166,11 +144,6 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal(
         lambda c: c.lazy and c.sharding != "gemini",
         "a lazily built (meta) model is materialized into Gemini's chunks only",
-    ),
-    Refusal(
-        lambda c: c.lazy and c.tp != "none",
-        "Gemini with tensor parallelism shards real weights through the model's plan and cannot "
-        "take a lazily built (meta) model",
     ),
 )
 

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from colossal_contracts import ConfigError
+
 from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
 from .._inputs import check_input_ids, check_token_ids

@@ -48,7 +48,7 @@ def _segments(
     ]
 
 
-def _pairs(qsegs, ksegs):
+def _pairs(qsegs, ksegs, device: torch.device):
     """``(q slice, k slice, mask or None)`` of every chunk pair with work in it."""
     out = []
     for qo, qs, ql in qsegs:
@@ -57,8 +57,8 @@ def _pairs(qsegs, ksegs):
                 continue  # every key after every query: fully masked, skipped
             mask = None
             if ks + kl - 1 > qs:  # overlapping ranges: the causal diagonal
-                qpos = torch.arange(qs, qs + ql)
-                kpos = torch.arange(ks, ks + kl)
+                qpos = torch.arange(qs, qs + ql, device=device)
+                kpos = torch.arange(ks, ks + kl, device=device)
                 mask = qpos[:, None] >= kpos[None, :]  # (ql, kl), True = attend
             out.append((slice(qo, qo + ql), slice(ko, ko + kl), mask))
     return out
@@ -83,14 +83,14 @@ class _RingAttention(torch.autograd.Function):
         wd = torch.promote_types(q.dtype, torch.float32)  # fp32 at least, fp64 stays fp64
         qf = q.detach().to(wd)
         qsegs = _segments(L, p, me, layout, tile)
-        m = torch.full((B, H, L), _NEG, dtype=wd)
-        lsum = torch.zeros(B, H, L, dtype=wd)
-        acc = torch.zeros(B, H, L, D, dtype=wd)
+        m = torch.full((B, H, L), _NEG, dtype=wd, device=q.device)
+        lsum = torch.zeros(B, H, L, dtype=wd, device=q.device)
+        acc = torch.zeros(B, H, L, D, dtype=wd, device=q.device)
         kv = torch.stack([k.detach(), v.detach()]).to(wd).contiguous()  # (2, B, H, L, D)
         for step in range(p):
             src = (me - step) % p
             nxt, works = _ring_step(comm, axis, kv, step) if step < p - 1 else (None, [])
-            for qsl, ksl, mask in _pairs(qsegs, _segments(L, p, src, layout, tile)):
+            for qsl, ksl, mask in _pairs(qsegs, _segments(L, p, src, layout, tile), q.device):
                 s = qf[:, :, qsl] @ kv[0][:, :, ksl].transpose(-1, -2) * scale  # (B, H, lq, lk)
                 if mask is not None:
                     s = s.masked_fill(~mask, _NEG)
@@ -123,13 +123,13 @@ class _RingAttention(torch.autograd.Function):
         qf, do = q.to(wd), dout.to(wd)
         delta = (do * out).sum(-1)  # (B, H, L)
         qsegs = _segments(L, p, me, layout, tile)
-        dq = torch.zeros(B, H, L, D, dtype=wd)
+        dq = torch.zeros(B, H, L, D, dtype=wd, device=q.device)
         kv = torch.stack([k, v]).to(wd).contiguous()
         dkv = torch.zeros_like(kv)  # gradient of the block held now; travels with it
         for step in range(p):
             src = (me - step) % p
             nxt, works = _ring_step(comm, axis, kv, 2 * p + step) if step < p - 1 else (None, [])
-            for qsl, ksl, mask in _pairs(qsegs, _segments(L, p, src, layout, tile)):
+            for qsl, ksl, mask in _pairs(qsegs, _segments(L, p, src, layout, tile), q.device):
                 kb, vb = kv[0][:, :, ksl], kv[1][:, :, ksl]
                 s = qf[:, :, qsl] @ kb.transpose(-1, -2) * scale
                 pr = torch.exp(s - lse[:, :, qsl, None])

@@ -58,8 +58,8 @@ class _Mailbox:
     """Messages to and from this rank's pipeline neighbours; a stage whose neighbour is on the
     same rank (pp = 1 with several chunks) hands the tensor over locally."""
 
-    def __init__(self, mesh: ProcessMesh) -> None:
-        self.mesh, self.me = mesh, mesh.coord(AXIS)
+    def __init__(self, mesh: ProcessMesh, device: torch.device) -> None:
+        self.mesh, self.me, self.device = mesh, mesh.coord(AXIS), device
         self.sends: list = []  # works (and tensors they read) to wait for at the end
         self.local: dict[int, torch.Tensor] = {}
 
@@ -74,7 +74,7 @@ class _Mailbox:
     def recv(self, shape: tuple[int, ...], dtype: torch.dtype, peer: int, tag: int):
         if peer == self.me:
             return self.local.pop(tag)
-        buf = torch.empty(shape, dtype=dtype)
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
         wait_all(exchange(self.mesh.comm, AXIS, recvs=[(buf, peer, tag)]))
         return buf
 
@@ -106,11 +106,12 @@ def _check(chunks, mesh, schedule, inputs, targets, boundary_shape, tied) -> Non
             f"pp rank {me} passed tied parameters; only the ranks of the first and last stage "
             "hold them (pass tied=() elsewhere)"
         )
-    m = schedule.num_microbatches
-    if not boundary_shape or boundary_shape[0] != inputs.shape[0] // m:
+    mb = inputs.shape[0] // schedule.num_microbatches
+    if not boundary_shape or boundary_shape[0] < 1 or mb % boundary_shape[0]:
         raise ConfigError(
-            f"boundary_shape {tuple(boundary_shape)} must be one micro-batch's activation "
-            f"between stages, leading with the micro-batch size {inputs.shape[0] // m}"
+            f"boundary_shape {tuple(boundary_shape)} must be this rank's part of one "
+            f"micro-batch's activation between stages, leading with the micro-batch size {mb} "
+            "(or its share of it where a tensor-parallel layout splits the batch)"
         )
 
 
@@ -124,25 +125,32 @@ def run_pipeline(
     boundary_shape: Sequence[int],
     boundary_dtype: torch.dtype = torch.float32,
     tied: Sequence[nn.Parameter] = (),
+    device: torch.device | None = None,
+    loss_scale: float = 1.0,
 ) -> PipelineResult:
     """Forward and backward of one batch through the pipeline; gradients accumulate in ``.grad``.
 
     ``chunks[c]`` is this rank's virtual stage ``c * pp + coord("pp")`` ([Note: stage order]).
     The first stage is called ``chunk(inputs_mb)``, the last ``chunk(x, targets_mb)`` and must
     return a scalar loss; the others ``chunk(x)``, where ``x`` has ``boundary_shape`` (one
-    micro-batch's activation between stages). Every rank passes the whole batch; only the first
+    micro-batch's activation between stages, as this rank holds it: a grid tensor-parallel
+    layout splits its batch and hidden dims). Every rank passes the whole batch; only the first
     and last stage read it. ``tied`` lists the parameters shared by the first and last stage
     ([Note: tied parameters]), in the same order on both ranks. Data-parallel replicas of the
-    pipeline reduce their gradients afterwards, like any replica.
+    pipeline reduce their gradients afterwards, like any replica. Received activations and
+    gradients are allocated on ``device`` (None: the device of the first chunk's parameters,
+    else of ``inputs``); the batch is moved there. Backward runs on ``loss * loss_scale / m``
+    (fp16 loss scaling, or a data-parallel reduction's factor); the reported loss is unscaled.
     """
     _check(chunks, mesh, schedule, inputs, targets, boundary_shape, tied)
     p, me, m, v = mesh.size(AXIS), mesh.coord(AXIS), schedule.num_microbatches, len(chunks)
     num_stages, shape = p * v, tuple(boundary_shape)
     last = num_stages - 1
-    xs, ts = inputs.chunk(m), targets.chunk(m)
-    box = _Mailbox(mesh)
+    dev = device if device is not None else _device_of(chunks, inputs)
+    xs, ts = inputs.to(dev).chunk(m), targets.to(dev).chunk(m)
+    box = _Mailbox(mesh, dev)
     saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-    loss_sum = torch.zeros((), dtype=torch.promote_types(boundary_dtype, torch.float32))
+    loss_sum = torch.zeros((), dtype=torch.promote_types(boundary_dtype, torch.float32), device=dev)
     timeline: list[tuple[Action, float, float]] = []
     for action in schedule.actions(p, me):
         mb, c = action.microbatch, action.chunk
@@ -161,7 +169,7 @@ def run_pipeline(
                 if out.dim() != 0:
                     raise ConfigError("the last pipeline stage must return a scalar loss")
                 loss_sum += out.detach().to(loss_sum.dtype)
-                out = out / m
+                out = out / m if loss_scale == 1.0 else out * (loss_scale / m)
             saved[(mb, c)] = (x, out)
             timeline.append((action, start, time.perf_counter()))
             if stage != last:
@@ -182,6 +190,13 @@ def run_pipeline(
     _sum_tied_grads(tied, mesh)
     loss = mesh.comm.broadcast(loss_sum / m, AXIS, src=stage_rank(last, p)[0])
     return PipelineResult(loss=loss, timeline=timeline)
+
+
+def _device_of(chunks: Sequence[nn.Module], inputs: torch.Tensor) -> torch.device:
+    for chunk in chunks:
+        for p in chunk.parameters():
+            return p.device
+    return inputs.device
 
 
 def _sum_tied_grads(tied: Sequence[nn.Parameter], mesh: ProcessMesh) -> None:

@@ -27,6 +27,8 @@ from colossal_contracts import CheckpointError, ConfigError
 
 from ._checkpoint import write_checkpoint_dir_all_ranks
 from ._ddp import DDPPlugin
+from ._device import to_device
+from ._hybrid_checkpoint import LAYOUT_INDEX
 from ._plugin import Plugin
 from ._publish import MANIFEST, latest_checkpoint, verify_manifest, write_checkpoint_dir
 
@@ -104,6 +106,15 @@ class Booster:
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.plugin.unwrap(model)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the plugin computes ([Note: plugin device])."""
+        return self.plugin.device
+
+    def to_device(self, batch: Any) -> Any:
+        """``batch`` (a tensor, or a tuple/list/dict of them) on the plugin's device."""
+        return to_device(batch, self.plugin.device)
+
     def memory_stats(self) -> dict[str, Any]:
         return self.plugin.memory_stats()
 
@@ -164,7 +175,8 @@ class Booster:
                 "checkpoint: resume from another step-N directory"
             )
         saved_by = info.get("plugin") or info.get("train_config", {}).get("plugin")
-        if isinstance(saved_by, str) and saved_by != self.plugin.name:
+        any_plugin = (path / LAYOUT_INDEX).is_file()  # [Note: layout checkpoint]: every plugin
+        if isinstance(saved_by, str) and saved_by != self.plugin.name and not any_plugin:
             raise CheckpointError(
                 f"checkpoint {path} was written by the {saved_by} plugin, and this run uses "
                 f"{self.plugin.name}; resume with --plugin {saved_by} (the two store weights "

@@ -14,6 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 from colossal_contracts import ConfigError
 
 from ._checkpoint import load_model_and_optimizer, save_model_and_optimizer
+from ._device import move_model, resolve_device
+from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout
 
 __all__ = ["DDPPlugin"]
 
@@ -25,13 +27,17 @@ class DDPPlugin:
     Attributes:
         bucket_cap_mb: DDP gradient bucket size.
         find_unused_parameters: set when some parameters get no gradient in a step.
+        device: where the model trains ([Note: plugin device]); "auto": this rank's CUDA
+            device, else the CPU. Resolved to a ``torch.device`` on construction.
     """
 
     bucket_cap_mb: int = 25
     find_unused_parameters: bool = False
     name: str = "ddp"
+    device: torch.device = "auto"  # type: ignore[assignment]  # resolved in __post_init__
 
     def __post_init__(self) -> None:
+        self.device = resolve_device(self.device)
         cap = self.bucket_cap_mb
         if not isinstance(cap, int | float) or isinstance(cap, bool) or not 0 < cap < 2**20:
             raise ConfigError(
@@ -46,9 +52,10 @@ class DDPPlugin:
     def configure(
         self, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        move_model(model, self.device, optimizer)
         if not self.distributed:
             return model, optimizer
-        device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(
             model,
             device_ids=device_ids,
@@ -74,12 +81,10 @@ class DDPPlugin:
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
+        if (Path(path) / LAYOUT_INDEX).is_file():  # a checkpoint of any layout or plugin
+            load_layout(self.unwrap(model), optimizer, None, Path(path))
+            return
         load_model_and_optimizer(path, self.unwrap(model), optimizer)
 
     def close(self, *, collective: bool = True) -> None:
         """DDP keeps no threads or process groups of its own: nothing to join."""
-
-
-def model_device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")

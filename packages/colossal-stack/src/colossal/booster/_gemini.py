@@ -19,7 +19,7 @@ from torch import nn
 from colossal_chunk import DiskIOStats, check_disk_dir
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_memtrace import MomentRecorder
-from colossal_models import ShardMap
+from colossal_models import ShardMap, apply_sequence_parallel
 from colossal_parallel import ProcessMesh
 from colossal_zero import (
     PLACEMENTS,
@@ -35,16 +35,21 @@ from colossal_zero import (
 )
 
 from .._capability import Combination, check_combination
+from ._device import resolve_device
 from ._gemini_tp import (
+    check_sp,
     check_tp,
     check_tp_inputs,
+    materialize_for_tp,
     shard_for_tp,
+    sp_mesh_config,
     tp_folder,
     tp_mesh_config,
     tp_shard_maps,
     tp_stream_state,
     world_size,
 )
+from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
 from ._shard_writer import ShardedSafetensorsWriter
 
@@ -112,6 +117,9 @@ class GeminiPlugin:
             builds the mesh ``dp = world / tp_size``, shards the model through its plan, and
             shards Gemini's chunks over ``dp`` (ZeRO-3 with tp; see [Note: Gemini with tp]).
             ``tp_mode`` "1d", "2d" (tp = q*q), "2.5d" (q*q*tp_depth) or "3d" (q**3).
+        sequence_parallel, sp_size: "ring" or "ulysses" over ``sp_size`` ranks (GPT and PaLM,
+            with tp_size=1): the mesh ``dp = world / sp_size``; Gemini shards its chunks over
+            dp and sp together ([Note: Gemini with sp]).
     """
 
     placement: str = "auto"
@@ -132,6 +140,8 @@ class GeminiPlugin:
     tp_size: int = 1
     tp_mode: str = "1d"
     tp_depth: int = 1
+    sequence_parallel: str | None = None
+    sp_size: int = 1
     mesh: ProcessMesh | None = field(default=None, repr=False)
     _tp_maps: list[dict[str, ShardMap]] | None = field(default=None, repr=False)
     _model: GeminiModule | None = field(default=None, repr=False)
@@ -164,6 +174,7 @@ class GeminiPlugin:
                 f"{self.export_shard_bytes!r}"
             )
         check_tp(self.tp_size, self.tp_mode, self.tp_depth)
+        check_sp(self.sequence_parallel, self.sp_size, self.tp_size)
         self._check_combination()
         if self.disk_budget is not None:
             check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
@@ -172,6 +183,7 @@ class GeminiPlugin:
         """The kinds these settings compose ([Note: capability table])."""
         return Combination(
             tp=self.tp_mode if self.tp_size > 1 else "none",
+            sp=self.sequence_parallel or "none",
             sharding="gemini",
             precision=self.precision,
             lazy=self.lazy is not None,
@@ -179,6 +191,7 @@ class GeminiPlugin:
 
     def _check_combination(self) -> None:
         what = f"GeminiPlugin(tp_size={self.tp_size}, tp_mode={self.tp_mode!r}"
+        what += f", sequence_parallel={self.sequence_parallel!r}"
         what += (
             f", precision={self.precision!r}, lazy={'a lazily built model' if self.lazy else None})"
         )
@@ -205,17 +218,26 @@ class GeminiPlugin:
         cfg = self.gemini_config()
         group: Any = "default"
         self._check_combination()  # ``lazy`` may have been set after construction
+        lazy = self.lazy
         if self.tp_size > 1:  # [Note: Gemini with tp]
             check_tp_inputs(model, optimizer)
+            if lazy is not None:  # the plan slices real weights: see materialize_for_tp
+                materialize_for_tp(model, lazy)
+                lazy = None
             mesh_cfg = tp_mesh_config(world_size(), self.tp_size, self.tp_mode, self.tp_depth)
             self.mesh = ProcessMesh(mesh_cfg)
             optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh)
             self._tp_maps = tp_shard_maps(model, self.mesh)  # for the streamed export
             group = self.mesh.group("dp") if mesh_cfg.dp > 1 else None
+        elif self.sp_size > 1:  # [Note: Gemini with sp]
+            check_tp_inputs(model, optimizer)
+            self.mesh = ProcessMesh(sp_mesh_config(world_size(), self.sp_size))
+            apply_sequence_parallel(model, self.mesh, self.sequence_parallel)  # type: ignore[arg-type]
+            group = self.mesh.group("dp_sp")
         # the warmup step measures non-model bytes per moment (memtrace, through the contract)
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         recorder = MomentRecorder("cuda" if cuda else "cpu") if cfg.placement == "auto" else None
-        gm = apply_gemini(model, cfg, group=group, recorder=recorder, lazy=self.lazy)
+        gm = apply_gemini(model, cfg, group=group, recorder=recorder, lazy=lazy)
         opt = GeminiOptimizer.from_torch(
             gm, optimizer, max_grad_norm=self.max_grad_norm, sharding=self.sharding
         )
@@ -223,8 +245,8 @@ class GeminiPlugin:
         return gm, opt
 
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
-        if isinstance(optimizer, GeminiOptimizer):
-            optimizer.backward(loss)
+        if isinstance(optimizer, GeminiOptimizer):  # times sp: [Note: Gemini with sp]
+            optimizer.backward(loss * self.sp_size if self.sp_size > 1 else loss)
         else:
             loss.backward()
 
@@ -269,10 +291,21 @@ class GeminiPlugin:
             out.update({k: v for k, v in tp.items() if k != "comm_dp_bytes_total"})
         return out
 
+    @property
+    def device(self) -> torch.device:
+        """Where chunks compute: the accelerator tier's device (CUDA, or the CPU emulating it);
+        Gemini moves each batch there itself."""
+        if self._model is not None:
+            return self._model.runtime.manager.compute_device
+        cuda = self.gemini_config().device != "cpu" and torch.cuda.is_available()
+        return resolve_device("auto") if cuda else torch.device("cpu")
+
     def describe(self) -> str:
         """The mesh as one line, e.g. ``dp2 x tp2(1d), gemini``."""
-        dp = world_size() // self.tp_size
+        dp = world_size() // (self.tp_size * self.sp_size)
         tp = f" x tp{self.tp_size}({self.tp_mode})" if self.tp_size > 1 else ""
+        if self.sp_size > 1:
+            tp += f" x sp{self.sp_size}({self.sequence_parallel})"
         return f"dp{dp}{tp}, gemini"
 
     def close(self, *, collective: bool = True) -> None:
@@ -300,17 +333,24 @@ class GeminiPlugin:
         those tensors is assembled over tp on rank 0 alone before it is written
         (``tp_stream_state``): no process holds the model either."""
         gm = _gemini_module(model)
-        folder = self._shard_folder(path)
-        folder.mkdir(exist_ok=True)
-        save_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, folder)
+        opt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
+        if self.mesh is not None:  # [Note: layout checkpoint]: any tp size or plugin resumes it
+            save_layout(gm, opt, self.mesh, Path(path), layout=self.describe())
+        else:
+            save_sharded(gm, opt, Path(path))
         if self.export_full_model:
             limit = parse_bytes(self.export_shard_bytes)
-            export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=self.mesh, maps=self._tp_maps)  # type: ignore[arg-type]
+            tp_mesh = self.mesh if self.tp_size > 1 else None
+            export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=tp_mesh, maps=self._tp_maps)  # type: ignore[arg-type]
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
         gm = _gemini_module(model)
+        opt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
+        if (Path(path) / LAYOUT_INDEX).is_file():  # written by any layout or plugin
+            load_layout(gm, opt, self.mesh, Path(path))
+            return
         folder = self._shard_folder(path)
         saved_tp = sorted(p.name for p in Path(path).glob("tp*-0-of-*"))
         if (self.mesh is not None and not folder.is_dir()) or (self.mesh is None and saved_tp):

@@ -8,14 +8,21 @@ Gemini agrees on the gradient norm and fp16 overflow over ``dp`` itself, and ove
 through the layout ``describe_sharding`` reads off the plan. Gemini's rank agreement, gathers and
 reduce-scatters all run on the dp group, so the tp coordinates never see each other's chunks.
 
-Checkpoints: each tp coordinate is an ordinary Gemini checkpoint of its dp group in the folder
-``tp<mode>-<c>-of-<tp>`` (Gemini's sharded layout, so it resumes on the same tensor-parallel layout with
-any dp size). The consolidated export (bounded shards with a Hugging Face index) streams as the
+Checkpoints: the layout-independent format (``_layout_gemini``), so any tp size or plugin
+resumes them; older ones, one Gemini checkpoint per tp coordinate in ``tp<mode>-<c>-of-<tp>``,
+load on the same layout. The consolidated export (bounded shards with a Hugging Face index) streams as the
 dp-only one does: Gemini gathers one chunk at a time over dp, and each of its tensors is
 assembled over tp on the first rank of global rank 0's tp group alone (``tp_stream_state``,
 [Note: streamed tp gather] in colossal-models) and written before the next; the other tp groups
 only take part in their dp gathers. No rank holds more than one gathered chunk, one full tensor
 and one peer's shard beyond its own shards.
+
+[Note: Gemini with sp] With ring or Ulysses sequence parallelism (tp_size=1) the mesh is
+``(dp, sp)``; ``apply_sequence_parallel`` gives each sp rank its slice of every sequence, and
+Gemini's chunks are sharded over ``dp_sp`` (dp and sp flattened): every rank of the mesh holds
+1/(dp*sp) of the model states (ZeRO-3 over dp with sp). Gemini averages gradients over its group,
+and the sp ranks' gradients must be summed (each has its tokens' share of the mean loss), so the
+loss is multiplied by sp before backward: the sum over sp, the mean over dp.
 """
 
 from __future__ import annotations
@@ -38,13 +45,17 @@ from colossal_models import (
     stream_full_state,
 )
 from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
+from colossal_zero import LazyInit
 
 from ._groups import GroupMap
 
 __all__ = [
+    "check_sp",
     "check_tp",
     "check_tp_inputs",
+    "materialize_for_tp",
     "shard_for_tp",
+    "sp_mesh_config",
     "tp_folder",
     "tp_mesh_config",
     "tp_shard_maps",
@@ -90,6 +101,30 @@ def check_tp_inputs(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         )
 
 
+@torch.no_grad()
+def materialize_for_tp(model: nn.Module, lazy: LazyInit) -> None:
+    """Give a model built in ``lazy_init()`` real values (bit-identical to eager construction)
+    before its plan slices them, one tensor at a time: the host holds the whole model once
+    (then Gemini holds this rank's shards), where tp_size=1 never holds it. Tied
+    parameters stay one parameter."""
+    done: dict[int, nn.Parameter] = {}
+    replayed: list[torch.Tensor] = []
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None or not p.is_meta:
+                continue
+            if id(p) not in done:
+                done[id(p)] = nn.Parameter(lazy.materialize(p), requires_grad=p.requires_grad)
+                replayed.append(p)
+            module._parameters[name] = done[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_meta:
+                module._buffers[name] = lazy.materialize(b)
+                replayed.append(b)
+    for t in replayed:  # after all: views of one storage share its record
+        lazy.forget(t)
+
+
 def shard_for_tp(
     model: nn.Module, optimizer: torch.optim.Optimizer, mesh: ProcessMesh
 ) -> tuple[torch.optim.Optimizer, dict[str, ParamSharding]]:
@@ -129,6 +164,36 @@ def tp_stream_state(
     assembles each tensor; every rank iterates to the end (see [Note: Gemini with tp])."""
     writes = 0 in dist.get_process_group_ranks(mesh.group("tp"))
     yield from stream_full_state(model, mesh, tensors, maps, gather=writes)
+
+
+def check_sp(method: str | None, size: int, tp_size: int) -> None:
+    """``ConfigError`` unless Gemini's sequence-parallel settings are ones it runs."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"sp_size must be a positive int, got {size!r}")
+    if method not in (None, "ring", "ulysses"):
+        raise ConfigError(f"sequence_parallel must be None, 'ring' or 'ulysses', got {method!r}")
+    if (method is None) != (size == 1):
+        raise ConfigError(
+            "sequence_parallel='ring' or 'ulysses' goes with sp_size >= 2, and sp_size > 1 needs "
+            f"one of them; got sequence_parallel={method!r}, sp_size={size}"
+        )
+    if size > 1 and tp_size > 1:
+        raise ConfigError(
+            "GeminiPlugin runs sequence parallelism with tp_size=1 here; for sp with tp use "
+            "the hybrid plugin (ZeRO-1/2), or drop one of them"
+        )
+
+
+def sp_mesh_config(world_size: int, sp: int) -> MeshConfig:
+    """``dp = world_size / sp``; ``ConfigError`` when ``sp`` does not divide the world."""
+    if world_size % sp:
+        raise ConfigError(
+            f"sp_size={sp} does not divide the world size {world_size}; launch a multiple of "
+            f"{sp} ranks or choose an sp_size that divides {world_size}"
+        )
+    cfg = MeshConfig(dp=world_size // sp, sp=sp)
+    cfg.validate(world_size)
+    return cfg
 
 
 def world_size() -> int:

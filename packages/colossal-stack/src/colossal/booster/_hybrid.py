@@ -6,7 +6,10 @@ sharded parameters, with a step pre-hook that sums gradients over ``sp`` (each s
 part of the sequence), averages them over ``dp`` and clips by the norm over the whole mesh
 (``mesh_grad_norm`` with the tensor-parallel layout plus a ``pp`` axis: every stage's
 parameters are disjoint pieces, the tied embedding is counted on the first stage only). With
-ZeRO-1/2 the ``LowLevelZeroOptimizer`` does the dp reduction and the mesh-wide norm itself.
+ZeRO-1/2 the ``LowLevelZeroOptimizer`` does the dp reduction and the mesh-wide norm itself; with
+ring or Ulysses sequence parallelism it shards over ``dp_sp`` (dp and sp flattened), which
+averages over dp * sp ranks, so the loss is multiplied by sp before backward (the sum over sp, the
+mean over dp).
 """
 
 from __future__ import annotations
@@ -40,9 +43,12 @@ from colossal_parallel import (
 from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 
 from .._capability import PRECISIONS, Combination, check_combination
+from .._dist import init_single_process
+from ._device import move_model, resolve_device, to_device
 from ._groups import GroupMap
 from ._hybrid_checkpoint import load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
+from ._pp_zero2 import sum_tied_zero2_grads
 
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
 
@@ -89,11 +95,13 @@ class HybridParallelPlugin:
     bucket_numel: int = 1 << 22
     name: str = "hybrid"
     sharded_checkpoint: bool = True
+    device: torch.device = "auto"  # type: ignore[assignment]  # [Note: plugin device]
     mesh: ProcessMesh | None = field(default=None, repr=False)
     sharding: dict[str, ParamSharding] | None = field(default=None, repr=False)
     _stages: Any = field(default=None, repr=False)
     _optimizer: Any = field(default=None, repr=False)
     _boundary_dtype: torch.dtype = field(default=torch.float32, repr=False)
+    _own_group: bool = field(default=False, repr=False)  # a one-rank group this plugin made
 
     def __post_init__(self) -> None:
         for k in ("tp_size", "tp_depth", "sp_size", "pp_size", "microbatches"):
@@ -122,6 +130,7 @@ class HybridParallelPlugin:
         elif self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         self._check_combination()
+        self.device = resolve_device(self.device)
 
     def combination(self) -> Combination:
         """The kinds these settings compose ([Note: capability table])."""
@@ -208,7 +217,7 @@ class HybridParallelPlugin:
         """Shard ``model`` in place through its plan and rebuild ``optimizer`` (Adam/AdamW) on
         this rank's parameters, each in the group of its unsharded original (``GroupMap``)."""
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        cfg = self.mesh_config(world)
+        cfg = self.mesh_config(world)  # one process: every size must be 1 (dp1)
         layers = getattr(getattr(model, "config", None), "num_layers", None)
         if layers is None:
             raise ConfigError(f"the hybrid plugin knows GPT and PaLM, got {type(model).__name__}")
@@ -224,6 +233,7 @@ class HybridParallelPlugin:
                 f"the hybrid plugin trains with Adam or AdamW, got {type(optimizer).__name__}"
             )
         group_map = GroupMap(model, optimizer)  # by name: the sharded model keeps the groups
+        self._own_group = init_single_process()  # one process without torchrun: a 1-rank world
         self.mesh = mesh = ProcessMesh(cfg)
         if cfg.tp > 1:
             parallelize(model, mesh, sequence_parallel=self.sequence_parallel == "megatron")
@@ -242,6 +252,9 @@ class HybridParallelPlugin:
             for i, chunk in enumerate(self._stages.chunks):
                 for n, _ in chunk.named_parameters():
                     names[f"chunks.{i}.{n}"] = n
+        swap = move_model(out, self.device)  # this rank's shards only, before ZeRO's buffers
+        if self._stages is not None:
+            self._stages.tied = [swap.get(id(q), q) for q in self._stages.tied]
             tied = {id(p) for p in self._stages.tied}
         self.sharding = self._layout(out, names, tp_layout, tied)
         hyper = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "betas", "eps")}
@@ -256,7 +269,7 @@ class HybridParallelPlugin:
                 weight_decay=wd,
                 **hyper,
                 config=self._zero_config(),
-                group=mesh.group("dp"),
+                group=mesh.group("dp_sp" if self.sp > 1 else "dp"),  # [Note: hybrid gradients]
                 max_grad_norm=self.max_grad_norm,
                 adamw=isinstance(optimizer, torch.optim.AdamW),
                 sharding=self.sharding,
@@ -314,7 +327,8 @@ class HybridParallelPlugin:
         if self.pp_size > 1:
             raise ConfigError("with pp_size > 1 use booster.execute_pipeline(...) for a step")
         if isinstance(optimizer, LowLevelZeroOptimizer):
-            optimizer.backward(loss)
+            # ZeRO averages over dp x sp; the sp ranks' gradients must be summed: times sp
+            optimizer.backward(loss * self.sp if self.sp > 1 else loss)
         else:
             loss.backward()
 
@@ -327,6 +341,7 @@ class HybridParallelPlugin:
     ) -> torch.Tensor:
         """Forward and backward of one batch through the schedule; the batch's mean loss (on
         every rank). Then ``optimizer.step()`` as usual."""
+        inputs, targets = to_device((inputs, targets), self.device)
         if self.pp_size == 1:
             loss = model(inputs, targets)
             self.backward(loss, optimizer)
@@ -342,6 +357,10 @@ class HybridParallelPlugin:
         # ZeRO-1's .grad are views into its flat buffer; the pipeline replaces the tied
         # gradient by the first+last sum, so that sum is copied back into the view
         views = [q.grad for q in self._stages.tied]
+        zero = isinstance(optimizer, LowLevelZeroOptimizer)
+        zero2 = zero and self.zero_stage == 2
+        # ZeRO: fp16's loss scale, and times sp (ZeRO averages over dp x sp; sp must be summed)
+        scale = optimizer.loss_scale * self.sp if zero else 1.0  # type: ignore[union-attr]
         res = run_pipeline(
             self._stages.chunks,
             self.mesh,
@@ -350,8 +369,12 @@ class HybridParallelPlugin:
             targets,
             boundary_shape=self._stages.boundary_shape(b // self.microbatches, t),
             boundary_dtype=self._boundary_dtype,
-            tied=self._stages.tied,
+            tied=() if zero2 else self._stages.tied,  # ZeRO-2: summed after its reduction
+            device=self.device,
+            loss_scale=scale,
         )
+        if zero2:
+            sum_tied_zero2_grads(optimizer, self._stages.tied, self.mesh)  # type: ignore[arg-type]
         with torch.no_grad():
             for q, view in zip(self._stages.tied, views):
                 if view is not None and q.grad is not view:
@@ -385,6 +408,9 @@ class HybridParallelPlugin:
         if collective and self.mesh is not None:
             self.mesh.close()
             self.mesh = None
+        if self._own_group:
+            dist.destroy_process_group()
+            self._own_group = False
 
     def memory_stats(self) -> dict[str, Any]:
         """The mesh and the bytes counted per axis since construction."""

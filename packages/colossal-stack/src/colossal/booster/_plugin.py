@@ -21,6 +21,7 @@ class Plugin(Protocol):
     """
 
     name: str
+    device: torch.device  # where the model computes and batches go ([Note: plugin device])
 
     def configure(
         self, model: nn.Module, optimizer: torch.optim.Optimizer

@@ -20,7 +20,9 @@ from colossal_zero import (
 )
 
 from .._capability import Combination, check_combination
+from ._device import move_model, resolve_device
 from ._gemini import parse_bytes, write_full_model
+from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout
 
 __all__ = ["LowLevelZeroPlugin"]
 
@@ -42,6 +44,8 @@ class LowLevelZeroPlugin:
         group: the data-parallel process group (None: every rank).
         export_full_model: also write a consolidated fp32 ``model.safetensors`` per checkpoint.
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
+        device: where the model and its flat buffers live ([Note: plugin device]); "auto":
+            this rank's CUDA device, else the CPU. Adam states follow it unless offloaded.
     """
 
     stage: int = 1
@@ -55,10 +59,12 @@ class LowLevelZeroPlugin:
     export_full_model: bool = True
     name: str = "zero"
     sharded_checkpoint: bool = True
+    device: torch.device = "auto"  # type: ignore[assignment]  # resolved in __post_init__
     _optimizer: LowLevelZeroOptimizer | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.zero_config()  # validates stage, precision, budget
+        self.device = resolve_device(self.device)
         check_combination(self.combination(), what=f"LowLevelZeroPlugin(stage={self.stage})")
 
     def combination(self) -> Combination:
@@ -80,6 +86,7 @@ class LowLevelZeroPlugin:
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Turn ``optimizer`` (Adam/AdamW on ``model``'s fp32 parameters) into a
         ``LowLevelZeroOptimizer`` with the same groups; the model stays a plain module."""
+        move_model(model, self.device, optimizer)  # before the flat buffers are built
         opt = LowLevelZeroOptimizer.from_torch(
             model,
             optimizer,
@@ -123,6 +130,9 @@ class LowLevelZeroPlugin:
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
+        if (Path(path) / LAYOUT_INDEX).is_file():  # a checkpoint of any layout or plugin
+            load_layout(model, _zero_optimizer(optimizer), None, Path(path))
+            return
         load_zero_sharded(_zero_optimizer(optimizer), path)
 
     def close(self, *, collective: bool = True) -> None:

@@ -97,6 +97,8 @@ def _gemini_plugin(cfg: TrainConfig) -> Plugin:
         tp_size=cfg.tp,
         tp_mode=cfg.tp_mode,
         tp_depth=cfg.tp_depth,
+        sequence_parallel=cfg.sp if cfg.sp in ("ring", "ulysses") else None,
+        sp_size=cfg.sp_size if cfg.sp in ("ring", "ulysses") else 1,
     )
 
 
@@ -108,11 +110,10 @@ def _choose_export(plugin: Plugin, cfg: TrainConfig, step: int) -> None:
 
 
 def _mesh_of(plugin: Plugin, cfg: TrainConfig) -> ProcessMesh | None:
-    """The plugin's process mesh once boosted (hybrid; Gemini with ``--tp``); None without one."""
-    if isinstance(plugin, HybridParallelPlugin) or (
-        isinstance(plugin, GeminiPlugin) and cfg.tp > 1
-    ):
-        return plugin.mesh  # type: ignore[union-attr]
+    """The plugin's process mesh once boosted (hybrid; Gemini with ``--tp`` or ``--sp``); None
+    without one."""
+    if isinstance(plugin, HybridParallelPlugin | GeminiPlugin):
+        return plugin.mesh
     return None
 
 
@@ -128,7 +129,8 @@ def _mean_over_ranks(value: float, group: Any = None) -> float:
     replica counts once, whatever its tensor, pipeline and sequence ranks."""
     if not (dist.is_available() and dist.is_initialized()):
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    nccl = dist.get_backend(group) == "nccl"  # NCCL reduces CUDA tensors only
+    t = torch.tensor([value], dtype=torch.float64, device="cuda" if nccl else "cpu")
     dist.all_reduce(t, group=group)
     return float(t.item()) / dist.get_world_size(group)
 
@@ -144,6 +146,7 @@ def _evaluate(
     model.eval()
     losses = []
     for x, y in batches:
+        x, y = booster.to_device((x, y))
         if isinstance(model, PipelineModule) and isinstance(booster.plugin, HybridParallelPlugin):
             losses.append(booster.plugin.evaluate_pipeline(x, y).item())
         else:
@@ -285,6 +288,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
             x, y = loader.next_batch()  # [Note: data order]; batch_size * grad_accum rows
+            x, y = booster.to_device((x, y))  # [Note: plugin device]
             if isinstance(model, PipelineModule):  # forward and backward through the schedule
                 loss_value = _mean_over_ranks(  # (grad_accum is in its micro-batches)
                     booster.execute_pipeline(x, y, model, optimizer).item(), dp_group

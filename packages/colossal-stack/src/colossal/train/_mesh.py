@@ -208,6 +208,11 @@ def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: object, world: int) ->
                 "deeper --preset)"
             )
         plugin.mesh_config(world)  # tp*pp*sp must divide the world
+    elif cfg.sp in ("ring", "ulysses") and world % cfg.sp_size:
+        raise ConfigError(
+            f"--sp-size {cfg.sp_size} does not divide the world size {world}; launch a multiple "
+            f"of {cfg.sp_size} ranks (colossal run --nproc-per-node N) or change --sp-size"
+        )
     elif cfg.tp > 1 and world % cfg.tp:
         raise ConfigError(
             f"--tp {cfg.tp} does not divide the world size {world}; launch a multiple of "
@@ -223,4 +228,4 @@ def state_shards(cfg: TrainConfig, world: int) -> int:
         return world
     sp = cfg.sp_size if cfg.sp in ("ring", "ulysses") else 1
     dp = max(1, world // (cfg.tp * cfg.pp * sp))
-    return cfg.tp * cfg.pp * (dp if cfg.zero else 1)
+    return cfg.tp * cfg.pp * (dp * sp if cfg.zero else 1)  # ZeRO shards over dp x sp

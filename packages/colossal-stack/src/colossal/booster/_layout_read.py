@@ -1,0 +1,143 @@
+"""Reading the layout-independent checkpoint ([Note: layout checkpoint] in
+``_hybrid_checkpoint``): its index, slices of its safetensors files, and the unsharded tensors
+one at a time."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from colossal_contracts import CheckpointError
+from colossal_models import Box
+
+__all__ = ["KINDS", "LAYOUT_FORMAT", "LAYOUT_INDEX", "iter_full_tensors", "read_layout_index"]
+
+LAYOUT_FORMAT = "colossal-layout/1"
+LAYOUT_INDEX = "layout_index.json"
+KINDS = ("param", "exp_avg", "exp_avg_sq")  # what each parameter saves
+
+
+def read_layout_index(directory: Path) -> dict[str, Any]:
+    """The checked ``layout_index.json`` of ``directory``; ``CheckpointError`` when it is
+    absent, unreadable or of another format."""
+    path = Path(directory) / LAYOUT_INDEX
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(
+            f"{directory} has no readable {LAYOUT_INDEX} ({err}); it is not a layout-independent "
+            "checkpoint (written by HybridParallelPlugin), or it is damaged"
+        ) from err
+    if not isinstance(index, dict) or index.get("format") != LAYOUT_FORMAT:
+        got = index.get("format") if isinstance(index, dict) else type(index).__name__
+        raise CheckpointError(f"{path}: format {got!r}, expected {LAYOUT_FORMAT!r}")
+    for k in ("params", "tensors", "steps"):
+        if not isinstance(index.get(k), dict):
+            raise CheckpointError(f"{path}: {k!r} must be an object; the index was edited")
+    for name, meta in index["params"].items():
+        for kind in KINDS:
+            if kind != "param" and name not in index["steps"]:
+                continue  # no optimizer state saved for it
+            fault = _cover_fault(meta, index["tensors"].get(kind, {}).get(name))
+            if fault:
+                raise CheckpointError(
+                    f"{path}: the blocks of {kind} of {name!r} {fault}; the index was edited or "
+                    "the checkpoint is incomplete: resume from another checkpoint"
+                )
+    return index
+
+
+def _cover_fault(meta: Any, blocks: Any) -> str | None:
+    """What keeps ``blocks`` from covering ``meta``'s shape exactly once (None when they do)."""
+    shape = meta.get("shape") if isinstance(meta, dict) else None
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return "belong to an entry without a valid 'shape'"
+    if not isinstance(blocks, list):
+        return "are absent"
+    boxes = []
+    for b in blocks:
+        ok = isinstance(b, list) and len(b) == 4 and isinstance(b[2], list)
+        ok = ok and isinstance(b[3], list) and len(b[2]) == len(b[3]) == len(shape)
+        if not ok or not all(isinstance(v, int) and v >= 0 for v in [*b[2], *b[3]]):
+            return f"include {b!r}, not [file, key, offsets, sizes] of the tensor's rank"
+        if any(o + n > d for o, n, d in zip(b[2], b[3], shape, strict=True)):
+            return f"include {b[2]}+{b[3]}, outside the shape {shape}"
+        boxes.append(Box(tuple(b[2]), tuple(b[3])))
+    for i, a in enumerate(boxes):
+        for c in boxes[i + 1 :]:
+            inter = a.intersect(c)
+            if inter is not None and inter.numel:
+                return f"overlap at {list(inter.offsets)}"
+    covered = sum(b.numel for b in boxes)
+    if covered != math.prod(shape):
+        return f"cover {covered} of its {math.prod(shape)} elements"
+    return None
+
+
+class _Reader:
+    """Slices of the checkpoint's safetensors files, each opened once."""
+
+    def __init__(self, directory: Path, stack: ExitStack) -> None:
+        self.directory, self.stack = Path(directory), stack
+        self.files: dict[str, Any] = {}
+
+    def check(self, file: str, key: str, sizes: list[int]) -> None:
+        """``CheckpointError`` unless ``file`` holds ``key`` of shape ``sizes`` (header only)."""
+        self.read(file, key, sizes, None)
+
+    def read(
+        self, file: str, key: str, sizes: list[int], part: tuple[slice, ...] | None
+    ) -> torch.Tensor | None:
+        where = f"{self.directory / file} [{key}]"
+        try:
+            f = self.files.get(file)
+            if f is None:
+                f = self.files[file] = self.stack.enter_context(
+                    safe_open(str(self.directory / file), framework="pt")
+                )
+            if key not in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
+                raise CheckpointError(f"{where} is absent from its file, and the index names it")
+            sl = f.get_slice(key)
+            if list(sl.get_shape()) != list(sizes):
+                raise CheckpointError(f"{where} has shape {sl.get_shape()}, the index says {sizes}")
+            return None if part is None else sl[part]
+        except (OSError, SafetensorError) as err:
+            raise CheckpointError(f"checkpoint file {where} is missing or corrupt: {err}") from err
+
+
+def _fill(reader: _Reader, saved: list, box: Box, out: torch.Tensor, what: str) -> None:
+    """Copy the saved blocks' overlap with ``box`` into ``out`` (``box``'s elements)."""
+    got = 0
+    for file, key, offsets, sizes in saved:
+        src = Box(tuple(offsets), tuple(sizes))
+        inter = box.intersect(src)
+        if inter is None:
+            continue
+        data = reader.read(file, key, sizes, inter.slices(src.offsets))
+        out[inter.slices(box.offsets)].copy_(data)
+        got += inter.numel
+    if got != box.numel:
+        raise CheckpointError(
+            f"{reader.directory}: the saved blocks of {what} cover {got} of the {box.numel} "
+            f"elements at {list(box.offsets)}+{list(box.sizes)}; the checkpoint is incomplete"
+        )
+
+
+def iter_full_tensors(path: Path, kind: str = "param") -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, unsharded fp32 tensor)`` of every parameter, one at a time (for export)."""
+    index = read_layout_index(Path(path))
+    with ExitStack() as stack:
+        reader = _Reader(Path(path), stack)
+        for name, rec in index["params"].items():
+            shape = tuple(rec["shape"])
+            out = torch.empty(shape, dtype=torch.float32)
+            blocks = index["tensors"].get(kind, {}).get(name, [])
+            _fill(reader, blocks, Box((0,) * len(shape), shape), out, f"{kind} of {name!r}")
+            yield name, out
