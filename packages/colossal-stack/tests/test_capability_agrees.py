@@ -49,10 +49,17 @@ def _plugin_accepts(c: Combination) -> bool | None:
     for it (the table must then refuse it)."""
     tp, depth = TP_SIZES[c.tp]
     if c.sharding == "gemini":
-        if c.sp != "none" or c.pp != "none" or c.checkpointing:
+        if c.pp != "none":
             return None  # GeminiPlugin has no such setting
+        # activation checkpointing is the model's (the job applies it), not a plugin setting
         lazy = lazy_init() if c.lazy else None
-        kw = dict(tp_size=tp, tp_mode="1d" if c.tp == "none" else c.tp, tp_depth=depth)
+        kw = dict(
+            tp_size=tp,
+            tp_mode="1d" if c.tp == "none" else c.tp,
+            tp_depth=depth,
+            sequence_parallel=None if c.sp == "none" else c.sp,
+            sp_size=2 if c.sp in ("ring", "ulysses") else 1,
+        )
         return _accepts(lambda: GeminiPlugin(precision=c.precision, lazy=lazy, **kw))
     if c.lazy:
         return None  # only Gemini materializes a lazily built model
