@@ -43,8 +43,14 @@ class KVCache:
         """The view of layer ``index`` that its attention appends to."""
         return LayerKV(self, index)
 
-    def check_room(self, num_new: int) -> int:
-        """The position of the first of ``num_new`` tokens; ``ConfigError`` if they do not fit."""
+    def check_room(self, num_new: int, max_seq_len: int | None = None) -> int:
+        """The position of the first of ``num_new`` tokens; ``ConfigError`` if they do not fit
+        in the cache or (given) past the model's ``max_seq_len``."""
+        if max_seq_len is not None and self.length + num_new > max_seq_len:
+            raise ConfigError(
+                f"position {self.length + num_new - 1} is past max_seq_len {max_seq_len}; "
+                "generate fewer tokens or use a shorter prompt"
+            )
         if self.length + num_new > self.max_len:
             raise ConfigError(
                 f"the KV cache holds {self.max_len} positions: {self.length} are used and "

@@ -13,8 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from colossal_contracts import ConfigError
-
 from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
 from .._inputs import check_input_ids, check_token_ids
@@ -161,12 +159,7 @@ class PaLM(nn.Module):
         ([Note: incremental decoding]); unsharded models only."""
         check_token_ids(idx, self.config.vocab_size)
         T = idx.shape[1]
-        start = cache.check_room(T)
-        if start + T > self.config.max_seq_len:
-            raise ConfigError(
-                f"position {start + T - 1} is past max_seq_len {self.config.max_seq_len}; "
-                "generate fewer tokens or use a shorter prompt"
-            )
+        start = cache.check_room(T, self.config.max_seq_len)
         x = self.wte(idx)  # (B, T, C)
         cos, sin = rotary_tables(
             start + T,

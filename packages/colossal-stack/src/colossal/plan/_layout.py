@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -218,9 +219,20 @@ def _tp_choices(devices: int, heads: int, modes: tuple[str, ...]) -> Iterator[tu
                     yield mode, q**3, 1
 
 
+def _batch_ranks(mode: str, tp: int, depth: int) -> int:
+    """The tp ranks a grid mode splits each (micro-)batch over: 2D q, 2.5D d q, 3D q^2."""
+    if mode == "2d":
+        return math.isqrt(tp)
+    if mode == "2.5d":
+        return depth * math.isqrt(tp // depth)
+    if mode == "3d":
+        return round(tp ** (2 / 3))
+    return 1
+
+
 def _sp_choices(devices: int, heads: int, seq_len: int, max_sp: int) -> Iterator[tuple[int, str]]:
     """``(sp, kind)``: ring splits each sequence into ``2 sp`` zigzag parts, Ulysses the heads
-    and the sequence into ``sp``."""
+    (of one tp rank) and the sequence into ``sp``."""
     yield 1, "ring"
     for sp in _divisors(devices)[1:]:
         if sp > max_sp:
@@ -247,10 +259,10 @@ def enumerate_layouts(
     """Every layout on exactly ``devices`` devices that the runtime builds at ``precision``: its
     kinds pass the capability table ([Note: capability table]); tp divides the heads, pp the
     layers, dp the global batch; ring sp divides ``seq_len / 2``, Ulysses sp the sequence and the
-    heads; micro-batches of 1..16 samples, more than one per step only with pipeline stages.
+    heads of one tp rank; a grid mode's batch ranks divide the micro-batch; micro-batches of 1..16 samples, more than one per step only with pipeline stages.
     ``precision`` None skips the capability table (a peer's layouts, for comparisons)."""
     for mode, tp, depth in _tp_choices(devices, heads, tp_modes):
-        for sp, kind in _sp_choices(devices // tp, heads, seq_len, max_sp):
+        for sp, kind in _sp_choices(devices // tp, heads // tp, seq_len, max_sp):
             for pp in _divisors(devices // (tp * sp)):
                 if layers % pp:
                     continue
@@ -260,7 +272,7 @@ def enumerate_layouts(
                 per_rank = global_batch // dp
                 for method in methods:
                     for mb in (1, 2, 4, 8, 16) if pp > 1 else (per_rank,):
-                        if per_rank % mb:
+                        if per_rank % mb or mb % _batch_ranks(mode, tp, depth):
                             continue
                         for rc in recompute:
                             lay = Layout(

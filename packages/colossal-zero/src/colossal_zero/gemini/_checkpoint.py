@@ -181,6 +181,15 @@ class _Reader:
         self._files: dict[int, SafetensorsRangeReader] = {}
         self._keys: dict[int, set[str]] = {}
 
+    def check_shape(self, name: str, shape: list[int]) -> None:
+        """``CheckpointError`` unless the checkpoint saved parameter ``name`` with ``shape``."""
+        saved = self.index["params"].get(name)
+        if saved is None or shape != saved["shape"]:
+            raise CheckpointError(
+                f"parameter {name!r} of shape {shape} does not match the checkpoint "
+                f"{self.directory} ({saved['shape'] if saved else 'absent'}); same model and preset?"
+            )
+
     def verify(self, name: str) -> Path:
         """The path of the checkpoint file ``name``, after checking it against the index's
         digest (indexes without ``files``, from before checksums, are not checked)."""
@@ -295,12 +304,7 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     mine = []
     for c in m.param_chunks():  # shapes first, then [Note: whole or not at all]: nothing read yet
         for name, rec in c.records.items():
-            saved = index["params"].get(name)
-            if saved is None or list(rec.shape) != saved["shape"]:
-                raise CheckpointError(
-                    f"parameter {name!r} of shape {list(rec.shape)} does not match the checkpoint "
-                    f"{directory} ({saved['shape'] if saved else 'absent'}); same model and preset?"
-                )
+            reader.check_shape(name, list(rec.shape))
             mine.append(name)
     frozen = {n for n, p in model.module.named_parameters() if not p.requires_grad}
     with_state = optimizer is not None and index["optimizer"]

@@ -15,8 +15,6 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from colossal_contracts import CheckpointError
-
 from ..gemini._checkpoint import BUFFERS_FILE, FORMAT, INDEX_FILE, _Reader, _shard_file, file_digest
 from ._optimizer import LowLevelZeroOptimizer
 
@@ -98,12 +96,7 @@ def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
     opt, index = optimizer, reader.index
     trained = {n for b in opt.buckets for n in b.params}
     for name, p in opt.model.named_parameters():
-        saved = index["params"].get(name)
-        if saved is None or list(p.shape) != saved["shape"]:
-            raise CheckpointError(
-                f"parameter {name!r} of shape {list(p.shape)} does not match the checkpoint "
-                f"{directory} ({saved['shape'] if saved else 'absent'}); same model and preset?"
-            )
+        reader.check_shape(name, list(p.shape))
     # [Note: whole or not at all]: every value this load reads is proved present first
     frozen = [n for n, _ in opt.model.named_parameters() if n not in trained]
     reader.check_whole(sorted(trained), optimizer=index["optimizer"])
