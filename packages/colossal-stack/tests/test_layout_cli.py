@@ -30,8 +30,8 @@ def test_every_printed_layout_reads_back():
     [
         (["--layout", "dp2 tp3x zero1 mb1x1"], "cannot read 'tp3x'"),
         (["--layout", "dp2 zero1"], "has no mb part"),
-        (["--layout", "dp1 pp2 zero2 mb2x2", "--batch-size", "4"], "does not build"),
-        (["--layout", "dp1 ring2 zero1 mb4x1", "--batch-size", "4"], "nearest that builds"),
+        (["--layout", "dp1 pp2 gemini mb2x2", "--batch-size", "4"], "does not build"),
+        (["--layout", "dp1 tp4-2d ring2 zero1 mb4x1", "--batch-size", "4"], "nearest that builds"),
         (["--layout", "dp2 zero1 mb2x1", "--batch-size", "4"], "uses 2 ranks, the run has 1"),
         (["--layout", "dp1 zero1 mb2x1", "--batch-size", "4"], "use --batch-size 2"),
         (["--layout", "auto", "--accelerator-budget", "1KiB"], "smallest device budget"),

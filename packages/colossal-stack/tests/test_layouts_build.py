@@ -1,11 +1,13 @@
 """Every layout ``colossal plan`` lists for a tiny GPT on 4 ranks builds through the training
-job's flags and plugins and trains a step (one shared World); ``colossal train --layout auto``
+job's flags and plugins and trains a step (one shared World; of the layouts that differ only
+in how a step's samples are cut into pipeline micro-batches, one: the one with the most); ``colossal train --layout auto``
 on 4 ranks trains, its loss falls, and its layout is in metrics.jsonl (checks in
 ``_checks_layouts.py``)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 from _checks_layouts import one_step_each, train_auto
 
@@ -20,11 +22,17 @@ def test_every_listed_layout_builds_and_trains_a_step(world):
     listed = enumerate_layouts(
         4, layers=shape.layers, heads=shape.heads, seq_len=32, global_batch=4, precision="fp32"
     )
-    texts = sorted({lay.describe() for lay in listed})
+    by_split: dict[str, str] = {}  # sorted: "mb1x4" (4 micro-batches) comes first
+    for text in sorted({lay.describe() for lay in listed}):
+        by_split.setdefault(re.sub(r" mb\d+x\d+", "", text), text)
+    texts = sorted(by_split.values())
     assert any("ring" in t for t in texts) and any("pp2" in t for t in texts)
     assert any("gemini-disk" in t for t in texts) and any("tp4-2d" in t for t in texts)
-    out = world(4).run(one_step_each, texts, BASE)
-    assert set(out[0]) == set(texts)
+    assert any("tp2 ring2" in t for t in texts) and any("pp2 ulysses2" in t for t in texts)
+    done: dict[str, float] = {}
+    for first in range(0, len(texts), 32):  # one run call per 32 layouts: within its time-out
+        done.update(world(4).run(one_step_each, texts[first : first + 32], BASE)[0])
+    assert set(done) == set(texts)
 
 
 def test_layout_auto_trains_and_records_its_layout(world, tmp_path, small_corpus):
