@@ -21,6 +21,7 @@ size, which by the rule trains.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -51,14 +52,14 @@ def moment_need(
 
 
 def _layout(
-    names: Sequence[str], params: Mapping[str, torch.nn.Parameter], chunk_numel: int
+    names: Sequence[str], tensors: Mapping[str, tuple[int, torch.dtype]], chunk_numel: int
 ) -> dict[str, int]:
     """Parameter name -> chunk number, packed as ``register`` packs them (one run per dtype)."""
     chunk_of: dict[str, int] = {}
     base = 0
-    for dtype in dict.fromkeys(params[n].dtype for n in names):
-        group = [n for n in names if params[n].dtype == dtype]
-        packed = pack([params[n].numel() for n in group], chunk_numel)
+    for dtype in dict.fromkeys(tensors[n][1] for n in names):
+        group = [n for n in names if tensors[n][1] == dtype]
+        packed = pack([tensors[n][0] for n in group], chunk_numel)
         for i, idx in enumerate(packed):
             for j in idx:
                 chunk_of[group[j]] = base + i
@@ -76,22 +77,26 @@ def fit_chunk_size(
     """Apply [Note: feasibility rule]: keep the chunk size, or set a smaller one in the manager's
     config (True: the caller re-packs before the next step), or raise ``CapacityError``."""
     capacity = manager.tiers[TierName.ACCELERATOR].capacity_bytes
-    params = manager._params  # name -> parameter (registered, with their dtypes)
+    tensors = {  # name -> (elements, dtype): from the records (sharded parameters look empty)
+        n: (math.prod(r.shape), c.dtype)
+        for c in manager.param_chunks()
+        for n, r in c.records.items()
+    }
     done = set(first_use)
     names = [*first_use, *(n for n in manager.registration_order() if n not in done)]
-    names = [n for n in names if n in params]
+    names = [n for n in names if n in tensors]
     ws = manager.world_size
     placement = manager._placement
     kept = sum(c.shard_bytes for c in manager.chunks.values() if c.chunk_id in placement.kept)
     grad_twin = "grad" in manager._parallel
     reserves = [reserve(m) for m in range(len(order))]
-    largest = max(p.numel() for p in params.values())
+    largest = max(numel for numel, _ in tensors.values())
 
     def smallest_budget(numel: int) -> int:
-        chunk_of = _layout(names, params, numel)
+        chunk_of = _layout(names, tensors, numel)
         sizes = {}
         for n, c in chunk_of.items():
-            b = numel * params[n].element_size()
+            b = numel * tensors[n][1].itemsize
             sizes[c] = b // ws + (b if ws > 1 else 0)
         held = moment_need(order, backward_from, chunk_of, sizes, grad_twin=grad_twin)
         return max(r + h for r, h in zip(reserves, held, strict=True)) + kept
