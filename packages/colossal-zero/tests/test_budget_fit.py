@@ -7,10 +7,11 @@ import re
 
 import _checks_zero as checks
 import pytest
-from _zero_model import reference
+from _zero_model import build, reference
 
 from colossal_contracts import CapacityError
-from colossal_zero import GeminiConfig
+from colossal_memtrace import MomentRecorder
+from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 from colossal_zero.gemini._fit import moment_need
 
 STEPS, BATCH = 6, 8
@@ -48,18 +49,16 @@ def test_chunks_shrink_when_the_chosen_size_leaves_no_room_and_training_stays_ex
 
 
 def test_a_budget_no_chunk_size_fits_is_refused_after_warmup_and_the_named_budget_trains():
-    # chunks of 4096 elements (the largest tensor): the warmup fits (100,000 + 4 x 16 KiB held at
-    # once), but not the 10% margin on the reserve that the rule keeps (110,001 + the chunks)
-    cfg = GeminiConfig(
-        precision="fp32", accelerator_bytes=170_000, chunk_numel=4096, non_model_bytes=RESERVE
-    )
-    model, opt = checks.make(cfg)
+    # the warmup measures the activations (memtrace's recorder); they alone exceed the budget,
+    # so no chunk size fits and the refusal comes at the end of the warmup step
+    def run(budget: int, steps: int) -> list[float]:
+        cfg = GeminiConfig(precision="fp32", accelerator_bytes=budget, chunk_numel=4096)
+        model = apply_gemini(build(), cfg, recorder=MomentRecorder())
+        opt = GeminiOptimizer(model, lr=1e-2)
+        return checks.train(model, opt, steps, BATCH)
+
     with pytest.raises(CapacityError, match="feasibility rule") as err:
-        checks.train(model, opt, 1, BATCH)  # the warmup step: refused at its end
+        run(100_000, 1)
     named = int(re.search(r"at least ([\d,]+) bytes", str(err.value)).group(1).replace(",", ""))
-    assert named > 170_000
-    followed = GeminiConfig(
-        precision="fp32", accelerator_bytes=named, chunk_numel=4096, non_model_bytes=RESERVE
-    )
-    losses, _, _ = _chunk_numel(followed)  # trains: no CapacityError in any step
-    assert len(losses) == STEPS
+    assert named > 100_000
+    assert len(run(named, STEPS)) == STEPS  # following the message trains: no CapacityError

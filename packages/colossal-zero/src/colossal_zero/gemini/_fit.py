@@ -14,8 +14,11 @@ gradient twins of moment ``m``'s chunks when gradients have chunks of their own.
 
 After the warmup, when the current chunk size breaks the rule, chunks are halved (never below the
 largest tensor) until one size keeps it; the run re-packs to that size before the next step. When
-none does, the run stops with a ``CapacityError`` naming the smallest budget at the smallest chunk
-size, which by the rule trains.
+none does, the rule (an upper bound: it counts the previous moment's chunks and gradient twins that
+a step may already have let go) does not refuse by itself: the run stops with a ``CapacityError``
+only when even a moment's own chunks do not fit beside its reserve at the smallest size (no
+placement can run it), naming the rule's budget at that size, which trains; otherwise it goes on
+with the chosen size, and an access that finds no room names a budget as ``make_room`` does.
 """
 
 from __future__ import annotations
@@ -92,17 +95,21 @@ def fit_chunk_size(
     reserves = [reserve(m) for m in range(len(order))]
     largest = max(numel for numel, _ in tensors.values())
 
-    def smallest_budget(numel: int) -> int:
+    def budgets(numel: int) -> tuple[int, int]:
+        """The rule's smallest budget, and the floor below which the policy cannot place a
+        moment's own chunks beside its reserve at all."""
         chunk_of = _layout(names, tensors, numel)
         sizes = {}
         for n, c in chunk_of.items():
             b = numel * tensors[n][1].itemsize
             sizes[c] = b // ws + (b if ws > 1 else 0)
         held = moment_need(order, backward_from, chunk_of, sizes, grad_twin=grad_twin)
-        return max(r + h for r, h in zip(reserves, held, strict=True)) + kept
+        own = [sum(sizes[c] for c in {chunk_of[n] for n in m if n in chunk_of}) for m in order]
+        rule = max(r + h for r, h in zip(reserves, held, strict=True)) + kept
+        return rule, max(r + h for r, h in zip(reserves, own, strict=True)) + kept
 
     numel = manager.chunk_numel
-    need = smallest_budget(numel)
+    need, floor = budgets(numel)
     if need <= capacity:
         return False
     while True:
@@ -110,10 +117,12 @@ def fit_chunk_size(
         if smaller >= numel:
             break
         numel = smaller
-        need = smallest_budget(numel)
+        need, floor = budgets(numel)
         if need <= capacity:
             manager.config = dataclasses.replace(manager.config, chunk_numel=numel)
             return True
+    if floor <= capacity:  # the rule counts more than may be held: try the chosen size
+        return False
     raise CapacityError(
         f"the accelerator budget of {capacity:,} bytes cannot train this model: the warmup "
         f"measured non-model peaks of up to {max(reserves):,} bytes (with the safety margin) and "
