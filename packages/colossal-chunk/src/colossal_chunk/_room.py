@@ -71,9 +71,14 @@ class ComputeRoom:
             if short <= 0:
                 return
         held = acc.used_bytes
-        reserve = acc.capacity_bytes - limit
+        reserve = most = acc.capacity_bytes - limit
+        reserve_at = getattr(self.policy, "non_model_reserve", None)
+        if reserve_at is not None:  # the unclipped reserve: a clipped one names too little
+            reserve = max(reserve, reserve_at(moment))
+            most = max(reserve, self.policy.max_non_model_reserve())  # type: ignore[attr-defined]
         # this access alone needs held + needed; later ones may need more, so the budget named
-        # first is one under which nothing ever waits for room: every chunk resident at once
+        # first is one under which nothing ever waits for room: every chunk resident at once,
+        # beside the largest reserve of any moment
         whole = sum(c.shard_bytes + (c.full_bytes if c.world_size > 1 else 0) for c in chunks)
         raise CapacityError(
             f"{what} needs {needed:,} bytes on the {acc.name.value} tier"
@@ -81,7 +86,7 @@ class ComputeRoom:
             f"(capacity {acc.capacity_bytes:,} minus {reserve:,} reserved for non-model data), "
             f"but {held:,} bytes are held by chunks in use, awaiting reduction or kept there, "
             f"so at most {max(0, limit - held):,} can be freed. Raise accelerator_bytes to "
-            f"{whole + reserve:,} (every chunk fits: trains without eviction; this access alone "
+            f"{whole + most:,} (every chunk fits: trains without eviction; this access alone "
             f"needs at least {held + needed + reserve:,}), use a smaller chunk_numel, or release "
             "tensors before accessing more."
         )

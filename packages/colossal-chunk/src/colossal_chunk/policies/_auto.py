@@ -136,12 +136,26 @@ class AutoPolicy(LruPolicy):
         key = (capacity, moment % n)
         budget = self._budgets.get(key)
         if budget is None:
-            peak = max(
-                self.stats.non_model_peak((moment + k) % n, self.tier)
-                for k in range(self.lookahead + 1)
-            )
-            budget = self._budgets[key] = max(0, capacity - math.ceil(peak * (1.0 + self.margin)))
+            budget = self._budgets[key] = max(0, capacity - self.non_model_reserve(moment))
         return budget
+
+    def non_model_reserve(self, moment: int) -> int:
+        """Bytes [Note: auto budget] keeps free for non-model data at ``moment``: the highest
+        traced peak over it and the next ``lookahead`` moments, raised by ``margin``. Not clipped
+        to any capacity (a budget named from it must hold it whole); 0 while nothing is traced."""
+        if self.stats is None or self.stats.num_moments() == 0:
+            return 0
+        n = self.stats.num_moments()
+        peak = max(
+            self.stats.non_model_peak((moment + k) % n, self.tier)
+            for k in range(self.lookahead + 1)
+        )
+        return math.ceil(peak * (1.0 + self.margin))
+
+    def max_non_model_reserve(self) -> int:
+        """The largest ``non_model_reserve`` over the traced step's moments (0 untraced)."""
+        n = 0 if self.stats is None else self.stats.num_moments()
+        return max((self.non_model_reserve(m) for m in range(n)), default=0)
 
     def choose_evictions(
         self, candidates: Sequence[ChunkInfo], needed_bytes: int, *, moment: int

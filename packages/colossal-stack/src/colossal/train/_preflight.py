@@ -7,6 +7,15 @@ static estimate of one step on the meta device (no memory allocated), run only w
 part is already a large share of what is free. All ranks of this machine draw from its host
 memory. When the total passes the available memory the run is refused with the figure and the
 largest preset (or batch size) that would fit, instead of an allocator error minutes later.
+
+[Note: tier room] Under Gemini the model states are chunks that live in any tier, so the check
+counts them with the planner's bytes per parameter (``colossal_zero.model_state_bytes_per_param``
+at ZeRO-3 with gradients in parameter slots, plus fp32's 4-byte gradient chunks; 16 bytes in fp32,
+14 in bf16) against the room of all tiers: host (``--host-budget``, at most what is free), disk
+(``--disk-budget``) and, on a real accelerator, ``--accelerator-budget``. A run is refused only
+when none of them together hold the states. A host budget above the machine's RAM is refused
+first (the disk directory is checked with the configuration: missing, read-only, full, or a
+budget above its free space).
 """
 
 from __future__ import annotations
@@ -21,8 +30,15 @@ from torch import nn
 
 from colossal_contracts import ConfigError
 from colossal_memtrace import estimate_step
+from colossal_zero import model_state_bytes_per_param
 
-__all__ = ["BYTES_PER_PARAM", "check_fits", "host_bytes_available"]
+__all__ = [
+    "BYTES_PER_PARAM",
+    "check_fits",
+    "check_tiers",
+    "gemini_state_bytes",
+    "host_bytes_available",
+]
 
 BYTES_PER_PARAM = 16  # fp32 weight + gradient + AdamW exp_avg + exp_avg_sq
 
@@ -38,6 +54,51 @@ def _gib(n: float) -> str:
 def _state_bytes(num_params: int, *, sharded: bool, world: int, local: int) -> int:
     per_rank = BYTES_PER_PARAM * num_params // (world if sharded else 1)
     return per_rank * local
+
+
+def gemini_state_bytes(num_params: int, *, precision: str, world: int, local: int) -> int:
+    """This machine's bytes of Gemini's model states (see [Note: tier room])."""
+    p, g, o = model_state_bytes_per_param(3, world, grads_in_param_slots=True)
+    per_param = p + g + o if precision != "fp32" else 2 * p + 4 / world + o * 8 / 12
+    return int(per_param * num_params) * local
+
+
+def check_tiers(
+    *,
+    num_params: int,
+    label: str,
+    precision: str,
+    world: int,
+    host_budget: int | None,
+    disk_budget: int | None,
+    accelerator_budget: int | None = None,
+    available: int | None = None,
+    total: int | None = None,
+) -> int:
+    """[Note: tier room]: Gemini's state bytes on this machine; ``ConfigError`` (one line) when
+    ``host_budget`` exceeds the RAM or no tier room holds the states."""
+    total = int(psutil.virtual_memory().total) if total is None else total
+    if host_budget is not None and host_budget > total:
+        raise ConfigError(
+            f"--host-budget {host_budget:,} bytes is larger than this machine's RAM "
+            f"({total:,} bytes); lower it to at most {total:,} (leave room for the process)"
+        )
+    available = host_bytes_available() if available is None else available
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    states = gemini_state_bytes(num_params, precision=precision, world=world, local=local)
+    host = available if host_budget is None else min(host_budget * local, available)
+    disk = (disk_budget or 0) * local
+    acc = (accelerator_budget or 0) * local if torch.cuda.is_available() else 0
+    if states > host + disk + acc:
+        more = states - host - acc
+        raise ConfigError(
+            f"{label} ({num_params:,} params) needs about {_gib(states)} for Gemini's weights, "
+            f"gradients and AdamW states ({precision}), and the tiers hold {_gib(host)} on the "
+            f"host, {_gib(disk)} on disk{f', {_gib(acc)} on the accelerator' if acc else ''}; "
+            f"give the disk tier room: --disk-budget {-(-more // local):,} (bytes per process) or "
+            "more, or a smaller --preset"
+        )
+    return states
 
 
 def check_fits(

@@ -51,6 +51,7 @@ from .._lazy import LazyInit, LazyValues
 from ._collect import GradientCollection
 from ._comm import CommSchedule, GeminiHooks, RankMaxStats
 from ._config import GeminiConfig
+from ._fit import fit_chunk_size
 from ._hooks import AccessMode, label
 from ._setup import build_manager
 from ._state import ChunkGrads, TrainingState
@@ -315,6 +316,8 @@ class GeminiRuntime(GradientCollection):
     def _start_backward(self) -> None:
         if self.state is not _T.BACKWARD:
             self._to(_T.BACKWARD)
+            if self._recording:
+                self._warmup.mark_backward()
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
 
     def pre_backward(self, names: tuple[str, ...]) -> None:
@@ -383,6 +386,11 @@ class GeminiRuntime(GradientCollection):
             done = set(first)
             layout = m.registration_order()
             self._repack_due = first + [n for n in layout if n not in done] != layout
+            reserve = getattr(m.policy, "non_model_reserve", None)
+            if reserve is not None and self._warmup.order:  # [Note: feasibility rule] in _fit.py
+                w = self._warmup
+                bwd = len(w.order) if w.backward_from is None else w.backward_from
+                self._repack_due |= fit_chunk_size(m, reserve, w.order, bwd, first)
         else:
             if self._probing:
                 self.measured = self._probe.finish()  # type: ignore[union-attr]

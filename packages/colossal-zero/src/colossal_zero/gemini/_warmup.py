@@ -34,9 +34,11 @@ class WarmupTrace:
         self.recorder = recorder
         self.non_model_bytes = non_model_bytes
         self.order: list[tuple[str, ...]] = []
+        self.backward_from: int | None = None  # the first backward moment of ``order``
 
     def start(self, model_bytes, model_tensors) -> None:  # type: ignore[no-untyped-def]
         self.order.clear()
+        self.backward_from = None
         if self.recorder is not None:
             self.recorder.start(model_bytes, model_tensors)
 
@@ -44,6 +46,11 @@ class WarmupTrace:
         self.order.append(names)
         if self.recorder is not None:
             self.recorder.cut(names)
+
+    def mark_backward(self) -> None:
+        """Backward begins: the moments recorded from now on are backward's."""
+        if self.backward_from is None:
+            self.backward_from = len(self.order)
 
     def finish(self) -> MemStatsSource:
         """The step's statistics: measured, or the constant reserve at every moment."""

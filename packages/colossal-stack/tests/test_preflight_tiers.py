@@ -1,0 +1,83 @@
+"""Issue 35 item 3: the pre-check counts host, disk (and accelerator) budgets ([Note: tier room]),
+and bad tier settings are one line each before any file is written."""
+
+from __future__ import annotations
+
+import errno
+from collections import namedtuple
+
+import pytest
+
+from colossal.cli import main
+from colossal.train._preflight import check_tiers, gemini_state_bytes
+from colossal_chunk.disk import _check
+from colossal_contracts import ConfigError
+
+HOST = 64 * 2**20  # a 64 MiB host budget
+BIG = 1 << 50  # free host memory and RAM, larger than anything asked here
+
+
+def _tiers(num_params: int, **kw: object) -> int:
+    args = dict(num_params=num_params, label="gpt-x", precision="fp32", world=1)
+    args.update(host_budget=HOST, disk_budget=None, available=BIG, total=BIG)
+    args.update(kw)
+    return check_tiers(**args)  # type: ignore[arg-type]
+
+
+def test_a_model_four_times_the_host_budget_fits_when_the_disk_budget_holds_it():
+    num_params = 4 * HOST // 16  # fp32 Gemini: 16 bytes per parameter
+    assert gemini_state_bytes(num_params, precision="fp32", world=1, local=1) == 4 * HOST
+    assert _tiers(num_params, disk_budget=3 * HOST) == 4 * HOST
+    with pytest.raises(ConfigError, match=r"give the disk tier room: --disk-budget 201,326,592"):
+        _tiers(num_params)
+    with pytest.raises(ConfigError, match="give the disk tier room"):
+        _tiers(num_params, disk_budget=3 * HOST - 1)
+
+
+def test_bf16_states_take_fourteen_bytes_per_parameter_sharded_over_ranks():
+    assert gemini_state_bytes(1000, precision="bf16", world=1, local=1) == 14_000
+    assert gemini_state_bytes(1000, precision="bf16", world=2, local=2) == 14_000  # 2 per host
+
+
+def test_a_host_budget_above_the_ram_is_refused():
+    with pytest.raises(ConfigError, match="larger than this machine's RAM"):
+        _tiers(10, host_budget=2 * HOST, total=HOST)
+
+
+def _cli(tmp_path, capsys, extra: list[str]) -> str:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    out = tmp_path / "run"
+    argv = ["train", "--preset", "nano", "--steps", "2", "--batch-size", "2", "--seq-len", "16"]
+    argv += ["--out", str(out), "--corpus", str(corpus), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert not out.exists()  # nothing written
+    return err
+
+
+def test_cli_host_budget_above_the_ram(tmp_path, capsys):
+    err = _cli(tmp_path, capsys, ["--host-budget", "1000000TiB"])
+    assert "larger than this machine's RAM" in err
+
+
+def test_cli_a_model_no_budget_holds(tmp_path, capsys):
+    err = _cli(tmp_path, capsys, ["--host-budget", "1KiB", "--disk-budget", "1KiB"])
+    assert "give the disk tier room" in err
+
+
+def test_cli_read_only_disk_dir(tmp_path, capsys, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(_check.tempfile, "TemporaryFile", read_only)
+    err = _cli(tmp_path, capsys, ["--disk-budget", "1MiB", "--disk-dir", str(tmp_path)])
+    assert "not writable (Read-only file system)" in err
+
+
+def test_cli_disk_dir_on_a_full_filesystem(tmp_path, capsys, monkeypatch):
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(_check.shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 0))
+    err = _cli(tmp_path, capsys, ["--disk-budget", "1MiB", "--disk-dir", str(tmp_path)])
+    assert "full filesystem" in err

@@ -1,0 +1,138 @@
+"""Fitting the chunk size to the accelerator budget once the warmup has measured the step.
+
+[Note: feasibility rule] A budget trains with a chunk size when, at every moment ``m`` of the
+traced step, the compute tier holds the model data that moment cannot do without beside the
+non-model reserve of [Note: auto budget] (the measured peak over ``m`` and the next ``lookahead``
+moments, raised by ``non_model_margin``, never clipped to the budget):
+
+    need(m) = reserve(m) + held(m) + kept,   smallest budget = max over m of need(m)
+
+``held(m)`` counts whole parameter chunks (a gathered buffer beside the shard when sharded) of
+moment ``m`` and of ``m - 1`` (one is still in use as the next is accessed), and in backward the
+gradient twins of moment ``m``'s chunks when gradients have chunks of their own. ``kept`` is what kept chunks hold
+([Note: kept chunks] in colossal-chunk). Padding counts: a chunk holds ``chunk_numel`` elements.
+
+After the warmup, when the current chunk size breaks the rule, chunks are halved (never below the
+largest tensor) until one size keeps it; the run re-packs to that size before the next step. When
+none does, the rule (an upper bound: it counts the previous moment's chunks and gradient twins that
+a step may already have let go) does not refuse by itself: the run stops with a ``CapacityError``
+only when even a moment's own chunks do not fit beside its reserve at the smallest size (no
+placement can run it), naming the rule's budget at that size, which trains (on several ranks,
+where gathers ahead and reductions in flight hold more than the rule counts, the budget with
+every chunk resident beside the largest reserve, if larger); otherwise it goes on
+with the chosen size, and an access that finds no room names a budget as ``make_room`` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from colossal_chunk import ChunkManager
+from colossal_chunk._search import pack
+from colossal_contracts import CapacityError, TierName
+
+__all__ = ["fit_chunk_size", "moment_need"]
+
+
+def moment_need(
+    order: Sequence[tuple[str, ...]],
+    backward_from: int,
+    chunk_of: Mapping[str, int],
+    chunk_bytes: Mapping[int, int],
+    *,
+    grad_twin: bool,
+) -> list[int]:
+    """``held(m)`` of [Note: feasibility rule] for every moment of ``order``."""
+    need = []
+    for m, names in enumerate(order):
+        now = {chunk_of[n] for n in names if n in chunk_of}
+        ids = now | ({chunk_of[n] for n in order[m - 1] if n in chunk_of} if m > 0 else set())
+        twins = now if grad_twin and m >= backward_from else set()
+        need.append(sum(chunk_bytes[c] for c in ids) + sum(chunk_bytes[c] for c in twins))
+    return need
+
+
+def _layout(
+    names: Sequence[str], tensors: Mapping[str, tuple[int, torch.dtype]], chunk_numel: int
+) -> dict[str, int]:
+    """Parameter name -> chunk number, packed as ``register`` packs them (one run per dtype)."""
+    chunk_of: dict[str, int] = {}
+    base = 0
+    for dtype in dict.fromkeys(tensors[n][1] for n in names):
+        group = [n for n in names if tensors[n][1] == dtype]
+        packed = pack([tensors[n][0] for n in group], chunk_numel)
+        for i, idx in enumerate(packed):
+            for j in idx:
+                chunk_of[group[j]] = base + i
+        base += len(packed)
+    return chunk_of
+
+
+def fit_chunk_size(
+    manager: ChunkManager,
+    reserve: Callable[[int], int],
+    order: Sequence[tuple[str, ...]],
+    backward_from: int,
+    first_use: Sequence[str],
+) -> bool:
+    """Apply [Note: feasibility rule]: keep the chunk size, or set a smaller one in the manager's
+    config (True: the caller re-packs before the next step), or raise ``CapacityError``."""
+    capacity = manager.tiers[TierName.ACCELERATOR].capacity_bytes
+    tensors = {  # name -> (elements, dtype): from the records (sharded parameters look empty)
+        n: (math.prod(r.shape), c.dtype)
+        for c in manager.param_chunks()
+        for n, r in c.records.items()
+    }
+    done = set(first_use)
+    names = [*first_use, *(n for n in manager.registration_order() if n not in done)]
+    names = [n for n in names if n in tensors]
+    ws = manager.world_size
+    placement = manager._placement
+    kept = sum(c.shard_bytes for c in manager.chunks.values() if c.chunk_id in placement.kept)
+    grad_twin = "grad" in manager._parallel
+    reserves = [reserve(m) for m in range(len(order))]
+    largest = max(numel for numel, _ in tensors.values())
+
+    def budgets(numel: int) -> tuple[int, int]:
+        """The rule's smallest budget, and the floor below which the policy cannot place a
+        moment's own chunks beside its reserve at all."""
+        chunk_of = _layout(names, tensors, numel)
+        sizes = {}
+        for n, c in chunk_of.items():
+            b = numel * tensors[n][1].itemsize
+            sizes[c] = b // ws + (b if ws > 1 else 0)
+        held = moment_need(order, backward_from, chunk_of, sizes, grad_twin=grad_twin)
+        own = [sum(sizes[c] for c in {chunk_of[n] for n in m if n in chunk_of}) for m in order]
+        rule = max(r + h for r, h in zip(reserves, held, strict=True)) + kept
+        return rule, max(r + h for r, h in zip(reserves, own, strict=True)) + kept
+
+    numel = manager.chunk_numel
+    need, floor = budgets(numel)
+    if need <= capacity:
+        return False
+    while True:
+        smaller = max(-(-(numel // 2) // (1024 * ws)) * 1024 * ws, -(-largest // ws) * ws)
+        if smaller >= numel:
+            break
+        numel = smaller
+        need, floor = budgets(numel)
+        if need <= capacity:
+            manager.config = dataclasses.replace(manager.config, chunk_numel=numel)
+            return True
+    if floor <= capacity:  # the rule counts more than may be held: try the chosen size
+        return False
+    if ws > 1:  # gathers ahead and reductions in flight hold more: name every chunk resident
+        chunks = _layout(names, tensors, numel)
+        each = {c: numel * tensors[n][1].itemsize for n, c in chunks.items()}
+        need = max(need, sum(b // ws + b for b in each.values()) + max(reserves) + kept)
+    raise CapacityError(
+        f"the accelerator budget of {capacity:,} bytes cannot train this model: the warmup "
+        f"measured non-model peaks of up to {max(reserves):,} bytes (with the safety margin) and "
+        f"even chunks of {numel:,} elements (the largest tensor's size) need {need:,} bytes at "
+        f"some moment (docs/gemini.md, feasibility rule). Raise the accelerator budget to at "
+        f"least {need:,} bytes ({need / 2**20:,.1f} MiB), or shorten the batch or sequence"
+    )
