@@ -19,7 +19,7 @@ from colossal_contracts import ConfigError
 
 from .._mesh import ProcessMesh
 from ._partition import stage_rank
-from ._runtime import AXIS, _Mailbox
+from ._runtime import AXIS, _device_of, _Mailbox
 
 __all__ = ["run_pipeline_forward"]
 
@@ -34,10 +34,11 @@ def run_pipeline_forward(
     num_microbatches: int,
     boundary_shape: Sequence[int],
     boundary_dtype: torch.dtype = torch.float32,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """The mean loss of the batch (0-dim, the same on every ``pp`` rank), computed forward only
-    in ``num_microbatches`` equal micro-batches; ``chunks`` and the stage calls as in
-    ``run_pipeline``. Gradients are untouched."""
+    in ``num_microbatches`` equal micro-batches; ``chunks``, the stage calls and ``device`` as
+    in ``run_pipeline``. Gradients are untouched."""
     m = num_microbatches
     if m < 1 or inputs.shape[0] % m or targets.shape[:1] != inputs.shape[:1]:
         raise ConfigError(
@@ -46,9 +47,10 @@ def run_pipeline_forward(
         )
     p, me, v = mesh.size(AXIS), mesh.coord(AXIS), len(chunks)
     num_stages, shape, last = p * v, tuple(boundary_shape), p * v - 1
-    xs, ts = inputs.chunk(m), targets.chunk(m)
-    box = _Mailbox(mesh)
-    loss_sum = torch.zeros((), dtype=torch.promote_types(boundary_dtype, torch.float32))
+    dev = device if device is not None else _device_of(chunks, inputs)
+    xs, ts = inputs.to(dev).chunk(m), targets.to(dev).chunk(m)
+    box = _Mailbox(mesh, dev)
+    loss_sum = torch.zeros((), dtype=torch.promote_types(boundary_dtype, torch.float32), device=dev)
     for mb in range(m):  # [Note: forward-only order]
         for c in range(v):
             stage = c * p + me

@@ -397,6 +397,7 @@ class HybridParallelPlugin:
             num_microbatches=m,
             boundary_shape=self._stages.boundary_shape(b // m, t),
             boundary_dtype=self._boundary_dtype,
+            device=self.device,
         )
 
     def unwrap(self, model: nn.Module) -> nn.Module:
