@@ -1,10 +1,18 @@
 """Tokenizers by name: ``bytes`` (every UTF-8 byte a token) or ``hf:PATH`` (a Hugging Face
-``tokenizers`` tokenizer.json, or a model folder holding one), and training a byte-level BPE.
+``tokenizers`` tokenizer.json, a model folder holding one, or a GPT-2 style folder with only
+``vocab.json`` and ``merges.txt``), and training a byte-level BPE.
 
 [Note: end of text] Documents are packed into one token stream with an end-of-text id after each.
 The byte tokenizer uses id 0 (the NUL byte): text never holds it, since files with a NUL byte are
 refused as binary, so its vocabulary stays 256. A Hugging Face tokenizer uses its own special
 token (``<|endoftext|>``, ``</s>``, ``<eos>``, ...; the one a tokenizer trained here adds).
+
+[Note: bytes as a Hugging Face tokenizer] So that an export of a byte-tokenizer run loads in
+``AutoTokenizer``, ``TokenizerBytes.save`` writes a ``tokenizers`` BPE whose vocabulary is the
+256 byte tokens ``<0x00>``..``<0xFF>`` (id = byte value) with no merges and byte fallback: every
+character falls back to its UTF-8 bytes, so any text encodes to exactly its bytes. End of text
+is ``<0x00>`` (id 0); ``tokenizer_config.json`` names it ``eos_token`` with
+``split_special_tokens`` on, so the text ``<0x00>`` still encodes as its six bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ __all__ = [
     "HFTokenizer",
     "TextTokenizer",
     "TokenizerBytes",
+    "has_tokenizer",
     "load_tokenizer",
     "tokenizer_file",
     "train_tokenizer",
@@ -31,6 +40,7 @@ __all__ = [
 BYTES = "bytes"
 HF_PREFIX = "hf:"
 TOKENIZER_FILE = "tokenizer.json"
+BPE_FILES = ("vocab.json", "merges.txt")  # a GPT-2 style folder without tokenizer.json
 EOT_TOKEN = "<|endoftext|>"  # GPT-2's, and what ``train_tokenizer`` adds
 _EOT_CANDIDATES = (EOT_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]")
 
@@ -74,27 +84,75 @@ class TokenizerBytes:
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
+    def save(self, directory: Path) -> None:
+        """Write ``directory/tokenizer.json`` and ``tokenizer_config.json``: this tokenizer for
+        ``AutoTokenizer`` (see [Note: bytes as a Hugging Face tokenizer])."""
+        lib = _library()
+        vocab = {_byte_token(b): b for b in range(256)}
+        tok = lib.Tokenizer(lib.models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+        tok.decoder = lib.decoders.Sequence([lib.decoders.ByteFallback(), lib.decoders.Fuse()])
+        tok.save(str(directory / TOKENIZER_FILE))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": _byte_token(self.eot_id),
+            "split_special_tokens": True,
+            "clean_up_tokenization_spaces": False,
+        }
+        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _byte_token(b: int) -> str:
+    return f"<0x{b:02X}>"
+
 
 class HFTokenizer:
-    """A Hugging Face ``tokenizers.Tokenizer`` read from ``tokenizer.json``."""
+    """A Hugging Face ``tokenizers.Tokenizer`` read from ``tokenizer.json``, or built from a
+    GPT-2 style ``vocab.json`` + ``merges.txt`` (``from_bpe_files``)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tok: object | None = None, raw: str | None = None) -> None:
         Tokenizer = _library().Tokenizer
 
         self.path = path
         self.spec = HF_PREFIX + str(path.parent if path.name == TOKENIZER_FILE else path)
-        raw = _read(path)
+        if tok is None:
+            raw = _read(path)
+            try:
+                tok = Tokenizer.from_str(raw)
+            except Exception as err:  # tokenizers raises its own Exception type for a bad file
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise ConfigError(
+                    f"tokenizer {path} is corrupt ({first}); give a tokenizer.json saved by "
+                    "Hugging Face tokenizers, or train one with colossal tokenizer train"
+                ) from None
+        self._tok = tok
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eot_id = _eot_id(self._tok, path if path.is_file() else path / TOKENIZER_FILE)
+        self.fingerprint = hashlib.sha256(str(raw).encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_bpe_files(cls, folder: Path) -> HFTokenizer:
+        """GPT-2's byte-level BPE from ``folder/vocab.json`` and ``merges.txt`` (the pipeline of
+        ``tokenizers``' ``ByteLevelBPETokenizer`` and of ``transformers``' GPT-2 tokenizer: no
+        prefix space); its end-of-text token is made special, as ``transformers`` does, so
+        the text ``<|endoftext|>`` is that one id."""
+        lib = _library()
+        vocab, merges = (folder / name for name in BPE_FILES)
+        raw = _read(vocab) + "\n" + _read(merges)
         try:
-            self._tok = Tokenizer.from_str(raw)
+            tok = lib.Tokenizer(lib.models.BPE.from_file(str(vocab), str(merges)))
+            tok.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tok.decoder = lib.decoders.ByteLevel()
+            tok.post_processor = lib.processors.ByteLevel(trim_offsets=False)
         except Exception as err:  # tokenizers raises its own Exception type for a bad file
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise ConfigError(
-                f"tokenizer {path} is corrupt ({first}); give a tokenizer.json saved by Hugging "
-                "Face tokenizers, or train one with colossal tokenizer train"
+                f"tokenizer {folder} has a corrupt vocab.json/merges.txt ({first}); give GPT-2 "
+                "style files or a tokenizer.json"
             ) from None
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eot_id = _eot_id(self._tok, path)
-        self.fingerprint = hashlib.sha256(raw.encode()).hexdigest()[:16]
+        made = cls(folder, tok, raw)
+        eot = tok.id_to_token(made.eot_id)
+        tok.add_special_tokens([lib.AddedToken(eot, special=True, normalized=False)])
+        return made
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
@@ -156,9 +214,17 @@ def tokenizer_file(path: str | Path) -> Path | None:
     return p if p.is_file() else None
 
 
+def has_tokenizer(path: str | Path) -> bool:
+    """Whether ``hf:path`` names a tokenizer: a tokenizer.json (the file, or in the folder), or
+    a folder with GPT-2's vocab.json and merges.txt."""
+    p = Path(path).expanduser()
+    return tokenizer_file(p) is not None or all((p / n).is_file() for n in BPE_FILES)
+
+
 def load_tokenizer(spec: str) -> TextTokenizer:
-    """``bytes`` or ``hf:PATH`` (a tokenizer.json or a folder with one); ``ConfigError`` naming
-    what was wrong for an unknown name, a missing file or a corrupt one."""
+    """``bytes`` or ``hf:PATH`` (a tokenizer.json, a folder with one, or a folder with
+    vocab.json + merges.txt); ``ConfigError`` naming what was wrong for an unknown name, a
+    missing file or a corrupt one."""
     if spec == BYTES:
         return TokenizerBytes()
     if not spec.startswith(HF_PREFIX) or not spec[len(HF_PREFIX) :]:
@@ -168,11 +234,14 @@ def load_tokenizer(spec: str) -> TextTokenizer:
         )
     path = Path(spec[len(HF_PREFIX) :]).expanduser()
     found = tokenizer_file(path)
+    if found is None and path.is_dir() and has_tokenizer(path):
+        return HFTokenizer.from_bpe_files(path)
     if found is None:
         where = path / TOKENIZER_FILE if path.is_dir() else path
         raise ConfigError(
             f"--tokenizer {spec}: {where} does not exist; give a tokenizer.json or a folder "
-            "holding one (colossal tokenizer train makes one)"
+            "holding one, or GPT-2's vocab.json and merges.txt (colossal tokenizer train "
+            "makes a tokenizer.json)"
         )
     return HFTokenizer(found)
 
