@@ -154,6 +154,11 @@ class HFTokenizer:
         tok.add_special_tokens([lib.AddedToken(eot, special=True, normalized=False)])
         return made
 
+    @property
+    def backend(self):  # type: ignore[no-untyped-def]
+        """The ``tokenizers.Tokenizer`` itself."""
+        return self._tok
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
