@@ -17,7 +17,7 @@ TEXTS = [
     "héllo wörld, naïve café",
     "日本語のテキスト 🙂👍🏽",
     "  tabs\tand\r\nnewlines  ",
-    "literal <0x00> and <|endoftext|> stay text",
+    "literal Ā, \\x00 and <|endoftext|> stay text",
 ]
 
 
@@ -26,10 +26,14 @@ def test_the_byte_tokenizer_saved_loads_in_auto_tokenizer_with_the_byte_ids(tmp_
     auto = transformers.AutoTokenizer.from_pretrained(tmp_path)
     ours = ByteTokenizer()
     assert auto.eos_token_id == 0 and len(auto) == 256
+    vocab = Tokenizer.from_file(str(tmp_path / "tokenizer.json")).get_vocab()
+    assert sorted(vocab) == sorted(pre_tokenizers.ByteLevel.alphabet())  # the library's table
     for text in TEXTS:
         ids = auto(text)["input_ids"]
         assert ids == ours.encode(text).tolist(), text
         assert auto.decode(ids) == ours.decode(ids) == text
+    broken = [104, 105, 0xC3, 106, 0xFF, 0, 0xE2, 0x82]  # invalid UTF-8 and end of text
+    assert auto.decode(broken) == ours.decode(broken)
     again = load_tokenizer(f"hf:{tmp_path}")  # the data path reads it too: same ids, eot 0
     assert (again.vocab_size, again.eot_id) == (256, 0)
     assert again.encode_batch(TEXTS) == TokenizerBytes().encode_batch(TEXTS)

@@ -8,11 +8,14 @@ refused as binary, so its vocabulary stays 256. A Hugging Face tokenizer uses it
 token (``<|endoftext|>``, ``</s>``, ``<eos>``, ...; the one a tokenizer trained here adds).
 
 [Note: bytes as a Hugging Face tokenizer] So that an export of a byte-tokenizer run loads in
-``AutoTokenizer``, ``TokenizerBytes.save`` writes a ``tokenizers`` BPE whose vocabulary is the
-256 byte tokens ``<0x00>``..``<0xFF>`` (id = byte value) with no merges and byte fallback: every
-character falls back to its UTF-8 bytes, so any text encodes to exactly its bytes. End of text
-is ``<0x00>`` (id 0); ``tokenizer_config.json`` names it ``eos_token`` with
-``split_special_tokens`` on, so the text ``<0x00>`` still encodes as its six bytes.
+``AutoTokenizer``, ``TokenizerBytes.save`` writes a ``tokenizers`` BPE in GPT-2's byte-level
+scheme with no merges: the ``ByteLevel`` pre-tokenizer (no regex split, no prefix space) maps
+each UTF-8 byte to one character of GPT-2's byte-to-unicode table, and the vocabulary gives that
+character the byte's value as its id, so any text encodes to exactly its bytes, and the
+``ByteLevel`` decoder turns ids back into bytes decoded as Python's ``errors="replace"`` does.
+End of text is id 0, the table's character for the NUL byte (``Ā``); ``tokenizer_config.json``
+names it ``eos_token`` with ``split_special_tokens`` on, so the text ``Ā`` still encodes as its
+two bytes.
 """
 
 from __future__ import annotations
@@ -88,21 +91,28 @@ class TokenizerBytes:
         """Write ``directory/tokenizer.json`` and ``tokenizer_config.json``: this tokenizer for
         ``AutoTokenizer`` (see [Note: bytes as a Hugging Face tokenizer])."""
         lib = _library()
-        vocab = {_byte_token(b): b for b in range(256)}
-        tok = lib.Tokenizer(lib.models.BPE(vocab=vocab, merges=[], byte_fallback=True))
-        tok.decoder = lib.decoders.Sequence([lib.decoders.ByteFallback(), lib.decoders.Fuse()])
+        chars = _byte_chars()
+        vocab = {chars[b]: b for b in range(256)}
+        tok = lib.Tokenizer(lib.models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = lib.decoders.ByteLevel()
         tok.save(str(directory / TOKENIZER_FILE))
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
-            "eos_token": _byte_token(self.eot_id),
+            "eos_token": chars[self.eot_id],
             "split_special_tokens": True,
             "clean_up_tokenization_spaces": False,
         }
-        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        text = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+        (directory / "tokenizer_config.json").write_text(text, encoding="utf-8")
 
 
-def _byte_token(b: int) -> str:
-    return f"<0x{b:02X}>"
+def _byte_chars() -> list[str]:
+    """GPT-2's byte-to-unicode table, the one ``tokenizers``' ``ByteLevel`` uses: printable
+    Latin-1 bytes stand for themselves, the other 68 for U+0100.. in byte order."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    rest = iter(chr(256 + i) for i in range(256 - len(keep)))
+    return [chr(b) if b in keep else next(rest) for b in range(256)]
 
 
 class HFTokenizer:
