@@ -103,7 +103,7 @@ def test_a_palm_proper_is_refused_before_anything_is_written(tmp_path):
     assert not (tmp_path / "llama").exists()
 
 
-def test_a_run_with_an_hf_tokenizer_exports_that_tokenizer(tmp_path, small_corpus):
+def test_a_run_with_an_hf_tokenizer_exports_that_tokenizer(tmp_path, small_corpus, capsys):
     """``--tokenizer hf:DIR`` on a GPT-2 style folder (vocab.json + merges.txt only)."""
     made = train_tokenizer(
         iter([p.read_text() for p in small_corpus.iterdir()]), vocab_size=400, out=tmp_path / "bpe"
@@ -122,3 +122,9 @@ def test_a_run_with_an_hf_tokenizer_exports_that_tokenizer(tmp_path, small_corpu
     auto = transformers.AutoTokenizer.from_pretrained(out)
     assert [auto(t)["input_ids"] for t in TEXTS] == ours.encode_batch(TEXTS)
     assert auto.vocab_size == ours.vocab_size == 400
+    # the tokenizer's files gone: one line, nothing written
+    folder.rename(tmp_path / "moved")
+    assert main(["export", str(run), "--hf", str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert "trained with the tokenizer" in err and "cannot be read now" in err
+    assert not (tmp_path / "again").exists()
