@@ -4,6 +4,7 @@ data made in temporary folders (a tiny BPE is trained here)."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 
 import numpy as np
 import pytest
@@ -167,6 +168,25 @@ def test_prepare_packs_documents_with_end_of_text(bpe, tmp_path):
     assert (tmp_path / "two" / "tokenizer.json").is_file()  # training reads the folder's own
     with pytest.raises(ConfigError, match="exists already"):
         prepare_data(open_source(jsonl), bpe, tmp_path / "one")
+
+
+def _prepare_in_a_daemon(jsonl, tokenizer_dir, out):  # type: ignore[no-untyped-def]
+    prepare_data(open_source(jsonl), load_tokenizer(f"hf:{tokenizer_dir}"), out, num_workers=2)
+
+
+def test_prepare_inside_a_daemonic_process_encodes_in_process(bpe, tmp_path):
+    """A daemonic process (a rank of a test World, say) may not start workers: same shards."""
+    jsonl = _jsonl(tmp_path / "d.jsonl", [{"text": d} for d in DOCS])
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    proc = multiprocessing.get_context(method).Process(
+        target=_prepare_in_a_daemon, args=(jsonl, bpe.path.parent, tmp_path / "d"), daemon=True
+    )
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == 0
+    serial = prepare_data(open_source(jsonl), bpe, tmp_path / "one", num_workers=1)
+    daemon = TokenShards.open(tmp_path / "d")
+    assert np.array_equal(daemon.read(0, daemon.num_tokens), serial.read(0, serial.num_tokens))
 
 
 class _WideTokenizer(TokenizerBytes):

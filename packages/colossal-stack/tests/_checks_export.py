@@ -1,10 +1,12 @@
-"""Helpers of ``test_export_hf.py``: a tiny random GPT-2 folder with a tokenizer built by the
-``tokenizers`` library, the rank side of training it with ``colossal train`` under several
+"""Helpers of ``test_export_hf.py``: a jsonl of documents, a tiny random GPT-2 folder with a
+tokenizer built by the ``tokenizers`` library, the rank side of training it with ``colossal train`` under several
 plugins in one World, and our model's logits from a checkpoint (the reference an export is
 compared with)."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,21 @@ from colossal.export import iter_checkpoint_state, read_checkpoint
 from colossal.train._models import resolve_model
 
 VOCAB, POSITIONS = 300, 64
+
+
+def write_jsonl(path: Path, names: tuple[str, ...]) -> list[str]:
+    """``path``: one ``{"text": ..., "source": ...}`` line per top-level block (split at two
+    blank lines) of the standard-library modules ``names``; the texts."""
+    from colossal_models import default_corpus_path
+
+    docs = []
+    for name in names:
+        text = (default_corpus_path() / name).read_text()
+        docs += [d + "\n" for d in re.split(r"\n{3,}", text) if d.strip()]
+    with path.open("w") as f:
+        for i, doc in enumerate(docs):
+            f.write(json.dumps({"text": doc, "source": f"doc-{i}"}) + "\n")
+    return docs
 
 
 def write_gpt2_folder(folder: Path, corpus_text: str) -> Path:

@@ -1,9 +1,11 @@
 """A Hugging Face round trip: a tiny GPT-2 folder (with a ``tokenizers``-built tokenizer)
-trained by ``colossal train --model hf:DIR`` on 2 ranks under Gemini, Gemini with tp 2, ZeRO-2,
-DDP and the hybrid plugin (tp 2) leaves ``--out/hf``, which ``AutoModelForCausalLM`` and
-``AutoTokenizer.from_pretrained`` load, with the logits of the trained model as Colossal
-rebuilds it from its checkpoint (fp32, within 1e-5); greedy ``colossal.generate`` on the run
-gives ``transformers``' ``generate`` token for token. Helpers in ``_checks_export.py``."""
+trained by ``colossal train --model hf:DIR --data docs.jsonl`` on 2 ranks under Gemini, Gemini
+with tp 2, ZeRO-2, DDP and the hybrid plugin (tp 2), the jsonl tokenized by the model's own
+tokenizer (not bytes), leaves ``--out/hf``, which ``AutoModelForCausalLM`` and
+``AutoTokenizer.from_pretrained`` load (the tokenizer giving the ids the run trained on), with
+the logits of the trained model as Colossal rebuilds it from its checkpoint (fp32, within
+1e-5); greedy ``colossal.generate`` on the run gives ``transformers``' ``generate`` token for
+token. Helpers in ``_checks_export.py``."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import torch
 pytest.importorskip("transformers")
 
 import transformers
-from _checks_export import our_logits, train_runs, write_gpt2_folder
+from _checks_export import our_logits, train_runs, write_gpt2_folder, write_jsonl
 
 from colossal import export_hf, generate
+from colossal_models.data import load_tokenizer
 
 RUNS = {
     "gemini": {"plugin": "gemini"},
@@ -32,20 +35,27 @@ RUNS = {
 def trained(world, tmp_path_factory):
     """The runs, trained in one 2-rank World: {name: --out folder}."""
     root = tmp_path_factory.mktemp("export")
-    from colossal_models import default_corpus_path
-
-    corpus = root / "corpus"
-    corpus.mkdir()
-    text = ""
-    for name in ("argparse.py", "textwrap.py"):
-        data = (default_corpus_path() / name).read_text()
-        (corpus / name).write_text(data)
-        text += data
-    folder = write_gpt2_folder(root / "gpt2", text)
+    docs = write_jsonl(root / "docs.jsonl", ("argparse.py", "textwrap.py"))
+    folder = write_gpt2_folder(root / "gpt2", "".join(docs))
     base = {"model": f"hf:{folder}", "steps": 2, "batch_size": 2, "seq_len": 16}
-    runs = [{**base, **kw, "corpus": corpus, "out": root / n} for n, kw in RUNS.items()]
+    runs = [{**base, **kw, "data": root / "docs.jsonl", "out": root / n} for n, kw in RUNS.items()]
     world(2).run(train_runs, runs)
     return {n: root / n for n in RUNS}
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_run_trained_on_the_jsonl_with_the_models_own_tokenizer(trained, name):
+    step = next((trained[name] / "checkpoint").glob("step-*"))
+    record = json.loads((step / "trainer.json").read_text())
+    folder = trained[name].parent / "gpt2"
+    assert record["tokenizer"] == f"hf:{folder}"  # not bytes
+    assert record["train_config"]["data"] == str(trained[name].parent / "docs.jsonl")
+    # the export's tokenizer gives the ids the data path gave (the model folder's tokenizer)
+    tok = transformers.AutoTokenizer.from_pretrained(trained[name] / "hf")
+    ours = load_tokenizer(f"hf:{folder}")
+    assert ours.vocab_size == 300 and tok.eos_token_id == ours.eot_id
+    texts = ["def main(argv):\n    return 0", "wrap(text, width=70) <|endoftext|>"]
+    assert [tok(t)["input_ids"] for t in texts] == ours.encode_batch(texts)
 
 
 @pytest.mark.parametrize("name", RUNS)

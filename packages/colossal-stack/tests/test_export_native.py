@@ -1,11 +1,15 @@
 """Native models to Hugging Face layouts: a GPT trained by ``colossal train`` (DDP; Gemini
 saved with ``--export none``, read from its shards) exports to ``GPT2LMHeadModel`` and a
 Llama-shaped PaLM to ``LlamaForCausalLM`` with our logits (fp32, within 1e-5); a PaLM proper
-(parallel block, LayerNorm, multi-query) is refused in one line, before anything is written."""
+(parallel block, LayerNorm, multi-query) is refused in one line, before anything is written.
+Every export holds the run's tokenizer for ``AutoTokenizer``: the byte tokenizer's files (the
+byte ids exactly), or a ``--tokenizer hf:DIR``'s own files (a GPT-2 style vocab.json +
+merges.txt folder gets a tokenizer.json beside them)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -18,7 +22,24 @@ from colossal import Booster, DDPPlugin, export_hf
 from colossal.cli import main
 from colossal.export import iter_checkpoint_state, read_checkpoint
 from colossal_contracts import ConfigError
-from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig
+from colossal_models import GPT, ByteTokenizer, GPTConfig, PaLM, PaLMConfig
+from colossal_models.data import load_tokenizer, train_tokenizer
+
+TEXTS = [
+    "def main(argv):\n    return 0\n",
+    "héllo wörld, naïve",
+    "日本語 🙂👍🏽",
+    "a<|endoftext|>b",
+]
+
+
+def _bytes_tokenizer_loads(folder) -> None:
+    """``AutoTokenizer`` on an export of a byte-tokenizer run gives the byte ids exactly."""
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    assert tok.eos_token_id == 0
+    for text in TEXTS:
+        ids = tok(text)["input_ids"]
+        assert ids == ByteTokenizer().encode(text).tolist() and tok.decode(ids) == text
 
 
 def _train(tmp_path, corpus, name: str, *flags: str):
@@ -35,6 +56,7 @@ def test_gpt_exports_to_gpt2_with_our_logits(tmp_path, small_corpus, plugin):
     run = _train(tmp_path, small_corpus, "run", *plugin)
     assert not (run / "hf").exists()  # a native run exports on request only
     assert main(["export", str(run), "--hf", str(tmp_path / "gpt2")]) == 0
+    _bytes_tokenizer_loads(tmp_path / "gpt2")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "gpt2").eval()
     assert type(hf).__name__ == "GPT2LMHeadModel"
     info = read_checkpoint(run)
@@ -64,6 +86,7 @@ def test_llama_shaped_palm_exports_to_llama_with_our_logits(tmp_path):
     ours = PaLM(cfg).eval()
     step = _save(ours, tmp_path / "ckpt", "palm")
     export_hf(step, tmp_path / "llama")
+    _bytes_tokenizer_loads(tmp_path / "llama")  # a checkpoint recording no tokenizer: bytes
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "llama").eval()
     assert type(hf).__name__ == "LlamaForCausalLM"
     assert hf.config.num_key_value_heads == 2
@@ -78,3 +101,30 @@ def test_a_palm_proper_is_refused_before_anything_is_written(tmp_path):
         export_hf(step, tmp_path / "llama")
     assert "\n" not in str(err.value)
     assert not (tmp_path / "llama").exists()
+
+
+def test_a_run_with_an_hf_tokenizer_exports_that_tokenizer(tmp_path, small_corpus, capsys):
+    """``--tokenizer hf:DIR`` on a GPT-2 style folder (vocab.json + merges.txt only)."""
+    made = train_tokenizer(
+        iter([p.read_text() for p in small_corpus.iterdir()]), vocab_size=400, out=tmp_path / "bpe"
+    )
+    folder = tmp_path / "gpt2-style"
+    folder.mkdir()
+    made.backend.model.save(str(folder))  # vocab.json, merges.txt: no tokenizer.json
+    run = _train(tmp_path, small_corpus, "run", "--tokenizer", f"hf:{folder}")
+    trainer = json.loads(next((run / "checkpoint").glob("step-*/trainer.json")).read_text())
+    assert trainer["tokenizer"] == f"hf:{folder}"
+    assert main(["export", str(run), "--hf", str(tmp_path / "gpt2")]) == 0
+    out = tmp_path / "gpt2"
+    assert {"vocab.json", "merges.txt", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert (out / "merges.txt").read_bytes() == (folder / "merges.txt").read_bytes()
+    ours = load_tokenizer(f"hf:{folder}")
+    auto = transformers.AutoTokenizer.from_pretrained(out)
+    assert [auto(t)["input_ids"] for t in TEXTS] == ours.encode_batch(TEXTS)
+    assert auto.vocab_size == ours.vocab_size == 400
+    # the tokenizer's files gone: one line, nothing written
+    folder.rename(tmp_path / "moved")
+    assert main(["export", str(run), "--hf", str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert "trained with the tokenizer" in err and "cannot be read now" in err
+    assert not (tmp_path / "again").exists()

@@ -100,13 +100,16 @@ def prepare_data(
 ) -> TokenShards:
     """Tokenize ``source`` with ``tokenizer`` into the new folder ``out``; return it opened.
 
-    ``num_workers``: tokenizing processes (None: up to 8, one per CPU). ``ConfigError`` when
+    ``num_workers``: tokenizing processes (None: up to 8, one per CPU; in a daemonic process,
+    which may not start any, the batches are encoded in this one). ``ConfigError`` when
     ``out`` exists already, and for every problem of the source (nothing is left written).
     """
     out = Path(out).expanduser()
     if out.exists():
         raise ConfigError(f"--out {out} exists already; give a new folder (or delete it)")
     workers = num_workers if num_workers is not None else min(8, os.cpu_count() or 1)
+    if multiprocessing.current_process().daemon:  # may start no workers: encode in process
+        workers = 1
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     writer = ShardWriter(tmp, token_dtype(tokenizer.vocab_size))

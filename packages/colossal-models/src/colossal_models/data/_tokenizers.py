@@ -1,10 +1,21 @@
 """Tokenizers by name: ``bytes`` (every UTF-8 byte a token) or ``hf:PATH`` (a Hugging Face
-``tokenizers`` tokenizer.json, or a model folder holding one), and training a byte-level BPE.
+``tokenizers`` tokenizer.json, a model folder holding one, or a GPT-2 style folder with only
+``vocab.json`` and ``merges.txt``), and training a byte-level BPE.
 
 [Note: end of text] Documents are packed into one token stream with an end-of-text id after each.
 The byte tokenizer uses id 0 (the NUL byte): text never holds it, since files with a NUL byte are
 refused as binary, so its vocabulary stays 256. A Hugging Face tokenizer uses its own special
 token (``<|endoftext|>``, ``</s>``, ``<eos>``, ...; the one a tokenizer trained here adds).
+
+[Note: bytes as a Hugging Face tokenizer] So that an export of a byte-tokenizer run loads in
+``AutoTokenizer``, ``TokenizerBytes.save`` writes a ``tokenizers`` BPE in GPT-2's byte-level
+scheme with no merges: the ``ByteLevel`` pre-tokenizer (no regex split, no prefix space) maps
+each UTF-8 byte to one character of GPT-2's byte-to-unicode table, and the vocabulary gives that
+character the byte's value as its id, so any text encodes to exactly its bytes, and the
+``ByteLevel`` decoder turns ids back into bytes decoded as Python's ``errors="replace"`` does.
+End of text is id 0, the table's character for the NUL byte (``Ā``); ``tokenizer_config.json``
+names it ``eos_token`` with ``split_special_tokens`` on, so the text ``Ā`` still encodes as its
+two bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ __all__ = [
     "HFTokenizer",
     "TextTokenizer",
     "TokenizerBytes",
+    "has_tokenizer",
     "load_tokenizer",
     "tokenizer_file",
     "train_tokenizer",
@@ -31,6 +43,7 @@ __all__ = [
 BYTES = "bytes"
 HF_PREFIX = "hf:"
 TOKENIZER_FILE = "tokenizer.json"
+BPE_FILES = ("vocab.json", "merges.txt")  # a GPT-2 style folder without tokenizer.json
 EOT_TOKEN = "<|endoftext|>"  # GPT-2's, and what ``train_tokenizer`` adds
 _EOT_CANDIDATES = (EOT_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]")
 
@@ -74,27 +87,87 @@ class TokenizerBytes:
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
+    def save(self, directory: Path) -> None:
+        """Write ``directory/tokenizer.json`` and ``tokenizer_config.json``: this tokenizer for
+        ``AutoTokenizer`` (see [Note: bytes as a Hugging Face tokenizer])."""
+        lib = _library()
+        chars = _byte_chars()
+        vocab = {chars[b]: b for b in range(256)}
+        tok = lib.Tokenizer(lib.models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = lib.decoders.ByteLevel()
+        tok.save(str(directory / TOKENIZER_FILE))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": chars[self.eot_id],
+            "split_special_tokens": True,
+            "clean_up_tokenization_spaces": False,
+        }
+        text = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+        (directory / "tokenizer_config.json").write_text(text, encoding="utf-8")
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte-to-unicode table, the one ``tokenizers``' ``ByteLevel`` uses: printable
+    Latin-1 bytes stand for themselves, the other 68 for U+0100.. in byte order."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    rest = iter(chr(256 + i) for i in range(256 - len(keep)))
+    return [chr(b) if b in keep else next(rest) for b in range(256)]
+
 
 class HFTokenizer:
-    """A Hugging Face ``tokenizers.Tokenizer`` read from ``tokenizer.json``."""
+    """A Hugging Face ``tokenizers.Tokenizer`` read from ``tokenizer.json``, or built from a
+    GPT-2 style ``vocab.json`` + ``merges.txt`` (``from_bpe_files``)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tok: object | None = None, raw: str | None = None) -> None:
         Tokenizer = _library().Tokenizer
 
         self.path = path
         self.spec = HF_PREFIX + str(path.parent if path.name == TOKENIZER_FILE else path)
-        raw = _read(path)
+        if tok is None:
+            raw = _read(path)
+            try:
+                tok = Tokenizer.from_str(raw)
+            except Exception as err:  # tokenizers raises its own Exception type for a bad file
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise ConfigError(
+                    f"tokenizer {path} is corrupt ({first}); give a tokenizer.json saved by "
+                    "Hugging Face tokenizers, or train one with colossal tokenizer train"
+                ) from None
+        self._tok = tok
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eot_id = _eot_id(self._tok, path if path.is_file() else path / TOKENIZER_FILE)
+        self.fingerprint = hashlib.sha256(str(raw).encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_bpe_files(cls, folder: Path) -> HFTokenizer:
+        """GPT-2's byte-level BPE from ``folder/vocab.json`` and ``merges.txt`` (the pipeline of
+        ``tokenizers``' ``ByteLevelBPETokenizer`` and of ``transformers``' GPT-2 tokenizer: no
+        prefix space); its end-of-text token is made special, as ``transformers`` does, so
+        the text ``<|endoftext|>`` is that one id."""
+        lib = _library()
+        vocab, merges = (folder / name for name in BPE_FILES)
+        raw = _read(vocab) + "\n" + _read(merges)
         try:
-            self._tok = Tokenizer.from_str(raw)
+            tok = lib.Tokenizer(lib.models.BPE.from_file(str(vocab), str(merges)))
+            tok.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tok.decoder = lib.decoders.ByteLevel()
+            tok.post_processor = lib.processors.ByteLevel(trim_offsets=False)
         except Exception as err:  # tokenizers raises its own Exception type for a bad file
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise ConfigError(
-                f"tokenizer {path} is corrupt ({first}); give a tokenizer.json saved by Hugging "
-                "Face tokenizers, or train one with colossal tokenizer train"
+                f"tokenizer {folder} has a corrupt vocab.json/merges.txt ({first}); give GPT-2 "
+                "style files or a tokenizer.json"
             ) from None
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eot_id = _eot_id(self._tok, path)
-        self.fingerprint = hashlib.sha256(raw.encode()).hexdigest()[:16]
+        made = cls(folder, tok, raw)
+        eot = tok.id_to_token(made.eot_id)
+        tok.add_special_tokens([lib.AddedToken(eot, special=True, normalized=False)])
+        return made
+
+    @property
+    def backend(self):  # type: ignore[no-untyped-def]
+        """The ``tokenizers.Tokenizer`` itself."""
+        return self._tok
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
@@ -156,9 +229,17 @@ def tokenizer_file(path: str | Path) -> Path | None:
     return p if p.is_file() else None
 
 
+def has_tokenizer(path: str | Path) -> bool:
+    """Whether ``hf:path`` names a tokenizer: a tokenizer.json (the file, or in the folder), or
+    a folder with GPT-2's vocab.json and merges.txt."""
+    p = Path(path).expanduser()
+    return tokenizer_file(p) is not None or all((p / n).is_file() for n in BPE_FILES)
+
+
 def load_tokenizer(spec: str) -> TextTokenizer:
-    """``bytes`` or ``hf:PATH`` (a tokenizer.json or a folder with one); ``ConfigError`` naming
-    what was wrong for an unknown name, a missing file or a corrupt one."""
+    """``bytes`` or ``hf:PATH`` (a tokenizer.json, a folder with one, or a folder with
+    vocab.json + merges.txt); ``ConfigError`` naming what was wrong for an unknown name, a
+    missing file or a corrupt one."""
     if spec == BYTES:
         return TokenizerBytes()
     if not spec.startswith(HF_PREFIX) or not spec[len(HF_PREFIX) :]:
@@ -168,11 +249,14 @@ def load_tokenizer(spec: str) -> TextTokenizer:
         )
     path = Path(spec[len(HF_PREFIX) :]).expanduser()
     found = tokenizer_file(path)
+    if found is None and path.is_dir() and has_tokenizer(path):
+        return HFTokenizer.from_bpe_files(path)
     if found is None:
         where = path / TOKENIZER_FILE if path.is_dir() else path
         raise ConfigError(
             f"--tokenizer {spec}: {where} does not exist; give a tokenizer.json or a folder "
-            "holding one (colossal tokenizer train makes one)"
+            "holding one, or GPT-2's vocab.json and merges.txt (colossal tokenizer train "
+            "makes a tokenizer.json)"
         )
     return HFTokenizer(found)
 

@@ -21,7 +21,6 @@ present with its shape, or nothing is written.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from colossal_models._hf import import_transformers
 
 from ..booster import ShardedSafetensorsWriter, parse_bytes
 from ._source import CheckpointInfo, iter_checkpoint_state, read_checkpoint
+from ._tokenizer_files import TOKENIZER_FILES, run_tokenizer, write_tokenizer_files
 
 __all__ = [
     "HF_FOLDER",
@@ -53,17 +53,6 @@ __all__ = [
 
 HF_FOLDER = "hf"  # under a run's --out: the final Hugging Face export of an hf: model
 HF_PREFIX = "hf."  # HFCausalLM's attribute holding the transformers model
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "vocab.txt",
-    "tokenizer.model",
-    "generation_config.json",
-)
 
 
 def _adapter(info: CheckpointInfo) -> GPT2StateDictAdapter | LlamaStateDictAdapter:
@@ -133,47 +122,19 @@ def _hf_skeleton(config: Any) -> dict[str, tuple[str | None, tuple[int, ...]]]:
     return out
 
 
-def copy_tokenizer_files(source: Path | None, out: Path) -> list[str]:
-    """Copy the tokenizer files of ``source`` (a folder, or a ``tokenizer.json``) into ``out``;
-    the names copied (none when ``source`` is None or holds none)."""
-    if source is None:
-        return []
-    source = Path(source)
-    if source.is_file():
-        shutil.copyfile(source, out / "tokenizer.json")
-        return ["tokenizer.json"]
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, out / name)
-            copied.append(name)
-    return copied
-
-
-def tokenizer_source(info: CheckpointInfo) -> Path | None:
-    """Where the run's tokenizer files are: ``train_config.tokenizer`` when it is ``hf:PATH``,
-    else an ``hf:`` model's own folder; None for the byte tokenizer."""
-    given = str(info.train_config.get("tokenizer", ""))
-    if given.startswith("hf:"):
-        return Path(given[3:])
-    if info.model.startswith("hf:"):
-        folder = Path(info.model[3:])
-        return folder if folder.is_dir() else folder.parent
-    return None
-
-
 def export_hf(checkpoint: Path, out: Path, *, max_shard_bytes: int | str = "2GiB") -> Path:
     """Write the checkpoint (a run's ``--out``, its ``checkpoint/`` or a ``step-N`` folder of
     any plugin) into ``out`` as a Hugging Face folder: ``config.json``, safetensors shards
     with ``model.safetensors.index.json`` under transformers' names, tied weights once, and
-    the run's tokenizer files where it has them. Returns ``out``. One process, no collective;
-    ``ConfigError``/``CheckpointError`` before anything is written when the model does not
-    map (see [Note: Hugging Face names])."""
+    the run's tokenizer files (see [Note: the run's tokenizer]). Returns ``out``. One process,
+    no collective; ``ConfigError``/``CheckpointError`` before anything is written when the
+    model does not map (see [Note: Hugging Face names]) or the tokenizer is gone."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"export folder {out} exists and is not empty; give a new folder")
     info = read_checkpoint(Path(checkpoint))
     config = hf_config_of(info)
+    tokenizer = run_tokenizer(info)  # files gone: an error before anything is written
     limit = parse_bytes(max_shard_bytes)
     if not limit:
         raise ConfigError("max_shard_bytes must be a positive size such as '2GiB'")
@@ -200,7 +161,7 @@ def export_hf(checkpoint: Path, out: Path, *, max_shard_bytes: int | str = "2GiB
             )
     config.architectures = [_causal_lm_class(config)]
     config.save_pretrained(str(out))
-    copy_tokenizer_files(tokenizer_source(info), out)
+    write_tokenizer_files(tokenizer, out)
     return out
 
 

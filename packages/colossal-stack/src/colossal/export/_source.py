@@ -48,6 +48,8 @@ class CheckpointInfo:
         layout_model: the layout index's ``{"class", "config"}`` (what a hybrid or tp run
             trained, which for ``hf:`` is the adapted GPT or PaLM); None when absent.
         train_config: the run's settings as ``colossal train`` recorded them (strings).
+        tokenizer: the tokenizer the run resolved (``bytes`` or ``hf:PATH``, trainer.json's
+            ``tokenizer``); None in a checkpoint written before that record.
     """
 
     path: Path
@@ -55,6 +57,7 @@ class CheckpointInfo:
     model_config: dict[str, Any]
     layout_model: dict[str, Any] | None = None
     train_config: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str | None = None
 
 
 def _step_dir(path: Path) -> Path:
@@ -98,7 +101,9 @@ def read_checkpoint(path: Path) -> CheckpointInfo:
                 f"{TRAINER_FILE}); export checkpoints written by colossal train"
             )
         model, config = str(layout.get("class", "")).lower(), layout.get("config", {})
-    return CheckpointInfo(step, model, config, layout, train_config)
+    tokenizer = trainer.get("tokenizer") if isinstance(trainer, dict) else None
+    tokenizer = tokenizer if isinstance(tokenizer, str) else None
+    return CheckpointInfo(step, model, config, layout, train_config, tokenizer)
 
 
 def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -2,11 +2,10 @@
 ``--out``, its ``checkpoint/`` or a ``step-N`` folder) or a Hugging Face folder
 (``config.json`` and weights, such as ``colossal export --hf`` writes).
 
-[Note: which tokenizer] Text becomes ids the way the run made them: ``train_config.tokenizer``
-when the checkpoint records one (``bytes``, or ``hf:PATH`` read with the ``tokenizers``
-library); an ``hf:`` run that records ``None`` used its model's own tokenizer files; a
-checkpoint that records nothing was trained on bytes (the byte tokenizer, 256 ids). A Hugging
-Face folder uses its tokenizer files when it has them, else bytes.
+[Note: which tokenizer] Text becomes ids the way the run made them: the tokenizer the checkpoint
+records (``bytes``, or ``hf:PATH`` read with the ``tokenizers`` library; see export's [Note:
+the run's tokenizer] for older checkpoints). A Hugging Face folder uses its tokenizer files
+when it has them, else bytes.
 """
 
 from __future__ import annotations
@@ -21,8 +20,15 @@ from torch import nn
 from colossal_contracts import CheckpointError, ConfigError
 from colossal_models import GPT, ByteTokenizer, GPTConfig, PaLM, PaLMConfig
 from colossal_models._hf import import_transformers
+from colossal_models.data import HFTokenizer
 
-from ..export import CheckpointInfo, hf_config_of, hf_state_of, iter_checkpoint_state
+from ..export import (
+    CheckpointInfo,
+    hf_config_of,
+    hf_state_of,
+    iter_checkpoint_state,
+    run_tokenizer,
+)
 from ..export import read_checkpoint as _read_checkpoint
 
 __all__ = ["Loaded", "TextCodec", "load_for_generation"]
@@ -83,17 +89,8 @@ def _tokenizer_file(folder: Path | None) -> Path | None:
 
 
 def _codec_of(info: CheckpointInfo) -> TextCodec:
-    given = info.train_config.get("tokenizer")
-    if isinstance(given, str) and given.startswith("hf:"):
-        file = _tokenizer_file(Path(given[3:]))
-        if file is None:
-            raise ConfigError(f"the run's tokenizer {given} has no tokenizer.json any more")
-        return TextCodec.from_file(file)
-    if given == "None" and info.model.startswith("hf:"):  # the model's own tokenizer
-        file = _tokenizer_file(Path(info.model[3:]))
-        if file is not None:
-            return TextCodec.from_file(file)
-    return TextCodec()
+    tokenizer = run_tokenizer(info)  # the one the run trained with; ConfigError when gone
+    return TextCodec(tokenizer.backend) if isinstance(tokenizer, HFTokenizer) else TextCodec()
 
 
 def _eos(config: Any) -> int | None:

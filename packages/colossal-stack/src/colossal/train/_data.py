@@ -2,9 +2,10 @@
 streamed with a position the checkpoint records (colossal-models' ``data`` package does the work).
 
 The tokenizer is ``--tokenizer`` when given; else a prepared ``--data`` folder's own; else the
-``--model hf:PATH`` folder's tokenizer.json when it has one; else the byte tokenizer. Raw data is
-prepared on first use into a cache (rank 0 first, the others then find it), so a bad file is one
-error on every rank and nothing half-written is left.
+``--model hf:PATH`` folder's tokenizer when it has one (tokenizer.json, or vocab.json and
+merges.txt); else the byte tokenizer. Raw data is prepared on first use into a cache (rank 0
+first, the others then find it), so a bad file is one error on every rank and nothing
+half-written is left.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from colossal_models.data import (
     TokenLoader,
     TokenShards,
     cached_data,
+    has_tokenizer,
     is_prepared,
     load_tokenizer,
     open_source,
-    tokenizer_file,
 )
 
 from ._config import TrainConfig
@@ -38,11 +39,11 @@ def resolve_tokenizer(cfg: TrainConfig) -> TextTokenizer:
         return load_tokenizer(cfg.tokenizer)
     if is_prepared(cfg.data):
         folder = Path(cfg.data).expanduser()  # type: ignore[arg-type]
-        return load_tokenizer(f"hf:{folder}" if tokenizer_file(folder) else BYTES)
+        return load_tokenizer(f"hf:{folder}" if has_tokenizer(folder) else BYTES)
     if cfg.model.startswith(HF_PREFIX):
         path = Path(cfg.model[len(HF_PREFIX) :]).expanduser()
         folder = path if path.is_dir() else path.parent
-        if tokenizer_file(folder):
+        if has_tokenizer(folder):
             return load_tokenizer(f"hf:{folder}")
     return load_tokenizer(BYTES)
 
