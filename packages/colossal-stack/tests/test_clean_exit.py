@@ -49,8 +49,19 @@ def test_booster_of_a_name_is_one_line():
 
 
 class _Store:
+    """The part of torch's store the heartbeat uses, in memory."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
     def add(self, key: str, n: int) -> int:
         return n
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.values[key]
 
 
 def test_heartbeat_thread_is_joined_on_stop():
