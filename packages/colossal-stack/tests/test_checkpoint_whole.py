@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from colossal import Booster, DDPPlugin, GeminiPlugin
 from colossal.booster import _publish
-from colossal.booster._hybrid_checkpoint import _cover_fault
+from colossal.booster._layout_read import _cover_fault
 from colossal_contracts import CheckpointError
 from colossal_models import GPT, GPTConfig
 from colossal_zero import INDEX_FILE, file_digest

@@ -15,12 +15,11 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 import torch
+from _checks_train_mesh import reference_losses
 from _meta_device import misplaced
-from _stack_reference import adamw_losses
 
 from colossal import (
     Booster,
@@ -30,10 +29,7 @@ from colossal import (
     TrainConfig,
     train,
 )
-from colossal.train._loop import _data_seed, _param_groups
-from colossal.train._models import resolve_model
-from colossal.train._schedule import warmup_cosine
-from colossal_models import GPT, ByteTokenizer, GPTConfig, load_corpus
+from colossal_models import GPT, GPTConfig
 
 pytestmark = [
     pytest.mark.gpu,
@@ -69,29 +65,6 @@ def _no_tf32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-def _reference(kw: dict[str, Any], dp: int, one_group: bool) -> list[float]:
-    """CPU AdamW on the global batch, with the loop's schedule and parameter groups."""
-    cfg = TrainConfig(**kw)
-    spec = resolve_model(cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size)
-    corpus = load_corpus(cfg.corpus)
-    data, _ = corpus.split()
-    torch.manual_seed(cfg.seed)
-    model = spec.build()
-    params = model.parameters() if one_group else _param_groups(model, cfg.weight_decay)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    gen = torch.Generator()
-
-    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = []
-        for coord in range(dp):
-            gen.manual_seed(_data_seed(cfg.seed, coord, step))
-            parts.append(corpus.batch(data, cfg.batch_size, cfg.seq_len, gen))
-        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
-
-    batches = (batch(s) for s in range(cfg.steps))
-    return adamw_losses(model, batches, opt, lr_at=lambda s: cfg.lr * warmup_cosine(s, cfg.steps))
-
-
 def _close(got: list[float], want: list[float]) -> None:
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
@@ -105,8 +78,7 @@ def test_each_plugin_trains_on_one_gpu_as_adamw_on_the_cpu(tmp_path, small_corpu
     torch.cuda.reset_peak_memory_stats()
     result = train(TrainConfig(**kw))
     assert torch.cuda.max_memory_allocated() > 0  # the step ran on the GPU
-    one_group = ONE_DEVICE[name]["plugin"] == "hybrid"
-    _close(result.losses, _reference({k: v for k, v in kw.items() if k != "out"}, 1, one_group))
+    _close(result.losses, reference_losses({k: v for k, v in kw.items() if k != "out"}, 1))
 
 
 @pytest.mark.parametrize(
@@ -152,5 +124,4 @@ def test_two_processes_over_nccl_match_adamw(tmp_path, small_corpus, name):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     kw = {"preset": "nano", "steps": STEPS, "batch_size": B, "seq_len": T, "corpus": small_corpus}
-    one_group = "--plugin" not in flags
-    _close([r["loss"] for r in records], _reference(kw, dp, one_group))
+    _close([r["loss"] for r in records], reference_losses(kw, dp))
