@@ -202,7 +202,11 @@ CLI_CASES = [
     ),
     ("gemini-zero1", [*TRAIN, "--plugin", "gemini", "--zero", "1"], "is ZeRO stage 3"),
     ("tp-plugin-ddp", [*TRAIN, "--plugin", "ddp", "--tp", "2"], "runs on the hybrid plugin"),
-    ("pp-plugin-gemini", [*TRAIN, "--plugin", "gemini", "--pp", "2"], "--pp 2 does not run"),
+    (
+        "pp-plugin-gemini",
+        [*TRAIN, "--plugin", "gemini", "--pp", "2"],
+        "Gemini (ZeRO-3) takes --tp or ring/Ulysses --sp, not pipeline stages",
+    ),
     ("microbatches-no-pp", [*TRAIN, "--microbatches", "4"], "--microbatches 4 needs --pp"),
     ("schedule-no-pp", [*TRAIN, "--schedule", "gpipe"], "--schedule gpipe needs --pp"),
     ("microbatches-split", [*TRAIN, "--pp", "2", "--microbatches", "3"], "cannot be split"),

@@ -49,6 +49,7 @@ from ._gemini_tp import (
     tp_stream_state,
     world_size,
 )
+from ._groups import GroupMap
 from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
 from ._shard_writer import ShardedSafetensorsWriter
@@ -221,12 +222,13 @@ class GeminiPlugin:
         lazy = self.lazy
         if self.tp_size > 1:  # [Note: Gemini with tp]
             check_tp_inputs(model, optimizer)
+            group_map = GroupMap(model, optimizer)  # by name, before parameters are replaced
             if lazy is not None:  # the plan slices real weights: see materialize_for_tp
                 materialize_for_tp(model, lazy)
                 lazy = None
             mesh_cfg = tp_mesh_config(world_size(), self.tp_size, self.tp_mode, self.tp_depth)
             self.mesh = ProcessMesh(mesh_cfg)
-            optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh)
+            optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh, group_map)
             self._tp_maps = tp_shard_maps(model, self.mesh)  # for the streamed export
             group = self.mesh.group("dp") if mesh_cfg.dp > 1 else None
         elif self.sp_size > 1:  # [Note: Gemini with sp]

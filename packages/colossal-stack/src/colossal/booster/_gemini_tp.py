@@ -126,12 +126,17 @@ def materialize_for_tp(model: nn.Module, lazy: LazyInit) -> None:
 
 
 def shard_for_tp(
-    model: nn.Module, optimizer: torch.optim.Optimizer, mesh: ProcessMesh
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mesh: ProcessMesh,
+    group_map: GroupMap | None = None,
 ) -> tuple[torch.optim.Optimizer, dict[str, ParamSharding]]:
     """Shard ``model`` (see ``check_tp_inputs``) in place for ``mesh``; the user's optimizer
     rebuilt on the sharded parameters (same class, groups and hyperparameters) and every
-    layout."""
-    group_map = GroupMap(model, optimizer)  # each sharded parameter keeps its group, by name
+    layout. ``group_map``: the groups by name, when taken before the parameters were replaced
+    (``materialize_for_tp``); None: taken now."""
+    if group_map is None:  # each sharded parameter keeps its group, by name
+        group_map = GroupMap(model, optimizer)
     parallelize(model, mesh)
     sharding = describe_sharding(model, mesh)
     keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
