@@ -57,21 +57,34 @@ def _reference(weights, x, y):
     return loss.item(), {i: params[i].grad for i in range(L - 1)}
 
 
-def run_schedules(cases: list[tuple[str, int, int]]) -> list[dict]:
-    """For each ``(kind, m, v)``: loss and gradient errors against one rank, and sent bytes."""
-    p = dist.get_world_size()
+def setup(p: int) -> tuple[ProcessMesh, list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """A ``pp=p`` mesh, the toy model's weights and one batch (the same on every rank)."""
     mesh = ProcessMesh(MeshConfig(pp=p))
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(W, W, generator=g) / W**0.5 for _ in range(L)]
     x, y = torch.randn(2, B, W, generator=g)
+    return mesh, weights, x, y
+
+
+def my_stages(
+    mesh: ProcessMesh, weights: list[torch.Tensor], p: int, v: int
+) -> tuple[list[int], list[Stage], nn.Parameter | None]:
+    """This rank's virtual stages of ``p * v``, their modules, and the tied matrix if held."""
+    runs = partition_layers(L, p * v)
+    mine = [s for s in range(p * v) if stage_rank(s, p)[0] == mesh.coord("pp")]
+    holds_tied = any(runs[s][0] == 0 or runs[s][-1] == L - 1 for s in mine)
+    tied = nn.Parameter(weights[0].clone()) if holds_tied else None
+    return mine, [Stage(weights, runs[s], tied) for s in mine], tied
+
+
+def run_schedules(cases: list[tuple[str, int, int]]) -> list[dict]:
+    """For each ``(kind, m, v)``: loss and gradient errors against one rank, and sent bytes."""
+    p = dist.get_world_size()
+    mesh, weights, x, y = setup(p)
     ref_loss, ref_grads = _reference(weights, x, y)
     out = []
     for kind, m, v in cases:
-        runs = partition_layers(L, p * v)
-        mine = [s for s in range(p * v) if stage_rank(s, p)[0] == mesh.coord("pp")]
-        holds_tied = any(runs[s][0] == 0 or runs[s][-1] == L - 1 for s in mine)
-        tied = nn.Parameter(weights[0].clone()) if holds_tied else None
-        chunks = [Stage(weights, runs[s], tied) for s in mine]
+        mine, chunks, tied = my_stages(mesh, weights, p, v)
         mesh.comm.counter.reset()
         res = run_pipeline(
             chunks,

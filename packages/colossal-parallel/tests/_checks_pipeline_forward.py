@@ -3,36 +3,21 @@
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
-from _checks_pipeline import B, L, Stage, W, _reference
-from torch import nn
+from _checks_pipeline import B, W, _reference, my_stages, setup
 
-from colossal_parallel import (
-    MeshConfig,
-    ProcessMesh,
-    partition_layers,
-    run_pipeline_forward,
-    stage_rank,
-)
+from colossal_parallel import run_pipeline_forward
 
 
 def run_forward(cases: list[tuple[int, int]]) -> list[dict]:
     """For each ``(microbatches, chunks per rank)``: the loss error against one rank, whether
     any gradient appeared, and the bytes sent against one activation per stage boundary."""
     p = dist.get_world_size()
-    mesh = ProcessMesh(MeshConfig(pp=p))
-    g = torch.Generator().manual_seed(0)
-    weights = [torch.randn(W, W, generator=g) / W**0.5 for _ in range(L)]
-    x, y = torch.randn(2, B, W, generator=g)
+    mesh, weights, x, y = setup(p)
     ref_loss, _ = _reference(weights, x, y)
     out = []
     for m, v in cases:
-        runs = partition_layers(L, p * v)
-        mine = [s for s in range(p * v) if stage_rank(s, p)[0] == mesh.coord("pp")]
-        holds_tied = any(runs[s][0] == 0 or runs[s][-1] == L - 1 for s in mine)
-        tied = nn.Parameter(weights[0].clone()) if holds_tied else None
-        chunks = [Stage(weights, runs[s], tied) for s in mine]
+        mine, chunks, _ = my_stages(mesh, weights, p, v)
         mesh.comm.counter.reset()
         loss = run_pipeline_forward(
             chunks, mesh, x, y, num_microbatches=m, boundary_shape=(B // m, W)

@@ -9,29 +9,12 @@ import shutil
 
 import pytest
 import torch
+from _one_step import boosted_one_step, weights
 
 from colossal import Booster, DDPPlugin, GeminiPlugin, latest_checkpoint
 from colossal.booster import _publish, find_checkpoint
 from colossal_contracts import CheckpointError
-from colossal_models import GPT, GPTConfig
 from colossal_zero import INDEX_FILE, load_sharded
-
-
-def _setup(plugin=None, seed: int = 0):  # type: ignore[no-untyped-def]
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig.preset("nano"))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    booster = Booster(plugin or DDPPlugin())
-    model, opt = booster.boost(model, opt)
-    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(seed))
-    booster.backward(model(x, x), opt)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return booster, model, opt
-
-
-def _weights(model) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
-    return {k: v.clone() for k, v in model.state_dict().items()}
 
 
 class _Killed(BaseException):
@@ -40,10 +23,10 @@ class _Killed(BaseException):
 
 @pytest.mark.parametrize("kill_at", range(6))
 def test_resaving_a_step_killed_at_any_point_loses_nothing(tmp_path, monkeypatch, kill_at):
-    booster, model, opt = _setup(seed=0)
+    booster, model, opt = boosted_one_step(seed=0)
     booster.save(model, opt, tmp_path, step=4)
-    old = _weights(model)
-    _, model_b, opt_b = _setup(seed=1)
+    old = weights(model)
+    _, model_b, opt_b = boosted_one_step(seed=1)
     calls = {"n": 0}
     real = {"replace": os.replace, "rmtree": shutil.rmtree}
 
@@ -62,10 +45,10 @@ def test_resaving_a_step_killed_at_any_point_loses_nothing(tmp_path, monkeypatch
         booster.save(model_b, opt_b, tmp_path, step=4)  # the re-save of a finished run
     monkeypatch.undo()
     found = latest_checkpoint(tmp_path)
-    _, fresh, fresh_opt = _setup(seed=2)
+    _, fresh, fresh_opt = boosted_one_step(seed=2)
     Booster().load(fresh, fresh_opt, tmp_path)
-    got = _weights(fresh)
-    new = _weights(model_b)
+    got = weights(fresh)
+    new = weights(model_b)
     assert all(torch.equal(got[k], old[k]) for k in got) or all(
         torch.equal(got[k], new[k]) for k in got
     ), f"{found} holds neither the old nor the new step 4"
@@ -78,10 +61,10 @@ def test_resaving_a_step_killed_at_any_point_loses_nothing(tmp_path, monkeypatch
 def test_resave_killed_before_the_pointer_moves_back_resumes_that_step(tmp_path, monkeypatch):
     """Re-saving step 2 while a later step 6 exists (latest moved back, run resumed): a kill
     after the new step-2 is renamed in, before ``latest`` names it, must still find step 2."""
-    booster, model, opt = _setup(seed=0)
+    booster, model, opt = boosted_one_step(seed=0)
     for step in (2, 6):
         booster.save(model, opt, tmp_path, step=step)
-    _, model_b, opt_b = _setup(seed=1)
+    _, model_b, opt_b = boosted_one_step(seed=1)
     real_replace, calls = os.replace, {"n": 0}
 
     def replace(src, dst):  # type: ignore[no-untyped-def]
@@ -98,7 +81,7 @@ def test_resave_killed_before_the_pointer_moves_back_resumes_that_step(tmp_path,
 
 
 def test_orphaned_temp_dirs_are_cleaned_and_complete_ones_published(tmp_path):
-    booster, model, opt = _setup()
+    booster, model, opt = boosted_one_step()
     booster.save(model, opt, tmp_path, step=2)
     shutil.copytree(tmp_path / "step-2", tmp_path / ".step-3-abc")  # complete, never renamed in
     (tmp_path / ".step-9-xyz").mkdir()  # a save killed while writing
@@ -109,7 +92,7 @@ def test_orphaned_temp_dirs_are_cleaned_and_complete_ones_published(tmp_path):
 
 
 def test_deleted_latest_finds_the_newest_complete_step(tmp_path):
-    booster, model, opt = _setup()
+    booster, model, opt = boosted_one_step()
     for step in (2, 4, 6):
         booster.save(model, opt, tmp_path, step=step)
     (tmp_path / "latest").unlink()
@@ -117,7 +100,7 @@ def test_deleted_latest_finds_the_newest_complete_step(tmp_path):
     assert find_checkpoint(tmp_path).name == "step-4"
     (tmp_path / "latest").write_text("step-99\n")  # names nothing
     assert latest_checkpoint(tmp_path).name == "step-4"
-    assert Booster().load(*_setup(seed=3)[1:], tmp_path)["step"] == 4
+    assert Booster().load(*boosted_one_step(seed=3)[1:], tmp_path)["step"] == 4
 
 
 def test_no_checkpoint_says_how_to_start_fresh(tmp_path):
@@ -126,23 +109,23 @@ def test_no_checkpoint_says_how_to_start_fresh(tmp_path):
 
 
 def test_swapped_ddp_file_is_named(tmp_path):
-    a = Booster().save(*_setup(seed=0)[1:], tmp_path / "a", step=1)
-    b = Booster().save(*_setup(seed=1)[1:], tmp_path / "b", step=1)
+    a = Booster().save(*boosted_one_step(seed=0)[1:], tmp_path / "a", step=1)
+    b = Booster().save(*boosted_one_step(seed=1)[1:], tmp_path / "b", step=1)
     shutil.copy(b / "optimizer.safetensors", a / "optimizer.safetensors")  # same shapes
     with pytest.raises(CheckpointError, match=r"optimizer\.safetensors does not match"):
-        Booster().load(*_setup(seed=2)[1:], tmp_path / "a")
+        Booster().load(*boosted_one_step(seed=2)[1:], tmp_path / "a")
 
 
 def test_swapped_gemini_shard_is_named_by_the_index(tmp_path):
     plugin = GeminiPlugin(precision="fp32")
     paths = []
     for seed, name in ((0, "a"), (1, "b")):
-        booster, model, opt = _setup(GeminiPlugin(precision="fp32"), seed=seed)
+        booster, model, opt = boosted_one_step(GeminiPlugin(precision="fp32"), seed=seed)
         paths.append(booster.save(model, opt, tmp_path / name, step=1))
     shard = next(paths[0].glob("gemini-rank*.safetensors"))
     shutil.copy(paths[1] / shard.name, shard)
     (paths[0] / _publish.MANIFEST).unlink()  # colossal-zero's own check, not the manifest's
-    booster, model, opt = _setup(plugin, seed=2)
+    booster, model, opt = boosted_one_step(plugin, seed=2)
     with pytest.raises(CheckpointError, match=f"{shard.name} does not match the checksum"):
         load_sharded(model, opt, paths[0])
 
@@ -156,13 +139,13 @@ def test_swapped_gemini_shard_is_named_by_the_index(tmp_path):
     ],
 )
 def test_malformed_trainer_file_is_a_clear_error(tmp_path, edit, match):
-    path = Booster().save(*_setup()[1:], tmp_path, step=1)
+    path = Booster().save(*boosted_one_step()[1:], tmp_path, step=1)
     info = json.loads((path / "trainer.json").read_text())
     edit(info)
     (path / "trainer.json").write_text(json.dumps(info))
     _publish._write_manifest(path, 1)  # hashes recomputed: the manifest cannot catch the edit
     with pytest.raises(CheckpointError, match=match):
-        Booster().load(*_setup(seed=1)[1:], tmp_path)
+        Booster().load(*boosted_one_step(seed=1)[1:], tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -176,7 +159,7 @@ def test_malformed_trainer_file_is_a_clear_error(tmp_path, edit, match):
     ],
 )
 def test_malformed_gemini_index_is_a_clear_error(tmp_path, edit, match):
-    booster, model, opt = _setup(GeminiPlugin())
+    booster, model, opt = boosted_one_step(GeminiPlugin())
     path = booster.save(model, opt, tmp_path, step=1)
     index = json.loads((path / INDEX_FILE).read_text())
     edit(index)
@@ -186,11 +169,11 @@ def test_malformed_gemini_index_is_a_clear_error(tmp_path, edit, match):
 
 
 def test_checkpoint_of_another_plugin_is_diagnosed(tmp_path):
-    booster, model, opt = _setup(GeminiPlugin())
+    booster, model, opt = boosted_one_step(GeminiPlugin())
     booster.save(model, opt, tmp_path / "g", step=1)
     with pytest.raises(CheckpointError, match=r"written by the gemini plugin.*--plugin gemini"):
-        Booster(DDPPlugin()).load(*_setup(seed=1)[1:], tmp_path / "g")
-    Booster().save(*_setup()[1:], tmp_path / "d", step=1)
-    b2, m2, o2 = _setup(GeminiPlugin(), seed=1)
+        Booster(DDPPlugin()).load(*boosted_one_step(seed=1)[1:], tmp_path / "g")
+    Booster().save(*boosted_one_step()[1:], tmp_path / "d", step=1)
+    b2, m2, o2 = boosted_one_step(GeminiPlugin(), seed=1)
     with pytest.raises(CheckpointError, match=r"written by the ddp plugin.*--plugin ddp"):
         b2.load(m2, o2, tmp_path / "d")

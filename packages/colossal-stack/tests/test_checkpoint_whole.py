@@ -9,31 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from _one_step import boosted_one_step, weights
 from safetensors.torch import load_file, save_file
 
-from colossal import Booster, DDPPlugin, GeminiPlugin
+from colossal import DDPPlugin, GeminiPlugin
 from colossal.booster import _publish
 from colossal.booster._layout_read import _cover_fault
 from colossal_contracts import CheckpointError
-from colossal_models import GPT, GPTConfig
 from colossal_zero import INDEX_FILE, file_digest
-
-
-def _setup(plugin=None, seed: int = 0):  # type: ignore[no-untyped-def]
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig.preset("nano"))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    booster = Booster(plugin or DDPPlugin())
-    model, opt = booster.boost(model, opt)
-    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(seed))
-    booster.backward(model(x, x), opt)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return booster, model, opt
-
-
-def _weights(model) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _reseal(path: Path) -> None:
@@ -48,17 +31,17 @@ def _reseal(path: Path) -> None:
 
 
 def _refused_unchanged(plugin_factory, path: Path, match: str) -> None:  # type: ignore[no-untyped-def]
-    booster, model, opt = _setup(plugin_factory(), seed=1)
-    before = _weights(model)
+    booster, model, opt = boosted_one_step(plugin_factory(), seed=1)
+    before = weights(model)
     with pytest.raises(CheckpointError, match=match) as info:
         booster.load(model, opt, path)
     assert "\n" not in str(info.value)
-    after = _weights(model)
+    after = weights(model)
     assert all(torch.equal(before[k], after[k]) for k in before), "the model was touched"
 
 
 def _gemini_ckpt(tmp_path: Path) -> Path:
-    booster, model, opt = _setup(GeminiPlugin(precision="fp32"))
+    booster, model, opt = boosted_one_step(GeminiPlugin(precision="fp32"))
     return booster.save(model, opt, tmp_path, step=1)
 
 
@@ -88,7 +71,7 @@ def test_gemini_shard_without_an_optimizer_state_is_refused(tmp_path):
 
 
 def test_ddp_optimizer_state_missing_for_one_parameter_is_refused(tmp_path):
-    booster, model, opt = _setup()
+    booster, model, opt = boosted_one_step()
     path = booster.save(model, opt, tmp_path, step=1)
     tensors = load_file(str(path / "optimizer.safetensors"))
     del tensors["state.3.exp_avg"]
@@ -106,7 +89,7 @@ def test_ddp_optimizer_state_missing_for_one_parameter_is_refused(tmp_path):
     ],
 )
 def test_manifest_of_unknown_format_or_another_step_is_refused(tmp_path, edit, match):
-    booster, model, opt = _setup()
+    booster, model, opt = boosted_one_step()
     path = booster.save(model, opt, tmp_path, step=1)
     manifest = json.loads((path / _publish.MANIFEST).read_text())
     edit(manifest)
@@ -115,7 +98,7 @@ def test_manifest_of_unknown_format_or_another_step_is_refused(tmp_path, edit, m
 
 
 def test_trainer_state_of_another_step_is_refused(tmp_path):
-    booster, model, opt = _setup()
+    booster, model, opt = boosted_one_step()
     path = booster.save(model, opt, tmp_path, step=1)
     info = json.loads((path / "trainer.json").read_text())
     (path / "trainer.json").write_text(json.dumps({**info, "step": 5}))
@@ -124,7 +107,7 @@ def test_trainer_state_of_another_step_is_refused(tmp_path):
 
 
 def test_missing_manifest_is_refused_naming_it(tmp_path):
-    booster, model, opt = _setup()
+    booster, model, opt = boosted_one_step()
     path = booster.save(model, opt, tmp_path, step=1)
     (path / _publish.MANIFEST).unlink()
     _refused_unchanged(DDPPlugin, path, r"step-1/manifest\.json is missing")

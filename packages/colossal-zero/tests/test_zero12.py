@@ -16,8 +16,8 @@ from colossal_zero import LossScalerConfig, LowLevelZeroOptimizer, ZeroConfig
 SETUP = dict(accum=2, clip=0.5, freeze=("blocks.0.",), unused=True)
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
-@pytest.mark.parametrize("stage", [1, 2])
+# 4 ranks under stage 2 only: stage 1 shards the same buckets, keeping whole gradients
+@pytest.mark.parametrize(("stage", "n"), [(1, 1), (1, 2), (2, 1), (2, 2), (2, 4)])
 def test_fp32_matches_single_process_adamw(world, stage, n):
     cfg = ZeroConfig(stage=stage, bucket_numel=3000)
     if n == 1:
