@@ -71,9 +71,9 @@ def _reference() -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {n: p.detach().clone() for n, p in m.named_parameters()}
 
 
-def _gemini(cfg: GeminiConfig, plain: nn.Module | None = None):  # type: ignore[no-untyped-def]
+def _gemini(cfg: GeminiConfig, plain: nn.Module | None = None, group=None):  # type: ignore[no-untyped-def]
     plain = plain if plain is not None else _model()
-    gm = apply_gemini(plain, cfg, group=None)
+    gm = apply_gemini(plain, cfg, group=group)
     opt = GeminiOptimizer.from_torch(gm, torch.optim.AdamW(_trainable(plain), lr=1e-2))
     return gm, opt
 
@@ -177,3 +177,21 @@ def test_sharded_checkpoint_round_trips_with_frozen_chunks(tmp_path):
     assert got == want
     a, b = gm.full_state_dict(), gm2.full_state_dict()
     assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def _rank_run(cfg: GeminiConfig) -> tuple[list[float], dict[str, torch.Tensor], int]:
+    """One rank of a data-parallel run: every rank trains on the same batches (the mean of equal
+    gradients is the one-process gradient)."""
+    gm, opt = _gemini(cfg, group="default")
+    losses = _train(gm, opt, _batches())
+    return losses, gm.full_state_dict(), gm.memory_stats().frozen_written_bytes
+
+
+def test_frozen_chunks_on_two_ranks(world):
+    # sharded frozen chunks are gathered and dropped without a copy back into their shards
+    cfg = GeminiConfig(precision="fp32", device="cpu", accelerator_bytes=100_000, chunk_numel=8192)
+    want_losses, want = _reference()
+    for losses, got, written in world(2).run(_rank_run, cfg):
+        assert max(abs(a - b) for a, b in zip(losses, want_losses, strict=True)) <= 1e-6
+        assert max(float((got[n] - want[n]).abs().max()) for n in want) <= 1e-6
+        assert written == 0
