@@ -60,6 +60,11 @@ class ManagerStats:
             fault-ins]).
         disk_unwritten_bytes: bytes moved back to disk so far by mapping the payload kept there
             again instead of writing it ([Note: disk copies]); 0 without a disk tier.
+        host_unwritten_bytes: bytes of frozen chunks evicted from the compute tier so far by
+            taking their kept host payload back instead of copying ([Note: host copies]).
+        frozen_written_bytes: bytes written into frozen chunks' payloads since registration:
+            moves to a lower tier that found no unchanged copy there, and shards said to be
+            ``written`` (a checkpoint loaded into them) ([Note: frozen chunks]).
     """
 
     tiers: dict[str, TierStats]
@@ -69,6 +74,8 @@ class ManagerStats:
     disk_io: DiskIOStats | None = None
     disk_faulted_bytes: int | None = None
     disk_unwritten_bytes: int = 0
+    host_unwritten_bytes: int = 0
+    frozen_written_bytes: int = 0
 
     @property
     def bytes_moved(self) -> int:

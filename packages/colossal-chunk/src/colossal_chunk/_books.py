@@ -89,6 +89,8 @@ class ManagerBooks:
             self._placement.disk_io(),
             None if disk is None else disk.faulted_bytes,
             self._placement.disk_copies.reused_bytes,  # [Note: disk copies]
+            self._placement.host_copies.reused_bytes,  # [Note: host copies]
+            self._placement.frozen_written,  # [Note: frozen chunks]
         )
 
     def model_data_bytes(self, tier: TierName | str) -> int:
@@ -107,6 +109,15 @@ class ManagerBooks:
             return t.used_bytes + pl.spares.nbytes
         return t.used_bytes
 
+    def payload_bytes(self) -> dict[str, int]:
+        """This rank's shard bytes (padding included) by chunk kind, frozen parameter chunks
+        under "frozen" ([Note: frozen chunks]): what chunk memory holds, wherever it lives."""
+        out: dict[str, int] = {}
+        for c in self.chunks.values():
+            kind = "frozen" if c.frozen else c.kind
+            out[kind] = out.get(kind, 0) + c.shard_bytes
+        return out
+
     def reset_peaks(self) -> None:
         """Start new peak windows on every tier (say, at the start of an iteration)."""
         for t in self.tiers.values():
@@ -122,6 +133,7 @@ class ManagerBooks:
             if c.full is not None and c.full is not c.shard:
                 out.append(c.full)
         out.extend(self._placement.spares.tensors())
+        out.extend(self._placement.host_copies.tensors())
         return out
 
     def reset_stats(self) -> None:

@@ -59,6 +59,7 @@ class Chunk:
 
     chunk_id: int
     kind: str  # "param" for parameter chunks; parallel chunks: "grad", "master", ...
+    frozen: bool  # only read ([Note: frozen chunks] in _register.py): no twin, no write-back
     dtype: torch.dtype
     capacity: int  # elements in the full chunk, a multiple of world_size
     world_size: int
@@ -83,6 +84,7 @@ class Chunk:
         *,
         kind: str = "param",
         group: dist.ProcessGroup | None = None,
+        frozen: bool = False,
     ):
         self.world_size = dist.get_world_size(group) if group is not None else 1
         self.rank = dist.get_rank(group) if group is not None else 0
@@ -92,7 +94,7 @@ class Chunk:
                 f"{self.world_size}; round chunk_numel up"
             )
         self.chunk_id, self.kind, self.dtype, self.capacity = chunk_id, kind, dtype, capacity
-        self.group = group
+        self.group, self.frozen = group, frozen
         self.records, self.used = {}, 0
         self.shard, self.full, self.tier = None, None, None
         self._counts = [0] * len(STATES)
@@ -274,8 +276,9 @@ class Chunk:
                 f"chunk {self.chunk_id} cannot release its gathered storage while tensors are not "
                 f"in HOLD: {busy[:4]}; release them first"
             )
-        lo = self.rank * self.shard_numel
-        self.shard.copy_(self.full[lo : lo + self.shard_numel])  # type: ignore[union-attr]
+        if not self.frozen:  # a frozen chunk's slice equals its shard: nothing wrote it
+            lo = self.rank * self.shard_numel
+            self.shard.copy_(self.full[lo : lo + self.shard_numel])  # type: ignore[union-attr]
         old, self.full = self.full, None
         for rec in self.records.values():
             self._set(rec, FREE)

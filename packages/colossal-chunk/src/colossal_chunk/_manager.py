@@ -131,6 +131,11 @@ class ChunkManager(
     def param_chunks(self) -> list[Chunk]:
         return [c for c in self.chunks.values() if c.kind == "param"]
 
+    def trainable_chunks(self) -> list[Chunk]:
+        """The parameter chunks that are not frozen: those with parallel chunks ([Note: frozen
+        chunks] in ``_register.py``)."""
+        return [c for c in self.chunks.values() if c.kind == "param" and not c.frozen]
+
     def _name(self, item: Tensorish) -> str:
         if isinstance(item, str):
             if item not in self._params:
@@ -222,6 +227,8 @@ class ChunkManager(
         loaded): those on disk start being written out of memory in the background."""
         for c in chunks:
             chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            if chunk.frozen:  # [Note: frozen chunks]: counted, so an owner can show it never is
+                self._placement.frozen_written += chunk.shard_bytes
             self._placement.used(chunk)  # [Note: disk fault-ins]
             self._placement.written(chunk)
 

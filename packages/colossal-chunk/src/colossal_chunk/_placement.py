@@ -37,6 +37,7 @@ from colossal_contracts import (
 from ._accounting import MoveStats
 from ._chunk import Chunk
 from ._config import ChunkConfig
+from ._host_copies import HostCopies, HostSide, down
 from ._pending import PendingReduce
 from ._prefetch import PendingCopy, Prefetcher
 from ._room import ComputeRoom
@@ -82,7 +83,7 @@ def build_tiers(config: ChunkConfig) -> dict[TierName, Tier]:
     return tiers
 
 
-class Placement(ComputeRoom, DiskSide):
+class Placement(ComputeRoom, HostSide, DiskSide):
     """Moves chunk payloads between tiers under their budgets; see the module docstring."""
 
     tiers: dict[TierName, Tier]
@@ -110,6 +111,8 @@ class Placement(ComputeRoom, DiskSide):
         self._prefetcher: Prefetcher | None = None
         self.spares = SparePayloads()  # [Note: spare payloads]
         self.disk_copies = DiskCopies(tiers.get(DISK))  # [Note: disk copies]
+        self.host_copies = HostCopies(tiers[HOST])  # [Note: host copies]
+        self.frozen_written = 0  # bytes written into frozen chunks ([Note: frozen chunks])
         self.inline_copy_bytes = _INLINE_COPY_BYTES  # [Note: inline prefetch]
 
     # ----- accounting ---------------------------------------------------------------------------
@@ -202,9 +205,17 @@ class Placement(ComputeRoom, DiskSide):
         if dst is DISK and self.disk_copies.has(_key(chunk, DISK)):
             self._back_to_disk(chunk)
             return
+        if dst is HOST and self.host_copies.has(chunk.chunk_id):
+            self._back_to_host(chunk)
+            return
         d = self.tiers[dst]
         if dst is DISK:
+            self.host_copies.drop(chunk.chunk_id)
             self.disk_copies.make_room(chunk.shard_bytes)
+        elif dst is HOST:
+            self.host_copies.make_room(chunk.shard_bytes)
+        if chunk.frozen and copy and down(src, dst):  # type: ignore[arg-type]
+            self.frozen_written += chunk.shard_bytes  # no unchanged copy below: written
         d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
         if copy:
             self.used(chunk)
@@ -222,9 +233,12 @@ class Placement(ComputeRoom, DiskSide):
         d.write_behind(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
         self._rebind(chunk)  # the old storage's views go: it may become a spare
         s = self.tiers[src]  # type: ignore[index]
-        self.spares.give(old, s)
+        if chunk.frozen and copy and src is HOST:  # [Note: host copies]
+            self.host_copies.hold(chunk.chunk_id, old)
+        else:
+            self.spares.give(old, s)
+            self._leave(chunk, s, copied=copy)
         del old
-        self._leave(chunk, s, copied=copy)
         chunk.tier = dst
         self._count(src, dst, chunk.shard_bytes)  # type: ignore[arg-type]
 
@@ -239,7 +253,10 @@ class Placement(ComputeRoom, DiskSide):
             freed += chunk.full_bytes
         self.settle(chunk)
         if chunk.tier is ACC:
-            for dst in (HOST, DISK):
+            order = (HOST, DISK)
+            if chunk.frozen and self.disk_copies.has(_key(chunk, DISK)):
+                order = (DISK,)  # dropped: its disk payload is unchanged ([Note: host copies])
+            for dst in order:
                 if dst in self.tiers and self._fits(chunk, dst):
                     self.move(chunk, dst)
                     return freed + chunk.shard_bytes
@@ -273,6 +290,7 @@ class Placement(ComputeRoom, DiskSide):
         """Drop ``chunk``'s gathered buffer (``Chunk.release``: this rank's slice is copied back
         into the shard, counted when the shard lives off the compute tier). True if dropped."""
         copies = not isinstance(chunk._inflight, PendingReduce) and chunk.tier is not ACC
+        copies = copies and not chunk.frozen  # dropped without a copy back ([Note: frozen chunks])
         dropped = chunk.release()
         if dropped is None:
             return False
@@ -285,6 +303,7 @@ class Placement(ComputeRoom, DiskSide):
         """Give up ``chunk``'s payloads (its shard and any gathered buffer) on every tier."""
         self.settle(chunk)
         self.disk_copies.drop(_key(chunk, DISK))
+        self.host_copies.drop(chunk.chunk_id)
         self.kept.discard(chunk.chunk_id)
         if chunk.world_size > 1 and chunk.is_gathered:
             self.tiers[ACC].free(chunk.full_bytes)
@@ -344,9 +363,12 @@ class Placement(ComputeRoom, DiskSide):
         old = chunk.replace_shard(pending.wait(), copy=False)
         del entry, pending  # the copy's hold on both storages
         self._rebind(chunk)
-        self.spares.give(old, src)
+        if chunk.frozen and src.name is HOST:  # [Note: host copies]
+            self.host_copies.hold(chunk.chunk_id, old)
+        else:
+            self.spares.give(old, src)
+            self._leave(chunk, src, copied=True)
         del old
-        self._leave(chunk, src, copied=True)
         chunk.tier = ACC
 
     def settle_all(self, chunks: dict[int, Chunk]) -> None:

@@ -2,6 +2,15 @@
 ([Note: packing] in ``_search.py``), and parallel chunks of the same layout beside them
 (gradients, fp32 masters, optimizer states).
 
+[Note: frozen chunks] Parameters registered as ``frozen`` (an owner's ``requires_grad=False``
+ones) are only ever read. They are packed into chunks of their own (``Chunk.frozen``), never
+beside tensors that are written, so that such a chunk costs its payload in the compute dtype and
+nothing else: ``add_parallel`` gives it no twin (no gradient, master or optimizer state), a
+gathered buffer is dropped without copying it back, and its disk payload is kept while it is
+read elsewhere (``DiskCopies``), so that evicting it to disk again writes nothing. The bytes
+written into frozen chunks after registration are counted (``ManagerStats.frozen_written_bytes``)
+so an owner can show that none are.
+
 ``ChunkManager`` inherits these methods; they fill its chunks, its name books and its placement.
 """
 
@@ -50,6 +59,7 @@ class ManagerRegistry:
         *,
         order: Sequence[str] | None = None,
         materialize: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        frozen: Iterable[str] = (),
     ) -> list[Chunk]:
         """Pack parameters into new chunks and point their ``.data`` into them.
 
@@ -57,7 +67,7 @@ class ManagerRegistry:
         given order. A parameter seen twice (tied weights) is registered once. Chunks start on
         ``config.home`` (spilling to host, then disk). With ``materialize``, a parameter's values
         are ``materialize(param)``, asked for one chunk's tensors at a time (lazy initialization).
-        Returns the new chunks.
+        Names in ``frozen`` go into frozen chunks ([Note: frozen chunks]). Returns the new chunks.
         """
         self._steady = False
         fresh: dict[str, torch.nn.Parameter] = {}
@@ -72,15 +82,19 @@ class ManagerRegistry:
         rank = {n: i for i, n in enumerate(order or ())}
         given = {n: i for i, n in enumerate(fresh)}
         names = sorted(fresh, key=lambda n: (rank.get(n, len(rank)), given[n]))
-        open_chunk: dict[torch.dtype, Chunk] = {}
+        read_only = frozenset(frozen)
+        open_chunk: dict[tuple[torch.dtype, bool], Chunk] = {}
         new: list[Chunk] = []
         for name in names:
             p = fresh[name]
-            c = open_chunk.get(p.dtype)
+            key = (p.dtype, name in read_only)
+            c = open_chunk.get(key)
             if c is None or not c.fits(p.numel()):
-                c = Chunk(self._next_id(), self.chunk_numel, p.dtype, group=self.group)
+                c = Chunk(
+                    self._next_id(), self.chunk_numel, p.dtype, group=self.group, frozen=key[1]
+                )
                 self.chunks[c.chunk_id] = c
-                open_chunk[p.dtype] = c
+                open_chunk[key] = c
                 new.append(c)
             c.add(name, p.shape)
             self._params[name], self._name_of[id(p)] = p, name
@@ -109,12 +123,13 @@ class ManagerRegistry:
         master weights, optimizer states). Zeros, or with ``copy_params`` the parameters' values
         cast to ``dtype``. They start on ``config.home`` like parameter chunks (spilling to the
         host, then disk; with ``spill_reserve``, then to the compute tier while that many bytes
-        of its room stay free, kept there: [Note: kept chunks])."""
+        of its room stay free, kept there: [Note: kept chunks]). Frozen chunks get none ([Note:
+        frozen chunks])."""
         if kind == "param" or kind in self._parallel:
             raise ConfigError(f"parallel chunk kind {kind!r} is taken; pick another name")
         self._steady = False
         twins = {}
-        for cid in [c.chunk_id for c in self.chunks.values() if c.kind == "param"]:
+        for cid in [c.chunk_id for c in self.chunks.values() if c.kind == "param" and not c.frozen]:
             src = self.chunks[cid]
             twin = src.same_layout(self._next_id(), dtype, kind)
             self.chunks[twin.chunk_id] = twin

@@ -59,11 +59,14 @@ class ManagerRepack:
                 kind[name] = full[rec.offset : rec.end].view(rec.shape)
             self._placement.forget(c)
         params, kinds = dict(self._params), list(self._parallel)
+        frozen = [
+            n for c in self.chunks.values() if c.kind == "param" and c.frozen for n in c.records
+        ]
         self.chunks, self._params, self._name_of, self._chunk_of = {}, {}, {}, {}
         self._parallel = {}
         for name, p in params.items():
             p.data = values["param"][name]
-        new = self.register(params.items(), order=order)
+        new = self.register(params.items(), order=order, frozen=frozen)
         for kind in kinds:
             for twin in self.add_parallel(kind, dtypes[kind], spill_reserve=self._spill[kind]):
                 for name in twin.records:

@@ -12,6 +12,7 @@ from .gemini._checkpoint import INDEX_FILE, consolidate, file_digest, load_shard
 from .gemini._config import PLACEMENTS, GeminiConfig
 from .gemini._module import GeminiModule, apply_gemini
 from .gemini._optimizer import GeminiOptimizer
+from .gemini._setup import chunk_bytes_per_param
 from .gemini._stream_state import iter_full_state
 from .low_level._checkpoint import load_zero_sharded, save_zero_sharded
 from .low_level._config import ZeroConfig
@@ -39,6 +40,7 @@ __all__ = [
     "ZeroConfig",
     "adamw_update",
     "apply_gemini",
+    "chunk_bytes_per_param",
     "consolidate",
     "file_digest",
     "global_grad_norm",

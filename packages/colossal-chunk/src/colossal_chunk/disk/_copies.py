@@ -13,7 +13,9 @@ counted on the disk tier; moved back to disk, it maps that payload again instead
 window (``keep`` with no kinds), when the chunk is written in place or forgotten, and, oldest
 first, whenever the disk tier needs the room for another payload: a copy is a cache, never a
 reason to refuse a move. The payload mapped again counts as not read ahead (its pages may have
-left the page cache): a use issues a read-ahead as for any payload on disk.
+left the page cache): a use issues a read-ahead as for any payload on disk. Frozen chunks
+(colossal-chunk's [Note: frozen chunks]) are never written: theirs are kept whatever the
+owner's kinds, and outlive the end of its window.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from colossal_contracts import InternalError
 
+from .._chunk import Chunk
 from .._tier import Tier
 from ._store import DiskStore
 
@@ -42,6 +45,7 @@ class DiskCopies:
         self._disk = disk
         self.kinds = frozenset()
         self._held: dict[str, int] = {}  # key -> payload bytes, oldest first
+        self._frozen: set[str] = set()  # keys of frozen chunks' payloads among them
         self.reused_bytes = 0
 
     def keep(self, kinds: frozenset[str]) -> None:
@@ -51,13 +55,15 @@ class DiskCopies:
         if not self.kinds:
             self.drop_all()
 
-    def takes(self, kind: str) -> bool:
-        """Whether a chunk of ``kind`` read off disk now keeps its disk payload."""
-        return kind in self.kinds
+    def takes(self, chunk: Chunk) -> bool:
+        """Whether ``chunk``, read off disk now, keeps its disk payload."""
+        return chunk.frozen or chunk.kind in self.kinds
 
-    def hold(self, key: str, nbytes: int) -> None:
+    def hold(self, key: str, nbytes: int, *, frozen: bool = False) -> None:
         """Keep ``key``'s disk payload (its chunk was just copied off it)."""
         self._held[key] = nbytes
+        if frozen:
+            self._frozen.add(key)
 
     def has(self, key: str) -> bool:
         return key in self._held
@@ -65,19 +71,22 @@ class DiskCopies:
     def reuse(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """``key``'s kept payload, mapped again as its chunk's shard (no longer kept: it is in use)."""
         nbytes = self._held.pop(key)
+        self._frozen.discard(key)
         self.reused_bytes += nbytes
         return self._store().remap(key, numel, dtype)
 
     def drop(self, key: str) -> None:
         """Free ``key``'s kept payload, if kept."""
         nbytes = self._held.pop(key, None)
+        self._frozen.discard(key)
         if nbytes is not None:
             disk = self._disk
             disk.free(nbytes)  # type: ignore[union-attr]
             disk.discard(key)  # type: ignore[union-attr]
 
     def drop_all(self) -> None:
-        for key in list(self._held):
+        """Drop every payload kept but frozen chunks' (their values never change)."""
+        for key in [k for k in self._held if k not in self._frozen]:
             self.drop(key)
 
     def make_room(self, nbytes: int) -> None:

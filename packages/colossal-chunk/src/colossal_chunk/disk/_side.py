@@ -15,6 +15,7 @@ import torch
 from colossal_contracts import TierName
 
 from .._chunk import Chunk
+from .._host_copies import HostCopies
 from .._spare import SparePayloads
 from .._tier import Tier
 from ._copies import DiskCopies
@@ -37,6 +38,7 @@ class DiskSide:
     tiers: dict[TierName, Tier]  # the placement's
     read_ahead_window: ReadAheadWindow  # the placement's
     disk_copies: DiskCopies  # the placement's
+    host_copies: HostCopies  # the placement's
     spares: SparePayloads  # the placement's
     _rebind: Callable[[Chunk], None]  # the placement's
 
@@ -119,8 +121,8 @@ class DiskSide:
         key = payload_key(chunk, src.name)
         if src.name is DISK:
             self.read_ahead_window.drop(chunk)
-            if copied and self.disk_copies.takes(chunk.kind):
-                self.disk_copies.hold(key, chunk.shard_bytes)
+            if copied and self.disk_copies.takes(chunk):
+                self.disk_copies.hold(key, chunk.shard_bytes, frozen=chunk.frozen)
                 return
         src.free(chunk.shard_bytes)
         src.discard(key)
@@ -132,4 +134,9 @@ class DiskSide:
             if self.disk_copies.has(payload_key(chunk, DISK)):
                 return True
             self.disk_copies.make_room(chunk.shard_bytes)
+        elif name is TierName.HOST:  # [Note: host copies] in ``_host_copies.py``
+            if self.host_copies.has(chunk.chunk_id):
+                return True
+            if DISK not in self.tiers:  # else the payload goes to disk: the copies stay
+                self.host_copies.make_room(chunk.shard_bytes)
         return self.tiers[name].free_bytes >= chunk.shard_bytes

@@ -48,7 +48,8 @@ def gemini_shards(model: GeminiModule, optimizer: GeminiOptimizer | None) -> Ite
     m = rt.manager
     for c in m.param_chunks():
         fp32 = rt.roles.fp32(c)
-        states = {k: m.parallel_chunk(k, c) for k in _STATES} if optimizer is not None else {}
+        with_states = optimizer is not None and not c.frozen  # frozen chunks: values only
+        states = {k: m.parallel_chunk(k, c) for k in _STATES} if with_states else {}
         for name, rec in c.records.items():
             part = fp32.shard_view(name)
             if part is None:
@@ -74,10 +75,11 @@ def finish_gemini_load(model: GeminiModule, optimizer: GeminiOptimizer | None) -
     rt = model.runtime
     m = rt.manager
     for c in m.param_chunks():
-        if rt.precision.master:
+        if rt.precision.master or c.frozen:  # frozen: a gathered copy is stale now
             rt.restore_params(c)
-        states = [m.parallel_chunk(k, c) for k in _STATES] if optimizer is not None else []
-        m.written([c, rt.roles.fp32(c), *states])
+        with_states = optimizer is not None and not c.frozen
+        states = [m.parallel_chunk(k, c) for k in _STATES] if with_states else []
+        m.written(dict.fromkeys([c, rt.roles.fp32(c), *states]))
     rt.clear_grads()
 
 

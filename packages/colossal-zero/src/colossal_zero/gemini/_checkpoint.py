@@ -99,7 +99,8 @@ def _plan_shard(
     groups: list[tuple[list[Any], list[_Item]]] = []
     for c in m.param_chunks():
         fp32 = _fp32_chunk(model, c)
-        states = [m.parallel_chunk(k, c) for k in STATE_KINDS] if optimizer is not None else []
+        with_states = optimizer is not None and not c.frozen  # frozen: values only
+        states = [m.parallel_chunk(k, c) for k in STATE_KINDS] if with_states else []
         items: list[_Item] = []
         for name, rec in c.records.items():
             ranges = []
@@ -113,7 +114,7 @@ def _plan_shard(
             if part is None:
                 continue
             numel = part[2] - part[1]
-            for kind, chunk in [("param", fp32), *zip(STATE_KINDS, states, strict=True)]:
+            for kind, chunk in [("param", fp32), *zip(STATE_KINDS, states)]:
                 spec = TensorSpec(f"{kind}/{name}", torch.float32, (numel,))
                 items.append((spec, lambda ch=chunk, n=name: ch.shard_view(n)[0].float()))
             if optimizer is not None and name in optimizer.steps:
@@ -312,6 +313,11 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     reader.check_whole([n for n in mine if n in frozen], optimizer=False)
     for c in m.param_chunks():
         fp32 = _fp32_chunk(model, c)
+        states = (
+            [] if c.frozen or optimizer is None else [m.parallel_chunk(k, c) for k in STATE_KINDS]
+        )
+        if c.frozen:  # loaded into its shard: a gathered copy would go stale
+            rt.restore_params(c)
         for name in c.records:
             if optimizer is not None and index["optimizer"]:
                 # every rank counts every tensor's steps (chunks may be re-packed later)
@@ -323,16 +329,14 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
                 continue
             view, a, _ = part
             reader.read_into("param", name, a, view)  # straight into the shard
-            if optimizer is None or not index["optimizer"]:
+            if not states or not index["optimizer"]:
                 continue
-            for kind in STATE_KINDS:
-                reader.read_into(kind, name, a, m.parallel_chunk(kind, c).shard_view(name)[0])  # type: ignore[index]
-        if rt.precision.master:
+            for kind, chunk in zip(STATE_KINDS, states, strict=True):
+                reader.read_into(kind, name, a, chunk.shard_view(name)[0])  # type: ignore[index]
+        if rt.precision.master and not c.frozen:
             rt.restore_params(c)
         # chunk by chunk: what was written into chunks on disk is written out of memory
-        m.written(
-            [c, fp32, *(m.parallel_chunk(k, c) for k in STATE_KINDS if optimizer is not None)]
-        )
+        m.written(dict.fromkeys([c, fp32, *states]))
     rt.clear_grads()
     reader.restore_scaler(optimizer.scaler if optimizer is not None else None)
     reader.close()

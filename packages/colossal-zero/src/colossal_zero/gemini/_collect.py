@@ -188,7 +188,7 @@ class GradientCollection(StepGradients):
     def _reduce_partial(self) -> None:
         """End of backward: reduce every chunk that got some gradients, the rest as zeros."""
         m = self.manager
-        for c in m.param_chunks():
+        for c in m.trainable_chunks():  # frozen chunks get no gradient
             if self._in_place:
                 if c.count(_S.READY_FOR_REDUCE) == 0:
                     continue

@@ -9,7 +9,8 @@ moments, raised by ``non_model_margin``, never clipped to the budget):
 
 ``held(m)`` counts whole parameter chunks (a gathered buffer beside the shard when sharded) of
 moment ``m`` and of ``m - 1`` (one is still in use as the next is accessed), and in backward the
-gradient twins of moment ``m``'s chunks when gradients have chunks of their own. ``kept`` is what kept chunks hold
+gradient twins of moment ``m``'s trainable chunks when gradients have chunks of their own (a
+frozen chunk has none: colossal-chunk's [Note: frozen chunks]). ``kept`` is what kept chunks hold
 ([Note: kept chunks] in colossal-chunk). Padding counts: a chunk holds ``chunk_numel`` elements.
 
 After the warmup, when the current chunk size breaks the rule, chunks are halved (never below the
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 
@@ -45,25 +46,31 @@ def moment_need(
     chunk_bytes: Mapping[int, int],
     *,
     grad_twin: bool,
+    frozen: Collection[int] = (),
 ) -> list[int]:
-    """``held(m)`` of [Note: feasibility rule] for every moment of ``order``."""
+    """``held(m)`` of [Note: feasibility rule] for every moment of ``order``; ``frozen``: the
+    chunk numbers of frozen chunks (no gradient twin)."""
     need = []
     for m, names in enumerate(order):
         now = {chunk_of[n] for n in names if n in chunk_of}
         ids = now | ({chunk_of[n] for n in order[m - 1] if n in chunk_of} if m > 0 else set())
-        twins = now if grad_twin and m >= backward_from else set()
+        twins = now.difference(frozen) if grad_twin and m >= backward_from else set()
         need.append(sum(chunk_bytes[c] for c in ids) + sum(chunk_bytes[c] for c in twins))
     return need
 
 
+_Tensor = tuple[int, torch.dtype, bool]  # elements, dtype, frozen
+
+
 def _layout(
-    names: Sequence[str], tensors: Mapping[str, tuple[int, torch.dtype]], chunk_numel: int
+    names: Sequence[str], tensors: Mapping[str, _Tensor], chunk_numel: int
 ) -> dict[str, int]:
-    """Parameter name -> chunk number, packed as ``register`` packs them (one run per dtype)."""
+    """Parameter name -> chunk number, packed as ``register`` packs them (one run per dtype,
+    frozen tensors apart)."""
     chunk_of: dict[str, int] = {}
     base = 0
-    for dtype in dict.fromkeys(tensors[n][1] for n in names):
-        group = [n for n in names if tensors[n][1] == dtype]
+    for key in dict.fromkeys(tensors[n][1:] for n in names):
+        group = [n for n in names if tensors[n][1:] == key]
         packed = pack([tensors[n][0] for n in group], chunk_numel)
         for i, idx in enumerate(packed):
             for j in idx:
@@ -82,8 +89,8 @@ def fit_chunk_size(
     """Apply [Note: feasibility rule]: keep the chunk size, or set a smaller one in the manager's
     config (True: the caller re-packs before the next step), or raise ``CapacityError``."""
     capacity = manager.tiers[TierName.ACCELERATOR].capacity_bytes
-    tensors = {  # name -> (elements, dtype): from the records (sharded parameters look empty)
-        n: (math.prod(r.shape), c.dtype)
+    tensors = {  # name -> (elements, dtype, frozen): from the records (sharded ones look empty)
+        n: (math.prod(r.shape), c.dtype, c.frozen)
         for c in manager.param_chunks()
         for n, r in c.records.items()
     }
@@ -95,7 +102,7 @@ def fit_chunk_size(
     kept = sum(c.shard_bytes for c in manager.chunks.values() if c.chunk_id in placement.kept)
     grad_twin = "grad" in manager._parallel
     reserves = [reserve(m) for m in range(len(order))]
-    largest = max(numel for numel, _ in tensors.values())
+    largest = max(t[0] for t in tensors.values())
 
     def budgets(numel: int) -> tuple[int, int]:
         """The rule's smallest budget, and the floor below which the policy cannot place a
@@ -105,7 +112,10 @@ def fit_chunk_size(
         for n, c in chunk_of.items():
             b = numel * tensors[n][1].itemsize
             sizes[c] = b // ws + (b if ws > 1 else 0)
-        held = moment_need(order, backward_from, chunk_of, sizes, grad_twin=grad_twin)
+        frozen = {c for n, c in chunk_of.items() if tensors[n][2]}
+        held = moment_need(
+            order, backward_from, chunk_of, sizes, grad_twin=grad_twin, frozen=frozen
+        )
         own = [sum(sizes[c] for c in {chunk_of[n] for n in m if n in chunk_of}) for m in order]
         rule = max(r + h for r, h in zip(reserves, held, strict=True)) + kept
         return rule, max(r + h for r, h in zip(reserves, own, strict=True)) + kept

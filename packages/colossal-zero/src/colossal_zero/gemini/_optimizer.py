@@ -182,7 +182,7 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
         pieces: dict[int, list[torch.Tensor]] = {}  # chunk id -> gradient slices of its owned
         disk = TierName.DISK in m.tiers  # without a disk tier there is nothing to stream
         roles, got, group_of = rt.roles, rt.got_grad, self.group_of
-        for c in m.param_chunks():
+        for c in m.trainable_chunks():
             names = [n for n in c.records if n in got and n in group_of]
             if not names:
                 continue

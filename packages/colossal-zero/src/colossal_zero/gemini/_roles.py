@@ -8,6 +8,8 @@
   slots with masters (the value is restored from the master afterwards), else in the fp32 "grad"
   twin;
 - gradients accumulated over micro-batches live in the lazily created fp32 "acc" twin.
+A frozen chunk (``requires_grad=False`` parameters, colossal-chunk's [Note: frozen chunks]) has
+no twin: its values are its own, in the compute dtype, and it holds no gradient.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class ChunkRoles:
 
     def fp32(self, c: Chunk) -> Chunk:
         """The chunk whose shard holds ``c``'s fp32 values (what the optimizer updates)."""
-        return self.manager.parallel_chunk("master", c) if self.masters else c
+        return self.manager.parallel_chunk("master", c) if self.masters and not c.frozen else c
 
     def working(self, c: Chunk) -> Chunk:
         """The chunk whose shard holds ``c``'s reduced gradients."""
@@ -33,7 +35,7 @@ class ChunkRoles:
 
     def restore(self, c: Chunk) -> None:
         """After the parameters' storage held gradients: copy the masters back (no-op in fp32)."""
-        if self.masters:
+        if self.masters and not c.frozen:
             master = self.manager.parallel_chunk("master", c)
             c.shard.copy_(master.shard)  # type: ignore[union-attr]
             self.manager.count_copy(master.tier, c.tier, c.shard_bytes)  # type: ignore[arg-type]

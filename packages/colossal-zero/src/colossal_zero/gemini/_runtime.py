@@ -99,10 +99,12 @@ class GeminiRuntime(GradientCollection):
         lazy_values.swap_out()
         self._hooks = GeminiHooks()  # the manager's hooks: [Note: warmup], [Note: overlap]
         self.manager = build_manager(named, config, group, self._hooks)
-        self.manager.register(named, materialize=lazy_values.fill if lazy_values else None)
+        frozen = [n for n, p in named if not p.requires_grad]  # [Note: frozen chunks]
+        fill = lazy_values.fill if lazy_values else None
+        self.manager.register(named, materialize=fill, frozen=frozen)
         if self.precision.master:
             self.manager.add_parallel("master", torch.float32)
-            for c in self.manager.param_chunks():
+            for c in self.manager.trainable_chunks():
                 master = self.manager.parallel_chunk("master", c)
                 for name in c.records:
                     part = master.shard_view(name)
@@ -237,7 +239,7 @@ class GeminiRuntime(GradientCollection):
         m = self.manager
         if any(c.kind == "acc" for c in m.chunks.values()):
             return 0
-        return sum(c.capacity * 4 for c in m.param_chunks())
+        return sum(c.capacity * 4 for c in m.trainable_chunks())
 
     def resident_op(self, names: tuple[str, ...]) -> None:
         """``pre_op`` of a resident step ([Note: resident steps]): no access, no moment."""

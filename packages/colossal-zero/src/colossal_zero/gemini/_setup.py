@@ -24,11 +24,22 @@ from colossal_contracts import ConfigError, PlacementPolicy, TierName
 from ..optim._precision import Precision
 from ._config import GeminiConfig
 
-__all__ = ["build_manager", "working_set_bytes"]
+__all__ = ["build_manager", "chunk_bytes_per_param", "working_set_bytes"]
 
 _MAX_DEFAULT_CHUNK = 1 << 25  # elements per chunk when no budget bounds it (64 MiB in bf16)
 _MIN_CHUNKS = 4  # with no budget, the search stays below total / _MIN_CHUNKS elements per chunk
 _SHARDED_SLACK = 0.15  # sharded chunks: waste traded for fewer chunks ([Note: fewer chunks])
+
+
+def chunk_bytes_per_param(precision: str | Precision, *, frozen: bool = False) -> int:
+    """Chunk bytes one parameter costs in Gemini (over all ranks together, padding aside). A
+    trainable one: its value in the compute dtype, its fp32 master (low precision; its gradient
+    reuses the parameter's slot) or fp32 gradient chunk (fp32), and Adam's two fp32 moments:
+    14 in bf16/fp16, 16 in fp32. A frozen one (``requires_grad=False``): its value only, 2 or 4
+    (colossal-chunk's [Note: frozen chunks]). Divide by the data-parallel size for one rank."""
+    spec = Precision.parse(precision)
+    value = spec.param_dtype.itemsize
+    return value if frozen else value + 4 + 8
 
 
 def working_set_bytes(chunk_numel: int, precision: Precision, world_size: int) -> int:
@@ -133,8 +144,10 @@ def build_manager(
             "accelerator budget, or lower chunk_numel (not below the largest parameter)"
         )
     elem = torch.empty((), dtype=precision.param_dtype).element_size()
-    num_chunks = -(-sum(numels) // chunk_numel)
-    param_bytes = num_chunks * chunk_numel * elem * (1 if precision.master else 2) // world_size
+    frozen = sum(p.numel() for _, p in named if not p.requires_grad)  # no grad twin
+    trained = -(-(sum(numels) - frozen) // chunk_numel) * (1 if precision.master else 2)
+    num_chunks = trained + -(-frozen // chunk_numel)
+    param_bytes = num_chunks * chunk_numel * elem // world_size
     chunk_cfg = ChunkConfig(
         chunk_numel=chunk_numel,
         accelerator_bytes=cap,

@@ -73,12 +73,12 @@ def plan_states(
     n = max(demand) + 1
     slack = min(room(m) - demand.get(m, (0, 0))[col] for m in range(n))
     at_step = room(n) - sum(  # the optimizer runs after the last moment (wrapping around)
-        s.shard_bytes for c in manager.param_chunks() for s in states_of(c) if s.tier is ACC
+        s.shard_bytes for c in manager.trainable_chunks() for s in states_of(c) if s.tier is ACC
     )
     budget = max(0, slack)
     chosen: list[int] = []
     used = widest = 0
-    for c in manager.param_chunks():
+    for c in manager.trainable_chunks():  # frozen chunks have no states
         states = states_of(c)
         if any(s.tier is ACC for s in states):
             continue

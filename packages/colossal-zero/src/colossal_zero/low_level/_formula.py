@@ -6,7 +6,8 @@ parallelism. Over ``dp`` ranks, stage 1 shards the 12 (``4 + 12/dp``), stage 2 a
 (``2 + 14/dp``), stage 3 everything (``16/dp``). These are the figures
 ``LowLevelZeroOptimizer.model_state_bytes`` measures (up to bucket padding). Gemini writes each
 16-bit gradient into its parameter's chunk slot once the parameter is no longer needed, so it holds
-``14/dp`` (plus chunk padding).
+``14/dp`` (plus chunk padding). A frozen parameter (``requires_grad=False``) holds only its
+16-bit value: 2 bytes (``2/dp`` sharded by stage 3), no gradient, master or moments.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ __all__ = ["model_state_bytes_per_param", "zero3_device_bytes"]
 
 
 def model_state_bytes_per_param(
-    stage: int, dp: int, *, grads_in_param_slots: bool = False
+    stage: int, dp: int, *, grads_in_param_slots: bool = False, frozen: bool = False
 ) -> tuple[float, float, float]:
     """``(params, grads, optimizer)`` bytes per parameter on one rank for ZeRO ``stage`` (0 is
     plain data parallelism) over ``dp`` ranks; ``grads_in_param_slots`` (stage 3, Gemini) counts
-    no separate gradient storage; see [Note: zero formula]."""
+    no separate gradient storage; ``frozen``: a parameter that is not trained; see [Note: zero
+    formula]."""
     if stage not in (0, 1, 2, 3) or dp < 1:
         raise ConfigError(f"ZeRO stage must be 0..3 and dp >= 1, got stage={stage}, dp={dp}")
+    if frozen:
+        return (2.0 / dp if stage >= 3 else 2.0, 0.0, 0.0)
     return (
         2.0 / dp if stage >= 3 else 2.0,
         0.0 if grads_in_param_slots and stage >= 3 else 2.0 / dp if stage >= 2 else 2.0,
