@@ -2,7 +2,7 @@
 (``apply_lora``), the base fingerprint a resume is checked against, and the adapter and merged
 exports of a LoRA checkpoint (``export_adapter``, ``merged_state``)."""
 
-from ._apply import LoraSpec, apply_lora, base_fingerprint, check_lora_optimizer
+from ._apply import LoraSpec, apply_lora, base_fingerprint, check_lora_optimizer, lora_layers
 from ._targets import LORA_GROUPS, linear_layers, resolve_targets
 
 __all__ = [
@@ -12,5 +12,6 @@ __all__ = [
     "base_fingerprint",
     "check_lora_optimizer",
     "linear_layers",
+    "lora_layers",
     "resolve_targets",
 ]

@@ -34,6 +34,7 @@ __all__ = [
     "check_lora_optimizer",
     "has_lora",
     "import_peft",
+    "lora_layers",
     "lora_record",
     "peft_config_of",
 ]
@@ -94,6 +95,21 @@ def _base_of(model: nn.Module) -> tuple[nn.Module, str]:
     return model, ""
 
 
+def lora_layers(model: nn.Module, spec: LoraSpec, *, label: str) -> list[str]:
+    """The linear layers of ``model`` that ``spec`` adapts; ``ConfigError`` (one line) when
+    its targets match nothing or its rank is above a chosen layer's width."""
+    names = resolve_targets(model, spec.targets, label=label)
+    widths = linear_layers(model)
+    narrow = min(names, key=lambda n: min(widths[n]))
+    if spec.rank > min(widths[narrow]):
+        raise ConfigError(
+            f"--lora-rank {spec.rank} is above the width of {label}'s layer {narrow} "
+            f"({widths[narrow][0]} -> {widths[narrow][1]}); use --lora-rank "
+            f"{min(widths[narrow])} or less"
+        )
+    return names
+
+
 def base_fingerprint(model: nn.Module) -> str:
     """SHA-256 of the model's parameters and buffers ([Note: base fingerprint])."""
     h = hashlib.sha256()
@@ -115,15 +131,7 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, label: str) -> tuple[nn.Modu
     ``ConfigError`` (one line) when the targets select nothing or the rank exceeds a layer."""
     peft = import_peft()
     base, attr = _base_of(model)
-    names = resolve_targets(base, spec.targets, label=label)
-    widths = linear_layers(base)
-    narrow = min(names, key=lambda n: min(widths[n]))
-    if spec.rank > min(widths[narrow]):
-        raise ConfigError(
-            f"--lora-rank {spec.rank} is above the width of {label}'s layer {narrow} "
-            f"({widths[narrow][0]} -> {widths[narrow][1]}); use --lora-rank "
-            f"{min(widths[narrow])} or less"
-        )
+    names = lora_layers(base, spec, label=label)
     fingerprint = base_fingerprint(base)
     modules = peft_target_modules(base, names)
     config = peft.LoraConfig(
