@@ -285,6 +285,11 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             f"{world} rank(s), plugin {_plugin_label(cfg, plugin, mesh)}, "
             f"{describe_data(shards, tokenizer)}"
         )
+        if lora:
+            console.print(
+                f"LoRA r{lora['rank']} on {', '.join(lora['target_modules'])}: "
+                f"{lora['trainable_params']:,} trainable parameters, the base frozen"
+            )
     if main and cfg.resume:
         trim_metrics(out, start)
     metrics = None  # opened with the first record: a run failing in step 1 leaves no trace
