@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from peft import LoraConfig, get_peft_model
 
 from colossal.cli import main
@@ -74,3 +75,21 @@ def test_plan_lora_bad_target(capsys):
     assert main(["plan", "--preset", "nano", "--lora-rank", "4", "--lora-targets", "wq"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "matches no linear layer" in err and "\n" not in err
+
+
+def test_groups_resolve_on_llama():
+    """attn and mlp on a Hugging Face Llama (built on meta): its seven projections."""
+    import transformers
+
+    from colossal.lora import resolve_targets
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=64,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    attn = resolve_targets(model, ("attn",), label="llama")
+    mlp = resolve_targets(model, ("mlp",), label="llama")
+    assert [n.split(".")[-1] for n in attn] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert [n.split(".")[-1] for n in mlp] == ["gate_proj", "up_proj", "down_proj"]
