@@ -46,10 +46,11 @@ def import_peft() -> Any:
     """The ``peft`` module, or a ``ConfigError`` saying how to install it."""
     try:
         import peft
-    except ImportError:
+    except ImportError as err:
         raise ConfigError(
-            "LoRA needs the peft library: pip install 'colossal-stack[lora]'"
-        ) from None
+            f"LoRA needs the peft library, which did not import ({err}): pip install "
+            "'colossal-stack[lora]'"
+        ) from err
     return peft
 
 
