@@ -46,11 +46,12 @@ def import_peft() -> Any:
     """The ``peft`` module, or a ``ConfigError`` saying how to install it."""
     try:
         import peft
-    except ImportError as err:
+    except ModuleNotFoundError as err:  # peft absent; its own failures (or a stop) propagate
+        if err.name != "peft":
+            raise
         raise ConfigError(
-            f"LoRA needs the peft library, which did not import ({err}): pip install "
-            "'colossal-stack[lora]'"
-        ) from err
+            "LoRA needs the peft library: pip install 'colossal-stack[lora]'"
+        ) from None
     return peft
 
 
