@@ -25,6 +25,7 @@ from torch import nn
 
 from colossal_contracts import CheckpointError, ConfigError
 
+from ..lora import check_lora_optimizer
 from ._checkpoint import write_checkpoint_dir_all_ranks
 from ._ddp import DDPPlugin
 from ._device import to_device
@@ -73,6 +74,7 @@ class Booster:
                 f"boost() needs a torch.optim.Optimizer built on the model's parameters, got "
                 f"{type(optimizer).__name__}"
             )
+        check_lora_optimizer(model, optimizer)  # LoRA trains with Adam/AdamW
         done = model.__dict__.get(_BOOSTED) or self.plugin.unwrap(model).__dict__.get(_BOOSTED)
         if done:
             raise ConfigError(

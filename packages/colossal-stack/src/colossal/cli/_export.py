@@ -21,12 +21,19 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "checkpoint", type=Path, help="a run's --out folder, its checkpoint/ or a step-N folder"
     )
-    p.add_argument(
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument(
         "--hf",
         type=Path,
-        required=True,
         metavar="OUT",
-        help="the new folder: AutoModelForCausalLM.from_pretrained(OUT) loads it",
+        help="the new folder: AutoModelForCausalLM.from_pretrained(OUT) loads it (a LoRA "
+        "run's: the merged model)",
+    )
+    what.add_argument(
+        "--adapter",
+        type=Path,
+        metavar="OUT",
+        help="a LoRA run's adapters as a PEFT folder: PeftModel.from_pretrained(base, OUT)",
     )
     p.add_argument(
         "--max-shard-size",
@@ -37,8 +44,12 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..export import export_hf
+    from ..export import export_adapter, export_hf
 
+    if args.adapter is not None:
+        out = export_adapter(args.checkpoint, args.adapter)
+        print(f"exported {args.checkpoint}'s adapters to {out} (PEFT folder)", file=sys.stderr)
+        return 0
     out = export_hf(args.checkpoint, args.hf, max_shard_bytes=args.max_shard_size)
     print(f"exported {args.checkpoint} to {out} (Hugging Face folder)", file=sys.stderr)
     return 0
@@ -78,6 +89,13 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
         help="stream the weights through Gemini's chunks under this many bytes, e.g. 256MiB "
         "(default: the whole model in memory)",
     )
+    p.add_argument(
+        "--adapter",
+        type=Path,
+        default=None,
+        help="a PEFT adapter folder (a LoRA run's --out/adapter) applied to the --checkpoint "
+        "model, e.g. the base Hugging Face folder",
+    )
     p.set_defaults(func=_generate)
 
 
@@ -96,6 +114,7 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         use_cache=not args.no_cache,
         accelerator_budget=args.accelerator_budget,
+        adapter=args.adapter,
     )
     print(result.text)
     print(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from colossal_contracts import ConfigError
 
+from ..lora import LoraSpec
 from ..plan import (
     HARDWARE,
     PRECISIONS,
@@ -21,6 +22,8 @@ from ..plan import (
     plan_layouts,
 )
 from ..plan._hardware import GiB
+from ..plan._layout import Layout
+from ..plan._lora import lora_shape
 from ..plan._render import plan_json, plot_memory, print_plans
 
 __all__ = ["add_plan_parser"]
@@ -52,6 +55,18 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--precision", default="bf16", help="bf16 (mixed precision, default) or fp32 training"
     )
+    p.add_argument(
+        "--lora-rank",
+        type=int,
+        default=None,
+        help="plan LoRA fine-tuning of this rank: the base frozen (compute-precision bytes "
+        "only), the adapters trainable (default: full fine-tuning)",
+    )
+    p.add_argument(
+        "--lora-targets",
+        default="attn,mlp",
+        help="with --lora-rank: attn, mlp and linear module names (default: %(default)s)",
+    )
     p.add_argument("--top", type=int, default=15, help="rows of the table (default 15)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--png", type=Path, help="write a PNG of the top layouts' memory split")
@@ -68,6 +83,11 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         help="plan with a --calibrate profile instead of a --hardware preset",
     )
     p.set_defaults(func=_run)
+
+
+def _no_model_parallelism(lay: Layout) -> bool:
+    """Layouts a LoRA run builds: data parallelism (ddp, ZeRO, Gemini) only."""
+    return lay.tp == 1 and lay.pp == 1 and lay.sp == 1
 
 
 def _hardware(args: argparse.Namespace):
@@ -147,6 +167,13 @@ def _run(args: argparse.Namespace) -> int:
     else:
         hw = _hardware(args)
     shape = model_shape(args.model, args.preset)
+    only = None
+    if args.lora_rank is not None:  # LoRA runs without tp, pp and sp (the job's check)
+        spec = LoraSpec(rank=args.lora_rank, targets=tuple(args.lora_targets.split(",")))
+        shape = lora_shape(shape, args.model, args.preset, spec)
+        only = _no_model_parallelism
+    elif args.lora_targets != "attn,mlp":
+        raise ConfigError("--lora-targets needs --lora-rank R (say, --lora-rank 8)")
     if shape.max_positions and args.seq_len > shape.max_positions:
         raise ConfigError(
             f"--seq-len {args.seq_len} exceeds {shape.name}'s {shape.max_positions} positions; "
@@ -160,10 +187,14 @@ def _run(args: argparse.Namespace) -> int:
         args.seq_len,
         args.efficiency,
         args.precision,
+        only=only,
     )
     plans = plan_layouts(req)
+    size = f"{req.shape.params / 1e9:.2f}B"
+    if shape.frozen:
+        size += f": {shape.frozen:,} frozen, {shape.trainable:,} trainable"
     head = (
-        f"{req.shape.name} ({req.shape.params / 1e9:.2f}B) on {args.devices} x {hw.name} "
+        f"{req.shape.name} ({size}) on {args.devices} x {hw.name} "
         f"({hw.memory / GiB:.0f} GiB), batch {args.global_batch}, seq {args.seq_len}"
     )
     if not plans:
@@ -185,6 +216,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "request": head,
+            "frozen_params": shape.frozen,
+            "trainable_params": shape.trainable,
             "fewest_devices": n_min,
             "fewest_devices_layout": best.layout.describe(),
             "plans": [plan_json(p) for p in plans[: args.top]],

@@ -223,10 +223,35 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--export",
         default=d.export,
-        metavar="{final,every,none}",
+        metavar="{final,every,none,merged}",
         help="which checkpoints also hold the consolidated fp32 model (safetensors shards + "
         "model.safetensors.index.json) beside the sharded state: final (the last step's), "
-        "every, none (default: %(default)s)",
+        "every, none; merged (LoRA): final, and the merged model in --out/hf beside the "
+        "adapter folder --out/adapter (default: %(default)s)",
+    )
+    lora = p.add_argument_group("lora", "LoRA adapters through peft on a frozen base")
+    lora.add_argument(
+        "--lora-rank",
+        type=int,
+        default=d.lora_rank,
+        help="train LoRA adapters of this rank, the base frozen (default: full fine-tuning)",
+    )
+    lora.add_argument(
+        "--lora-alpha",
+        type=float,
+        default=d.lora_alpha,
+        help="LoRA scaling numerator, updates scaled by alpha / rank (default: the rank)",
+    )
+    lora.add_argument(
+        "--lora-targets",
+        default=d.lora_targets,
+        help="comma list of attn, mlp and linear module names (default: %(default)s)",
+    )
+    lora.add_argument(
+        "--lora-dropout",
+        type=float,
+        default=d.lora_dropout,
+        help="dropout on the adapters' input (default: %(default)s)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.add_argument(
@@ -302,4 +327,8 @@ def _flags(args: argparse.Namespace) -> dict:
         export=args.export,
         resume=args.resume,
         restart=args.restart,
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        lora_targets=args.lora_targets,
+        lora_dropout=args.lora_dropout,
     )

@@ -38,6 +38,7 @@ from colossal_models import (
 from colossal_models._hf import import_transformers
 
 from ..booster import ShardedSafetensorsWriter, parse_bytes
+from ._lora import ADAPTER_FOLDER, export_adapter, merged_state
 from ._source import CheckpointInfo, iter_checkpoint_state, read_checkpoint
 from ._tokenizer_files import TOKENIZER_FILES, run_tokenizer, write_tokenizer_files
 
@@ -95,8 +96,8 @@ def hf_config_of(info: CheckpointInfo) -> Any:
 def hf_state_of(info: CheckpointInfo) -> Iterator[tuple[str, torch.Tensor]]:
     """``(transformers name, fp32 tensor)`` of the checkpoint's weights (see [Note: Hugging
     Face names]); prefixed ``hf:`` weights stream one at a time, adapted ones are converted
-    as a whole state dict."""
-    state = iter_checkpoint_state(info)
+    as a whole state dict; a LoRA checkpoint's are merged first ([Note: LoRA exports])."""
+    state = iter(merged_state(info).items()) if info.lora else iter_checkpoint_state(info)
     first = next(state, None)
     if first is None:
         raise CheckpointError(f"checkpoint {info.path} holds no weights")
@@ -171,10 +172,18 @@ def _causal_lm_class(config: Any) -> str:
 
 
 def export_after_training(
-    model: str, export: str, checkpoint: Path | None, out: Path
+    model: str, export: str, checkpoint: Path | None, out: Path, *, lora: bool = False
 ) -> Path | None:
     """After the final save of ``colossal train``: an ``hf:`` model's checkpoint exported to
-    ``out/hf`` (unless ``--export none``); the folder, or None when nothing was exported."""
-    if checkpoint is None or export == "none" or not model.startswith("hf:"):
+    ``out/hf`` (unless ``--export none``); a LoRA run's adapters to ``out/adapter`` (a PEFT
+    folder), and with ``--export merged`` its merged model to ``out/hf`` (any model that
+    exports to Hugging Face). The folder written last, or None when nothing was exported."""
+    if checkpoint is None or export == "none":
+        return None
+    if lora:
+        folder = export_adapter(checkpoint, Path(out) / ADAPTER_FOLDER)
+        if export != "merged":
+            return folder
+    elif not model.startswith("hf:"):
         return None
     return export_hf(checkpoint, Path(out) / HF_FOLDER)

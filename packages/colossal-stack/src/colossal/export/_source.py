@@ -50,6 +50,8 @@ class CheckpointInfo:
         train_config: the run's settings as ``colossal train`` recorded them (strings).
         tokenizer: the tokenizer the run resolved (``bytes`` or ``hf:PATH``, trainer.json's
             ``tokenizer``); None in a checkpoint written before that record.
+        lora: a LoRA run's record (trainer.json's ``lora``: rank, alpha, targets, dropout,
+            ``target_modules``, ``base_fingerprint``); None for full fine-tuning.
     """
 
     path: Path
@@ -58,6 +60,7 @@ class CheckpointInfo:
     layout_model: dict[str, Any] | None = None
     train_config: dict[str, Any] = field(default_factory=dict)
     tokenizer: str | None = None
+    lora: dict[str, Any] | None = None
 
 
 def _step_dir(path: Path) -> Path:
@@ -103,7 +106,10 @@ def read_checkpoint(path: Path) -> CheckpointInfo:
         model, config = str(layout.get("class", "")).lower(), layout.get("config", {})
     tokenizer = trainer.get("tokenizer") if isinstance(trainer, dict) else None
     tokenizer = tokenizer if isinstance(tokenizer, str) else None
-    return CheckpointInfo(step, model, config, layout, train_config, tokenizer)
+    lora = trainer.get("lora") if isinstance(trainer, dict) else None
+    if lora is not None and not (isinstance(lora, dict) and "target_modules" in lora):
+        raise CheckpointError(f"{step / TRAINER_FILE}: 'lora' is malformed (no target_modules)")
+    return CheckpointInfo(step, model, config, layout, train_config, tokenizer, lora)
 
 
 def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -123,15 +123,20 @@ def generate(
     seed: int = 0,
     use_cache: bool = True,
     accelerator_budget: int | str | None = None,
+    adapter: str | Path | None = None,
 ) -> GenerationResult:
     """Continue ``prompt`` with the model of ``checkpoint`` (a run's ``--out``, a checkpoint
     folder, a Hugging Face folder, or what ``load_for_generation`` returned): greedy when
     ``temperature`` is 0, else sampled (``top_k``, ``top_p``) from a generator seeded with
     ``seed``. ``use_cache``: a key/value cache (GPT and PaLM: ``colossal_models.KVCache``;
     Hugging Face models: their own). ``accelerator_budget``: stream the weights through
-    Gemini's chunks under that many bytes ([Note: offloaded inference])."""
+    Gemini's chunks under that many bytes ([Note: offloaded inference]). ``adapter``: a PEFT
+    adapter folder (a LoRA run's ``out/adapter``) merged into the model first."""
     sampling = SamplingConfig(max_new_tokens, temperature, top_k, top_p, seed)
-    loaded = checkpoint if isinstance(checkpoint, Loaded) else load_for_generation(checkpoint)
+    if isinstance(checkpoint, Loaded):
+        loaded = checkpoint
+    else:
+        loaded = load_for_generation(checkpoint, adapter=adapter)
     prompt_ids = loaded.codec.encode(prompt)
     decoder, call = build_decoder(
         loaded,

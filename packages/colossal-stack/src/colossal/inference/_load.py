@@ -27,7 +27,9 @@ from ..export import (
     hf_config_of,
     hf_state_of,
     iter_checkpoint_state,
+    merged_state,
     run_tokenizer,
+    with_adapter,
 )
 from ..export import read_checkpoint as _read_checkpoint
 
@@ -103,7 +105,8 @@ def _eos(config: Any) -> int | None:
 def _load_native(info: CheckpointInfo) -> nn.Module:
     family, config_cls = (GPT, GPTConfig) if info.model == "gpt" else (PaLM, PaLMConfig)
     model = family(config_cls(**info.model_config))
-    missing, unexpected = model.load_state_dict(dict(iter_checkpoint_state(info)), strict=False)
+    state = merged_state(info) if info.lora else dict(iter_checkpoint_state(info))  # base+LoRA
+    missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise CheckpointError(
             f"checkpoint {info.path} does not match its {info.model} config: missing "
@@ -132,10 +135,19 @@ def _is_hf_folder(path: Path) -> bool:
     return (path / "config.json").is_file() and any((path / w).is_file() for w in _WEIGHTS)
 
 
-def load_for_generation(path: str | Path) -> Loaded:
-    """The model and tokenizer at ``path`` (see the module docstring); ``CheckpointError`` in
-    one line when ``path`` is neither a checkpoint nor a Hugging Face folder."""
-    path = Path(path)
+def load_for_generation(path: str | Path, *, adapter: str | Path | None = None) -> Loaded:
+    """The model and tokenizer at ``path`` (see the module docstring), with the PEFT adapter
+    folder ``adapter`` merged in when given (a LoRA run's checkpoint needs none: its adapters
+    are merged already); ``CheckpointError`` in one line when ``path`` is neither a
+    checkpoint nor a Hugging Face folder."""
+    loaded = _load(Path(path))
+    if adapter is not None:
+        loaded.model = with_adapter(loaded.model, Path(adapter)).float().eval()
+        loaded.source += f" + adapter {adapter}"
+    return loaded
+
+
+def _load(path: Path) -> Loaded:
     if not path.exists():
         raise CheckpointError(f"{path}: no such folder; give a run's --out or a checkpoint")
     if _is_hf_folder(path) and not (path / "trainer.json").is_file():

@@ -17,6 +17,7 @@ from ._activation import (
 from ._cost import StepCost, step_cost
 from ._hardware import HARDWARE, Hardware, parse_bandwidth, parse_bytes
 from ._layout import METHODS, TP_MODES, Layout, enumerate_layouts
+from ._lora import lora_params, lora_shape
 from ._memory import PRECISIONS, MemoryBreakdown, device_memory
 from ._search import Plan, PlanRequest, evaluate, fewest_devices, plan_layouts
 from ._shape import ModelShape, from_gpt_config, from_palm_config, gpt_shape, model_shape
@@ -45,6 +46,8 @@ __all__ = [
     "head_activation_bytes",
     "layer_activation_bytes",
     "logits_bytes",
+    "lora_params",
+    "lora_shape",
     "model_shape",
     "parse_bandwidth",
     "parse_bytes",

@@ -28,6 +28,12 @@ micro-batches then in flight. ZeRO-2 over more than one rank is the exception: i
 is allocated at the first gradient of the backward pass, while every activation is held
 (measured: plan_vs_measured's ZeRO-2 row was 18% low without it). Plain data parallelism at ``tp = pp = sp = 1`` is torch DDP, whose
 gradient buckets (``buffers``) hold a second copy of every gradient.
+
+[Note: frozen parameters] Parameters with ``requires_grad=False`` (a LoRA run's base,
+``ModelShape.frozen``) take their compute-precision bytes (2 in bf16, 4 in fp32) and nothing
+else: no gradient, no fp32 master, no Adam state. Gemini shards them over dp like every
+parameter (its frozen chunks, kept where the tiers put the 16-bit parameters); ZeRO-1/2 and
+DDP replicate them. The trainable rest follows ZeRO's formula as above.
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ class MemoryBreakdown:
     """Bytes per device by kind at the step's peak, and per device on the host and on disk.
 
     ``transient`` and ``overlap``: see [Note: memory model]; ``device_total`` is the peak.
+    ``frozen``: the part of ``params`` (or of ``host``, where the tiers put the 16-bit
+    parameters) that frozen parameters take ([Note: frozen parameters]).
     """
 
     params: float
@@ -64,6 +72,7 @@ class MemoryBreakdown:
     disk: float = 0.0
     transient: float = 0.0
     overlap: float = 0.0
+    frozen: float = 0.0
 
     @property
     def device_total(self) -> float:
@@ -156,18 +165,22 @@ def device_memory(
     w = 2 if precision == "bf16" else 4  # parameter, gradient and activation element bytes
     opt = 1.0 if precision == "bf16" else 8 / 12
     pb, gb, ob = model_state_bytes_per_param(stage, lay.dp, grads_in_param_slots=True)
-    p, g, o = pb * n * w / 2, gb * n * w / 2, ob * n * opt
+    frozen = n * shape.frozen / shape.params  # [Note: frozen parameters]
+    t = n - frozen
+    fz = frozen * w / (lay.dp if stage == 3 else 1)
+    p, g, o = pb * t * w / 2 + fz, gb * t * w / 2, ob * t * opt
     act, overlap = activation_bytes(shape, lay, seq_len, w)
     if stage == 0:  # gradients freed by zero_grad; torch DDP's buckets copy them
         ddp = lay.dp > 1 and lay.tp == lay.pp == lay.sp == 1
-        return MemoryBreakdown(p, 0.0, o, act, g if ddp else 0.0, transient=g, overlap=overlap)
+        buckets = g if ddp else 0.0
+        return MemoryBreakdown(p, 0.0, o, act, buckets, transient=g, overlap=overlap, frozen=fz)
     if stage < 3:
-        bucket = min(ZERO_BUCKET_NUMEL, n) * w if stage == 2 else 0.0
+        bucket = min(ZERO_BUCKET_NUMEL, t) * w if stage == 2 else 0.0
         if stage == 2 and lay.dp > 1:  # its first bucket opens at the first gradient: all
             overlap = act  # activations are still held (see [Note: memory model])
-        return MemoryBreakdown(p, g, o, act, 0.0, transient=bucket, overlap=overlap)
+        return MemoryBreakdown(p, g, o, act, 0.0, transient=bucket, overlap=overlap, frozen=fz)
     working = zero3_device_bytes(0, shape.layer_params / lay.tp, 1, offload="all") * w / 2
-    kw = dict(transient=0.0, overlap=overlap)
+    kw = dict(transient=0.0, overlap=overlap, frozen=fz)
     if lay.method == "gemini":
         return MemoryBreakdown(p, g, o, act, working, **kw)
     if lay.method == "gemini-host":

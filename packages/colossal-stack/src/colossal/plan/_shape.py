@@ -26,6 +26,9 @@ class ModelShape:
             gated (SwiGLU) MLP.
         max_positions: the longest sequence the model takes (0: unknown).
         rmsnorm: the norms are RMSNorm (they save two tensors, see ``layer_activation_bytes``).
+        frozen: parameters that do not train (``requires_grad=False``: a LoRA run's base,
+            see ``colossal.plan.lora_shape``); they cost their compute-precision bytes only,
+            with no gradient, fp32 master or Adam state (0: every parameter trains).
     """
 
     name: str
@@ -42,6 +45,12 @@ class ModelShape:
     gated: bool = False
     max_positions: int = 0
     rmsnorm: bool = False
+    frozen: int = 0
+
+    @property
+    def trainable(self) -> int:
+        """Parameters that train."""
+        return self.params - self.frozen
 
     @property
     def layer_params(self) -> float:

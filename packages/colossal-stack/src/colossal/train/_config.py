@@ -9,11 +9,12 @@ from pathlib import Path
 from colossal_contracts import ConfigError
 from colossal_parallel import SCHEDULES, TP_MODES
 
+from ._lora_flags import check_lora_flags
 from ._mesh import check_flags, resolve_plugin
 
 __all__ = ["EXPORTS", "TrainConfig"]
 
-EXPORTS = ("final", "every", "none")
+EXPORTS = ("final", "every", "none", "merged")
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,13 @@ class TrainConfig:
         log_every: refresh the progress display every N steps.
         layout: the ``colossal plan`` layout the mesh flags came from (``--layout``), recorded
             in metrics.jsonl and the summary; None: flags given one by one.
+        lora_rank: train LoRA adapters of this rank through ``peft`` on a frozen base (None:
+            full fine-tuning); see ``colossal.lora``. The run's export is then a PEFT adapter
+            folder (``out/adapter``), and with ``export="merged"`` also the merged model as a
+            Hugging Face folder (``out/hf``).
+        lora_alpha: LoRA's scaling numerator (updates scaled by alpha / rank); None: the rank.
+        lora_targets: comma list of "attn", "mlp" and module names ([Note: LoRA targets]).
+        lora_dropout: dropout on the adapters' input.
     """
 
     model: str = "gpt"
@@ -136,6 +144,10 @@ class TrainConfig:
     grad_accum: int = 1
     eval_every: int = 0
     log: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: str = "attn,mlp"
+    lora_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for name, kinds in _TYPES.items():
@@ -214,6 +226,7 @@ class TrainConfig:
                 "Hugging Face config.json or saved folder)"
             )
         self._check_tiers()
+        check_lora_flags(self)
         if self.plugin == "zero" or self.zero_stage != 1:
             self._check_zero()
         if self.plugin in ("ddp", "hybrid"):
@@ -234,7 +247,8 @@ class TrainConfig:
 
     def exports_at(self, step: int) -> bool:
         """Whether the checkpoint saved after ``step`` carries the consolidated model."""
-        return self.export == "every" or (self.export == "final" and step == self.steps)
+        final = self.export in ("final", "merged")
+        return self.export == "every" or (final and step == self.steps)
 
     def _check_data(self) -> None:
         """``corpus`` as a synonym of ``data``; the fraction and dropout in range."""
@@ -348,6 +362,10 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "grad_accum": int,
     "eval_every": int,
     "log": (str, type(None)),
+    "lora_rank": (int, type(None)),
+    "lora_alpha": (float, int, type(None)),
+    "lora_targets": str,
+    "lora_dropout": (float, int),
 }
 # (lowest, highest) of each integer setting
 _INT_RANGES = {

@@ -43,6 +43,7 @@ from ._display import (
     summary_table,
 )
 from ._guard import FiniteGuard
+from ._lora_flags import apply_job_lora
 from ._mesh import PLUGINS, check_mesh, hybrid_plugin, mesh_flags, state_shards
 from ._models import ModelSpec, enable_activation_checkpointing, resolve_model
 from ._outdir import METRICS, Claim, claim_out_on_rank0, trim_metrics
@@ -234,6 +235,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     model = spec.build()
     if cfg.activation_checkpointing and cfg.plugin != "hybrid":  # the hybrid plugin's own
         enable_activation_checkpointing(model)
+    model, lora = apply_job_lora(cfg, spec.label, model, resume_from)  # before any state
     optimizer = torch.optim.AdamW(  # every plugin keeps the groups (sharding ones by name)
         _param_groups(model, cfg.weight_decay),
         lr=cfg.lr,
@@ -274,6 +276,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
         "train_config": {k: str(v) for k, v in asdict(cfg).items()},
         "model_config": spec.config,
         "tokenizer": tokenizer.spec,
+        **({"lora": lora} if lora else {}),
     }
     if main:
         out.mkdir(parents=True, exist_ok=True)
@@ -282,6 +285,11 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             f"{world} rank(s), plugin {_plugin_label(cfg, plugin, mesh)}, "
             f"{describe_data(shards, tokenizer)}"
         )
+        if lora:
+            console.print(
+                f"LoRA r{lora['rank']} on {', '.join(lora['target_modules'])}: "
+                f"{lora['trainable_params']:,} trainable parameters, the base frozen"
+            )
     if main and cfg.resume:
         trim_metrics(out, start)
     metrics = None  # opened with the first record: a run failing in step 1 leaves no trace
@@ -368,7 +376,11 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             )
     with watch.paused():
         val = _evaluate(booster, model, held_out, dp_group) if held_out else float("nan")
-    hf_folder = export_after_training(cfg.model, cfg.export, checkpoint, out) if main else None
+    hf_folder = (
+        export_after_training(cfg.model, cfg.export, checkpoint, out, lora=lora is not None)
+        if main
+        else None
+    )
     result = TrainResult(
         losses=losses,
         val_loss=val,
@@ -384,7 +396,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             **comm_summary(records),
         }
         if hf_folder is not None:
-            summary["hugging face export"] = str(hf_folder)
+            summary["hugging face export" if hf_folder.name == "hf" else "export"] = str(hf_folder)
         if records and "bytes_moved" in records[-1]:
             summary["memory timeline"] = str(plot_memory_timeline(records, out))
         console.print(summary_table(summary))

@@ -1,0 +1,77 @@
+"""LoRA's bad inputs, each one line before training with the run in ``--out`` unchanged (the
+rows of test_bad_inputs' table for ``--lora-*``): targets that match nothing (naming the
+model's linear layers), a rank of 0 or above a layer's width, flags without ``--lora-rank``,
+LoRA on a sharded mesh, LoRA with an optimizer that is not Adam/AdamW (the Python API: the job
+always builds AdamW), and a resume on other base weights."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from colossal import Booster, DDPPlugin, TrainConfig, train
+from colossal.cli import main
+from colossal_contracts import ConfigError
+from colossal_models import GPT, GPTConfig
+
+TRAIN = ["train", "--preset", "nano", "--batch-size", "2", "--seq-len", "16", "--steps", "3"]
+LORA = [*TRAIN, "--plugin", "ddp", "--lora-rank", "4"]
+CASES = [  # (id, argv, message); each resumes the LoRA run in --out
+    ("targets-nothing", [*LORA, "--lora-targets", "wq"], "its linear layers are: attn.qkv"),
+    ("targets-empty", [*LORA, "--lora-targets", ","], "--lora-targets is empty"),
+    ("rank-zero", [*TRAIN, "--plugin", "ddp", "--lora-rank", "0"], "--lora-rank must be a"),
+    ("rank-above-width", [*TRAIN, "--plugin", "ddp", "--lora-rank", "65"], "use --lora-rank 64"),
+    ("alpha-negative", [*LORA, "--lora-alpha=-1"], "--lora-alpha must be positive"),
+    ("dropout-one", [*LORA, "--lora-dropout", "1"], "--lora-dropout must be in [0, 1)"),
+    ("alpha-no-rank", [*TRAIN, "--plugin", "ddp", "--lora-alpha", "8"], "needs --lora-rank"),
+    ("merged-no-rank", [*TRAIN, "--plugin", "ddp", "--export", "merged"], "needs --lora-rank"),
+    ("lora-tp", [*LORA, "--plugin", "hybrid", "--tp", "2"], "--tp 2 is not built yet"),
+    ("other-base", [*LORA, "--seed", "1"], "the base weights differ"),
+    ("other-rank", [*TRAIN, "--plugin", "ddp", "--lora-rank", "8"], "trained LoRA with rank 4"),
+    ("lora-dropped", [*TRAIN, "--plugin", "ddp"], "is of LoRA, this run is not"),
+]
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A finished LoRA run (ddp, gpt-nano, 2 steps) and its corpus."""
+    from colossal_models import default_corpus_path
+
+    root = tmp_path_factory.mktemp("lora-bad")
+    corpus = root / "corpus.txt"
+    corpus.write_bytes((default_corpus_path() / "textwrap.py").read_bytes())
+    run = root / "run"
+    kw = dict(preset="nano", steps=2, batch_size=2, seq_len=16, data=corpus, out=run)
+    train(TrainConfig(**kw, plugin="ddp", lora_rank=4, export="none"))  # type: ignore[arg-type]
+    return run, corpus
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("argv,message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_lora_bad_input(lora_run, capsys, argv, message):
+    run, corpus = lora_run
+    before = _snapshot(run)
+    assert main([*argv, "--data", str(corpus), "--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err[-2000:]
+    assert err.startswith("error: ") and message in err, err
+    assert _snapshot(run) == before
+
+
+def test_lora_with_sgd_refused():
+    torch.manual_seed(0)
+    model = get_peft_model(GPT(GPTConfig.preset("nano")), LoraConfig(r=4, target_modules=["qkv"]))
+    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    with pytest.raises(ConfigError, match=r"LoRA trains with torch\.optim\.Adam or AdamW, got SGD"):
+        Booster(DDPPlugin()).boost(model, sgd)
