@@ -44,7 +44,7 @@ from ._display import (
 )
 from ._guard import FiniteGuard
 from ._mesh import PLUGINS, check_mesh, hybrid_plugin, mesh_flags, state_shards
-from ._models import ModelSpec, enable_activation_checkpointing, resolve_model
+from ._models import ModelSpec, build_model, enable_activation_checkpointing, resolve_model
 from ._outdir import METRICS, Claim, claim_out_on_rank0, trim_metrics
 from ._preflight import check_fits, check_tiers
 from ._resume import restore_position, save_with_state
@@ -231,7 +231,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     shards = open_data(cfg, tokenizer, rank=rank)  # bad data: an error before any write
     open_loader(cfg, shards)  # data shorter than one sequence: an error here too
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    model = spec.build()
+    model, lazy = build_model(spec, cfg.plugin)  # [Note: lazy job]
     if cfg.activation_checkpointing and cfg.plugin != "hybrid":  # the hybrid plugin's own
         enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(  # every plugin keeps the groups (sharding ones by name)
@@ -242,6 +242,8 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     )
     if isinstance(plugin, GeminiPlugin) and cfg.accelerator_budget is not None:
         plugin.non_model_bytes = _activation_bytes(spec, cfg)
+    if lazy is not None:
+        plugin.lazy = lazy  # type: ignore[attr-defined]  # materialized where it lives
     booster = Booster(plugin)
     model, optimizer = booster.boost(model, optimizer)
     # [Note: mesh data]: one batch per data-parallel coordinate, losses averaged over dp
