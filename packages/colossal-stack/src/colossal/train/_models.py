@@ -71,6 +71,9 @@ class ModelSpec:
             that have adapters (the ``ConfigError`` message for ``--tp``); "" otherwise.
         presets: the family's named sizes, for "try a smaller preset" hints ({} when none).
         config: the model's configuration, a JSON-able dict recorded with checkpoints.
+        lazy: ``build`` runs inside ``colossal.lazy_init()`` with eager construction's values
+            (GPT and PaLM); a Hugging Face model loads saved weights or converts a built model
+            through an adapter, which the meta device cannot replay, so it is built eagerly.
     """
 
     label: str
@@ -82,6 +85,7 @@ class ModelSpec:
     tp_unsupported: str = ""
     presets: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    lazy: bool = True
 
 
 _FAMILIES: dict[str, tuple[type[nn.Module], Any, dict[str, Any]]] = {
@@ -150,6 +154,7 @@ def _resolve_hf(path: str, *, vocab_size: int, parallel: bool) -> ModelSpec:
         tp_capable=ours is not None,
         tp_unsupported=reason,
         config=json.loads(json.dumps(record, default=str)),
+        lazy=False,  # saved weights and adapters are read on the host
     )
     if parallel and ours is not None:
         return ModelSpec(
@@ -188,7 +193,7 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
 def build_model(spec: ModelSpec, plugin: str) -> tuple[nn.Module, LazyInit | None]:
     """The job's model and the ``LazyInit`` it was built in (None: built eagerly).
 
-    [Note: lazy job] Under the plugins of ``LAZY_PLUGINS`` the job builds every model on the
+    [Note: lazy job] Under the plugins of ``LAZY_PLUGINS`` the job builds GPT and PaLM on the
     meta device inside a ``LazyInit`` and hands it to the plugin, which materializes it where
     it lives: Gemini chunk by chunk into its tiers (with ``--tp``, each rank's slices), ZeRO-1/2
     and the hybrid plugin one tensor at a time onto their device, the hybrid plugin only this
@@ -197,9 +202,9 @@ def build_model(spec: ModelSpec, plugin: str) -> tuple[nn.Module, LazyInit | Non
     leaves it, so data order and dropout do not change. Setup holds about one chunk (one tensor)
     beyond what the run keeps, instead of the whole fp32 model: what lets ``--disk-budget``
     train models larger than the host's memory. DDP keeps the eager build (it replicates the
-    whole model anyway).
+    whole model anyway), and so do Hugging Face models (``ModelSpec.lazy``).
     """
-    lazy = LazyInit() if plugin in LAZY_PLUGINS else None
+    lazy = LazyInit() if plugin in LAZY_PLUGINS and spec.lazy else None
     with lazy if lazy is not None else nullcontext():
         model = spec.build()
     return model, lazy
