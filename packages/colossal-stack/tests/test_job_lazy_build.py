@@ -1,71 +1,39 @@
-"""Issue 35 item 3: ``colossal train`` builds its model lazily ([Note: lazy job]) under Gemini,
-ZeRO and the hybrid plugin, and the run is the eager build's bit for bit: the weights right
-after setup and the losses of two steps."""
+"""Issue 35 item 3: ``colossal train`` builds its model lazily ([Note: lazy job]) under Gemini
+(with and without tp), ZeRO and the hybrid plugin (with pipeline stages), and the run is the eager
+build's bit for bit: the weights right after setup and the losses of two steps."""
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
-
 import pytest
 import torch
+from _checks_job_lazy import lazy_and_eager
 
-from colossal.booster import Booster, GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin
-from colossal.train import TrainConfig, train
-
-models = importlib.import_module("colossal.train._models")  # colossal.train is also a function
-
-RUNS = {  # name -> TrainConfig settings beyond the common ones
+RUNS_1 = {  # one process
     "gemini": {"plugin": "gemini", "host_budget": "64MiB"},
     "zero2": {"plugin": "zero", "zero": 2},
     "hybrid": {"plugin": "hybrid", "zero": 1},
 }
+RUNS_2 = {  # two ranks, one shared world
+    "gemini-tp2": {"plugin": "gemini", "tp": 2},
+    "hybrid-pp2": {"plugin": "hybrid", "pp": 2, "microbatches": 2},
+}
 
 
-def _setup_weights(model, optimizer, plugin) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
-    if isinstance(plugin, GeminiPlugin):
-        return model.full_state_dict()
-    if isinstance(plugin, LowLevelZeroPlugin):
-        return optimizer.full_state_dict()
-    assert isinstance(plugin, HybridParallelPlugin)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+def _check(out: dict) -> None:
+    lazy, eager = out["lazy"], out["eager"]
+    assert lazy["meta"] and not eager["meta"]  # the plugin got a meta model, or a built one
+    assert lazy["weights"].keys() == eager["weights"].keys()
+    for k, v in eager["weights"].items():
+        assert torch.equal(lazy["weights"][k], v), k
+    assert len(lazy["losses"]) == 2 and lazy["losses"] == eager["losses"]
 
 
-def _run(tmp_path: Path, name: str, monkeypatch, *, lazy: bool) -> tuple[dict, list[float]]:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(models, "LAZY_PLUGINS", models.LAZY_PLUGINS if lazy else ())
-    seen: dict[str, object] = {}
-    boost = Booster.boost
-
-    def spy(self, model, optimizer):  # type: ignore[no-untyped-def]
-        seen["meta"] = any(p.is_meta for p in model.parameters())
-        model, optimizer = boost(self, model, optimizer)
-        seen["weights"] = _setup_weights(model, optimizer, self.plugin)
-        return model, optimizer
-
-    monkeypatch.setattr(Booster, "boost", spy)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    cfg = TrainConfig(
-        preset="nano",
-        steps=2,
-        batch_size=2,
-        seq_len=16,
-        corpus=corpus,
-        out=tmp_path / f"{name}-{lazy}",
-        checkpoint_every=0,
-        export="none",
-        **RUNS[name],
-    )
-    result = train(cfg)
-    assert seen["meta"] == lazy  # the model reached the plugin on the meta device, or not
-    return seen["weights"], result.losses  # type: ignore[return-value]
+@pytest.mark.parametrize("name", list(RUNS_1))
+def test_the_job_builds_lazily_and_equals_the_eager_build(tmp_path, name):
+    _check(lazy_and_eager({name: RUNS_1[name]}, str(tmp_path))[name])
 
 
-@pytest.mark.parametrize("name", list(RUNS))
-def test_the_job_builds_lazily_and_equals_the_eager_build(tmp_path, monkeypatch, name):
-    lazy_w, lazy_losses = _run(tmp_path, name, monkeypatch, lazy=True)
-    eager_w, eager_losses = _run(tmp_path, name, monkeypatch, lazy=False)
-    assert lazy_w.keys() == eager_w.keys()
-    for k in eager_w:
-        assert torch.equal(lazy_w[k], eager_w[k]), k
-    assert len(lazy_losses) == 2 and lazy_losses == eager_losses
+def test_multi_rank_jobs_build_lazily_and_equal_the_eager_build(world, tmp_path):
+    for rank_out in world(2).run(lazy_and_eager, RUNS_2, str(tmp_path)):
+        for name in RUNS_2:
+            _check(rank_out[name])
