@@ -238,11 +238,11 @@ class HybridParallelPlugin:
         group_map = GroupMap(model, optimizer)  # by name: the sharded model keeps the groups
         self._own_group = init_single_process()  # one process without torchrun: a 1-rank world
         self.mesh = mesh = ProcessMesh(cfg)
-        with sharding_lazily(self.lazy):  # a meta model's slices: recorded ([Note: lazy fill])
-            if cfg.tp > 1:
+        if cfg.tp > 1:
+            with sharding_lazily(self.lazy):  # a meta model's slices: recorded ([Note: lazy fill])
                 parallelize(model, mesh, sequence_parallel=self.sequence_parallel == "megatron")
-            if self.sp > 1:
-                apply_sequence_parallel(model, mesh, self.sequence_parallel)  # type: ignore[arg-type]
+        if self.sp > 1:
+            apply_sequence_parallel(model, mesh, self.sequence_parallel)  # type: ignore[arg-type]
         if self.activation_checkpointing:
             apply_activation_checkpointing(model)
         tp_layout = describe_sharding(model, mesh) if cfg.tp > 1 else None
