@@ -4,12 +4,21 @@ and bad tier settings are one line each before any file is written."""
 from __future__ import annotations
 
 import errno
+import json
+import math
 from collections import namedtuple
 
 import pytest
 
 from colossal.cli import main
-from colossal.train._preflight import check_tiers, gemini_state_bytes
+from colossal.train import TrainConfig, train
+from colossal.train._models import resolve_model
+from colossal.train._preflight import (
+    check_fits,
+    check_tiers,
+    gemini_host_bytes,
+    gemini_state_bytes,
+)
 from colossal_chunk.disk import _check
 from colossal_contracts import ConfigError
 
@@ -81,3 +90,40 @@ def test_cli_disk_dir_on_a_full_filesystem(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(_check.shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 0))
     err = _cli(tmp_path, capsys, ["--disk-budget", "1MiB", "--disk-dir", str(tmp_path)])
     assert "full filesystem" in err
+
+
+def test_the_host_share_of_a_model_larger_than_the_ram_passes_check_fits():
+    free = 64 * 2**20  # what the host has free
+    num_params = 4 * free // 16  # 16 bytes per parameter: four times the free memory
+    states = gemini_state_bytes(num_params, precision="fp32", world=1, local=1)
+    fits = dict(build=None, label="gpt-x", presets={}, batch_size=1, seq_len=8)
+    fits.update(num_params=num_params, sharded=True, world=1, available=free)
+    with pytest.raises(ConfigError, match="of host memory for weights"):
+        check_fits(**fits)  # the 16 bytes per parameter on the host: refused
+    assert gemini_host_bytes(states, disk_budget=3 * free) == free
+    held = gemini_host_bytes(states, disk_budget=4 * free - free // 8)
+    assert held == free // 8 and check_fits(**fits, states=held) == held  # the disk has the rest
+    assert gemini_host_bytes(states, disk_budget=5 * free) == 0
+
+
+def test_a_model_four_times_the_host_budget_trains_with_a_disk_tier(tmp_path):
+    num_params = resolve_model("gpt", "nano", vocab_size=256).num_params
+    host = gemini_state_bytes(num_params, precision="fp32", world=1, local=1) // 4
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    cfg = TrainConfig(
+        preset="nano",
+        steps=1,
+        batch_size=2,
+        seq_len=16,
+        corpus=corpus,
+        out=tmp_path / "run",
+        host_budget=host,
+        disk_budget=3 * host + 2**20,
+        disk_dir=tmp_path,
+        export="none",
+    )
+    result = train(cfg)
+    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert len(result.losses) == 1 and math.isfinite(result.losses[0])
+    assert record["disk_peak_bytes"] > 0 and record["host_peak_bytes"] <= host

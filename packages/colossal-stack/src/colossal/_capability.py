@@ -141,10 +141,6 @@ REFUSED: tuple[Refusal, ...] = (
         "mixed precision needs the fp32 masters of ZeRO-1/2 or Gemini; plain data "
         "parallelism trains in fp32",
     ),
-    Refusal(
-        lambda c: c.lazy and c.sharding != "gemini",
-        "a lazily built (meta) model is materialized into Gemini's chunks only",
-    ),
 )
 
 # What changing a field costs when looking for the nearest combination that builds.

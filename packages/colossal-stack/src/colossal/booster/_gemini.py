@@ -40,7 +40,6 @@ from ._gemini_tp import (
     check_sp,
     check_tp,
     check_tp_inputs,
-    materialize_for_tp,
     shard_for_tp,
     sp_mesh_config,
     tp_folder,
@@ -223,12 +222,10 @@ class GeminiPlugin:
         if self.tp_size > 1:  # [Note: Gemini with tp]
             check_tp_inputs(model, optimizer)
             group_map = GroupMap(model, optimizer)  # by name, before parameters are replaced
-            if lazy is not None:  # the plan slices real weights: see materialize_for_tp
-                materialize_for_tp(model, lazy)
-                lazy = None
             mesh_cfg = tp_mesh_config(world_size(), self.tp_size, self.tp_mode, self.tp_depth)
             self.mesh = ProcessMesh(mesh_cfg)
-            optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh, group_map)
+            # a lazy model is sharded on the meta device: its slices fill the chunks
+            optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh, group_map, lazy)
             self._tp_maps = tp_shard_maps(model, self.mesh)  # for the streamed export
             group = self.mesh.group("dp") if mesh_cfg.dp > 1 else None
         elif self.sp_size > 1:  # [Note: Gemini with sp]

@@ -48,12 +48,12 @@ from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
 from colossal_zero import LazyInit
 
 from ._groups import GroupMap
+from ._lazy_fill import sharding_lazily
 
 __all__ = [
     "check_sp",
     "check_tp",
     "check_tp_inputs",
-    "materialize_for_tp",
     "shard_for_tp",
     "sp_mesh_config",
     "tp_folder",
@@ -101,43 +101,23 @@ def check_tp_inputs(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         )
 
 
-@torch.no_grad()
-def materialize_for_tp(model: nn.Module, lazy: LazyInit) -> None:
-    """Give a model built in ``lazy_init()`` real values (bit-identical to eager construction)
-    before its plan slices them, one tensor at a time: the host holds the whole model once
-    (then Gemini holds this rank's shards), where tp_size=1 never holds it. Tied
-    parameters stay one parameter."""
-    done: dict[int, nn.Parameter] = {}
-    replayed: list[torch.Tensor] = []
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is None or not p.is_meta:
-                continue
-            if id(p) not in done:
-                done[id(p)] = nn.Parameter(lazy.materialize(p), requires_grad=p.requires_grad)
-                replayed.append(p)
-            module._parameters[name] = done[id(p)]
-        for name, b in list(module._buffers.items()):
-            if b is not None and b.is_meta:
-                module._buffers[name] = lazy.materialize(b)
-                replayed.append(b)
-    for t in replayed:  # after all: views of one storage share its record
-        lazy.forget(t)
-
-
 def shard_for_tp(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     mesh: ProcessMesh,
     group_map: GroupMap | None = None,
+    lazy: LazyInit | None = None,
 ) -> tuple[torch.optim.Optimizer, dict[str, ParamSharding]]:
     """Shard ``model`` (see ``check_tp_inputs``) in place for ``mesh``; the user's optimizer
     rebuilt on the sharded parameters (same class, groups and hyperparameters) and every
     layout. ``group_map``: the groups by name, when taken before the parameters were replaced
-    (``materialize_for_tp``); None: taken now."""
+    (a lazy model's); None: taken now. ``lazy``: the model's ``LazyInit`` when it is
+    still on the meta device: the plan's slices are recorded there, so Gemini fills each rank's
+    slices chunk by chunk ([Note: lazy fill])."""
     if group_map is None:  # each sharded parameter keeps its group, by name
         group_map = GroupMap(model, optimizer)
-    parallelize(model, mesh)
+    with sharding_lazily(lazy):
+        parallelize(model, mesh)
     sharding = describe_sharding(model, mesh)
     keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
     hyper = {k: v for k, v in optimizer.defaults.items() if k in keep}

@@ -40,13 +40,14 @@ from colossal_parallel import (
     run_pipeline,
     run_pipeline_forward,
 )
-from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
+from colossal_zero import LazyInit, LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 
 from .._capability import PRECISIONS, Combination, check_combination
 from .._dist import init_single_process
 from ._device import move_model, resolve_device, to_device
 from ._groups import GroupMap
 from ._hybrid_checkpoint import load_layout, save_layout
+from ._lazy_fill import fill_lazy, sharding_lazily
 from ._mesh_stats import axis_comm_bytes
 from ._pp_zero2 import sum_tied_zero2_grads
 
@@ -96,6 +97,7 @@ class HybridParallelPlugin:
     name: str = "hybrid"
     sharded_checkpoint: bool = True
     device: torch.device = "auto"  # type: ignore[assignment]  # [Note: plugin device]
+    lazy: LazyInit | None = field(default=None, repr=False)  # the model's: [Note: lazy fill]
     mesh: ProcessMesh | None = field(default=None, repr=False)
     sharding: dict[str, ParamSharding] | None = field(default=None, repr=False)
     _stages: Any = field(default=None, repr=False)
@@ -141,6 +143,7 @@ class HybridParallelPlugin:
             sharding=f"zero{self.zero_stage}",
             precision=self.precision if self.precision in PRECISIONS else "fp32",
             checkpointing=self.activation_checkpointing,
+            lazy=self.lazy is not None,
         )
 
     def _check_combination(self) -> None:
@@ -236,7 +239,8 @@ class HybridParallelPlugin:
         self._own_group = init_single_process()  # one process without torchrun: a 1-rank world
         self.mesh = mesh = ProcessMesh(cfg)
         if cfg.tp > 1:
-            parallelize(model, mesh, sequence_parallel=self.sequence_parallel == "megatron")
+            with sharding_lazily(self.lazy):  # a meta model's slices: recorded ([Note: lazy fill])
+                parallelize(model, mesh, sequence_parallel=self.sequence_parallel == "megatron")
         if self.sp > 1:
             apply_sequence_parallel(model, mesh, self.sequence_parallel)  # type: ignore[arg-type]
         if self.activation_checkpointing:
@@ -252,6 +256,8 @@ class HybridParallelPlugin:
             for i, chunk in enumerate(self._stages.chunks):
                 for n, _ in chunk.named_parameters():
                     names[f"chunks.{i}.{n}"] = n
+        if self.lazy is not None:  # this rank's stages and slices only
+            fill_lazy(out, self.lazy, self.device)
         swap = move_model(out, self.device)  # this rank's shards only, before ZeRO's buffers
         if self._stages is not None:
             self._stages.tied = [swap.get(id(q), q) for q in self._stages.tied]

@@ -13,6 +13,7 @@ from torch import nn
 
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_zero import (
+    LazyInit,
     LowLevelZeroOptimizer,
     ZeroConfig,
     load_zero_sharded,
@@ -23,6 +24,7 @@ from .._capability import Combination, check_combination
 from ._device import move_model, resolve_device
 from ._gemini import parse_bytes, write_full_model
 from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout
+from ._lazy_fill import fill_lazy
 
 __all__ = ["LowLevelZeroPlugin"]
 
@@ -46,6 +48,8 @@ class LowLevelZeroPlugin:
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
         device: where the model and its flat buffers live ([Note: plugin device]); "auto":
             this rank's CUDA device, else the CPU. Adam states follow it unless offloaded.
+        lazy: the ``colossal.lazy_init()`` context the model was built in: each meta parameter
+            is replayed alone onto ``device`` (bit-identical to eager; [Note: lazy fill]).
     """
 
     stage: int = 1
@@ -60,6 +64,7 @@ class LowLevelZeroPlugin:
     name: str = "zero"
     sharded_checkpoint: bool = True
     device: torch.device = "auto"  # type: ignore[assignment]  # resolved in __post_init__
+    lazy: LazyInit | None = field(default=None, repr=False)
     _optimizer: LowLevelZeroOptimizer | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -69,7 +74,9 @@ class LowLevelZeroPlugin:
 
     def combination(self) -> Combination:
         """The kinds these settings compose ([Note: capability table])."""
-        return Combination(sharding=f"zero{self.stage}", precision=self.precision)
+        return Combination(
+            sharding=f"zero{self.stage}", precision=self.precision, lazy=self.lazy is not None
+        )
 
     def zero_config(self) -> ZeroConfig:
         """The ``ZeroConfig`` these settings stand for."""
@@ -86,6 +93,8 @@ class LowLevelZeroPlugin:
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Turn ``optimizer`` (Adam/AdamW on ``model``'s fp32 parameters) into a
         ``LowLevelZeroOptimizer`` with the same groups; the model stays a plain module."""
+        if self.lazy is not None:  # [Note: lazy fill]: one tensor at a time, onto the device
+            fill_lazy(model, self.lazy, self.device)
         move_model(model, self.device, optimizer)  # before the flat buffers are built
         opt = LowLevelZeroOptimizer.from_torch(
             model,

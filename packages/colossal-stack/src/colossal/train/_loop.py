@@ -45,9 +45,9 @@ from ._display import (
 from ._guard import FiniteGuard
 from ._lora_flags import apply_job_lora
 from ._mesh import PLUGINS, check_mesh, hybrid_plugin, mesh_flags, state_shards
-from ._models import ModelSpec, enable_activation_checkpointing, resolve_model
+from ._models import ModelSpec, build_model, enable_activation_checkpointing, resolve_model
 from ._outdir import METRICS, Claim, claim_out_on_rank0, trim_metrics
-from ._preflight import check_fits, check_tiers
+from ._preflight import check_fits, check_tiers, gemini_host_bytes
 from ._resume import restore_position, save_with_state
 from ._schedule import warmup_cosine
 from ._tensorboard import TensorBoardLog
@@ -208,31 +208,34 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
         )
     plugin = build_plugin(cfg.plugin, cfg)  # its checks of the settings: before any group
     check_mesh(cfg, spec, plugin, world)
+    held = None  # host bytes of the model states; None: check_fits' 16 per parameter
     if cfg.plugin == "gemini":  # [Note: tier room]: host, disk and accelerator budgets
-        check_tiers(
+        budgets = parse_bytes(cfg.disk_budget), parse_bytes(cfg.accelerator_budget)
+        states = check_tiers(
             num_params=spec.num_params,
             label=spec.label,
             precision=cfg.precision,
             world=state_shards(cfg, world),
             host_budget=parse_bytes(cfg.host_budget),
-            disk_budget=parse_bytes(cfg.disk_budget),
-            accelerator_budget=parse_bytes(cfg.accelerator_budget),
+            disk_budget=budgets[0],
+            accelerator_budget=budgets[1],
         )
-    if cfg.plugin != "gemini" or cfg.disk_budget is None:
-        check_fits(
-            build=spec.build,
-            num_params=spec.num_params,
-            label=spec.label,
-            presets=spec.presets,
-            batch_size=cfg.batch_size,
-            seq_len=cfg.seq_len,
-            sharded=cfg.plugin in ("gemini", "hybrid"),
-            world=state_shards(cfg, world),
-        )
+        held = gemini_host_bytes(states, disk_budget=budgets[0], accelerator_budget=budgets[1])
+    check_fits(
+        build=spec.build,
+        num_params=spec.num_params,
+        label=spec.label,
+        presets=spec.presets,
+        batch_size=cfg.batch_size,
+        seq_len=cfg.seq_len,
+        sharded=cfg.plugin in ("gemini", "hybrid"),
+        world=state_shards(cfg, world),
+        states=held,
+    )
     shards = open_data(cfg, tokenizer, rank=rank)  # bad data: an error before any write
     open_loader(cfg, shards)  # data shorter than one sequence: an error here too
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    model = spec.build()
+    model, lazy = build_model(spec, cfg.plugin)  # [Note: lazy job]
     if cfg.activation_checkpointing and cfg.plugin != "hybrid":  # the hybrid plugin's own
         enable_activation_checkpointing(model)
     model, lora = apply_job_lora(cfg, spec.label, model, resume_from)  # before any state
@@ -244,6 +247,8 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     )
     if isinstance(plugin, GeminiPlugin) and cfg.accelerator_budget is not None:
         plugin.non_model_bytes = _activation_bytes(spec, cfg)
+    if lazy is not None:
+        plugin.lazy = lazy  # type: ignore[attr-defined]  # materialized where it lives
     booster = Booster(plugin)
     model, optimizer = booster.boost(model, optimizer)
     # [Note: mesh data]: one batch per data-parallel coordinate, losses averaged over dp

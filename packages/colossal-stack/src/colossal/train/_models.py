@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -35,16 +36,20 @@ from colossal_models import (
     load_hf_causal_lm,
     load_hf_config,
 )
+from colossal_zero import LazyInit
 
 __all__ = [
     "HF_PREFIX",
+    "LAZY_PLUGINS",
     "MODEL_FAMILIES",
     "ModelSpec",
+    "build_model",
     "enable_activation_checkpointing",
     "resolve_model",
 ]
 
 HF_PREFIX = "hf:"
+LAZY_PLUGINS = ("gemini", "zero", "hybrid")  # they materialize a meta model: [Note: lazy job]
 MODEL_FAMILIES = ("gpt", "palm", "hf:PATH")  # hf: a local Hugging Face config or saved folder
 
 
@@ -66,6 +71,9 @@ class ModelSpec:
             that have adapters (the ``ConfigError`` message for ``--tp``); "" otherwise.
         presets: the family's named sizes, for "try a smaller preset" hints ({} when none).
         config: the model's configuration, a JSON-able dict recorded with checkpoints.
+        lazy: ``build`` runs inside ``colossal.lazy_init()`` with eager construction's values
+            (GPT and PaLM); a Hugging Face model loads saved weights or converts a built model
+            through an adapter, which the meta device cannot replay, so it is built eagerly.
     """
 
     label: str
@@ -77,6 +85,7 @@ class ModelSpec:
     tp_unsupported: str = ""
     presets: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    lazy: bool = True
 
 
 _FAMILIES: dict[str, tuple[type[nn.Module], Any, dict[str, Any]]] = {
@@ -145,6 +154,7 @@ def _resolve_hf(path: str, *, vocab_size: int, parallel: bool) -> ModelSpec:
         tp_capable=ours is not None,
         tp_unsupported=reason,
         config=json.loads(json.dumps(record, default=str)),
+        lazy=False,  # saved weights and adapters are read on the host
     )
     if parallel and ours is not None:
         return ModelSpec(
@@ -178,3 +188,23 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     raise ConfigError(
         f"--activation-checkpointing: {type(model).__name__} has no blocks to recompute; drop it"
     )
+
+
+def build_model(spec: ModelSpec, plugin: str) -> tuple[nn.Module, LazyInit | None]:
+    """The job's model and the ``LazyInit`` it was built in (None: built eagerly).
+
+    [Note: lazy job] Under the plugins of ``LAZY_PLUGINS`` the job builds GPT and PaLM on the
+    meta device inside a ``LazyInit`` and hands it to the plugin, which materializes it where
+    it lives: Gemini chunk by chunk into its tiers (with ``--tp``, each rank's slices), ZeRO-1/2
+    and the hybrid plugin one tensor at a time onto their device, the hybrid plugin only this
+    rank's stages and slices (the booster's [Note: lazy fill]). The values are eager
+    construction's bit for bit, and the CPU generator leaves the build where eager construction
+    leaves it, so data order and dropout do not change. Setup holds about one chunk (one tensor)
+    beyond what the run keeps, instead of the whole fp32 model: what lets ``--disk-budget``
+    train models larger than the host's memory. DDP keeps the eager build (it replicates the
+    whole model anyway), and so do Hugging Face models (``ModelSpec.lazy``).
+    """
+    lazy = LazyInit() if plugin in LAZY_PLUGINS and spec.lazy else None
+    with lazy if lazy is not None else nullcontext():
+        model = spec.build()
+    return model, lazy

@@ -15,7 +15,11 @@ at ZeRO-3 with gradients in parameter slots, plus fp32's 4-byte gradient chunks;
 (``--disk-budget``) and, on a real accelerator, ``--accelerator-budget``. A run is refused only
 when none of them together hold the states. A host budget above the machine's RAM is refused
 first (the disk directory is checked with the configuration: missing, read-only, full, or a
-budget above its free space).
+budget above its free space). What the disk and a real accelerator do not hold stays in host
+memory (``gemini_host_bytes``); ``check_fits`` then counts that share, with the step's
+activations, against what the host has free, so a model larger than the RAM is refused only
+when its disk budget does not take the rest. The job builds the model lazily ([Note: lazy
+job]), so its setup never holds the whole model on the host either.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ __all__ = [
     "BYTES_PER_PARAM",
     "check_fits",
     "check_tiers",
+    "gemini_host_bytes",
     "gemini_state_bytes",
     "host_bytes_available",
 ]
@@ -61,6 +66,17 @@ def gemini_state_bytes(num_params: int, *, precision: str, world: int, local: in
     p, g, o = model_state_bytes_per_param(3, world, grads_in_param_slots=True)
     per_param = p + g + o if precision != "fp32" else 2 * p + 4 / world + o * 8 / 12
     return int(per_param * num_params) * local
+
+
+def gemini_host_bytes(
+    states: int, *, disk_budget: int | None, accelerator_budget: int | None = None
+) -> int:
+    """This machine's share of Gemini's ``states`` (``gemini_state_bytes``) left in host memory
+    once the disk tier and a real accelerator hold what their budgets take ([Note: tier room];
+    an emulated accelerator is host memory)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    acc = (accelerator_budget or 0) * local if torch.cuda.is_available() else 0
+    return max(0, states - (disk_budget or 0) * local - acc)
 
 
 def check_tiers(
@@ -112,12 +128,16 @@ def check_fits(
     sharded: bool,
     world: int,
     available: int | None = None,
+    states: int | None = None,
 ) -> int:
     """Estimated host bytes of the run on this machine; ``ConfigError`` naming the need and a
-    setting that fits when it exceeds ``available`` (default: what the host has free)."""
+    setting that fits when it exceeds ``available`` (default: what the host has free).
+    ``states``: this machine's host bytes of the model states (Gemini's: ``gemini_host_bytes``);
+    None: 16 per parameter (sharded over ``world`` or not)."""
     available = host_bytes_available() if available is None else available
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    states = _state_bytes(num_params, sharded=sharded, world=world, local=local)
+    if states is None:
+        states = _state_bytes(num_params, sharded=sharded, world=world, local=local)
     if states > available:
         smaller = [
             name
