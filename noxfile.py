@@ -152,6 +152,6 @@ def ci(session: nox.Session) -> None:
     _install_local(session, "colossal-stack", editable=True, all_tests=True)
     session.install("import-linter>=2.0")
     session.run("lint-imports", "--no-cache")  # the package arrows (see the lint session)
-    for package in PACKAGES:
-        session.run("pytest", "-q", f"packages/{package}/tests", *session.posargs)
-    session.run("pytest", "-q", "integration_tests", *session.posargs)
+    # one pytest process: each world size (colossal_testing) is spawned once for every suite
+    suites = [f"packages/{package}/tests" for package in PACKAGES] + ["integration_tests"]
+    session.run("pytest", "-q", "--durations=15", *suites, *session.posargs)

@@ -1,4 +1,4 @@
-"""The Evoformer (tiny preset) trained 10 steps with Gemini under a budget that forces chunk moves
+"""The Evoformer (tiny preset) trained 5 steps with Gemini under a budget that forces chunk moves
 every step equals plain PyTorch AdamW on one process (fp32, within 1e-5), on 1 and 2 data-parallel
 ranks. (``gemini_rank(chunk_size)`` also runs chunked; left out of CI for time.)"""
 
@@ -13,7 +13,7 @@ import torch.distributed as dist
 from colossal_models import Evoformer, EvoformerConfig
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
-STEPS, BATCH, S, R = 10, 2, 4, 8
+STEPS, BATCH, S, R = 5, 2, 4, 8
 CFG = EvoformerConfig.preset("tiny")
 # ~39 KB of fp32 parameters in 4 KB chunks; room for 8 chunks at a time forces moves
 GEMINI = GeminiConfig(precision="fp32", accelerator_bytes=32_768, chunk_numel=1024)

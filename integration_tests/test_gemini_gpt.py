@@ -11,7 +11,7 @@ from _weights import assert_weights_close
 
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
-STEPS, BATCH, SEQ = 20, 8, 32
+STEPS, BATCH, SEQ = 10, 8, 32
 CFG = GeminiConfig(precision="fp32", accelerator_bytes=400_000, chunk_numel=16384)
 
 

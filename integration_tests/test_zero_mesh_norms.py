@@ -23,7 +23,7 @@ from colossal_zero import (
     apply_gemini,
 )
 
-STEPS, BATCH, SEQ, LR, CLIP = 10, 8, 16, 1e-3, 0.05
+STEPS, BATCH, SEQ, LR, CLIP = 6, 8, 16, 1e-3, 0.05
 OVERFLOW_AT = 3  # the step whose gradient is made inf on tensor-parallel coordinate 1 only
 # no biases: the key bias gets a zero gradient up to rounding noise, which Adam normalises into
 # full-size steps that differ between any two summation orders (TP or not)

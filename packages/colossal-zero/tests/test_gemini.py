@@ -12,7 +12,7 @@ from _zero_model import assert_like_fp32, param_groups, reference
 from colossal_contracts import ConfigError
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
-STEPS, BATCH = 20, 8
+STEPS, BATCH = 10, 8
 TIGHT = GeminiConfig(precision="fp32", accelerator_bytes=160_000, chunk_numel=8192)
 
 

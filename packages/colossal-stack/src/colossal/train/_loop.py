@@ -235,7 +235,8 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
     shards = open_data(cfg, tokenizer, rank=rank)  # bad data: an error before any write
     open_loader(cfg, shards)  # data shorter than one sequence: an error here too
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    model, lazy = build_model(spec, cfg.plugin)  # [Note: lazy job]
+    # LoRA fingerprints the base's values and wraps it eagerly (peft builds real adapters)
+    model, lazy = build_model(spec, cfg.plugin, lazy=cfg.lora_rank is None)  # [Note: lazy job]
     if cfg.activation_checkpointing and cfg.plugin != "hybrid":  # the hybrid plugin's own
         enable_activation_checkpointing(model)
     model, lora = apply_job_lora(cfg, spec.label, model, resume_from)  # before any state

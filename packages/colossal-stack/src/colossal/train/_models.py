@@ -190,7 +190,9 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     )
 
 
-def build_model(spec: ModelSpec, plugin: str) -> tuple[nn.Module, LazyInit | None]:
+def build_model(
+    spec: ModelSpec, plugin: str, *, lazy: bool = True
+) -> tuple[nn.Module, LazyInit | None]:
     """The job's model and the ``LazyInit`` it was built in (None: built eagerly).
 
     [Note: lazy job] Under the plugins of ``LAZY_PLUGINS`` the job builds GPT and PaLM on the
@@ -202,9 +204,10 @@ def build_model(spec: ModelSpec, plugin: str) -> tuple[nn.Module, LazyInit | Non
     leaves it, so data order and dropout do not change. Setup holds about one chunk (one tensor)
     beyond what the run keeps, instead of the whole fp32 model: what lets ``--disk-budget``
     train models larger than the host's memory. DDP keeps the eager build (it replicates the
-    whole model anyway), and so do Hugging Face models (``ModelSpec.lazy``).
+    whole model anyway), and so do Hugging Face models (``ModelSpec.lazy``) and LoRA runs
+    (``lazy=False``: the base is fingerprinted and wrapped by peft before the plugin sees it).
     """
-    lazy = LazyInit() if plugin in LAZY_PLUGINS and spec.lazy else None
-    with lazy if lazy is not None else nullcontext():
+    init = LazyInit() if lazy and plugin in LAZY_PLUGINS and spec.lazy else None
+    with init if init is not None else nullcontext():
         model = spec.build()
-    return model, lazy
+    return model, init
