@@ -76,8 +76,8 @@ def run(quick: bool, out_dir: Path) -> Report:
     sizes = (4,) if quick else (4, 8)
     report = Report(
         name="layouts",
-        title="Every layout `colossal plan` lists for GPT-nano: built and trained one step, "
-        + ("on 4 gloo ranks (a sample)" if quick else "on 4 and 8 gloo ranks"),
+        title="Layouts `colossal plan` lists for GPT-nano, built and trained one step: "
+        + ("every 4-rank mesh once, on 4 gloo ranks" if quick else "all, on 4 and 8 gloo ranks"),
         columns=["ranks", "layout", "built", "loss", "seconds", "error"],
     )
     for n in sizes:
@@ -101,7 +101,8 @@ def run(quick: bool, out_dir: Path) -> Report:
         "one step (forward, backward, AdamW) on a fixed batch; 'built' means it did and its loss "
         "is finite. Loss: rank 0's (the data-parallel mean is not taken). Seconds: the slowest "
         "rank's build plus step, including the plugin's one-off set-up (process groups, chunk "
-        "managers, disk tiers): a build-cost figure, not a step time.",
+        "managers, disk tiers): a build-cost figure, not a step time; a world's first layout also "
+        "pays the ranks' first imports and first use of every kernel.",
         "The stack's test_layouts_build runs a sample of the 4-rank list in CI (every mesh "
         "once, each memory method on two meshes or more, activation checkpointing on a few).",
         load_note(before),
