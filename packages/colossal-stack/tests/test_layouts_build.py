@@ -1,46 +1,40 @@
-"""Every layout ``colossal plan`` lists for a tiny GPT on 4 ranks builds through the training
-job's flags and plugins and trains a step (one shared World; of the layouts that differ only
-in how a step's samples are cut into pipeline micro-batches, one: the one with the most; activation
-checkpointing on each mesh under one memory mode); ``colossal train --layout auto``
-on 4 ranks trains, its loss falls, and its layout is in metrics.jsonl (checks in
-``_checks_layouts.py``)."""
+"""A sample of the layouts ``colossal plan`` lists for a tiny GPT on 4 ranks builds through the
+training job's flags and plugins and trains a step (one shared World): every mesh once, its
+memory method taken in turn so that each of ddp, zero1, zero2 and the Gemini placements is
+built on two meshes or more, and activation checkpointing on a few (``sample`` in
+``benchmarks/_layouts_runs.py``); ``colossal train --layout auto`` on 4 ranks trains, its loss
+falls, and its layout is in metrics.jsonl (checks in ``_checks_layouts.py``). Every listed
+layout, on 4 and on 8 ranks, is the ``layouts`` benchmark
+(``python benchmarks/run.py layouts``)."""
 
 from __future__ import annotations
 
 import json
-import re
+import sys
+from collections import Counter
+from pathlib import Path
 
-from _checks_layouts import one_step_each, train_auto
+from _checks_layouts import train_auto
 
-from colossal.plan import model_shape
-from colossal.plan._layout import enumerate_layouts
+from colossal.plan._layout import METHODS, parse_layout
 
-BASE = {"model": "gpt", "preset": "nano", "seq_len": 32, "steps": 1}
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from _layouts_runs import BASE, listed_layouts, mesh_of, one_step_each, sample
 
 
-def test_every_listed_layout_builds_and_trains_a_step(world):
-    shape = model_shape("gpt", "nano")
-    listed = enumerate_layouts(
-        4, layers=shape.layers, heads=shape.heads, seq_len=32, global_batch=4, precision="fp32"
-    )
-    by_split: dict[str, str] = {}  # sorted: "mb1x4" (4 micro-batches) comes first
-    for text in sorted({lay.describe() for lay in listed}):
-        by_split.setdefault(re.sub(r" mb\d+x\d+", "", text), text)
-    # activation checkpointing wraps the blocks whatever the memory mode: each mesh is built
-    # under every memory mode without it, and with it under one of them (in turn)
-    texts, ckpt_seen = [], set()
-    for i, text in enumerate(sorted(by_split.values())):
-        mesh = text.split(" ddp")[0].split(" zero")[0].split(" gemini")[0]
-        if not text.endswith(" ckpt") or (mesh not in ckpt_seen and not ckpt_seen.add(mesh)):
-            texts.append(text)
-    assert len(texts) < len(by_split) and any(t.endswith(" ckpt") for t in texts)
+def test_a_sample_of_the_listed_layouts_builds_and_trains_a_step(world):
+    listed = listed_layouts(4)
+    texts = sample(listed)
+    assert set(texts) <= set(listed) and len(texts) < len(listed) / 4
+    assert {mesh_of(t) for t in texts} == {mesh_of(t) for t in listed}
+    methods = Counter(parse_layout(t).method for t in texts)
+    assert set(methods) == set(METHODS) and min(methods.values()) >= 2
+    assert 2 <= sum(t.endswith(" ckpt") for t in texts) < len(texts) / 2
     assert any("ring" in t for t in texts) and any("pp2" in t for t in texts)
     assert any("gemini-disk" in t for t in texts) and any("tp4-2d" in t for t in texts)
     assert any("tp2 ring2" in t for t in texts) and any("pp2 ulysses2" in t for t in texts)
-    done: dict[str, float] = {}
-    for first in range(0, len(texts), 32):  # one run call per 32 layouts: within its time-out
-        done.update(world(4).run(one_step_each, texts[first : first + 32], BASE)[0])
-    assert set(done) == set(texts)
+    done = world(4).run(one_step_each, texts, BASE)[0]
+    assert set(done) == set(texts) and all(r["error"] is None for r in done.values())
 
 
 def test_layout_auto_trains_and_records_its_layout(world, tmp_path, small_corpus):
