@@ -21,7 +21,6 @@ import torch
 from colossal_contracts import TierName
 
 from ._chunk import Chunk
-from ._spare import SparePayloads
 from ._tier import Tier
 
 __all__ = ["HostCopies", "HostSide", "down"]
@@ -85,9 +84,7 @@ class HostSide:
 
     tiers: dict[TierName, Tier]  # the placement's
     host_copies: HostCopies  # the placement's
-    spares: SparePayloads  # the placement's
-    _rebind: Callable[[Chunk], None]  # the placement's
-    _leave: Callable[..., None]  # the disk side's: frees a payload a shard left
+    _take_kept: Callable[[Chunk, torch.Tensor, TierName], None]  # the disk side's
 
     def written(self, chunk: Chunk) -> None:
         """``chunk``'s shard was written in place: copies kept elsewhere are stale now."""
@@ -97,12 +94,4 @@ class HostSide:
     def _back_to_host(self, chunk: Chunk) -> None:
         """Evict frozen ``chunk`` by taking its kept host payload back as its shard: nothing is
         copied or written."""
-        new = self.host_copies.reuse(chunk.chunk_id)
-        old = chunk.replace_shard(new, copy=False)
-        del new
-        self._rebind(chunk)
-        s = self.tiers[chunk.tier]  # type: ignore[index]
-        self.spares.give(old, s)
-        del old
-        self._leave(chunk, s, copied=False)
-        chunk.tier = TierName.HOST
+        self._take_kept(chunk, self.host_copies.reuse(chunk.chunk_id), TierName.HOST)

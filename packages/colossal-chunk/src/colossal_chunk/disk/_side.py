@@ -105,15 +105,20 @@ class DiskSide:
     def _back_to_disk(self, chunk: Chunk) -> None:
         """Move ``chunk``'s shard to disk by mapping its kept payload again: nothing is copied
         or written ([Note: disk copies])."""
-        new = self.disk_copies.reuse(payload_key(chunk, DISK), chunk.shard_numel, chunk.dtype)
-        old = chunk.replace_shard(new, copy=False)
-        del new
+        kept = self.disk_copies.reuse(payload_key(chunk, DISK), chunk.shard_numel, chunk.dtype)
+        self._take_kept(chunk, kept, DISK)
+
+    def _take_kept(self, chunk: Chunk, kept: torch.Tensor, dst: TierName) -> None:
+        """Make ``kept``, an unchanged copy of ``chunk``'s shard held on ``dst``, its shard: the
+        payload it leaves goes back to the spares, nothing is copied or written."""
+        old = chunk.replace_shard(kept, copy=False)
+        del kept  # the chunk holds the only reference
         self._rebind(chunk)
         s = self.tiers[chunk.tier]  # type: ignore[index]
         self.spares.give(old, s)
         del old
         self._leave(chunk, s, copied=False)
-        chunk.tier = DISK
+        chunk.tier = dst
 
     def _leave(self, chunk: Chunk, src: Tier, *, copied: bool) -> None:
         """``chunk``'s shard left ``src``: free its payload there, or, when it was copied off
