@@ -150,8 +150,10 @@ def ci(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     _install_local(session, "colossal-stack", editable=True, all_tests=True)
-    session.install("import-linter>=2.0")
+    session.install("import-linter>=2.0", "pytest-xdist>=3.5")
     session.run("lint-imports", "--no-cache")  # the package arrows (see the lint session)
-    # one pytest process: each world size (colossal_testing) is spawned once for every suite
+    # two pytest workers over every suite (a run's tests wait on their processes about a third
+    # of the time: one worker kept 0.7 of the two cores busy); each worker spawns each world
+    # size (colossal_testing) once for all the suites it runs
     suites = [f"packages/{package}/tests" for package in PACKAGES] + ["integration_tests"]
-    session.run("pytest", "-q", "--durations=15", *suites, *session.posargs)
+    session.run("pytest", "-q", "-n", "2", "--durations=15", *suites, *session.posargs)
