@@ -62,15 +62,21 @@ def local_closure(package: str, *, extras: tuple[str, ...] = ()) -> list[str]:
 
 
 def _install_local(
-    session: nox.Session, package: str, *, editable: bool = False, all_tests: bool = False
+    session: nox.Session,
+    package: str,
+    *,
+    editable: bool = False,
+    all_tests: bool = False,
+    test: bool = True,
 ) -> None:
-    """Install ``package[test]`` and exactly the workspace packages it declares, from local paths.
+    """Install ``package[test]`` (``package`` alone: ``test=False``) and exactly the workspace
+    packages it declares, from local paths.
 
     ``all_tests`` installs every one of them with its own ``test`` extra (to run all their tests).
     """
     paths = []
-    for name in local_closure(package, extras=("test",)):
-        path = f"packages/{name}" + ("[test]" if name == package or all_tests else "")
+    for name in local_closure(package, extras=("test",) if test else ()):
+        path = f"packages/{name}" + ("[test]" if test and (name == package or all_tests) else "")
         paths += ["-e", path] if editable else [path]
     session.install(*CONSTRAINTS, *paths)
 
@@ -139,7 +145,7 @@ def build(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job: train the tiny GPT on the embedded corpus (Python's own standard library)."""
-    _install_local(session, "colossal-stack")
+    _install_local(session, "colossal-stack", test=False)  # what a user installs: no test tools
     session.run("colossal", "train", *(session.posargs or ["--out", "runs/demo"]))
 
 
