@@ -123,7 +123,7 @@ def base_fingerprint(model: nn.Module) -> str:
         seen.add(id(t))
         data = t.detach().cpu().contiguous()
         h.update(f"{name}|{data.dtype}|{tuple(data.shape)}\n".encode())
-        h.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+        h.update(data.view(torch.uint8).numpy())  # hashed in place: no bytes copy
     return h.hexdigest()
 
 
