@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import weakref
 from pathlib import Path
 
@@ -15,6 +16,17 @@ from colossal_zero import GeminiConfig, iter_full_state, load_sharded, save_shar
 def _barrier() -> None:
     if rank_world()[1] > 1:
         dist.barrier()
+
+
+def _alive(bases: list[weakref.ref]) -> int:
+    """How many of ``bases`` Python code still holds. gloo's worker thread drops its reference to
+    a collective's output a moment after the collective returns (seen in a loaded CI run), so a count above one is read again until that thread lets go (for at most 2 s)."""
+    for _ in range(200):
+        alive = len({id(b()) for b in bases if b() is not None})
+        if alive <= 1:
+            return alive
+        time.sleep(0.01)
+    return alive
 
 
 def train_and_save(
@@ -34,7 +46,7 @@ def train_and_save(
         streamed[name] = t.clone()
         bases.append(weakref.ref(t if t._base is None else t._base))
         del t
-        most = max(most, len({id(b()) for b in bases if b() is not None}))
+        most = max(most, _alive(bases))
     chunks = len(model.runtime.manager.param_chunks())
     return model.full_state_dict(), streamed, most, chunks
 
