@@ -37,3 +37,22 @@ def test_multi_rank_jobs_build_lazily_and_equal_the_eager_build(world, tmp_path)
     for rank_out in world(2).run(lazy_and_eager, RUNS_2, str(tmp_path)):
         for name in RUNS_2:
             _check(rank_out[name])
+
+
+def _saved_gpt2(folder, dtype: torch.dtype) -> str:  # type: ignore[no-untyped-def]
+    """A tiny GPT-2 with dropout, saved as safetensors in ``dtype`` (save_pretrained)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=300, n_positions=64)
+    torch.manual_seed(7)
+    transformers.GPT2LMHeadModel(cfg).to(dtype).save_pretrained(folder)
+    return f"hf:{folder}"
+
+
+@pytest.mark.parametrize("plugin", ["gemini", "zero"])
+def test_a_saved_hf_model_is_read_tensor_by_tensor_and_equals_the_eager_load(tmp_path, plugin):
+    """[Note: HF weights tensor by tensor]: a saved folder (bf16 on disk, fp32 in the run) is
+    built from its config on meta and each tensor read from its file as it is materialized;
+    the weights after setup and the losses (dropout on: the generator is left alike) equal
+    ``from_pretrained``'s run."""
+    settings = {"plugin": plugin, "model": _saved_gpt2(tmp_path / "gpt2", torch.bfloat16)}
+    _check(lazy_and_eager({plugin: settings}, str(tmp_path))[plugin])

@@ -180,3 +180,24 @@ def test_lazy_init_on_the_disk_tier_trains_like_eager_and_adamw(tmp_path):
     want = dict(plain.named_parameters())
     worst = max((sa[k] - want[k].detach()).abs().max().item() for k in want)
     assert worst < 1e-5, worst
+
+
+def test_an_assigned_tensor_is_read_from_its_source_alone():
+    """``assign``: the value comes from the source (converted to the tensor's dtype), no
+    initialization is replayed and the generator is not touched; a view, or a source of another
+    shape, is refused naming it."""
+    saved = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    calls = []
+    with LazyInit() as lazy:
+        layer = torch.nn.Linear(4, 3)
+        view = torch.empty(8)[2:6]
+    lazy.assign(layer.weight, lambda: calls.append(1) or saved)
+    before = torch.get_rng_state()
+    got = lazy.materialize(layer.weight)
+    assert torch.equal(got, saved.float()) and got.dtype == torch.float32 and calls == [1]
+    assert torch.equal(torch.get_rng_state(), before)
+    with pytest.raises(ConfigError, match="view of shape"):
+        lazy.assign(view, lambda: torch.zeros(4))
+    lazy.assign(layer.bias, lambda: torch.zeros(4))
+    with pytest.raises(ConfigError, match=r"shape \(4,\) was given to a parameter of shape \(3,\)"):
+        lazy.materialize(layer.bias)

@@ -41,6 +41,7 @@ from torch import nn
 from colossal_contracts import ConfigError
 
 from ._hf import hf_attr, import_transformers
+from ._hf_sources import hf_weight_sources
 from ._inputs import check_token_ids
 from .gpt import GPT, GPT2StateDictAdapter, GPTConfig
 from .palm import LlamaStateDictAdapter, PaLM, PaLMConfig
@@ -51,6 +52,7 @@ __all__ = [
     "check_hf_sizes",
     "from_hf",
     "hf_adapter_config",
+    "hf_lazy_sources",
     "hf_max_positions",
     "hf_num_params",
     "load_hf_causal_lm",
@@ -188,21 +190,23 @@ def _building_on_meta() -> bool:
     return torch.empty(0).device.type == "meta"  # under ``with torch.device("meta")``
 
 
-def load_hf_causal_lm(path: str | Path, *, config: Any = None) -> HFCausalLM:
+def load_hf_causal_lm(path: str | Path, *, config: Any = None, weights: bool = True) -> HFCausalLM:
     """The causal LM at ``path``, fp32, unmodified, wrapped in ``HFCausalLM``: its saved weights
     when the folder holds them, else Hugging Face's initialisation from the config (see
-    [Note: local only]). Under ``torch.device("meta")`` it only builds the shapes."""
+    [Note: local only]). Under ``torch.device("meta")`` it only builds the shapes. ``weights``
+    False: the initialisation even where the folder holds weights (a lazy build then reads them
+    tensor by tensor: ``hf_lazy_sources``)."""
     path = Path(path)
     config = load_hf_config(path) if config is None else config
     transformers = import_transformers()
     auto = transformers.AutoModelForCausalLM
-    weights = None if _building_on_meta() else _weights_folder(path)
-    if weights is None:
+    weights_at = None if _building_on_meta() or not weights else _weights_folder(path)
+    if weights_at is None:
         hf = auto.from_config(config)
     else:
-        _check_weight_files(weights)
+        _check_weight_files(weights_at)
         try:
-            hf = auto.from_pretrained(weights, config=config, local_files_only=True)
+            hf = auto.from_pretrained(weights_at, config=config, local_files_only=True)
         except Exception as exc:  # truncated safetensors, refused pickles, torn shards, ...
             cause = " ".join(str(exc).split())[:200]
             raise ConfigError(
@@ -210,6 +214,21 @@ def load_hf_causal_lm(path: str | Path, *, config: Any = None) -> HFCausalLM:
                 "save them again with save_pretrained (safetensors)"
             ) from exc
     return HFCausalLM(hf.float().train())
+
+
+def hf_lazy_sources(path: str | Path, config: Any = None) -> dict[str, Any] | None:
+    """For a lazy build of ``path``'s model (its ``HFCausalLM.hf``): name -> a function reading
+    that saved tensor alone, {} without saved weights, None where the weights cannot be read
+    tensor by tensor ([Note: HF weights tensor by tensor]); the folder's files checked first."""
+    path = Path(path)
+    config = load_hf_config(path) if config is None else config
+    folder = _weights_folder(path)
+    if folder is None:
+        return {}
+    _check_weight_files(folder)
+    with torch.device("meta"):
+        hf = import_transformers().AutoModelForCausalLM.from_config(config)
+    return hf_weight_sources(folder, hf)
 
 
 def hf_num_params(config: Any) -> int:

@@ -146,6 +146,20 @@ class LazyInit(TorchFunctionMode):
             return out  # the storage is t's alone: no copy
         return out.clone()
 
+    def assign(self, t: torch.Tensor, load: Callable[[], torch.Tensor]) -> None:
+        """From now on ``t``'s values are ``load()``'s (any dtype, converted to ``t``'s; read
+        when ``t`` is materialized), not its recorded initialization's: a saved checkpoint's
+        tensor read alone. ``t`` must span its whole storage; the generator is not touched."""
+        rec = self._record_for(t)
+        whole = t.storage_offset() == 0 and t.is_contiguous()
+        if not whole or t.numel() * t.element_size() != t.untyped_storage().nbytes():
+            raise ConfigError(
+                f"lazy init cannot load a view of shape {tuple(t.shape)} alone; load its whole "
+                "tensor, or build the model eagerly"
+            )
+        fresh = _Op(torch.empty, (tuple(t.shape),), {"dtype": t.dtype}, None)
+        rec.ops = [fresh, _Op(_load_into, (t.detach(), load), {}, None)]
+
     def forget(self, t: torch.Tensor) -> None:
         """Drop ``t``'s record once it is materialized (frees what the record holds)."""
         self._records.pop(_storage(t), None)
@@ -190,6 +204,16 @@ class LazyInit(TorchFunctionMode):
         finally:
             if saved is not None:
                 torch.set_rng_state(saved)
+
+
+def _load_into(dst: torch.Tensor, load: Callable[[], torch.Tensor]) -> torch.Tensor:
+    value = load()
+    if value.shape != dst.shape:
+        raise ConfigError(
+            f"a saved tensor of shape {tuple(value.shape)} was given to a parameter of shape "
+            f"{tuple(dst.shape)}; the checkpoint does not belong to this model"
+        )
+    return dst.copy_(value)
 
 
 def _scratch(like: torch.Tensor) -> torch.Tensor:

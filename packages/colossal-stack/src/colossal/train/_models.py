@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import torch
 from torch import nn
 
 from colossal_contracts import ConfigError
@@ -31,6 +31,7 @@ from colossal_models import (
     apply_activation_checkpointing,
     from_hf,
     hf_adapter_config,
+    hf_lazy_sources,
     hf_max_positions,
     hf_num_params,
     load_hf_causal_lm,
@@ -71,9 +72,13 @@ class ModelSpec:
             that have adapters (the ``ConfigError`` message for ``--tp``); "" otherwise.
         presets: the family's named sizes, for "try a smaller preset" hints ({} when none).
         config: the model's configuration, a JSON-able dict recorded with checkpoints.
-        lazy: ``build`` runs inside ``colossal.lazy_init()`` with eager construction's values
-            (GPT and PaLM); a Hugging Face model loads saved weights or converts a built model
-            through an adapter, which the meta device cannot replay, so it is built eagerly.
+        lazy: the model can be built inside ``colossal.lazy_init()`` with eager construction's
+            values: GPT and PaLM, and a Hugging Face model trained as itself whose weights are
+            its initialisation or safetensors files ([Note: HF weights tensor by tensor]); one
+            converted through an adapter (``parallel``) or saved as pickles is built eagerly.
+        build_lazy: how to build it inside a ``LazyInit`` when that is more than ``build``
+            inside it (a Hugging Face folder: from its config, each saved tensor then assigned
+            its file); None: ``build``.
     """
 
     label: str
@@ -86,6 +91,7 @@ class ModelSpec:
     presets: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     lazy: bool = True
+    build_lazy: Callable[[LazyInit], nn.Module] | None = None
 
 
 _FAMILIES: dict[str, tuple[type[nn.Module], Any, dict[str, Any]]] = {
@@ -154,7 +160,6 @@ def _resolve_hf(path: str, *, vocab_size: int, parallel: bool) -> ModelSpec:
         tp_capable=ours is not None,
         tp_unsupported=reason,
         config=json.loads(json.dumps(record, default=str)),
-        lazy=False,  # saved weights and adapters are read on the host
     )
     if parallel and ours is not None:
         return ModelSpec(
@@ -163,16 +168,43 @@ def _resolve_hf(path: str, *, vocab_size: int, parallel: bool) -> ModelSpec:
             num_params=ours.num_params(),
             max_seq_len=ours.max_seq_len,
             num_layers=ours.num_layers,
+            lazy=False,  # the adapter converts a whole state dict on the host
             **common,
         )
+    sources = hf_lazy_sources(path, hf_config)
+
+    def build_lazy(init: LazyInit) -> nn.Module:
+        model = load_hf_causal_lm(path, config=hf_config, weights=False)
+        for name, t in [*model.hf.named_parameters(), *model.hf.named_buffers()]:
+            if sources and name in sources:
+                init.assign(t, sources[name])
+        return model
+
     return ModelSpec(
         label=f"hf-{kind}",
-        build=lambda: load_hf_causal_lm(path, config=hf_config),
+        build=_keeping_rng(lambda: load_hf_causal_lm(path, config=hf_config)),
         num_params=hf_num_params(hf_config),
         max_seq_len=hf_max_positions(hf_config),
         num_layers=int(getattr(hf_config, "num_hidden_layers", 0) or 0),
+        lazy=sources is not None,
+        build_lazy=_keeping_rng(build_lazy),
         **common,
     )
+
+
+def _keeping_rng(build: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """``build`` leaving torch's CPU generator where it found it: loading saved weights eagerly
+    and replaying the initialisation lazily draw differently, and the run after them must not
+    depend on which ran ([Note: lazy job])."""
+
+    def kept(*args: Any) -> nn.Module:
+        state = torch.get_rng_state()
+        try:
+            return build(*args)
+        finally:
+            torch.set_rng_state(state)
+
+    return kept
 
 
 def enable_activation_checkpointing(model: nn.Module) -> None:
@@ -204,10 +236,14 @@ def build_model(
     leaves it, so data order and dropout do not change. Setup holds about one chunk (one tensor)
     beyond what the run keeps, instead of the whole fp32 model: what lets ``--disk-budget``
     train models larger than the host's memory. DDP keeps the eager build (it replicates the
-    whole model anyway), and so do Hugging Face models (``ModelSpec.lazy``) and LoRA runs
-    (``lazy=False``: the base is fingerprinted and wrapped by peft before the plugin sees it).
+    whole model anyway), and so do Hugging Face models converted through an adapter or saved as
+    pickles (``ModelSpec.lazy``) and LoRA runs (``lazy=False``: the base is fingerprinted and
+    wrapped by peft before the plugin sees it). A Hugging Face model trained as itself is built
+    from its config and each saved tensor is read from its safetensors file when materialized;
+    building it leaves the CPU generator untouched, lazily or not, so both runs draw alike.
     """
-    init = LazyInit() if lazy and plugin in LAZY_PLUGINS and spec.lazy else None
-    with init if init is not None else nullcontext():
-        model = spec.build()
+    if not (lazy and plugin in LAZY_PLUGINS and spec.lazy):
+        return spec.build(), None
+    with LazyInit() as init:
+        model = spec.build() if spec.build_lazy is None else spec.build_lazy(init)
     return model, init
