@@ -160,17 +160,23 @@ def launcher_kill_trial(root: Path, corpus: Path) -> dict[str, Any]:
     return {"ranks": len(ranks), "surviving": len(surviving), "lock_free": free}
 
 
-def frozen_trial(root: Path, corpus: Path, plugin: str) -> dict[str, Any]:
+def frozen_trial(
+    root: Path, corpus: Path, plugin: str, heartbeat_timeout: float | None = None
+) -> dict[str, Any]:
     """SIGSTOP rank 1 of a 2-rank ``colossal run`` after 3 steps; seconds until the job ends,
-    and whether its output names rank 1."""
+    and whether its output names rank 1. ``heartbeat_timeout``: the run's
+    ``COLOSSAL_HEARTBEAT_TIMEOUT`` (None: the default)."""
     out = root / f"frozen-{plugin}"
     shutil.rmtree(out, ignore_errors=True)
     log = root / "frozen.txt"
     argv = _colossal("run", "--nproc-per-node", "2", "--master-port", _free_port(), "train",
                      *SMALL, "--steps", "5000", "--checkpoint-every", "50", "--plugin", plugin,
                      "--corpus", str(corpus), "--out", str(out))  # fmt: skip
+    env = dict(os.environ)
+    if heartbeat_timeout is not None:
+        env["COLOSSAL_HEARTBEAT_TIMEOUT"] = str(heartbeat_timeout)
     with open(log, "w") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
     _wait_for(lambda: _lines(out / "metrics.jsonl") >= 3, proc)
     ranks = _ranks(proc)
     victim = next(p for p in ranks if p.environ().get("RANK") == "1")
@@ -189,6 +195,7 @@ def frozen_trial(root: Path, corpus: Path, plugin: str) -> dict[str, Any]:
     return {
         "stop_s": took,
         "names_rank_1": any("rank 1 stopped responding" in ln for ln in lines),
+        "said": next((ln for ln in lines if "stopped responding" in ln), ""),
         "last": lines[-1] if lines else "",
         "tracebacks": "Traceback" in text,
     }

@@ -44,8 +44,10 @@ def test_killed_launcher_leaves_no_rank(tmp_path):
 
 @pytest.mark.slow
 def test_frozen_rank_stops_the_job_naming_it(tmp_path):
-    result = runs.frozen_trial(tmp_path, bench_faults._corpus(tmp_path), "ddp")
+    # a 10 s limit (COLOSSAL_HEARTBEAT_TIMEOUT) instead of the default 30 s: the same path, sooner
+    result = runs.frozen_trial(tmp_path, bench_faults._corpus(tmp_path), "ddp", 10)
     assert result["names_rank_1"] and not result["tracebacks"], result
+    assert "no heartbeat for 10 s" in result["said"], result
     assert result["stop_s"] != float("inf"), result  # a guard: the job ended by itself
 
 

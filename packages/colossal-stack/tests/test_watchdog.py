@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from colossal._watchdog import FROZEN_S, Watchdog, stall_limit
+from colossal._watchdog import FROZEN_S, Watchdog, frozen_limit, stall_limit
+from colossal_contracts import ConfigError
 
 
 class _World:
@@ -95,3 +96,11 @@ def test_a_lost_store_names_rank_0_only_during_training():
     dog2.finished = True  # rank 0 finished and left with its store: the end of the run
     dog2.store_lost()
     assert w2.stopped == []
+
+
+def test_the_heartbeat_limit_comes_from_the_environment_or_is_refused():
+    assert frozen_limit({}) == FROZEN_S and frozen_limit({"COLOSSAL_HEARTBEAT_TIMEOUT": " "}) == 30
+    assert frozen_limit({"COLOSSAL_HEARTBEAT_TIMEOUT": "12.5"}) == 12.5
+    for bad in ("soon", "2", "nan", "inf", "-40"):
+        with pytest.raises(ConfigError, match=r"COLOSSAL_HEARTBEAT_TIMEOUT=.* at least 5"):
+            frozen_limit({"COLOSSAL_HEARTBEAT_TIMEOUT": bad})

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from colossal_contracts import DistributedError
 
-from ._watchdog import Watchdog
+from ._watchdog import Watchdog, frozen_limit
 
 __all__ = ["PeerWatch", "RankFailedError", "watch_peers"]
 
@@ -60,7 +60,10 @@ class PeerWatch:
         self._store.add(self._key(self.rank), 1)
         self._store.set(self._key(self.rank, "where"), f"{os.getpid()}@{socket.gethostname()}")
         self.watchdog = Watchdog(
-            self.rank, self.world, lambda kind, r: self._store.add(self._key(r, kind), 0)
+            self.rank,
+            self.world,
+            lambda kind, r: self._store.add(self._key(r, kind), 0),
+            frozen_s=frozen_limit(os.environ),
         )
         self._thread = threading.Thread(target=self._beat, name="colossal-heartbeat", daemon=True)
         self._thread.start()

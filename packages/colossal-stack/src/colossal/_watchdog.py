@@ -5,7 +5,8 @@ number of training steps the rank finished and, once a second, reads every rank'
 step counters from the store (each rank reads all of them up to 32 ranks, its next 8 ranks in a
 ring beyond). Two faults are told apart:
 
-* frozen: a rank's heartbeat has not moved for ``FROZEN_S`` (SIGSTOP, a machine that stopped
+* frozen: a rank's heartbeat has not moved for ``frozen_s`` (``FROZEN_S`` = 30 s unless the
+  environment's ``COLOSSAL_HEARTBEAT_TIMEOUT`` says otherwise; SIGSTOP, a machine that stopped
   scheduling it, a process gone). Its heartbeat is a thread of its own, so a slow step, a long
   save or a long collective never freeze it.
 * store lost: under ``env://`` rank 0 hosts the store; when it stops answering during the
@@ -24,19 +25,21 @@ decision stays within a minute of the fault.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from colossal_contracts import DistributedError
+from colossal_contracts import ConfigError, DistributedError
 
-__all__ = ["FROZEN_S", "RankStalledError", "Watchdog", "stall_limit"]
+__all__ = ["FROZEN_S", "RankStalledError", "Watchdog", "frozen_limit", "stall_limit"]
 
 FROZEN_S = 30.0
+MIN_FROZEN_S = 5.0
 _CHECK_S = 1.0
 _MAX_ALL = 32  # ranks read by every rank; beyond, a ring of _RING neighbours
 _RING = 8
@@ -44,6 +47,25 @@ _RING = 8
 
 class RankStalledError(DistributedError):
     """A rank stopped progressing (frozen or stuck); the job was stopped."""
+
+
+def frozen_limit(environ: Mapping[str, str]) -> float:
+    """Seconds without a heartbeat before a rank is frozen: ``COLOSSAL_HEARTBEAT_TIMEOUT`` when
+    set (seconds, at least ``MIN_FROZEN_S``: a loaded machine delays heartbeats by seconds),
+    else ``FROZEN_S``."""
+    text = environ.get("COLOSSAL_HEARTBEAT_TIMEOUT", "").strip()
+    if not text:
+        return FROZEN_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value >= MIN_FROZEN_S and math.isfinite(value)):
+        raise ConfigError(
+            f"COLOSSAL_HEARTBEAT_TIMEOUT={text!r} is not a number of seconds of at least "
+            f"{MIN_FROZEN_S:g}; unset it for the default {FROZEN_S:g} s"
+        )
+    return value
 
 
 def stall_limit(step_times: list[float]) -> float:
@@ -65,8 +87,10 @@ class Watchdog:
         *,
         stop_job: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        frozen_s: float = FROZEN_S,
     ):
         self.rank, self.world = rank, world
+        self.frozen_s = frozen_s
         self._read = read  # (kind, rank) -> counter
         self._stop_job = stop_job or _exit_with_line
         self._clock = clock
@@ -101,7 +125,7 @@ class Watchdog:
         steps: dict[int, tuple[int, float]] = {}
         for r in self.watched:
             _, beat_at = self._moved("alive", r, now)
-            if now - beat_at > FROZEN_S and self._read("done", r) == 0:  # not a finished rank
+            if now - beat_at > self.frozen_s and self._read("done", r) == 0:  # not a finished rank
                 frozen.append(r)
             steps[r] = self._moved("steps", r, now)
         if frozen:
@@ -110,7 +134,7 @@ class Watchdog:
                 _kill_if_local(pids(r) if pids else None)
             names = ", ".join(map(str, frozen))
             self._stop_job(
-                f"rank {names} stopped responding (no heartbeat for {FROZEN_S:g} s: stopped by "
+                f"rank {names} stopped responding (no heartbeat for {self.frozen_s:g} s: stopped by "
                 f"a signal such as SIGSTOP, or its machine stalled); rank {self.rank} stops the "
                 "job. Restart with --resume from the last checkpoint"
             )
