@@ -22,6 +22,7 @@ from colossal_memtrace import MomentRecorder
 from colossal_models import ShardMap, apply_sequence_parallel
 from colossal_parallel import ProcessMesh
 from colossal_zero import (
+    INDEX_FILE,
     PLACEMENTS,
     PRECISIONS,
     GeminiConfig,
@@ -49,7 +50,7 @@ from ._gemini_tp import (
     world_size,
 )
 from ._groups import GroupMap
-from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout, save_layout
+from ._hybrid_checkpoint import load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
 from ._shard_writer import ShardedSafetensorsWriter
 
@@ -347,18 +348,21 @@ class GeminiPlugin:
     ) -> None:
         gm = _gemini_module(model)
         opt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
-        if (Path(path) / LAYOUT_INDEX).is_file():  # written by any layout or plugin
-            load_layout(gm, opt, self.mesh, Path(path))
-            return
-        folder = self._shard_folder(path)
         saved_tp = sorted(p.name for p in Path(path).glob("tp*-0-of-*"))
-        if (self.mesh is not None and not folder.is_dir()) or (self.mesh is None and saved_tp):
-            raise ConfigError(
-                f"checkpoint {path} was saved with another tensor-parallel layout (folders "
-                f"{saved_tp or 'none'}); resume with the tp_size and tp_mode it was saved with, "
-                "or load its consolidated export (model.safetensors.index.json) into a plain model"
-            )
-        load_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, folder)
+        if saved_tp:  # an older Gemini-tp checkpoint: a folder per tp coordinate
+            folder = self._shard_folder(path)
+            if self.mesh is None or not folder.is_dir():
+                raise ConfigError(
+                    f"checkpoint {path} was saved with another tensor-parallel layout (folders "
+                    f"{saved_tp}); resume with the tp_size and tp_mode it was saved with, or "
+                    "load its consolidated export (model.safetensors.index.json) into a plain "
+                    "model"
+                )
+            load_sharded(gm, opt, folder)
+        elif self.mesh is None and (Path(path) / INDEX_FILE).is_file():  # its own format
+            load_sharded(gm, opt, Path(path))  # streamed, chunk by chunk
+        else:  # [Note: one reader]: any other layout's or plugin's
+            load_layout(gm, opt, self.mesh, Path(path))
 
     def _shard_folder(self, path: Path) -> Path:
         return Path(path) if self.mesh is None else tp_folder(path, self.mesh)
