@@ -166,7 +166,6 @@ CLI_CASES = [
     ("out-holds-a-run", [*TRAIN, "--out", "{run}", "--resume-off"], "pass --resume"),
     ("resume-nothing", [*TRAIN, "--out", "{root}/fresh"], "holds no run; start a fresh"),
     ("resume-fewer-steps", [*TRAIN, "--steps", "1"], "past --steps 1"),
-    ("resume-other-plugin", [*TRAIN, "--plugin", "ddp"], "written by the gemini plugin"),
     ("resume-other-preset", [*TRAIN, "--preset", "micro"], "does not match"),
     ("model-far-too-large", [*TRAIN, "--preset", "175b"], "--preset"),
     ("activations-too-large", [*BIG_BATCH, "--seq-len", "1024"], "--batch-size"),
