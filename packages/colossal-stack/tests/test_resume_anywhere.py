@@ -66,6 +66,11 @@ CASES = {
     ),
     "gemini-to-one-process-hybrid": ("nano", (1, {"plugin": "gemini"}), (1, {"plugin": "hybrid"})),
     "gemini-to-one-process-ddp": ("nano", (1, {"plugin": "gemini"}), (1, {"plugin": "ddp"})),
+    "gemini-ring-sp2-tp2-to-one-process-ddp": (
+        "nano",
+        (4, {"plugin": "gemini", "tp": 2, "sp": "ring", "sp_size": 2}),
+        (1, {"plugin": "ddp"}),
+    ),
     "ddp-to-one-process-zero2": (
         "nano",
         (1, {"plugin": "ddp"}),

@@ -119,8 +119,8 @@ class GeminiPlugin:
             shards Gemini's chunks over ``dp`` (ZeRO-3 with tp; see [Note: Gemini with tp]).
             ``tp_mode`` "1d", "2d" (tp = q*q), "2.5d" (q*q*tp_depth) or "3d" (q**3).
         sequence_parallel, sp_size: "ring" or "ulysses" over ``sp_size`` ranks (GPT and PaLM,
-            with tp_size=1): the mesh ``dp = world / sp_size``; Gemini shards its chunks over
-            dp and sp together ([Note: Gemini with sp]).
+            with or without 1D tp): the mesh ``dp = world / (sp_size * tp_size)``; Gemini
+            shards its chunks over dp and sp together ([Note: Gemini with sp]).
     """
 
     placement: str = "auto"
@@ -175,7 +175,7 @@ class GeminiPlugin:
                 f"{self.export_shard_bytes!r}"
             )
         check_tp(self.tp_size, self.tp_mode, self.tp_depth)
-        check_sp(self.sequence_parallel, self.sp_size, self.tp_size)
+        check_sp(self.sequence_parallel, self.sp_size)
         self._check_combination()
         if self.disk_budget is not None:
             check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
@@ -223,15 +223,19 @@ class GeminiPlugin:
         if self.tp_size > 1:  # [Note: Gemini with tp]
             check_tp_inputs(model, optimizer)
             group_map = GroupMap(model, optimizer)  # by name, before parameters are replaced
-            mesh_cfg = tp_mesh_config(world_size(), self.tp_size, self.tp_mode, self.tp_depth)
+            mesh_cfg = tp_mesh_config(
+                world_size(), self.tp_size, self.tp_mode, self.tp_depth, self.sp_size
+            )
             self.mesh = ProcessMesh(mesh_cfg)
             # a lazy model is sharded on the meta device: its slices fill the chunks
             optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh, group_map, lazy)
             self._tp_maps = tp_shard_maps(model, self.mesh)  # for the streamed export
             group = self.mesh.group("dp") if mesh_cfg.dp > 1 else None
-        elif self.sp_size > 1:  # [Note: Gemini with sp]
+        elif self.sp_size > 1:
             check_tp_inputs(model, optimizer)
             self.mesh = ProcessMesh(sp_mesh_config(world_size(), self.sp_size))
+        if self.sp_size > 1:  # [Note: Gemini with sp], after tp as the hybrid plugin does
+            assert self.mesh is not None
             apply_sequence_parallel(model, self.mesh, self.sequence_parallel)  # type: ignore[arg-type]
             group = self.mesh.group("dp_sp")
         # the warmup step measures non-model bytes per moment (memtrace, through the contract)
