@@ -199,7 +199,12 @@ def test_bad_settings_are_one_line_config_errors(world):
     assert all("\n" not in v for v in out.values())
 
 
-def test_gemini_tp_trains_a_lazily_built_model_as_an_eager_one(world):
-    out = world(2).run(gemini_lazy_case, {"tp_size": 2}, 3)
+@pytest.mark.parametrize(
+    "ranks,settings",
+    [(2, {"tp_size": 2}), (4, {"tp_size": 2, "sequence_parallel": "ring", "sp_size": 2})],
+    ids=["tp2", "ring-sp2-tp2"],
+)
+def test_gemini_tp_trains_a_lazily_built_model_as_an_eager_one(world, ranks, settings):
+    out = world(ranks).run(gemini_lazy_case, settings, 3)
     for r in out:
         assert r["lazy"] == r["eager"]  # lazy init replays construction bit for bit

@@ -351,7 +351,7 @@ def load_layout(
 def load_layout_checkpoint(
     path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, Any]:
-    """Load a layout-independent checkpoint (of any layout) into a plain, unsharded ``model``
-    in this process (and Adam/AdamW ``optimizer``'s state: moments, steps, hyperparameters);
-    ``path`` is a ``step-N`` directory. Returns the index."""
+    """Load a checkpoint of any layout and plugin ([Note: one reader] in ``_layout_legacy``)
+    into a plain, unsharded ``model`` in this process (and Adam/AdamW ``optimizer``'s state:
+    moments, steps, hyperparameters); ``path`` is a ``step-N`` directory. Returns the index."""
     return load_layout(model, optimizer, None, Path(path))

@@ -141,7 +141,10 @@ def _sharded_index(d: Path, raw: dict[str, Any]) -> dict[str, Any]:
                     key = f"{kind}/{name}"
                     blocks.append([files[rank], key, list(box.offsets), list(box.sizes), first - a])
         holders[name] = [r for r, _, _ in meta["ranges"]]
-    steps = _sharded_steps(d, files, holders, digests) if raw.get("optimizer") else {}
+    steps: dict[str, float] = {}
+    if raw.get("optimizer"):
+        steps, checked = _sharded_steps(d, files, holders, digests)
+        digests = {k: v for k, v in digests.items() if k not in checked}  # hashed once
     for kind in ("exp_avg", "exp_avg_sq"):  # moments only of what stepped
         tensors[kind] = {n: b for n, b in tensors[kind].items() if n in steps}
     return _index(
@@ -157,9 +160,9 @@ def _sharded_index(d: Path, raw: dict[str, Any]) -> dict[str, Any]:
 
 def _sharded_steps(
     d: Path, files: list[str], holders: dict[str, list[int]], digests: dict[str, Any]
-) -> dict[str, float]:
-    """Adam's step count of every parameter some rank's file holds one for (each file's
-    checksum checked as it is opened)."""
+) -> tuple[dict[str, float], set[str]]:
+    """Adam's step count of every parameter some rank's file holds one for, and the files
+    read (each checked against its checksum as it was opened)."""
     steps: dict[str, float] = {}
     with ExitStack() as stack:
         reader = _Reader(d, stack, digests)
@@ -169,4 +172,4 @@ def _sharded_steps(
                 if f"step/{name}" in f.keys():  # noqa: SIM118
                     steps[name] = float(f.get_tensor(f"step/{name}").reshape(-1)[0])
                     break
-    return steps
+        return steps, set(reader.files)
