@@ -101,6 +101,8 @@ def _ddp_index(d: Path, meta: dict[str, Any]) -> dict[str, Any]:
             keys = set(f.keys())
             scalars = opt.get("scalar_state", {})
             for pid, name in enumerate(names):
+                if name is None:  # a parameter the saved model did not have
+                    continue
                 if f"state.{pid}.step" in keys:
                     steps[name] = float(f.get_tensor(f"state.{pid}.step"))
                 elif "step" in scalars.get(str(pid), {}):

@@ -160,7 +160,12 @@ class _Reader:
                 return None
             if start is None:
                 return sl[part]
-            return sl[start : start + numel].reshape(sizes)[part]
+            if not sizes:  # a scalar
+                return sl[start : start + 1].reshape(())
+            # only the rows of the block that ``part`` takes: a contiguous run of the 1-D tensor
+            rows, inner = part[0].indices(sizes[0]), math.prod(sizes[1:])
+            run = sl[start + rows[0] * inner : start + rows[1] * inner]
+            return run.reshape(rows[1] - rows[0], *sizes[1:])[(slice(None), *part[1:])]
         except (OSError, SafetensorError) as err:
             raise CheckpointError(f"checkpoint file {where} is missing or corrupt: {err}") from err
 
