@@ -367,6 +367,17 @@ API_CASES = [
         "hf:some-model has no tensor/pipeline-parallel adapter, so --tp 2 cannot shard it",
     ),
     (
+        "gemini-tp-times-sp-not-dividing",
+        lambda f: check_mesh(
+            TrainConfig(plugin="gemini", tp=2, sp="ring", sp_size=4, seq_len=32),
+            ModelSpec("gpt-nano", lambda: GPT(GPTConfig.preset("nano")), 1, 64, 2, True),
+            None,
+            4,
+        ),
+        ConfigError,
+        "--tp 2 x --sp-size 4 does not divide the world size 4",
+    ),
+    (
         "load-from-nothing",
         lambda f: Booster().load(*_gpt("ddp"), f["empty"]),
         CheckpointError,
