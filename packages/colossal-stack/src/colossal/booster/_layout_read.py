@@ -47,7 +47,7 @@ def read_layout_index(directory: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(
             f"{directory} has no readable {LAYOUT_INDEX} ({err}); it is not a layout-independent "
-            "checkpoint (written by HybridParallelPlugin), or it is damaged"
+            "checkpoint (written by the hybrid plugin or Gemini with a mesh), or it is damaged"
         ) from err
     if not isinstance(index, dict) or index.get("format") != LAYOUT_FORMAT:
         got = index.get("format") if isinstance(index, dict) else type(index).__name__
