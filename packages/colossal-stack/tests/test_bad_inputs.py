@@ -166,7 +166,6 @@ CLI_CASES = [
     ("out-holds-a-run", [*TRAIN, "--out", "{run}", "--resume-off"], "pass --resume"),
     ("resume-nothing", [*TRAIN, "--out", "{root}/fresh"], "holds no run; start a fresh"),
     ("resume-fewer-steps", [*TRAIN, "--steps", "1"], "past --steps 1"),
-    ("resume-other-plugin", [*TRAIN, "--plugin", "ddp"], "written by the gemini plugin"),
     ("resume-other-preset", [*TRAIN, "--preset", "micro"], "does not match"),
     ("model-far-too-large", [*TRAIN, "--preset", "175b"], "--preset"),
     ("activations-too-large", [*BIG_BATCH, "--seq-len", "1024"], "--batch-size"),
@@ -366,6 +365,17 @@ API_CASES = [
         lambda f: check_mesh(TrainConfig(tp=2), _no_adapter_spec(), None, 2),
         ConfigError,
         "hf:some-model has no tensor/pipeline-parallel adapter, so --tp 2 cannot shard it",
+    ),
+    (
+        "gemini-tp-times-sp-not-dividing",
+        lambda f: check_mesh(
+            TrainConfig(plugin="gemini", tp=2, sp="ring", sp_size=4, seq_len=32),
+            ModelSpec("gpt-nano", lambda: GPT(GPTConfig.preset("nano")), 1, 64, 2, True),
+            None,
+            4,
+        ),
+        ConfigError,
+        "--tp 2 x --sp-size 4 does not divide the world size 4",
     ),
     (
         "load-from-nothing",

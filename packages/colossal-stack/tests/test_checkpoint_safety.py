@@ -168,12 +168,49 @@ def test_malformed_gemini_index_is_a_clear_error(tmp_path, edit, match):
         load_sharded(model, opt, path)
 
 
-def test_checkpoint_of_another_plugin_is_diagnosed(tmp_path):
-    booster, model, opt = boosted_one_step(GeminiPlugin())
-    booster.save(model, opt, tmp_path / "g", step=1)
-    with pytest.raises(CheckpointError, match=r"written by the gemini plugin.*--plugin gemini"):
-        Booster(DDPPlugin()).load(*boosted_one_step(seed=1)[1:], tmp_path / "g")
-    Booster().save(*boosted_one_step()[1:], tmp_path / "d", step=1)
+def _adam_state(model, opt) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {
+        f"{names[id(p)]}/{k}": v.clone()
+        for p, st in opt.state.items()
+        for k, v in st.items()
+        if isinstance(v, torch.Tensor)
+    }
+
+
+def test_checkpoint_of_another_plugin_loads_whole(tmp_path):
+    """[Note: one reader]: DDP's checkpoint into Gemini, and Gemini's (sharded) back into DDP,
+    give the first model's weights and Adam state bit for bit."""
+    booster, model, opt = boosted_one_step(seed=0)
+    booster.save(model, opt, tmp_path / "d", step=1)
+    b_gem, m_gem, o_gem = boosted_one_step(GeminiPlugin(), seed=1)
+    b_gem.load(m_gem, o_gem, tmp_path / "d")
+    b_gem.save(m_gem, o_gem, tmp_path / "g", step=1)
+    assert (tmp_path / "g" / "step-1" / INDEX_FILE).is_file()  # Gemini's own format
+    b_ddp, m_ddp, o_ddp = boosted_one_step(seed=2)
+    b_ddp.load(m_ddp, o_ddp, tmp_path / "g")
+    want, got = weights(model), weights(m_ddp)
+    assert want.keys() == got.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    want, got = _adam_state(model, opt), _adam_state(m_ddp, o_ddp)
+    assert len(want) == 3 * len(list(model.parameters()))  # step, exp_avg, exp_avg_sq each
+    assert want.keys() == got.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_checkpoint_of_another_plugin_that_cannot_be_read_is_diagnosed(tmp_path):
+    """The plugins' loaders themselves (the Booster's manifest check would name any edit
+    first): a DDP checkpoint that does not name its optimizer's parameters, a Gemini shard
+    changed after it was written."""
+    booster, model, opt = boosted_one_step(seed=0)
+    path = booster.save(model, opt, tmp_path / "d", step=1)
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["param_names"]  # as DDP checkpoints were written before they named them
+    (path / "meta.json").write_text(json.dumps(meta))
     b2, m2, o2 = boosted_one_step(GeminiPlugin(), seed=1)
-    with pytest.raises(CheckpointError, match=r"written by the ddp plugin.*--plugin ddp"):
-        b2.load(m2, o2, tmp_path / "d")
+    with pytest.raises(CheckpointError, match=r"does not name the optimizer's.*--plugin ddp"):
+        b2.plugin.load_checkpoint(m2, o2, path)
+    b3, m3, o3 = boosted_one_step(GeminiPlugin(), seed=1)
+    path = b3.save(m3, o3, tmp_path / "g", step=1)
+    shard = next(path.glob("gemini-rank*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-4] + b"\0\0\0\1")  # a changed value, same size
+    with pytest.raises(CheckpointError, match=r"does not match the checksum"):
+        DDPPlugin().load_checkpoint(*boosted_one_step(seed=2)[1:], path)

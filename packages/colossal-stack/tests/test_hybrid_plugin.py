@@ -116,6 +116,8 @@ GEMINI_TP2 = {"tp_size": 2, "placement": "static", "accelerator_budget": "160KiB
 # ZeRO-3 over dp with ring sequence parallelism: chunks sharded over dp x sp
 GEMINI_SP2 = {"sequence_parallel": "ring", "sp_size": 2, "placement": "static"}
 GEMINI_SP2 |= {"accelerator_budget": "160KiB"}
+# ... and with 1D tp too: the chunks of each tp shard sharded over dp x sp
+GEMINI_SP2_TP2 = GEMINI_SP2 | {"tp_size": 2}
 
 
 def _check(out: list[dict], weight_tol: float, loss_tol: float = LOSS_TOL) -> None:
@@ -174,6 +176,16 @@ def test_gemini_ring_sp2_dp2_matches_adamw_and_resumes(world, tmp_path):
     assert out[0]["layout_index"] and out[0]["export_err"] <= 1e-5
 
 
+def test_gemini_ring_sp2_tp2_matches_adamw_and_resumes(world, tmp_path):
+    out = world(4).run(gemini_case, GEMINI_SP2_TP2, STEPS, str(tmp_path))
+    _check(out, FP32_WEIGHT_TOL)
+    for r in out:
+        assert r["stats"]["mesh"] == "dp1 x tp2(1d) x sp2(ring), gemini"
+        assert r["stats"]["comm_sp_bytes_total"] > 0 and r["stats"]["comm_tp_bytes_total"] > 0
+        assert r["resume_err"] <= 1e-6  # same layout, layout-independent checkpoint
+    assert out[0]["layout_index"] and out[0]["export_err"] <= 1e-5
+
+
 def test_bad_settings_are_one_line_config_errors(world):
     out = world(4).run(bad_settings)[0]
     assert "does not divide the world size 4" in out["not dividing"]
@@ -187,7 +199,12 @@ def test_bad_settings_are_one_line_config_errors(world):
     assert all("\n" not in v for v in out.values())
 
 
-def test_gemini_tp_trains_a_lazily_built_model_as_an_eager_one(world):
-    out = world(2).run(gemini_lazy_case, {"tp_size": 2}, 3)
+@pytest.mark.parametrize(
+    "ranks,settings",
+    [(2, {"tp_size": 2}), (4, {"tp_size": 2, "sequence_parallel": "ring", "sp_size": 2})],
+    ids=["tp2", "ring-sp2-tp2"],
+)
+def test_gemini_tp_trains_a_lazily_built_model_as_an_eager_one(world, ranks, settings):
+    out = world(ranks).run(gemini_lazy_case, settings, 3)
     for r in out:
         assert r["lazy"] == r["eager"]  # lazy init replays construction bit for bit

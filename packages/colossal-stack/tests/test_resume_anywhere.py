@@ -1,7 +1,8 @@
 """Resume anywhere from the command line: a ``colossal train`` checkpoint of one layout and
 plugin continues under another (including one process), with the losses of the run that was
 not interrupted ([Note: layout checkpoint]: the hybrid plugin and Gemini with tp write blocks of
-the unsharded tensors; every plugin reads them).
+the unsharded tensors; every plugin reads them, and the DDP, ZeRO and mesh-less Gemini formats
+through the same reader, [Note: one reader] in ``colossal.booster._layout_legacy``).
 
 Each case trains 4 steps with a checkpoint at step 2, then a copy of the run resumes from
 step 2 under the other layout; both layouts have the same data-parallel size, so they train on
@@ -47,6 +48,33 @@ CASES = {
         "nano",
         (2, {"plugin": "gemini", "sp": "ring", "sp_size": 2}),
         (1, {"plugin": "ddp"}),
+    ),
+    # the formats written without a mesh ([Note: one reader]): DDP's whole tensors, and the
+    # sharded runs of Gemini and ZeRO (over dp2: runs that cut tensors mid-row)
+    "ddp-to-tp2-pp2": ("nano", (1, {"plugin": "ddp"}), (4, {"tp": 2, "pp": 2, "microbatches": 2})),
+    "ddp-to-gemini-tp2": ("nano", (1, {"plugin": "ddp"}), (2, {"plugin": "gemini", "tp": 2})),
+    "zero2-dp2-to-tp2-dp2": ("nano", (2, {"plugin": "zero", "zero": 2}), (4, {"tp": 2})),
+    "zero1-to-gemini-tp2": (
+        "nano",
+        (1, {"plugin": "zero", "zero": 1}),
+        (2, {"plugin": "gemini", "tp": 2}),
+    ),
+    "gemini-dp2-to-gemini-tp2-dp2": (
+        "nano",
+        (2, {"plugin": "gemini"}),
+        (4, {"plugin": "gemini", "tp": 2}),
+    ),
+    "gemini-to-one-process-hybrid": ("nano", (1, {"plugin": "gemini"}), (1, {"plugin": "hybrid"})),
+    "gemini-to-one-process-ddp": ("nano", (1, {"plugin": "gemini"}), (1, {"plugin": "ddp"})),
+    "gemini-ring-sp2-tp2-to-one-process-ddp": (
+        "nano",
+        (4, {"plugin": "gemini", "tp": 2, "sp": "ring", "sp_size": 2}),
+        (1, {"plugin": "ddp"}),
+    ),
+    "ddp-to-one-process-zero2": (
+        "nano",
+        (1, {"plugin": "ddp"}),
+        (1, {"plugin": "zero", "zero": 2}),
     ),
 }
 

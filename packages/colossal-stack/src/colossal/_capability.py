@@ -133,10 +133,6 @@ REFUSED: tuple[Refusal, ...] = (
         "Gemini (ZeRO-3) takes ring/Ulysses sequence parallelism, not Megatron's",
     ),
     Refusal(
-        lambda c: c.sharding == "gemini" and c.sp in _LONG and c.tp != "none",
-        "Gemini (ZeRO-3) takes ring/Ulysses sequence parallelism or tensor parallelism, not both",
-    ),
-    Refusal(
         lambda c: c.sharding == "zero0" and c.precision != "fp32",
         "mixed precision needs the fp32 masters of ZeRO-1/2 or Gemini; plain data "
         "parallelism trains in fp32",

@@ -29,7 +29,6 @@ from ..lora import check_lora_optimizer
 from ._checkpoint import write_checkpoint_dir_all_ranks
 from ._ddp import DDPPlugin
 from ._device import to_device
-from ._hybrid_checkpoint import LAYOUT_INDEX
 from ._plugin import Plugin
 from ._publish import MANIFEST, latest_checkpoint, verify_manifest, write_checkpoint_dir
 
@@ -161,10 +160,11 @@ class Booster:
     ) -> dict[str, Any]:
         """Restore the checkpoint ``root/latest`` names (else the newest complete ``step-N``
         under ``root``, or ``root`` itself when it is one); return its ``trainer.json`` with
-        ``path`` added. Files are checked against the manifest first; metadata of the wrong
-        shape, steps that disagree (folder, manifest, ``trainer.json``) and a checkpoint of
-        another plugin are a ``CheckpointError`` naming the file and the field; nothing is
-        restored unless the plugin's loader proved the checkpoint whole first."""
+        ``path`` added. A checkpoint of any plugin and layout loads ([Note: one reader] in
+        ``_layout_legacy``). Files are checked against the manifest first; metadata of the wrong
+        shape and steps that disagree (folder, manifest, ``trainer.json``) are a
+        ``CheckpointError`` naming the file and the field; nothing is restored unless the
+        plugin's loader proved the checkpoint whole first."""
         root = Path(root)
         own = (root / TRAINER_FILE).is_file() or (root / MANIFEST).is_file()
         path = root if own else latest_checkpoint(root)
@@ -176,14 +176,7 @@ class Booster:
                 f"{path.name}) say {manifest_step}; the file was edited or comes from another "
                 "checkpoint: resume from another step-N directory"
             )
-        saved_by = info.get("plugin") or info.get("train_config", {}).get("plugin")
-        any_plugin = (path / LAYOUT_INDEX).is_file()  # [Note: layout checkpoint]: every plugin
-        if isinstance(saved_by, str) and saved_by != self.plugin.name and not any_plugin:
-            raise CheckpointError(
-                f"checkpoint {path} was written by the {saved_by} plugin, and this run uses "
-                f"{self.plugin.name}; resume with --plugin {saved_by} (the two store weights "
-                "and optimizer state differently)"
-            )
+        # every plugin reads every plugin's checkpoint ([Note: one reader] in _layout_legacy)
         self.plugin.load_checkpoint(model, optimizer, path)
         return {**info, "path": path}
 

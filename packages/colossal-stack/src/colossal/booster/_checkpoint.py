@@ -54,12 +54,17 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
 def save_model_and_optimizer(
     directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, meta: dict
 ) -> None:
-    """Write ``model.safetensors``, ``optimizer.safetensors`` and ``meta.json`` into ``directory``."""
+    """Write ``model.safetensors``, ``optimizer.safetensors`` and ``meta.json`` into
+    ``directory``; ``meta.json``'s ``param_names`` names the parameter of each optimizer state
+    number (None for one not in ``model``)."""
     save_file(_model_tensors(model), str(directory / "model.safetensors"))
     if optimizer is not None:
         tensors, opt_meta = _optimizer_tensors(optimizer)
         save_file(tensors, str(directory / "optimizer.safetensors"))
-        meta = {**meta, "optimizer": opt_meta}
+        # the parameter each optimizer state number stands for, so any layout can read them
+        names = {id(p): n for n, p in model.named_parameters()}
+        ordered = [names.get(id(p)) for g in optimizer.param_groups for p in g["params"]]
+        meta = {**meta, "optimizer": opt_meta, "param_names": ordered}
     (directory / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
 
 

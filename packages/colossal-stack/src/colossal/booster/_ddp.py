@@ -15,7 +15,8 @@ from colossal_contracts import ConfigError
 
 from ._checkpoint import load_model_and_optimizer, save_model_and_optimizer
 from ._device import move_model, resolve_device
-from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout
+from ._hybrid_checkpoint import load_layout
+from ._layout_legacy import DDP_META
 
 __all__ = ["DDPPlugin"]
 
@@ -81,10 +82,10 @@ class DDPPlugin:
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
-        if (Path(path) / LAYOUT_INDEX).is_file():  # a checkpoint of any layout or plugin
-            load_layout(self.unwrap(model), optimizer, None, Path(path))
+        if (Path(path) / DDP_META).is_file():  # its own format
+            load_model_and_optimizer(path, self.unwrap(model), optimizer)
             return
-        load_model_and_optimizer(path, self.unwrap(model), optimizer)
+        load_layout(self.unwrap(model), optimizer, None, Path(path))  # [Note: one reader]
 
     def close(self, *, collective: bool = True) -> None:
         """DDP keeps no threads or process groups of its own: nothing to join."""

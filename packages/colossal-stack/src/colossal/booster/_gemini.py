@@ -22,6 +22,7 @@ from colossal_memtrace import MomentRecorder
 from colossal_models import ShardMap, apply_sequence_parallel
 from colossal_parallel import ProcessMesh
 from colossal_zero import (
+    INDEX_FILE,
     PLACEMENTS,
     PRECISIONS,
     GeminiConfig,
@@ -49,7 +50,7 @@ from ._gemini_tp import (
     world_size,
 )
 from ._groups import GroupMap
-from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout, save_layout
+from ._hybrid_checkpoint import load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
 from ._shard_writer import ShardedSafetensorsWriter
 
@@ -118,8 +119,8 @@ class GeminiPlugin:
             shards Gemini's chunks over ``dp`` (ZeRO-3 with tp; see [Note: Gemini with tp]).
             ``tp_mode`` "1d", "2d" (tp = q*q), "2.5d" (q*q*tp_depth) or "3d" (q**3).
         sequence_parallel, sp_size: "ring" or "ulysses" over ``sp_size`` ranks (GPT and PaLM,
-            with tp_size=1): the mesh ``dp = world / sp_size``; Gemini shards its chunks over
-            dp and sp together ([Note: Gemini with sp]).
+            with or without 1D tp): the mesh ``dp = world / (sp_size * tp_size)``; Gemini
+            shards its chunks over dp and sp together ([Note: Gemini with sp]).
     """
 
     placement: str = "auto"
@@ -174,7 +175,7 @@ class GeminiPlugin:
                 f"{self.export_shard_bytes!r}"
             )
         check_tp(self.tp_size, self.tp_mode, self.tp_depth)
-        check_sp(self.sequence_parallel, self.sp_size, self.tp_size)
+        check_sp(self.sequence_parallel, self.sp_size)
         self._check_combination()
         if self.disk_budget is not None:
             check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
@@ -222,15 +223,19 @@ class GeminiPlugin:
         if self.tp_size > 1:  # [Note: Gemini with tp]
             check_tp_inputs(model, optimizer)
             group_map = GroupMap(model, optimizer)  # by name, before parameters are replaced
-            mesh_cfg = tp_mesh_config(world_size(), self.tp_size, self.tp_mode, self.tp_depth)
+            mesh_cfg = tp_mesh_config(
+                world_size(), self.tp_size, self.tp_mode, self.tp_depth, self.sp_size
+            )
             self.mesh = ProcessMesh(mesh_cfg)
             # a lazy model is sharded on the meta device: its slices fill the chunks
             optimizer, self.sharding = shard_for_tp(model, optimizer, self.mesh, group_map, lazy)
             self._tp_maps = tp_shard_maps(model, self.mesh)  # for the streamed export
             group = self.mesh.group("dp") if mesh_cfg.dp > 1 else None
-        elif self.sp_size > 1:  # [Note: Gemini with sp]
+        elif self.sp_size > 1:
             check_tp_inputs(model, optimizer)
             self.mesh = ProcessMesh(sp_mesh_config(world_size(), self.sp_size))
+        if self.sp_size > 1:  # [Note: Gemini with sp], after tp as the hybrid plugin does
+            assert self.mesh is not None
             apply_sequence_parallel(model, self.mesh, self.sequence_parallel)  # type: ignore[arg-type]
             group = self.mesh.group("dp_sp")
         # the warmup step measures non-model bytes per moment (memtrace, through the contract)
@@ -347,18 +352,21 @@ class GeminiPlugin:
     ) -> None:
         gm = _gemini_module(model)
         opt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
-        if (Path(path) / LAYOUT_INDEX).is_file():  # written by any layout or plugin
-            load_layout(gm, opt, self.mesh, Path(path))
-            return
-        folder = self._shard_folder(path)
         saved_tp = sorted(p.name for p in Path(path).glob("tp*-0-of-*"))
-        if (self.mesh is not None and not folder.is_dir()) or (self.mesh is None and saved_tp):
-            raise ConfigError(
-                f"checkpoint {path} was saved with another tensor-parallel layout (folders "
-                f"{saved_tp or 'none'}); resume with the tp_size and tp_mode it was saved with, "
-                "or load its consolidated export (model.safetensors.index.json) into a plain model"
-            )
-        load_sharded(gm, optimizer if isinstance(optimizer, GeminiOptimizer) else None, folder)
+        if saved_tp:  # an older Gemini-tp checkpoint: a folder per tp coordinate
+            folder = self._shard_folder(path)
+            if self.mesh is None or not folder.is_dir():
+                raise ConfigError(
+                    f"checkpoint {path} was saved with another tensor-parallel layout (folders "
+                    f"{saved_tp}); resume with the tp_size and tp_mode it was saved with, or "
+                    "load its consolidated export (model.safetensors.index.json) into a plain "
+                    "model"
+                )
+            load_sharded(gm, opt, folder)
+        elif self.mesh is None and (Path(path) / INDEX_FILE).is_file():  # its own format
+            load_sharded(gm, opt, Path(path))  # streamed, chunk by chunk
+        else:  # [Note: one reader]: any other layout's or plugin's
+            load_layout(gm, opt, self.mesh, Path(path))
 
     def _shard_folder(self, path: Path) -> Path:
         return Path(path) if self.mesh is None else tp_folder(path, self.mesh)

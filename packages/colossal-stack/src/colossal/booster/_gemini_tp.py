@@ -17,12 +17,14 @@ assembled over tp on the first rank of global rank 0's tp group alone (``tp_stre
 only take part in their dp gathers. No rank holds more than one gathered chunk, one full tensor
 and one peer's shard beyond its own shards.
 
-[Note: Gemini with sp] With ring or Ulysses sequence parallelism (tp_size=1) the mesh is
-``(dp, sp)``; ``apply_sequence_parallel`` gives each sp rank its slice of every sequence, and
-Gemini's chunks are sharded over ``dp_sp`` (dp and sp flattened): every rank of the mesh holds
-1/(dp*sp) of the model states (ZeRO-3 over dp with sp). Gemini averages gradients over its group,
-and the sp ranks' gradients must be summed (each has its tokens' share of the mean loss), so the
-loss is multiplied by sp before backward: the sum over sp, the mean over dp.
+[Note: Gemini with sp] With ring or Ulysses sequence parallelism the mesh is ``(dp, sp)``, or
+``(dp, sp, tp)`` with 1D tp (the model is sharded over tp first, then its attention cores are
+swapped); ``apply_sequence_parallel`` gives each sp rank its slice of every sequence, and
+Gemini's chunks are sharded over ``dp_sp`` (dp and sp flattened, within one tp coordinate):
+every rank holds 1/(dp*sp) of its tp shard's model states (ZeRO-3 over dp with sp). Gemini
+averages gradients over its group, and the sp ranks' gradients must be summed (each has its
+tokens' share of the mean loss), so the loss is multiplied by sp before backward: the sum over
+sp, the mean over dp.
 """
 
 from __future__ import annotations
@@ -74,14 +76,19 @@ def check_tp(size: int, mode: str, depth: int) -> None:
     MeshConfig(tp=size, tp_mode=mode, tp_depth=depth).check_tp()  # type: ignore[arg-type]
 
 
-def tp_mesh_config(world_size: int, size: int, mode: str, depth: int) -> MeshConfig:
-    """``dp = world_size / size``; ``ConfigError`` when ``size`` does not divide the world."""
+def tp_mesh_config(world_size: int, size: int, mode: str, depth: int, sp: int = 1) -> MeshConfig:
+    """``dp = world_size / (size * sp)``; ``ConfigError`` when that does not divide the world."""
     if world_size % size:
         raise ConfigError(
             f"tp_size={size} does not divide the world size {world_size}; launch a multiple of "
             f"{size} ranks or choose a tp_size that divides {world_size}"
         )
-    cfg = MeshConfig(dp=world_size // size, tp=size, tp_mode=mode, tp_depth=depth)  # type: ignore[arg-type]
+    if world_size % (size * sp):
+        raise ConfigError(
+            f"tp_size * sp_size = {size}*{sp} does not divide the world size {world_size}; "
+            f"launch a multiple of {size * sp} ranks or change the sizes"
+        )
+    cfg = MeshConfig(dp=world_size // (size * sp), sp=sp, tp=size, tp_mode=mode, tp_depth=depth)  # type: ignore[arg-type]
     cfg.validate(world_size)
     return cfg
 
@@ -151,8 +158,9 @@ def tp_stream_state(
     yield from stream_full_state(model, mesh, tensors, maps, gather=writes)
 
 
-def check_sp(method: str | None, size: int, tp_size: int) -> None:
-    """``ConfigError`` unless Gemini's sequence-parallel settings are ones it runs."""
+def check_sp(method: str | None, size: int) -> None:
+    """``ConfigError`` unless Gemini's sequence-parallel settings are ones it runs (which tp
+    modes they compose with is the capability table's: [Note: capability table])."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"sp_size must be a positive int, got {size!r}")
     if method not in (None, "ring", "ulysses"):
@@ -161,11 +169,6 @@ def check_sp(method: str | None, size: int, tp_size: int) -> None:
         raise ConfigError(
             "sequence_parallel='ring' or 'ulysses' goes with sp_size >= 2, and sp_size > 1 needs "
             f"one of them; got sequence_parallel={method!r}, sp_size={size}"
-        )
-    if size > 1 and tp_size > 1:
-        raise ConfigError(
-            "GeminiPlugin runs sequence parallelism with tp_size=1 here; for sp with tp use "
-            "the hybrid plugin (ZeRO-1/2), or drop one of them"
         )
 
 

@@ -45,6 +45,7 @@ from colossal_parallel import ProcessMesh
 from colossal_zero import GeminiModule, GeminiOptimizer, LowLevelZeroOptimizer
 
 from ._layout_gemini import finish_gemini_load, gemini_shards, shard_map_of
+from ._layout_legacy import checkpoint_index
 from ._layout_read import (
     KINDS,
     LAYOUT_FORMAT,
@@ -289,10 +290,11 @@ def load_layout(
     mesh: ProcessMesh | None,
     directory: Path,
 ) -> dict[str, Any]:
-    """Fill the blocks this rank holds from the checkpoint ``directory`` (any layout); ZeRO's
-    parameters are then all-gathered. Returns the index. ``CheckpointError`` when the model
-    does not match or a file is missing or corrupt."""
-    index = read_layout_index(directory)
+    """Fill the blocks this rank holds from the checkpoint ``directory`` (any layout, any
+    plugin's format: [Note: one reader] in ``_layout_legacy``); ZeRO's parameters are then
+    all-gathered. Returns the index. ``CheckpointError`` when the model does not match or a
+    file is missing or corrupt."""
+    index = checkpoint_index(directory)
     held = _held(model, optimizer, mesh, fresh=True)
     names = [{h.smap.name for h in held}]
     if _world()[1] > 1:
@@ -305,11 +307,12 @@ def load_layout(
             f"{len(extra)} in all); was it saved from another model or preset?"
         )
     with ExitStack() as stack:
-        reader = _Reader(directory, stack)
+        reader = _Reader(directory, stack, index.get("files"))
         for h in held:  # every file and block this rank reads, before any value moves
             for kind in KINDS:
-                for file, key, _, sizes in index["tensors"].get(kind, {}).get(h.smap.name, []):
-                    reader.check(file, key, sizes)
+                blocks = index["tensors"].get(kind, {}).get(h.smap.name, [])
+                for file, key, _, sizes, *start in blocks:
+                    reader.check(file, key, sizes, *start)
         for h in held:
             name = h.smap.name
             saved = index["params"].get(name)
@@ -348,7 +351,7 @@ def load_layout(
 def load_layout_checkpoint(
     path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, Any]:
-    """Load a layout-independent checkpoint (of any layout) into a plain, unsharded ``model``
-    in this process (and Adam/AdamW ``optimizer``'s state: moments, steps, hyperparameters);
-    ``path`` is a ``step-N`` directory. Returns the index."""
+    """Load a checkpoint of any layout and plugin ([Note: one reader] in ``_layout_legacy``)
+    into a plain, unsharded ``model`` in this process (and Adam/AdamW ``optimizer``'s state:
+    moments, steps, hyperparameters); ``path`` is a ``step-N`` directory. Returns the index."""
     return load_layout(model, optimizer, None, Path(path))

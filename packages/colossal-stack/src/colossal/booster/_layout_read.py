@@ -1,6 +1,12 @@
 """Reading the layout-independent checkpoint ([Note: layout checkpoint] in
 ``_hybrid_checkpoint``): its index, slices of its safetensors files, and the unsharded tensors
-one at a time."""
+one at a time.
+
+A block is ``[file, key, offsets, sizes]`` (``key`` is a tensor of shape ``sizes``) or, for
+checkpoints whose files hold runs of flattened tensors (the older formats read through
+``_layout_legacy``), ``[file, key, offsets, sizes, start]``: ``key`` is 1-D and the block's
+elements, in row-major order, are ``key[start : start + prod(sizes)]``.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +22,16 @@ from safetensors import SafetensorError, safe_open
 
 from colossal_contracts import CheckpointError
 from colossal_models import Box
+from colossal_zero import file_digest
 
-__all__ = ["KINDS", "LAYOUT_FORMAT", "LAYOUT_INDEX", "iter_full_tensors", "read_layout_index"]
+__all__ = [
+    "KINDS",
+    "LAYOUT_FORMAT",
+    "LAYOUT_INDEX",
+    "check_layout_index",
+    "iter_full_tensors",
+    "read_layout_index",
+]
 
 LAYOUT_FORMAT = "colossal-layout/1"
 LAYOUT_INDEX = "layout_index.json"
@@ -33,11 +47,19 @@ def read_layout_index(directory: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(
             f"{directory} has no readable {LAYOUT_INDEX} ({err}); it is not a layout-independent "
-            "checkpoint (written by HybridParallelPlugin), or it is damaged"
+            "checkpoint (written by the hybrid plugin or Gemini with a mesh), or it is damaged"
         ) from err
     if not isinstance(index, dict) or index.get("format") != LAYOUT_FORMAT:
         got = index.get("format") if isinstance(index, dict) else type(index).__name__
         raise CheckpointError(f"{path}: format {got!r}, expected {LAYOUT_FORMAT!r}")
+    check_layout_index(index, path)
+    return index
+
+
+def check_layout_index(index: dict[str, Any], path: Path) -> None:
+    """``CheckpointError`` (naming ``path``, where the index came from) unless every kind of
+    every parameter is covered by disjoint blocks inside its shape, every element once
+    ([Note: whole or not at all])."""
     for k in ("params", "tensors", "steps"):
         if not isinstance(index.get(k), dict):
             raise CheckpointError(f"{path}: {k!r} must be an object; the index was edited")
@@ -51,7 +73,6 @@ def read_layout_index(directory: Path) -> dict[str, Any]:
                     f"{path}: the blocks of {kind} of {name!r} {fault}; the index was edited or "
                     "the checkpoint is incomplete: resume from another checkpoint"
                 )
-    return index
 
 
 def _cover_fault(meta: Any, blocks: Any) -> str | None:
@@ -63,10 +84,10 @@ def _cover_fault(meta: Any, blocks: Any) -> str | None:
         return "are absent"
     boxes = []
     for b in blocks:
-        ok = isinstance(b, list) and len(b) == 4 and isinstance(b[2], list)
+        ok = isinstance(b, list) and len(b) in (4, 5) and isinstance(b[2], list)
         ok = ok and isinstance(b[3], list) and len(b[2]) == len(b[3]) == len(shape)
-        if not ok or not all(isinstance(v, int) and v >= 0 for v in [*b[2], *b[3]]):
-            return f"include {b!r}, not [file, key, offsets, sizes] of the tensor's rank"
+        if not ok or not all(isinstance(v, int) and v >= 0 for v in [*b[2], *b[3], *b[4:]]):
+            return f"include {b!r}, not [file, key, offsets, sizes(, start)] of the tensor's rank"
         if any(o + n > d for o, n, d in zip(b[2], b[3], shape, strict=True)):
             return f"include {b[2]}+{b[3]}, outside the shape {shape}"
         boxes.append(Box(tuple(b[2]), tuple(b[3])))
@@ -82,32 +103,69 @@ def _cover_fault(meta: Any, blocks: Any) -> str | None:
 
 
 class _Reader:
-    """Slices of the checkpoint's safetensors files, each opened once."""
+    """Slices of the checkpoint's safetensors files, each opened once; ``digests`` (file name
+    -> ``file_digest``), when given, are checked as each file is first opened."""
 
-    def __init__(self, directory: Path, stack: ExitStack) -> None:
+    def __init__(
+        self, directory: Path, stack: ExitStack, digests: dict[str, Any] | None = None
+    ) -> None:
         self.directory, self.stack = Path(directory), stack
         self.files: dict[str, Any] = {}
+        self.digests = digests or {}
 
-    def check(self, file: str, key: str, sizes: list[int]) -> None:
-        """``CheckpointError`` unless ``file`` holds ``key`` of shape ``sizes`` (header only)."""
-        self.read(file, key, sizes, None)
+    def check(self, file: str, key: str, sizes: list[int], start: int | None = None) -> None:
+        """``CheckpointError`` unless ``file`` holds ``key`` of shape ``sizes`` (with ``start``:
+        a 1-D ``key`` holding ``prod(sizes)`` elements from ``start``); header only."""
+        self.read(file, key, sizes, None, start)
+
+    def open(self, file: str) -> Any:
+        """The safetensors handle of ``file`` (checksum checked on first open)."""
+        f = self.files.get(file)
+        if f is None:
+            want = self.digests.get(file)
+            if want is not None and file_digest(self.directory / file) != want:
+                raise CheckpointError(
+                    f"checkpoint file {self.directory / file} does not match the checksum in "
+                    "its index: it was changed or copied from another checkpoint; restore the "
+                    "original file"
+                )
+            f = self.files[file] = self.stack.enter_context(
+                safe_open(str(self.directory / file), framework="pt")
+            )
+        return f
 
     def read(
-        self, file: str, key: str, sizes: list[int], part: tuple[slice, ...] | None
+        self,
+        file: str,
+        key: str,
+        sizes: list[int],
+        part: tuple[slice, ...] | None,
+        start: int | None = None,
     ) -> torch.Tensor | None:
         where = f"{self.directory / file} [{key}]"
         try:
-            f = self.files.get(file)
-            if f is None:
-                f = self.files[file] = self.stack.enter_context(
-                    safe_open(str(self.directory / file), framework="pt")
-                )
+            f = self.open(file)
             if key not in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
                 raise CheckpointError(f"{where} is absent from its file, and the index names it")
             sl = f.get_slice(key)
-            if list(sl.get_shape()) != list(sizes):
-                raise CheckpointError(f"{where} has shape {sl.get_shape()}, the index says {sizes}")
-            return None if part is None else sl[part]
+            shape, numel = list(sl.get_shape()), math.prod(sizes)
+            if start is None and shape != list(sizes):
+                raise CheckpointError(f"{where} has shape {shape}, the index says {sizes}")
+            if start is not None and (len(shape) != 1 or shape[0] < start + numel):
+                raise CheckpointError(
+                    f"{where} has shape {shape}, the index reads elements "
+                    f"[{start}, {start + numel}) of it"
+                )
+            if part is None:
+                return None
+            if start is None:
+                return sl[part]
+            if not sizes:  # a scalar
+                return sl[start : start + 1].reshape(())
+            # only the rows of the block that ``part`` takes: a contiguous run of the 1-D tensor
+            rows, inner = part[0].indices(sizes[0]), math.prod(sizes[1:])
+            run = sl[start + rows[0] * inner : start + rows[1] * inner]
+            return run.reshape(rows[1] - rows[0], *sizes[1:])[(slice(None), *part[1:])]
         except (OSError, SafetensorError) as err:
             raise CheckpointError(f"checkpoint file {where} is missing or corrupt: {err}") from err
 
@@ -115,12 +173,12 @@ class _Reader:
 def _fill(reader: _Reader, saved: list, box: Box, out: torch.Tensor, what: str) -> None:
     """Copy the saved blocks' overlap with ``box`` into ``out`` (``box``'s elements)."""
     got = 0
-    for file, key, offsets, sizes in saved:
+    for file, key, offsets, sizes, *start in saved:
         src = Box(tuple(offsets), tuple(sizes))
         inter = box.intersect(src)
         if inter is None:
             continue
-        data = reader.read(file, key, sizes, inter.slices(src.offsets))
+        data = reader.read(file, key, sizes, inter.slices(src.offsets), *start)
         out[inter.slices(box.offsets)].copy_(data)
         got += inter.numel
     if got != box.numel:

@@ -13,6 +13,7 @@ from torch import nn
 
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_zero import (
+    INDEX_FILE,
     LazyInit,
     LowLevelZeroOptimizer,
     ZeroConfig,
@@ -23,7 +24,7 @@ from colossal_zero import (
 from .._capability import Combination, check_combination
 from ._device import move_model, resolve_device
 from ._gemini import parse_bytes, write_full_model
-from ._hybrid_checkpoint import LAYOUT_INDEX, load_layout
+from ._hybrid_checkpoint import load_layout
 from ._lazy_fill import fill_lazy
 
 __all__ = ["LowLevelZeroPlugin"]
@@ -139,10 +140,10 @@ class LowLevelZeroPlugin:
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
-        if (Path(path) / LAYOUT_INDEX).is_file():  # a checkpoint of any layout or plugin
-            load_layout(model, _zero_optimizer(optimizer), None, Path(path))
+        if (Path(path) / INDEX_FILE).is_file():  # its own format (or mesh-less Gemini's)
+            load_zero_sharded(_zero_optimizer(optimizer), path)
             return
-        load_zero_sharded(_zero_optimizer(optimizer), path)
+        load_layout(model, _zero_optimizer(optimizer), None, Path(path))  # [Note: one reader]
 
     def close(self, *, collective: bool = True) -> None:
         """ZeRO-1/2 waits for its collectives in the step and keeps no threads: nothing to join

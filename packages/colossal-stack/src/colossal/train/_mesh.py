@@ -218,6 +218,11 @@ def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: object, world: int) ->
             f"--tp {cfg.tp} does not divide the world size {world}; launch a multiple of "
             f"{cfg.tp} ranks (colossal run --nproc-per-node N) or change --tp"
         )
+    elif cfg.sp in ("ring", "ulysses") and world % (cfg.tp * cfg.sp_size):
+        raise ConfigError(
+            f"--tp {cfg.tp} x --sp-size {cfg.sp_size} does not divide the world size {world}; "
+            f"launch a multiple of {cfg.tp * cfg.sp_size} ranks or change the sizes"
+        )
 
 
 def state_shards(cfg: TrainConfig, world: int) -> int:
