@@ -120,18 +120,25 @@ CASES: dict[str, tuple[type, dict, int, tuple[int, ...]]] = {
 }
 
 
-def _model() -> GPT:
+def _model(num_layers: int = 8) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(
-        vocab_size=64, max_seq_len=16, num_layers=8, num_heads=4, hidden_size=32, bias=False
-    )
+        vocab_size=64, max_seq_len=16, num_layers=num_layers, num_heads=4, hidden_size=32,
+        bias=False,
+    )  # fmt: skip
     return GPT(cfg)
+
+
+def _layers(settings: dict) -> int:
+    """The fewest blocks the layout's stages take (each op on meta costs a Python kernel)."""
+    chunks = 2 if settings.get("schedule") == "interleaved" else 1
+    return max(2, settings.get("pp_size", 1) * chunks)
 
 
 def _two_steps(cls: type, settings: dict) -> tuple[list[str], list, list[torch.device]]:
     """Two steps of ``cls(device="meta", **settings)`` from CPU batches; what is misplaced
     after the backward of the second and after its step, the host collectives, loss devices."""
-    model = _model()
+    model = _model(_layers(settings))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     plugin = cls(device="meta", **settings)
     booster = Booster(plugin)
