@@ -14,11 +14,10 @@ import torch
 from colossal_chunk import Chunk
 from colossal_contracts import TierName
 
-from ..optim._adam import AdamHyper, adamw_update
+from ..optim._adam import STATE_KINDS, AdamHyper, adamw_update
 
 __all__ = ["STATE_KINDS", "ChunkUpdates", "Rows"]
 
-STATE_KINDS = ("exp_avg", "exp_avg_sq")
 ACC = TierName.ACCELERATOR
 Rows = dict[int, tuple[list[torch.Tensor], ...]]  # param group -> values, grads, m, v, steps
 

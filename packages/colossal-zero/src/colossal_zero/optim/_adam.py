@@ -17,9 +17,10 @@ import torch
 
 from colossal_contracts import ConfigError
 
-__all__ = ["AdamHyper", "HybridAdam", "adamw_update", "global_grad_norm"]
+__all__ = ["STATE_KINDS", "AdamHyper", "HybridAdam", "adamw_update", "global_grad_norm"]
 
 _FUSED_DEVICES = ("cpu", "cuda")
+STATE_KINDS = ("exp_avg", "exp_avg_sq")  # Adam's states of a tensor, by the names torch gives them
 
 
 @dataclass(frozen=True)
