@@ -30,10 +30,9 @@ from colossal_chunk import PendingReduce
 from colossal_contracts import CapacityError, ConfigError, ParamSharding, TensorState
 
 from ..optim._adam import AdamHyper, adamw_update
-from ..optim._clip import check_max_grad_norm, clip_divisor, skip_step
+from ..optim._clip import ClippedAdam
 from ..optim._from_torch import adam_arguments
 from ..optim._mesh_norm import mesh_grad_norm
-from ..optim._scaler import DynamicLossScaler
 from ._buckets import Bucket, build_buckets
 from ._config import ZeroConfig
 
@@ -42,7 +41,7 @@ __all__ = ["LowLevelZeroOptimizer"]
 _S = TensorState
 
 
-class LowLevelZeroOptimizer(torch.optim.Optimizer):
+class LowLevelZeroOptimizer(ClippedAdam):
     """Adam/AdamW under ZeRO stage 1 or 2 over the data-parallel ``group``; see [Note: zero step].
 
     Built on ``model`` (fp32, the same on every rank) and its parameters or param groups as for
@@ -68,18 +67,22 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         sharding: Mapping[str, ParamSharding] | None = None,
     ):
         self.config = config = config or ZeroConfig()
-        check_max_grad_norm(max_grad_norm)
-        AdamHyper(lr, betas, eps, weight_decay, adamw)
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        super().__init__(list(params) if params is not None else model.parameters(), defaults)
+        self.precision = prec = config.precision_spec
+        super().__init__(
+            list(params) if params is not None else model.parameters(),
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            adamw=adamw,
+            max_grad_norm=max_grad_norm,
+            loss_scaler=config.loss_scaler if prec.loss_scaling else None,
+        )
         if group is None and dist.is_available() and dist.is_initialized():
             group = dist.group.WORLD
         self.group, self.model = group, model
         self.world = dist.get_world_size(group) if group is not None else 1
-        self.adamw, self.max_grad_norm = adamw, max_grad_norm
         self.sharding: dict[str, ParamSharding] = dict(sharding or {})
-        self.precision = prec = config.precision_spec
-        self.scaler = DynamicLossScaler(config.loss_scaler) if prec.loss_scaling else None
         names = {id(p): n for n, p in model.named_parameters()}
         self.canonical_names = names  # id(param) -> its first name (tied parameters share one)
         self.group_of: dict[str, int] = {}
@@ -119,7 +122,6 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         self.steps: dict[str, torch.Tensor] = {}  # name -> float32 scalar step count
         self.got_grad: set[str] = set()
         self.last_grad_norm: float = 0.0
-        self.skipped_last: bool = False
         self.comm_bytes: dict[str, int] = {"reduce_scatter": 0, "all_gather": 0}
         self._micro = 0  # backward passes since the last step
         self._pending: list[PendingReduce] = []
@@ -178,14 +180,6 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         return hook
 
     # ----- backward -----------------------------------------------------------------------------
-    @property
-    def loss_scale(self) -> float:
-        return self.scaler.scale if self.scaler is not None else 1.0
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled by the loss scale under fp16."""
-        (loss * self.loss_scale if self.scaler is not None else loss).backward()
-
     def _grad_ready(self, name: str, p: torch.Tensor) -> None:
         """Stage 2: see [Note: zero overlap]."""
         if not self._in_backward:
@@ -293,11 +287,10 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         found = mesh_grad_norm(norm_parts, group=self.group, shardings=self.sharding)
         scale = self.loss_scale
         self.last_grad_norm = found.norm / scale
-        self.skipped_last = skip_step(self.scaler, found.overflow)
-        if self.skipped_last:
+        if self._skip(found.overflow):
             self.zero_grad()
             return loss
-        grad_scale = clip_divisor(scale, self.max_grad_norm, lambda: self.last_grad_norm)
+        grad_scale = self._divisor(lambda: self.last_grad_norm)
         for gi, (ps, gs, avgs, sqs, steps) in lists.items():
             for s in steps:
                 s += 1
@@ -305,8 +298,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
             adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
         self.refresh_params()
         self.zero_grad()
-        if self.scaler is not None:
-            self.scaler.update(False)
+        self._stepped()
         return loss
 
     def refresh_params(self) -> None:
