@@ -45,15 +45,15 @@ import torch.distributed as dist
 from torch import nn
 
 from colossal_chunk import Chunk, ChunkManager
-from colossal_contracts import ConfigError, StepRecorder, TensorState
+from colossal_contracts import StepRecorder, TensorState
 
-from .._lazy import LazyInit, LazyValues
+from .._lazy import LazyInit
 from ._collect import GradientCollection
 from ._comm import CommSchedule, GeminiHooks, RankMaxStats
 from ._config import GeminiConfig
 from ._fit import fit_chunk_size
 from ._hooks import AccessMode, label
-from ._setup import build_manager
+from ._place import place_module
 from ._state import ChunkGrads, TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree
 
@@ -86,43 +86,9 @@ class GeminiRuntime(GradientCollection):
         self.aliases = {n: ids[id(p)] for n, p in module.named_parameters(remove_duplicate=False)}
         self.params = dict(named)
         self.names = {id(p): n for n, p in named}
-        lazy_values = LazyValues(named, lazy)  # meta parameters: [Note: lazy init]
-        originals = {n: p.data for n, p in named if not p.is_meta}
-        dtype = self.precision.param_dtype
-        for n, p in named:
-            if not p.is_floating_point():
-                raise ConfigError(
-                    f"parameter {n!r} is {p.dtype}; Gemini manages floating-point parameters "
-                    "only: make it a buffer instead"
-                )
-            p.data = p.data.to(dtype)
-        lazy_values.swap_out()
         self._hooks = GeminiHooks()  # the manager's hooks: [Note: warmup], [Note: overlap]
-        self.manager = build_manager(named, config, group, self._hooks)
-        frozen = [n for n, p in named if not p.requires_grad]  # [Note: frozen chunks]
-        fill = lazy_values.fill if lazy_values else None
-        self.manager.register(named, materialize=fill, frozen=frozen)
-        if self.precision.master:
-            self.manager.add_parallel("master", torch.float32)
-            for c in self.manager.trainable_chunks():
-                master = self.manager.parallel_chunk("master", c)
-                for name in c.records:
-                    part = master.shard_view(name)
-                    if part is not None:
-                        view, a, b = part
-                        value = originals.get(name)
-                        if value is None:  # lazy: materialized again, one tensor at a time
-                            value = lazy_values.original(self.params[name])
-                        view.copy_(value.reshape(-1)[a:b])
-        else:
-            self.manager.add_parallel("grad", torch.float32)
-        del originals
-        dev = self.manager.compute_device
-        for buf_owner in module.modules():
-            for bname, buf in buf_owner.named_buffers(recurse=False):
-                if buf.is_meta:
-                    buf = lazy_values.buffer(buf)
-                setattr(buf_owner, bname, buf.to(dev))
+        self.manager = place_module(module, named, config, group, self._hooks, lazy)
+        dtype = self.precision.param_dtype
         for n, p in named:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._grad_hook(n))
