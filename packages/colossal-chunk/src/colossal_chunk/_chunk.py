@@ -176,7 +176,9 @@ class Chunk(ChunkLayout):
     def materialize(self, full: torch.Tensor) -> None:
         """Use ``full`` (zeroed here) as the gathered buffer without communicating; FREE -> HOLD."""
         if self.world_size == 1:
-            self.full.zero_()  # type: ignore[union-attr]
+            if self.full is None:
+                raise ChunkStateError(f"chunk {self.chunk_id} has no shard storage yet")
+            self.full.zero_()
             return
         if self.full is not None:
             raise ChunkStateError(f"chunk {self.chunk_id} is already gathered")
@@ -204,8 +206,10 @@ class Chunk(ChunkLayout):
                 f"in HOLD: {busy[:4]}; release them first"
             )
         if not self.frozen:  # a frozen chunk's slice equals its shard: nothing wrote it
+            if self.shard is None:
+                raise ChunkStateError(f"chunk {self.chunk_id} has no shard storage to release into")
             lo = self.rank * self.shard_numel
-            self.shard.copy_(self.full[lo : lo + self.shard_numel])  # type: ignore[union-attr]
+            self.shard.copy_(self.full[lo : lo + self.shard_numel])
         old, self.full = self.full, None
         for rec in self.records.values():
             self._set(rec, FREE)
@@ -264,20 +268,22 @@ class Chunk(ChunkLayout):
 
     def _finish_reduce(
         self, out: torch.Tensor, *, average: bool, accumulate: bool, into: Chunk | None
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         if average:
             out.div_(self.world_size)
         dst = self.shard if into is None else into.shard
         if into is not None:
             into._incoming = None
+        if dst is None:
+            raise ChunkStateError(f"chunk {self.chunk_id}: no shard storage to reduce into")
         if accumulate:
-            dst.add_(out)  # type: ignore[union-attr]
+            dst.add_(out)
         else:
-            dst.copy_(out)  # type: ignore[union-attr]
+            dst.copy_(out)
         old, self.full = self.full, None
         for rec in self.records.values():
             self._set(rec, FREE)
-        return old  # type: ignore[return-value]
+        return old
 
     # ----- tensors ------------------------------------------------------------------------------
     def view(self, name: str) -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from colossal_contracts import (
+    ChunkStateError,
     ConfigError,
     PlacementPolicy,
     TensorState,
@@ -340,12 +341,15 @@ class ChunkManager(
         """Re-point the ``.data`` of ``chunk``'s parameters ([Note: parameter views])."""
         if chunk.kind != "param":
             return
+        shard = chunk.shard
         for name in chunk.records:
             p = self._params[name]
             if chunk.is_gathered:
                 p.data = chunk.view(name)
+            elif shard is None:
+                raise ChunkStateError(f"chunk {chunk.chunk_id} has no shard storage yet")
             else:
-                p.data = torch.empty(0, dtype=chunk.dtype, device=chunk.shard.device)  # type: ignore[union-attr]
+                p.data = torch.empty(0, dtype=chunk.dtype, device=shard.device)
 
     def _model_budget(self, moment: int) -> int:
         cap = self.tiers[ACC].capacity_bytes

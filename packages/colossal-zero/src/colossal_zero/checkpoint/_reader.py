@@ -130,6 +130,17 @@ class CheckpointReader:
         out = torch.empty(end - start, dtype=torch.float32)
         return out if self.read_into(kind, name, start, out) else None
 
+    def read_saved(self, kind: str, name: str, start: int, end: int) -> torch.Tensor:
+        """``read``, for a tensor the checkpoint must hold (proved by ``check_whole``):
+        ``CheckpointError`` naming it when it does not."""
+        out = self.read(kind, name, start, end)
+        if out is None:
+            raise CheckpointError(
+                f"{self.directory} holds no '{kind}/{name}'; the checkpoint is incomplete: "
+                "resume from another checkpoint"
+            )
+        return out
+
     def step(self, name: str) -> float | None:
         """Adam's saved step count of parameter ``name``; None if it was not saved."""
         for rank, _, _ in self.index["params"][name]["ranges"]:
@@ -191,8 +202,7 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
         numel = 1
         for d in meta["shape"]:
             numel *= d
-        value = reader.read("param", name, 0, numel)
-        full[name] = value.view(meta["shape"])  # type: ignore[union-attr]
+        full[name] = reader.read_saved("param", name, 0, numel).view(meta["shape"])
     reader.close()
     out = {alias: full[canon].clone() for alias, canon in reader.index["aliases"].items()}
     out.update(reader.buffers())

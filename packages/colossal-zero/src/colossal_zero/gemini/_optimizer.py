@@ -163,7 +163,7 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         self.rt.clear_grads()
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
         rt, m = self.rt, self.rt.manager
         if m.tiers[TierName.HOST].capacity_bytes < UNLIMITED:  # [Note: bounded host heap]

@@ -100,7 +100,7 @@ class GeminiRuntime(GradientCollection):
         self._repack_due = False
         self._never_read: set[str] = set()  # names that got no gradient in the warmup step
         self._probe: StepRecorder | None = None  # measures one later step (measure_next_step)
-        self._probing = False
+        self._probing: bool | None = False  # None: armed by measure_next_step
         self.measured: Any = None  # what the probe measured (a MemStatsSource)
         self.state = _T.IDLE  # [Note: training state]
         one_fp32 = not self.precision.master and self.manager.world_size == 1
@@ -242,8 +242,8 @@ class GeminiRuntime(GradientCollection):
         moment = self._moment
         self._moment += 1
         self._digest.add(names)
-        if self._probing:
-            self._probe.cut(names)  # type: ignore[union-attr]
+        if self._probing and self._probe is not None:
+            self._probe.cut(names)
         if self._recording:
             self._warmup.moment(names)
             self.manager.set_moment(moment)
@@ -274,7 +274,8 @@ class GeminiRuntime(GradientCollection):
             names = list(self.manager.chunks[cid].records) if cid in self.manager.chunks else []
             return f"{op_name} of chunk {cid} (parameters {names[:3]}{'...' if len(names) > 3 else ''})"
 
-        agree(self.group, "a chunk collective", [_OPS.index(op), chunk.chunk_id], describe)  # type: ignore[arg-type]
+        if self.group is not None:  # (installed only with a group)
+            agree(self.group, "a chunk collective", [_OPS.index(op), chunk.chunk_id], describe)
 
     # ----- backward -----------------------------------------------------------------------------
     def end_forward(self) -> None:
@@ -341,8 +342,8 @@ class GeminiRuntime(GradientCollection):
             self._recording = False
             self._hooks.agree = None
             stats = self._warmup.finish()
-            if m.world_size > 1 and self._warmup.order:  # the same room on every rank
-                stats = RankMaxStats(stats, self.group)  # type: ignore[arg-type]
+            if self.group is not None and m.world_size > 1 and self._warmup.order:
+                stats = RankMaxStats(stats, self.group)  # the same room on every rank
             if self._overlap and self._warmup.order:
                 self._comm = CommSchedule(m, self._warmup.order)
                 self._hooks.keep = self._comm.keep
@@ -360,8 +361,8 @@ class GeminiRuntime(GradientCollection):
                 bwd = len(w.order) if w.backward_from is None else w.backward_from
                 self._repack_due |= fit_chunk_size(m, reserve, w.order, bwd, first)
         else:
-            if self._probing:
-                self.measured = self._probe.finish()  # type: ignore[union-attr]
+            if self._probing and self._probe is not None:
+                self.measured = self._probe.finish()
                 self._probing = False
             if self.group is not None:  # [Note: rank agreement]: one digest per step
                 agree(self.group, "the end of backward", [self._digest.value], _digest_words)
@@ -369,7 +370,7 @@ class GeminiRuntime(GradientCollection):
     def measure_next_step(self, recorder: StepRecorder) -> None:
         """Measure the next step (after warmup) with ``recorder`` without changing the plan; the
         result lands in ``measured`` at the end of that step's backward."""
-        self._probe, self._probing = recorder, None  # type: ignore[assignment]
+        self._probe, self._probing = recorder, None
 
     def _index_chunks(self) -> None:
         """A record per parameter chunk (kept where it exists: after warmup chunks may hold

@@ -55,7 +55,7 @@ class _Outer:
 
 
 def _outer() -> _Hooks | None:
-    return _top_saved_tensors_default_hooks(False)  # type: ignore[return-value]
+    return _top_saved_tensors_default_hooks(False)
 
 
 def _unpack_outer(x: _Outer, replay: Replay) -> torch.Tensor:

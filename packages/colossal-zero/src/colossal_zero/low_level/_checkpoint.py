@@ -93,15 +93,14 @@ def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
     reader.check_whole(frozen, optimizer=False)
     for name, p in opt.model.named_parameters():
         if name not in trained:
-            value = reader.read("param", name, 0, p.numel())
-            p.copy_(value.view(p.shape))  # type: ignore[union-attr]
+            p.copy_(reader.read_saved("param", name, 0, p.numel()).view(p.shape))
     for b in opt.buckets:
         for name in b.params:
             part = b.fp32.shard_view(name)
             if part is None:
                 continue
             view, lo, hi = part
-            view.copy_(reader.read("param", name, lo, hi))  # type: ignore[arg-type]
+            view.copy_(reader.read_saved("param", name, lo, hi))
             if not index["optimizer"]:
                 continue
             for kind, chunk in zip(STATE_KINDS, (b.exp_avg, b.exp_avg_sq), strict=True):

@@ -256,7 +256,7 @@ class LowLevelZeroOptimizer(ClippedAdam):
         self._micro = 0
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
         if not self.got_grad:
             return loss  # no gradient since the last step
@@ -282,7 +282,7 @@ class LowLevelZeroOptimizer(ClippedAdam):
                 )
                 for lst, t in zip(
                     row, (views[0][0], gv, views[1][0], views[2][0], step), strict=True
-                ):  # type: ignore[index]
+                ):
                     lst.append(t)
         found = mesh_grad_norm(norm_parts, group=self.group, shardings=self.sharding)
         scale = self.loss_scale

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -65,7 +66,7 @@ class ClippedAdam(torch.optim.Optimizer):
 
     def __init__(
         self,
-        params: Iterable[torch.Tensor] | Iterable[dict],
+        params: Iterable[Any],  # tensors or param groups, as for torch.optim.AdamW
         lr: float,
         betas: tuple[float, float],
         eps: float,
