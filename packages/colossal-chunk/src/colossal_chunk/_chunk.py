@@ -306,6 +306,16 @@ class Chunk(ChunkLayout):
         a, b, start, end = span
         return self.shard[a:b], start, end
 
+    def shard_part(self, name: str) -> torch.Tensor:
+        """This rank's part of tensor ``name`` (1-D view into the shard), for a tensor the caller
+        knows this rank holds a part of; ``ChunkStateError`` when it holds none."""
+        part = self.shard_view(name)
+        if part is None:
+            raise ChunkStateError(
+                f"this rank's shard of chunk {self.chunk_id} holds no part of {name!r}"
+            )
+        return part[0]
+
     def __repr__(self) -> str:
         return (
             f"Chunk(id={self.chunk_id}, kind={self.kind}, dtype={self.dtype}, "

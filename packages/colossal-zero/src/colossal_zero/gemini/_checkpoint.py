@@ -150,7 +150,7 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
             if not states or not index["optimizer"]:
                 continue
             for kind, chunk in zip(STATE_KINDS, states, strict=True):
-                reader.read_into(kind, name, a, chunk.shard_view(name)[0])  # type: ignore[index]
+                reader.read_into(kind, name, a, chunk.shard_part(name))
         if rt.precision.master and not c.frozen:
             rt.restore_params(c)
         # chunk by chunk: what was written into chunks on disk is written out of memory

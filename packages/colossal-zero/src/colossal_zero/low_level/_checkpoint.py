@@ -47,7 +47,7 @@ def save_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
                 continue
             tensors[f"param/{name}"] = part[0].float().cpu().clone()
             for kind, chunk in zip(STATE_KINDS, (b.exp_avg, b.exp_avg_sq), strict=True):
-                tensors[f"{kind}/{name}"] = chunk.shard_view(name)[0].cpu().clone()  # type: ignore[index]
+                tensors[f"{kind}/{name}"] = chunk.shard_part(name).cpu().clone()
             if name in opt.steps:
                 tensors[f"step/{name}"] = opt.steps[name].reshape(1).cpu().clone()
     trained = {n for b in opt.buckets for n in b.params}
@@ -106,7 +106,7 @@ def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
             for kind, chunk in zip(STATE_KINDS, (b.exp_avg, b.exp_avg_sq), strict=True):
                 value = reader.read(kind, name, lo, hi)
                 if value is not None:
-                    chunk.shard_view(name)[0].copy_(value)  # type: ignore[index]
+                    chunk.shard_part(name).copy_(value)
             reader.restore_step(opt.steps, name)
     opt.refresh_params()
     opt.zero_grad()
