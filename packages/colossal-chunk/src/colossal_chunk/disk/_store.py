@@ -155,7 +155,7 @@ class DiskStore:
         ``write_behind`` next (the write is in flight from here)."""
         p = self._files[key]
         if src.numel() * src.element_size() != p.nbytes:
-            raise ValueError(
+            raise ConfigError(
                 f"unstage({key!r}): a copy of {src.numel() * src.element_size()} bytes for a "
                 f"payload of {p.nbytes}; pass the copy stage() returned"
             )
