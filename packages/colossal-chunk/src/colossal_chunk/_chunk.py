@@ -90,6 +90,22 @@ class Chunk(ChunkLayout):
     def is_gathered(self) -> bool:
         return self.full is not None
 
+    @property
+    def payload(self) -> torch.Tensor:
+        """The shard's storage, for a chunk that has it; ``ChunkStateError`` before the manager
+        gave it one (``shard`` is None then)."""
+        if self.shard is None:
+            raise ChunkStateError(f"chunk {self.chunk_id} has no shard storage yet")
+        return self.shard
+
+    @property
+    def home(self) -> TierName:
+        """The tier the shard lives on; ``ChunkStateError`` before it was placed (``tier`` is
+        None then)."""
+        if self.tier is None:
+            raise ChunkStateError(f"chunk {self.chunk_id} is not placed on any tier yet")
+        return self.tier
+
     def fill_shard(self, storage: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> None:
         """Take ``storage`` (1-D, shard_numel) as the shard and copy this rank's slice of each tensor.
 

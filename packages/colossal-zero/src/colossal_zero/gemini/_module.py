@@ -63,7 +63,7 @@ class GeminiModule(nn.Module):
         values: dict[str, torch.Tensor] = {}
         for c in rt.manager.param_chunks():
             src = rt.roles.fp32(c)
-            full = gather_shard(src.shard, rt.group)  # type: ignore[arg-type]
+            full = gather_shard(src.payload, rt.group)
             for name, rec in c.records.items():
                 values[name] = full[rec.offset : rec.end].view(rec.shape).float().clone()
         out = {n: values[canon] for n, canon in rt.aliases.items()}

@@ -188,7 +188,7 @@ class LowLevelZeroOptimizer(ClippedAdam):
         b = self._bucket_of[name]
         self._open(b)
         with torch.no_grad():
-            b.grad.view(name).add_(p.grad)  # type: ignore[arg-type]
+            b.grad.view(name).add_(p.grad)  # type: ignore[arg-type]  # torch: grad is Optional
         p.grad = None
         b.grad.set_state(name, _S.COMPUTE)
         b.grad.set_state(name, _S.READY_FOR_REDUCE)
@@ -201,7 +201,7 @@ class LowLevelZeroOptimizer(ClippedAdam):
         b.open = True
         if self.world == 1:
             if self._micro == 0:
-                b.grad.materialize(b.grad.shard)  # type: ignore[arg-type]  # zero the shard
+                b.grad.materialize(b.grad.payload)  # zero the shard
             return
         cap = b.grad.capacity
         b.grad.materialize(torch.empty(cap, dtype=b.grad.dtype, device=b.flat.device))
@@ -248,10 +248,13 @@ class LowLevelZeroOptimizer(ClippedAdam):
         """Forget collected gradients (stage 1 zeroes the buffer behind every ``.grad``)."""
         if self.config.stage == 1:
             for b in self.buckets:
+                flat = b.grad_flat  # every stage-1 bucket has one
+                if flat is None:
+                    continue
                 if b.grad.is_gathered:
-                    b.grad_flat.zero_()  # type: ignore[union-attr]
+                    flat.zero_()
                 else:
-                    b.grad.materialize(b.grad_flat)  # type: ignore[arg-type]
+                    b.grad.materialize(flat)
         self.got_grad.clear()
         self._micro = 0
 
@@ -306,7 +309,7 @@ class LowLevelZeroOptimizer(ClippedAdam):
         for b in self.buckets:
             b.param.release()  # keeps the slice in the shard (a view of flat: no copy)
             if b.master is not None:
-                b.param.shard.copy_(b.master.shard)  # type: ignore[union-attr]
+                b.param.payload.copy_(b.master.payload)
             b.param.gather(b.flat)
             self.comm_bytes["all_gather"] += b.param.full_bytes if self.world > 1 else 0
 
@@ -322,7 +325,7 @@ class LowLevelZeroOptimizer(ClippedAdam):
                 for name, p in b.params.items():
                     out[name] = p.detach().float().cpu().clone()
                 continue
-            full = torch.empty(b.master.capacity, device=b.master.shard.device)  # type: ignore[union-attr]
+            full = torch.empty(b.master.capacity, device=b.master.payload.device)
             b.master.gather(full)
             for name in b.params:
                 out[name] = b.master.view(name).cpu().clone()
