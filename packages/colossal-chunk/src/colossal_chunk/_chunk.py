@@ -99,7 +99,7 @@ class Chunk(ChunkLayout):
         return self.shard
 
     @property
-    def home(self) -> TierName:
+    def current_tier(self) -> TierName:
         """The tier the shard lives on; ``ChunkStateError`` before it was placed (``tier`` is
         None then)."""
         if self.tier is None:

@@ -195,7 +195,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         brought in uncopied to take the result, then evicted before the result came)."""
         self.settle(chunk)
         copy = copy and not chunk.awaits_overwrite
-        src = chunk.home
+        src = chunk.current_tier
         if src is dst:
             return
         if chunk.pinned:
@@ -284,7 +284,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         """A gather of ``chunk`` from its shard off the compute tier copies the shard in (into
         the gathered buffer's own slice): count it as a move of the shard."""
         if chunk.tier is not ACC and chunk.world_size > 1:
-            self._count(chunk.home, ACC, chunk.shard_bytes)
+            self._count(chunk.current_tier, ACC, chunk.shard_bytes)
 
     def release_gathered(self, chunk: Chunk) -> bool:
         """Drop ``chunk``'s gathered buffer (``Chunk.release``: this rank's slice is copied back
@@ -296,7 +296,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
             return False
         self.tiers[ACC].free(chunk.full_bytes)
         if copies:
-            self._count(ACC, chunk.home, chunk.shard_bytes)
+            self._count(ACC, chunk.current_tier, chunk.shard_bytes)
         return True
 
     def forget(self, chunk: Chunk) -> None:
@@ -344,7 +344,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         dst = self.spares.allocate(acc, _key(chunk, ACC), chunk.shard_numel, chunk.dtype)
         if self._prefetcher is None:
             self._prefetcher = Prefetcher(acc.device)
-        src_tier = self.tiers[chunk.home]
+        src_tier = self.tiers[chunk.current_tier]
         self.used(chunk)
         before = None  # a read-ahead the reader has not taken up: done where the copy runs
         if src_tier.name is DISK:
