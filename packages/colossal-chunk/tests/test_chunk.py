@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from colossal_chunk import Chunk
-from colossal_contracts import ConfigError, StateTransitionError, TensorState
+from colossal_contracts import ChunkStateError, ConfigError, StateTransitionError, TensorState
 
 
 def _filled(capacity=16, shapes=((2, 3), (4,), (5,))):
@@ -62,3 +62,13 @@ def test_states_follow_the_table_and_pin_the_chunk():
 def test_capacity_must_divide_among_ranks():
     with pytest.raises(ConfigError, match="multiple"):
         Chunk(0, 0, torch.float32)
+
+
+def test_storage_accessors_name_a_chunk_without_storage():
+    c = Chunk(3, 8, torch.float32)
+    c.add("w", (4,))
+    for read in (lambda: c.payload, lambda: c.current_tier, lambda: c.shard_part("w")):
+        with pytest.raises(ChunkStateError, match="chunk 3"):
+            read()
+    c.fill_shard(torch.empty(c.shard_numel), {"w": torch.ones(4)})
+    assert c.payload is c.shard and torch.equal(c.shard_part("w"), torch.ones(4))

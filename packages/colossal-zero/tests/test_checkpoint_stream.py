@@ -10,14 +10,14 @@ import torch
 from test_gemini import BATCH
 
 from colossal_zero import GeminiConfig, consolidate
-from colossal_zero.gemini._checkpoint import _Reader
+from colossal_zero.checkpoint._reader import CheckpointReader
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")
 
 
 def _saved(directory) -> dict[str, object]:  # type: ignore[no-untyped-def]
     """Every value a checkpoint holds, whole: ``kind/name`` -> flat tensor, ``step/name``."""
-    reader = _Reader(directory)
+    reader = CheckpointReader(directory)
     out: dict[str, object] = {}
     for name, meta in reader.index["params"].items():
         numel = int(torch.Size(meta["shape"]).numel())

@@ -123,6 +123,11 @@ def test_unknown_placement_or_precision_is_a_config_error(field, value, match):
         GeminiConfig(**{field: value})
 
 
+def test_a_group_that_is_neither_a_process_group_nor_default_is_a_config_error():
+    with pytest.raises(ConfigError, match='"default"'):
+        apply_gemini(torch.nn.Linear(4, 4), GeminiConfig(), group="world")
+
+
 def test_stats_report_tiers_and_moves():
     model, opt = checks.make(TIGHT)
     checks.train(model, opt, 2, BATCH)

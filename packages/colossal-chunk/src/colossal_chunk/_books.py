@@ -37,7 +37,10 @@ class ManagerBooks:
         return self._placement.tiers
 
     def _note_demand(self) -> None:
-        row = self._demand.setdefault(self._moment, [0, 0])  # type: ignore[union-attr]
+        demand = self._demand
+        if demand is None:  # not tracking
+            return
+        row = demand.setdefault(self._moment, [0, 0])
         row[0] = max(row[0], self._placement.demand_bytes(self.chunks.values()))
         row[1] = max(row[1], self.tiers[ACC].used_bytes)
 

@@ -25,7 +25,7 @@ the shard while one is in flight is an error.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -34,13 +34,12 @@ from colossal_contracts import (
     ChunkStateError,
     ConfigError,
     StateTransitionError,
-    TensorState,
     TierName,
-    check_transition,
 )
 
+from ._layout import ChunkLayout
 from ._pending import PendingReduce, _PendingGather
-from ._records import COMPUTE, FREE, HOLD, LEGAL, READY, STATES, TensorRecord, code_of
+from ._records import FREE, HOLD, READY, TensorRecord
 
 __all__ = ["Chunk", "PendingReduce", "TensorRecord"]
 
@@ -50,29 +49,17 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-class Chunk:
+class Chunk(ChunkLayout):
     """A fixed-size 1-D buffer of tensors; see [Note: chunk storage].
 
-    The chunk holds storage but does no tier accounting: ``ChunkManager`` decides where the shard
-    lives, reserves its bytes, and hands the chunk new storage through ``replace_shard``.
+    Where its tensors sit and their states are ``ChunkLayout``'s. The chunk holds storage but
+    does no tier accounting: ``ChunkManager`` decides where the shard lives, reserves its bytes,
+    and hands the chunk new storage through ``replace_shard``.
     """
 
-    chunk_id: int
-    kind: str  # "param" for parameter chunks; parallel chunks: "grad", "master", ...
-    frozen: bool  # only read ([Note: frozen chunks] in _register.py): no twin, no write-back
-    dtype: torch.dtype
-    capacity: int  # elements in the full chunk, a multiple of world_size
-    world_size: int
-    rank: int
-    group: dist.ProcessGroup | None
-    records: dict[str, TensorRecord]  # in order of offset
-    used: int  # elements filled by tensors; the rest is padding
     shard: torch.Tensor | None  # 1-D, shard_numel, on self.tier; None before storage is given
     full: torch.Tensor | None  # 1-D, capacity, on the compute device while gathered
     tier: TierName | None  # where the shard lives (set by the manager)
-    _counts: list[int]  # tensors per state code, kept by _set ([Note: states by number])
-    _spans: dict[str, tuple[int, int, int, int] | None]  # name -> its part of this rank's shard
-    # (start and end in the shard, start and end in the tensor's elements); None: no part
     _inflight: PendingReduce | _PendingGather | None  # [Note: one collective in flight]
     _incoming: PendingReduce | None  # a reduce in flight that will overwrite this whole shard
 
@@ -86,70 +73,10 @@ class Chunk:
         group: dist.ProcessGroup | None = None,
         frozen: bool = False,
     ):
-        self.world_size = dist.get_world_size(group) if group is not None else 1
-        self.rank = dist.get_rank(group) if group is not None else 0
-        if capacity <= 0 or capacity % self.world_size:
-            raise ConfigError(
-                f"chunk capacity {capacity} must be a positive multiple of the world size "
-                f"{self.world_size}; round chunk_numel up"
-            )
-        self.chunk_id, self.kind, self.dtype, self.capacity = chunk_id, kind, dtype, capacity
-        self.group, self.frozen = group, frozen
-        self.records, self.used = {}, 0
+        super().__init__(chunk_id, capacity, dtype, kind=kind, group=group, frozen=frozen)
         self.shard, self.full, self.tier = None, None, None
-        self._counts = [0] * len(STATES)
-        self._spans = {}
         self._inflight = None
         self._incoming = None
-
-    # ----- layout -------------------------------------------------------------------------------
-    @property
-    def shard_numel(self) -> int:
-        return self.capacity // self.world_size
-
-    @property
-    def element_size(self) -> int:
-        return self.dtype.itemsize
-
-    @property
-    def shard_bytes(self) -> int:
-        """Bytes of the payload at rest (this rank's shard)."""
-        return self.shard_numel * self.element_size
-
-    @property
-    def full_bytes(self) -> int:
-        """Bytes of the gathered buffer."""
-        return self.capacity * self.element_size
-
-    @property
-    def padding(self) -> int:
-        """Elements of the chunk no tensor uses."""
-        return self.capacity - self.used
-
-    def fits(self, numel: int) -> bool:
-        return self.used + numel <= self.capacity
-
-    def add(self, name: str, shape: torch.Size | tuple[int, ...]) -> TensorRecord:
-        """Reserve room for a tensor at the end of the chunk (layout only; no data is copied)."""
-        shape = torch.Size(shape)
-        numel = shape.numel()
-        if name in self.records:
-            raise ConfigError(f"tensor {name!r} is already in chunk {self.chunk_id}")
-        if not self.fits(numel):
-            raise ConfigError(
-                f"tensor {name!r} ({numel:,} elements) does not fit in chunk {self.chunk_id} "
-                f"({self.capacity - self.used:,} of {self.capacity:,} free); raise chunk_numel to "
-                f"at least {numel:,}"
-            )
-        first = TensorState.HOLD if self.world_size == 1 else TensorState.FREE
-        rec = TensorRecord(name, self.used, numel, shape, first)
-        self.records[name] = rec
-        self._counts[rec.code] += 1
-        lo = self.rank * self.shard_numel
-        a, b = max(lo, self.used), min(lo + self.shard_numel, self.used + numel)
-        self._spans[name] = (a - lo, b - lo, a - self.used, b - self.used) if a < b else None
-        self.used += numel
-        return rec
 
     def same_layout(self, chunk_id: int, dtype: torch.dtype, kind: str) -> Chunk:
         """A new empty chunk with this chunk's tensors at the same offsets (a parallel chunk)."""
@@ -162,6 +89,22 @@ class Chunk:
     @property
     def is_gathered(self) -> bool:
         return self.full is not None
+
+    @property
+    def payload(self) -> torch.Tensor:
+        """The shard's storage, for a chunk that has it; ``ChunkStateError`` before the manager
+        gave it one (``shard`` is None then)."""
+        if self.shard is None:
+            raise ChunkStateError(f"chunk {self.chunk_id} has no shard storage yet")
+        return self.shard
+
+    @property
+    def current_tier(self) -> TierName:
+        """The tier the shard lives on; ``ChunkStateError`` before it was placed (``tier`` is
+        None then)."""
+        if self.tier is None:
+            raise ChunkStateError(f"chunk {self.chunk_id} is not placed on any tier yet")
+        return self.tier
 
     def fill_shard(self, storage: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> None:
         """Take ``storage`` (1-D, shard_numel) as the shard and copy this rank's slice of each tensor.
@@ -249,7 +192,9 @@ class Chunk:
     def materialize(self, full: torch.Tensor) -> None:
         """Use ``full`` (zeroed here) as the gathered buffer without communicating; FREE -> HOLD."""
         if self.world_size == 1:
-            self.full.zero_()  # type: ignore[union-attr]
+            if self.full is None:
+                raise ChunkStateError(f"chunk {self.chunk_id} has no shard storage yet")
+            self.full.zero_()
             return
         if self.full is not None:
             raise ChunkStateError(f"chunk {self.chunk_id} is already gathered")
@@ -277,8 +222,10 @@ class Chunk:
                 f"in HOLD: {busy[:4]}; release them first"
             )
         if not self.frozen:  # a frozen chunk's slice equals its shard: nothing wrote it
+            if self.shard is None:
+                raise ChunkStateError(f"chunk {self.chunk_id} has no shard storage to release into")
             lo = self.rank * self.shard_numel
-            self.shard.copy_(self.full[lo : lo + self.shard_numel])  # type: ignore[union-attr]
+            self.shard.copy_(self.full[lo : lo + self.shard_numel])
         old, self.full = self.full, None
         for rec in self.records.values():
             self._set(rec, FREE)
@@ -337,20 +284,22 @@ class Chunk:
 
     def _finish_reduce(
         self, out: torch.Tensor, *, average: bool, accumulate: bool, into: Chunk | None
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         if average:
             out.div_(self.world_size)
         dst = self.shard if into is None else into.shard
         if into is not None:
             into._incoming = None
+        if dst is None:
+            raise ChunkStateError(f"chunk {self.chunk_id}: no shard storage to reduce into")
         if accumulate:
-            dst.add_(out)  # type: ignore[union-attr]
+            dst.add_(out)
         else:
-            dst.copy_(out)  # type: ignore[union-attr]
+            dst.copy_(out)
         old, self.full = self.full, None
         for rec in self.records.values():
             self._set(rec, FREE)
-        return old  # type: ignore[return-value]
+        return old
 
     # ----- tensors ------------------------------------------------------------------------------
     def view(self, name: str) -> torch.Tensor:
@@ -373,47 +322,15 @@ class Chunk:
         a, b, start, end = span
         return self.shard[a:b], start, end
 
-    def state(self, name: str) -> TensorState:
-        return self.records[name].state
-
-    def set_state(self, name: str, new: TensorState) -> None:
-        """Move tensor ``name`` to ``new`` through ``check_transition`` (raises when illegal)."""
-        self._set(self.records[name], code_of(new))
-
-    def _set(self, rec: TensorRecord, new: int) -> None:
-        """Move ``rec`` to the state of code ``new`` ([Note: states by number])."""
-        old = rec.code
-        if old == new:
-            return
-        if not LEGAL[old][new]:  # raises, naming the tensor
-            what = f"tensor {rec.name!r} of chunk {self.chunk_id}"
-            check_transition(STATES[old], STATES[new], what=what)
-        rec.code = new
-        counts = self._counts
-        counts[old] -= 1
-        counts[new] += 1
-
-    def count(self, state: TensorState) -> int:
-        """Tensors in ``state`` (a counter read)."""
-        return self._counts[code_of(state)]
-
-    def all_in(self, state: TensorState) -> bool:
-        """True when every tensor of the chunk is in ``state``."""
-        return self._counts[code_of(state)] == len(self.records)
-
-    @property
-    def pinned(self) -> bool:
-        """True while any tensor is in COMPUTE: the chunk may not move (ChunkInfo.pinned)."""
-        return self._counts[COMPUTE] > 0
-
-    @property
-    def movable(self) -> bool:
-        """True when the chunk may leave the compute tier: every tensor is HOLD or FREE."""
-        c = self._counts
-        return c[HOLD] + c[FREE] == len(self.records)
-
-    def __iter__(self) -> Iterator[TensorRecord]:
-        return iter(self.records.values())
+    def shard_part(self, name: str) -> torch.Tensor:
+        """This rank's part of tensor ``name`` (1-D view into the shard), for a tensor the caller
+        knows this rank holds a part of; ``ChunkStateError`` when it holds none."""
+        part = self.shard_view(name)
+        if part is None:
+            raise ChunkStateError(
+                f"this rank's shard of chunk {self.chunk_id} holds no part of {name!r}"
+            )
+        return part[0]
 
     def __repr__(self) -> str:
         return (

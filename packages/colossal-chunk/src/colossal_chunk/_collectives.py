@@ -92,7 +92,7 @@ class ManagerCollectives:
         if dst is not None:
             self._reduce_target(dst, read_on_host=read_on_host)
         elif c.world_size > 1 and c.tier is not ACC:  # gathered from the host: the result lands
-            self._placement.count_copy(ACC, c.tier, c.shard_bytes)  # type: ignore[arg-type]
+            self._placement.count_copy(ACC, c.current_tier, c.shard_bytes)
         if async_op:
             c.start_reduce_scatter(average=average, into=dst)
             self.in_flight.add(c)

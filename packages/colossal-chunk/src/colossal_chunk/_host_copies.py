@@ -89,7 +89,7 @@ class HostSide:
     def written(self, chunk: Chunk) -> None:
         """``chunk``'s shard was written in place: copies kept elsewhere are stale now."""
         self.host_copies.drop(chunk.chunk_id)
-        super().written(chunk)  # type: ignore[misc]
+        super().written(chunk)  # type: ignore[misc]  # DiskSide's, after this in Placement's MRO
 
     def _back_to_host(self, chunk: Chunk) -> None:
         """Evict frozen ``chunk`` by taking its kept host payload back as its shard: nothing is

@@ -16,18 +16,19 @@ moment's room, ``access`` and ``release`` only change states (no tier is touched
 Collectives on chunks and when they finish are in ``_collectives.py`` ([Note: collectives in
 flight], [Note: gathers ahead]); registering tensors into chunks is in ``_register.py``,
 re-packing them in first-use order in ``_repack.py``, the step without touching a tier in
-``_resident.py`` ([Note: resident fast path]).
+``_resident.py`` ([Note: resident fast path]), what an owner says about shards it reads or
+writes in place (read ahead, staged, written, read) in ``_shard_io.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 
 from colossal_contracts import (
+    ChunkStateError,
     ConfigError,
     PlacementPolicy,
     TensorState,
@@ -44,7 +45,8 @@ from ._placement import Placement, build_tiers
 from ._register import ManagerRegistry
 from ._repack import ManagerRepack
 from ._resident import ManagerResident
-from .disk._read_ahead import ReadAheadWindow, window_bytes
+from ._shard_io import ManagerShardIO
+from .disk._read_ahead import window_bytes
 from .policies._base import LruPolicy
 
 __all__ = ["ChunkManager"]
@@ -55,7 +57,12 @@ Tensorish = torch.Tensor | str
 
 
 class ChunkManager(
-    ManagerRegistry, ManagerResident, ManagerBooks, ManagerCollectives, ManagerRepack
+    ManagerRegistry,
+    ManagerResident,
+    ManagerBooks,
+    ManagerCollectives,
+    ManagerRepack,
+    ManagerShardIO,
 ):
     """Chunks of parameters (and parallel chunks of gradients / master weights) under tier budgets.
 
@@ -169,76 +176,6 @@ class ChunkManager(
             ahead = min(_DISK_AHEAD, self._num_moments - 1 - moment)
             if ahead > 0:
                 self.read_ahead(self.policy.upcoming(moment, ahead))
-
-    def read_ahead(self, chunks: Iterable[Chunk | int]) -> bool:
-        """Start reading the shards of ``chunks`` that live on disk into memory (used soon, in
-        this order) while the read-ahead window has room; False once it had none ([Note:
-        read-ahead window]: the rest are not read ahead)."""
-        for c in chunks:
-            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
-            if not self._placement.read_ahead(chunk):
-                return False
-        return True
-
-    @property
-    def read_ahead_window(self) -> ReadAheadWindow:
-        """The books of disk pages read ahead of use within the host budget ([Note: read-ahead
-        window])."""
-        return self._placement.read_ahead_window
-
-    def finish_reads(self, chunks: Iterable[Chunk | int]) -> None:
-        """The shards of ``chunks`` are read next where they live (updated in place): on disk,
-        their read-aheads not taken up by the reader yet are done on this thread now ([Note:
-        disk read-ahead and write-behind] in ``disk/_io.py``)."""
-        for c in chunks:
-            self._placement.finish_read(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
-
-    @contextmanager
-    def staged(self, chunks: Iterable[Chunk | int]) -> Iterator[None]:
-        """While the block runs, the shards of ``chunks`` that live on disk are host copies
-        (computed on without a page fault per page of their mapping); when it ends they are
-        written back into their payloads with ``pwrite`` and the payloads are their shards again
-        (if it raises, the copies are dropped unwritten). Say ``written`` for them after, as for
-        shards written in place ([Note: staged updates] in ``disk/_store.py``). The copies replace the
-        payloads' pages in this process's memory (those leave it): no budget counts them."""
-        out: list[tuple[Chunk, torch.Tensor]] = []
-        try:
-            for c in chunks:
-                chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
-                mapping = self._placement.stage(chunk)
-                if mapping is not None:
-                    out.append((chunk, mapping))
-            yield
-        except BaseException:
-            for chunk, mapping in out:
-                self._placement.unstage(chunk, mapping, write=False)
-            raise
-        for chunk, mapping in out:
-            self._placement.unstage(chunk, mapping, write=True)
-
-    def keep_disk_copies(self, kinds: Iterable[str] = ()) -> None:
-        """Say that chunks of ``kinds`` are not written until the next call: one read off disk
-        keeps its disk payload, and goes back to disk without a write; no kinds drops every
-        payload kept ([Note: disk copies] in ``disk/_copies.py``)."""
-        self._placement.disk_copies.keep(frozenset(kinds))
-
-    def written(self, chunks: Iterable[Chunk | int]) -> None:
-        """Say that the shards of ``chunks`` were written in place (updated by an optimizer step,
-        loaded): those on disk start being written out of memory in the background."""
-        for c in chunks:
-            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
-            if chunk.frozen:  # [Note: frozen chunks]: counted, so an owner can show it never is
-                self._placement.frozen_written += chunk.shard_bytes
-            self._placement.used(chunk)  # [Note: disk fault-ins]
-            self._placement.written(chunk)
-
-    def read_done(self, chunks: Iterable[Chunk | int]) -> None:
-        """Say that the shards of ``chunks`` were only read in place: those on disk leave this
-        process's memory with nothing written (colossal-chunk's [Note: reads let go])."""
-        for c in chunks:
-            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
-            self._placement.used(chunk)  # [Note: disk fault-ins]
-            self._placement.read_only(chunk)
 
     def access(self, items: Iterable[Tensorish]) -> None:
         """Make parameters ready for compute (on the compute tier, gathered, COMPUTE)."""
@@ -404,12 +341,15 @@ class ChunkManager(
         """Re-point the ``.data`` of ``chunk``'s parameters ([Note: parameter views])."""
         if chunk.kind != "param":
             return
+        shard = chunk.shard
         for name in chunk.records:
             p = self._params[name]
             if chunk.is_gathered:
                 p.data = chunk.view(name)
+            elif shard is None:
+                raise ChunkStateError(f"chunk {chunk.chunk_id} has no shard storage yet")
             else:
-                p.data = torch.empty(0, dtype=chunk.dtype, device=chunk.shard.device)  # type: ignore[union-attr]
+                p.data = torch.empty(0, dtype=chunk.dtype, device=shard.device)
 
     def _model_budget(self, moment: int) -> int:
         cap = self.tiers[ACC].capacity_bytes

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -10,6 +11,12 @@ if TYPE_CHECKING:
     from ._chunk import Chunk
 
 __all__ = ["PendingReduce"]
+
+
+class _Work(Protocol):
+    """What an async torch.distributed collective returns (``dist.Work``)."""
+
+    def wait(self) -> object: ...
 
 
 class PendingReduce:
@@ -20,7 +27,7 @@ class PendingReduce:
         self,
         chunk: Chunk,
         out: torch.Tensor | None,
-        work: object,
+        work: _Work | None,
         *,
         average: bool,
         accumulate: bool,
@@ -32,15 +39,16 @@ class PendingReduce:
         self.done = out is None
 
     def wait(self) -> torch.Tensor | None:
-        if self.done:
+        work, out = self._work, self._out
+        if self.done or work is None or out is None:  # (one rank: neither; done: out is None)
             return None
-        self._work.wait()  # type: ignore[attr-defined]
+        work.wait()
         self.done = True
         if self.chunk._inflight is self:
             self.chunk._inflight = None
-        out, self._out = self._out, None
+        self._out = None
         return self.chunk._finish_reduce(
-            out,  # type: ignore[arg-type]
+            out,
             average=self._average,
             accumulate=self._accumulate,
             into=self.into,
@@ -50,11 +58,11 @@ class PendingReduce:
 class _PendingGather:
     """An all-gather in flight (``Chunk.start_gather``)."""
 
-    def __init__(self, work: object):
+    def __init__(self, work: _Work):
         self._work = work
 
     def wait(self) -> None:
-        self._work.wait()  # type: ignore[attr-defined]
+        self._work.wait()
 
 
 class InFlight:
@@ -70,7 +78,11 @@ class InFlight:
     chunks: dict[int, Chunk]  # chunk id -> chunk with a collective started here
     most: int  # the most collectives in flight at once since the counter was reset
 
-    def __init__(self, drop_gathered, rebind):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        drop_gathered: Callable[[Chunk, torch.Tensor | None], None],
+        rebind: Callable[[Chunk], None],
+    ) -> None:
         self._drop, self._rebind = drop_gathered, rebind
         self.chunks, self.most = {}, 0
 

@@ -195,7 +195,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         brought in uncopied to take the result, then evicted before the result came)."""
         self.settle(chunk)
         copy = copy and not chunk.awaits_overwrite
-        src = chunk.tier
+        src = chunk.current_tier
         if src is dst:
             return
         if chunk.pinned:
@@ -214,7 +214,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
             self.disk_copies.make_room(chunk.shard_bytes)
         elif dst is HOST:
             self.host_copies.make_room(chunk.shard_bytes)
-        if chunk.frozen and copy and down(src, dst):  # type: ignore[arg-type]
+        if chunk.frozen and copy and down(src, dst):
             self.frozen_written += chunk.shard_bytes  # no unchanged copy below: written
         d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
         if copy:
@@ -222,7 +222,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
             self.finish_read(chunk)
         if copy and dst is DISK:  # written into its file ([Note: payloads put] in disk/_store.py)
             chunk.quiesce()
-            new = d.put(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
+            new = d.put(_key(chunk, dst), chunk.payload)
             old = chunk.replace_shard(new, copy=False)
         else:
             new = self.spares.allocate(d, _key(chunk, dst), chunk.shard_numel, chunk.dtype)
@@ -230,9 +230,9 @@ class Placement(ComputeRoom, HostSide, DiskSide):
                 new[max(0, chunk.used - chunk.rank * chunk.shard_numel) :].zero_()
             old = chunk.replace_shard(new, copy=copy)
         del new
-        d.write_behind(_key(chunk, dst), chunk.shard)  # type: ignore[arg-type]
+        d.write_behind(_key(chunk, dst), chunk.payload)
         self._rebind(chunk)  # the old storage's views go: it may become a spare
-        s = self.tiers[src]  # type: ignore[index]
+        s = self.tiers[src]
         if chunk.frozen and copy and src is HOST:  # [Note: host copies]
             self.host_copies.hold(chunk.chunk_id, old)
         else:
@@ -240,7 +240,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
             self._leave(chunk, s, copied=copy)
         del old
         chunk.tier = dst
-        self._count(src, dst, chunk.shard_bytes)  # type: ignore[arg-type]
+        self._count(src, dst, chunk.shard_bytes)
 
     def offload(self, chunk: Chunk) -> int:
         """Release ``chunk``'s gathered buffer and move its shard off the compute tier.
@@ -267,7 +267,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         """Gather (or, with ``zero``, materialise zeros for) ``chunk`` on the compute tier."""
         if chunk.world_size == 1:
             if zero:
-                chunk.materialize(chunk.shard)  # type: ignore[arg-type]
+                chunk.materialize(chunk.payload)
             return
         if chunk.is_gathered:
             return
@@ -284,7 +284,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         """A gather of ``chunk`` from its shard off the compute tier copies the shard in (into
         the gathered buffer's own slice): count it as a move of the shard."""
         if chunk.tier is not ACC and chunk.world_size > 1:
-            self._count(chunk.tier, ACC, chunk.shard_bytes)  # type: ignore[arg-type]
+            self._count(chunk.current_tier, ACC, chunk.shard_bytes)
 
     def release_gathered(self, chunk: Chunk) -> bool:
         """Drop ``chunk``'s gathered buffer (``Chunk.release``: this rank's slice is copied back
@@ -296,7 +296,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
             return False
         self.tiers[ACC].free(chunk.full_bytes)
         if copies:
-            self._count(ACC, chunk.tier, chunk.shard_bytes)  # type: ignore[arg-type]
+            self._count(ACC, chunk.current_tier, chunk.shard_bytes)
         return True
 
     def forget(self, chunk: Chunk) -> None:
@@ -344,7 +344,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         dst = self.spares.allocate(acc, _key(chunk, ACC), chunk.shard_numel, chunk.dtype)
         if self._prefetcher is None:
             self._prefetcher = Prefetcher(acc.device)
-        src_tier = self.tiers[chunk.tier]  # type: ignore[index]
+        src_tier = self.tiers[chunk.current_tier]
         self.used(chunk)
         before = None  # a read-ahead the reader has not taken up: done where the copy runs
         if src_tier.name is DISK:

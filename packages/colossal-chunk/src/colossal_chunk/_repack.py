@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from colossal_contracts import StateTransitionError
+from colossal_contracts import ChunkStateError, StateTransitionError
 
 from ._chunk import Chunk, _all_gather
 from ._placement import Placement
@@ -78,11 +78,14 @@ class ManagerRepack:
 
     def _full_copy(self, c: Chunk) -> torch.Tensor:
         """A CPU copy of the whole chunk ``c`` (all-gathered from the shards when sharded)."""
+        shard = c.shard
+        if shard is None:
+            raise ChunkStateError(f"chunk {c.chunk_id} has no shard storage yet")
         if c.world_size == 1:
-            return c.shard.detach().cpu().clone()  # type: ignore[union-attr]
+            return shard.detach().cpu().clone()
         nccl = dist.get_backend(self.group) == "nccl"
         dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        shard = c.shard.detach().to(dev).contiguous()  # type: ignore[union-attr]
+        shard = shard.detach().to(dev).contiguous()
         full = torch.empty(c.capacity, dtype=c.dtype, device=dev)
         _all_gather(full, shard, group=self.group)
         return full.cpu()

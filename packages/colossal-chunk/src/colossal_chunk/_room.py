@@ -12,6 +12,7 @@ from colossal_contracts import CapacityError, PlacementPolicy, PolicyError, Tier
 
 from ._chunk import Chunk
 from ._tier import Tier
+from .policies._auto import AutoPolicy
 from .policies._base import SimpleChunkInfo
 
 __all__ = ["ComputeRoom"]
@@ -72,10 +73,10 @@ class ComputeRoom:
                 return
         held = acc.used_bytes
         reserve = most = acc.capacity_bytes - limit
-        reserve_at = getattr(self.policy, "non_model_reserve", None)
-        if reserve_at is not None:  # the unclipped reserve: a clipped one names too little
-            reserve = max(reserve, reserve_at(moment))
-            most = max(reserve, self.policy.max_non_model_reserve())  # type: ignore[attr-defined]
+        policy = self.policy
+        if isinstance(policy, AutoPolicy):  # the unclipped reserve: a clipped one names too little
+            reserve = max(reserve, policy.non_model_reserve(moment))
+            most = max(reserve, policy.max_non_model_reserve())
         # this access alone needs held + needed; later ones may need more, so the budget named
         # first is one under which nothing ever waits for room: every chunk resident at once,
         # beside the largest reserve of any moment

@@ -65,7 +65,10 @@ class SparePayloads:
             return
         storage = payload.untyped_storage()
         # the payload's own reference and ``storage``'s: any other is a view someone holds
-        if _use_count(storage._cdata) != 2 or storage.nbytes() != payload.nbytes:  # type: ignore[misc]
+        use_count = _use_count
+        if use_count is None:  # enabled says it is there
+            return
+        if use_count(storage._cdata) != 2 or storage.nbytes() != payload.nbytes:
             return
         self._spare[k] = payload
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from colossal_contracts import CapacityError, InternalError, TierName
+from colossal_contracts import CapacityError, ConfigError, InternalError, TierName
 
 from ._host_memory import host_empty
 from .disk._store import DiskStore
@@ -136,13 +136,17 @@ class Tier:
         """A host copy of the disk payload ``key`` (``tensor``, its mapping) to compute on
         ([Note: staged updates] in ``disk/_store.py``); disk only."""
         if self.store is None:
-            raise ValueError(f"the {self.name.value} tier stages no payloads")
+            raise ConfigError(
+                f"the {self.name.value} tier stages no payloads; stage disk payloads only"
+            )
         return self.store.stage(key, tensor)
 
     def unstage(self, key: str, src: torch.Tensor) -> None:
         """Write ``src`` back into the disk payload ``key`` ([Note: staged updates]); disk only."""
         if self.store is None:
-            raise ValueError(f"the {self.name.value} tier stages no payloads")
+            raise ConfigError(
+                f"the {self.name.value} tier stages no payloads; stage disk payloads only"
+            )
         self.store.unstage(key, src)
 
     def allocate_gathered(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -151,7 +155,9 @@ class Tier:
         allocator on a GPU), not a fresh mapping: a new mapping per gather costs a page fault
         and a zero-fill per page every step ([Note: host payloads]). Does not reserve."""
         if self.store is not None:
-            raise ValueError(f"the {self.name.value} tier holds no gathered buffers")
+            raise ConfigError(
+                f"the {self.name.value} tier holds no gathered buffers; gather on a memory tier"
+            )
         return torch.empty(numel, dtype=dtype, device=self.device)
 
     def discard(self, key: str) -> None:

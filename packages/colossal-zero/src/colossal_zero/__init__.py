@@ -8,7 +8,9 @@ sharded checkpoints.
 
 from ._lazy import LazyInit
 from ._safetensors_stream import TensorSpec, safetensors_header, tensor_bytes
-from .gemini._checkpoint import INDEX_FILE, consolidate, file_digest, load_sharded, save_sharded
+from .checkpoint._layout import INDEX_FILE, file_digest
+from .checkpoint._reader import consolidate
+from .gemini._checkpoint import load_sharded, save_sharded
 from .gemini._config import PLACEMENTS, GeminiConfig
 from .gemini._module import GeminiModule, apply_gemini
 from .gemini._optimizer import GeminiOptimizer

@@ -19,7 +19,7 @@ on tensor values) cannot be recorded; such models fail with the meta device's ow
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +81,13 @@ class LazyInit(TorchFunctionMode):
         super().__exit__(*exc)
         trim_host_heap()  # what the dry runs left in the C heap
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def, override]
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = dict(kwargs or {})
         if func in self._factories and kwargs.get("device") is None:
             # the meta device is given to each factory, not set as the default device: libraries

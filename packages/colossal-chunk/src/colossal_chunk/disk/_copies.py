@@ -79,10 +79,10 @@ class DiskCopies:
         """Free ``key``'s kept payload, if kept."""
         nbytes = self._held.pop(key, None)
         self._frozen.discard(key)
-        if nbytes is not None:
-            disk = self._disk
-            disk.free(nbytes)  # type: ignore[union-attr]
-            disk.discard(key)  # type: ignore[union-attr]
+        disk = self._disk
+        if nbytes is not None and disk is not None:  # (held payloads imply a disk tier)
+            disk.free(nbytes)
+            disk.discard(key)
 
     def drop_all(self) -> None:
         """Drop every payload kept but frozen chunks' (their values never change)."""

@@ -147,7 +147,8 @@ class DiskIO:
         dropped instead: it reads nothing) and its write-behinds."""
         if drop_read and self._unqueue(p):
             self.in_flight[0].end(0)
-            p.read.set()  # type: ignore[union-attr]
+            if p.read is not None:  # (a queued read-ahead has its event)
+                p.read.set()
         if p.read is not None:
             p.read.wait()
         jobs, p.jobs = p.jobs, []
@@ -209,7 +210,8 @@ class DiskIO:
             n, cached = self._read_into(p)
         finally:
             self.in_flight[0].end(n)
-            p.read.set()  # type: ignore[union-attr]
+            if p.read is not None:  # (a read-ahead has its event)
+                p.read.set()
         r = ReadRecord(p.issued, started, time.perf_counter(), n, cached)
         with self._lock:
             if self._records is not None:

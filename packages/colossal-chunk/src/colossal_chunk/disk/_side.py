@@ -114,7 +114,7 @@ class DiskSide:
         old = chunk.replace_shard(kept, copy=False)
         del kept  # the chunk holds the only reference
         self._rebind(chunk)
-        s = self.tiers[chunk.tier]  # type: ignore[index]
+        s = self.tiers[chunk.current_tier]
         self.spares.give(old, s)
         del old
         self._leave(chunk, s, copied=False)

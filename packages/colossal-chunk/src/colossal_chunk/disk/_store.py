@@ -109,7 +109,7 @@ class DiskStore:
         if numel and self._madvise is not None and base % mmap.PAGESIZE == 0:
             # the caller writes the whole payload next: map every page writable in one call
             # instead of one fault per page (a no-op where the kernel lacks it)
-            self._madvise(base, t.nbytes, MADV_POPULATE_WRITE)  # type: ignore[operator]
+            self._madvise(base, t.nbytes, MADV_POPULATE_WRITE)
         if not zeros:  # a reused slot whose old bytes could not be punched out
             t.zero_()
         return t
@@ -141,11 +141,12 @@ class DiskStore:
         src, dst = tensor.view(torch.uint8), copy.view(torch.uint8)
         p = self._files.get(key)
         unmap = p is not None and self._can_unmap(p, tensor)
+        madvise = self._madvise
         for at in range(0, src.numel(), _WRITE_PIECE):  # a piece at a time: the pages of the
             n = min(_WRITE_PIECE, src.numel() - at)  # payload not read ahead are faulted in by
             dst[at : at + n].copy_(src[at : at + n])  # the copy, and leave once copied
-            if unmap:
-                self._madvise(p.base + at, n, MADV_DONTNEED)  # type: ignore[operator, union-attr]
+            if unmap and madvise is not None and p is not None:  # (unmap says both are)
+                madvise(p.base + at, n, MADV_DONTNEED)
         return copy
 
     def unstage(self, key: str, src: torch.Tensor) -> None:
@@ -154,7 +155,7 @@ class DiskStore:
         ``write_behind`` next (the write is in flight from here)."""
         p = self._files[key]
         if src.numel() * src.element_size() != p.nbytes:
-            raise ValueError(
+            raise ConfigError(
                 f"unstage({key!r}): a copy of {src.numel() * src.element_size()} bytes for a "
                 f"payload of {p.nbytes}; pass the copy stage() returned"
             )
@@ -246,8 +247,9 @@ class DiskStore:
         if key in self._warm:  # a read-ahead not done yet would map the pages again after
             self._warm.discard(key)  # the unmap below: drop it if queued, else wait for it
             self._io.wait(p, drop_read=True)
-        if self._can_unmap(p, tensor):
-            self._madvise(p.base, p.nbytes, MADV_DONTNEED)  # type: ignore[operator]
+        madvise = self._madvise
+        if madvise is not None and self._can_unmap(p, tensor):
+            madvise(p.base, p.nbytes, MADV_DONTNEED)
         return p
 
     def _can_unmap(self, p: Payload, tensor: torch.Tensor) -> bool:

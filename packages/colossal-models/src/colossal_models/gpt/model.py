@@ -14,9 +14,10 @@ from torch import nn
 
 from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
-from .._inputs import check_input_ids, check_token_ids
+from .._inputs import check_token_ids
 from .._io import LMIO
 from .._kv_cache import KVCache, LayerKV, cached_attention
+from .._lm import embed_ids, lm_head
 from .config import GPTConfig
 
 __all__ = ["GPT", "MLP", "Block", "CausalSelfAttention"]
@@ -126,21 +127,19 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, cache.layer(i))
         cache.advance(T)
-        return self.io(self.ln_f(x), self.wte.weight, None)
+        return lm_head(self.io, self.config, self.ln_f, self.wte.weight, x, None)
 
     # ``embed`` and ``head`` read only wte, wpe, drop, ln_f, io and config, so a pipeline stage
     # with those attributes (``GPTStage``) runs them too.
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
-        check_input_ids(idx, self.config.vocab_size, self.config.max_seq_len)
-        T = idx.shape[1]
-        idx, _ = self.io.tokens(idx, None)
-        pos = self.io.positions(T, idx.device)  # this rank's positions (all of them unless split)
-        return self.io.enter(self.drop(self.wte(idx) + self.wpe(pos)))  # (B, T, C)
+
+        def lookup(ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+            pos = self.io.positions(seq_len, ids.device)  # this rank's positions (all unless split)
+            return self.drop(self.wte(ids) + self.wpe(pos))  # (B, T, C)
+
+        return embed_ids(self.io, self.config, idx, lookup)
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
         """The last block's output to logits, or to the mean loss with ``targets``."""
-        if targets is not None:
-            check_token_ids(targets, self.config.vocab_size, what="targets")
-            _, targets = self.io.tokens(targets, targets)
-        return self.io(self.ln_f(x), self.wte.weight, targets)  # tied head: logits or loss
+        return lm_head(self.io, self.config, self.ln_f, self.wte.weight, x, targets)  # tied head

@@ -15,9 +15,10 @@ from torch import nn
 
 from .._attention import CausalAttention
 from .._checkpointing import CheckpointedBlock
-from .._inputs import check_input_ids, check_token_ids
+from .._inputs import check_token_ids
 from .._io import LMIO
 from .._kv_cache import KVCache, LayerKV, cached_attention
+from .._lm import embed_ids, lm_head
 from .._rotary import apply_rotary, rotary_tables
 from .config import PaLMConfig
 
@@ -172,15 +173,13 @@ class PaLM(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, cache.layer(i))
         cache.advance(T)
-        return self.io(self.ln_f(x), self.output_weight, None)
+        return lm_head(self.io, self.config, self.ln_f, self.output_weight, x, None)
 
     # ``embed``, ``rotary`` and ``head`` read only wte, lm_head, ln_f, io and config, so a
     # pipeline stage with those attributes (``PaLMStage``) runs them too.
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
-        check_input_ids(idx, self.config.vocab_size, self.config.max_seq_len)
-        idx, _ = self.io.tokens(idx, None)
-        return self.io.enter(self.wte(idx))  # (B, T, C)
+        return embed_ids(self.io, self.config, idx, lambda ids, _: self.wte(ids))
 
     def rotary(self, seq_len: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin`` tables for the positions this rank's attention sees of ``seq_len``."""
@@ -196,8 +195,5 @@ class PaLM(nn.Module):
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
         """The last block's output to logits, or to the mean loss with ``targets``."""
-        if targets is not None:
-            check_token_ids(targets, self.config.vocab_size, what="targets")
-            _, targets = self.io.tokens(targets, targets)
         weight = self.wte.weight if self.lm_head is None else self.lm_head.weight
-        return self.io(self.ln_f(x), weight, targets)
+        return lm_head(self.io, self.config, self.ln_f, weight, x, targets)

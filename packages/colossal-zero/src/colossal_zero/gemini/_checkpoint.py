@@ -1,21 +1,6 @@
-"""Sharded checkpoints: every rank writes its shard of the fp32 weights and Adam states with
-safetensors, rank 0 writes an index; loads into any data-parallel size; consolidates offline.
-
-[Note: sharded checkpoint layout] A directory holds ``gemini-rank<R>-of-<W>.safetensors`` per
-rank, with 1-D tensors ``param/<name>``, ``exp_avg/<name>``, ``exp_avg_sq/<name>`` and
-``step/<name>`` for the elements of each parameter that rank's shard holds, and
-``gemini_index.json``: per parameter its shape and the ``[rank, start, end]`` element ranges of
-its flattened value in each file, the aliases of tied parameters, the loss scaler, and ``files``:
-the SHA-256 and size of every shard file and the buffers file, checked when a file is first read
-(a shard swapped in from another run of the same shape is named, not loaded). Buffers are in
-``gemini-buffers.safetensors``. Values are fp32 (the masters), whatever the precision.
-
-[Note: whole or not at all] Before any value reaches the model, loading proves the checkpoint
-whole: each parameter's ranges cover every element of its flattened shape exactly once (sorted,
-no gap, no overlap, ranks within ``world_size``), and every file named by a range holds
-``param/<name>`` (and, with optimizer state, ``exp_avg``/``exp_avg_sq``) of exactly that range's
-length, and some file holds ``step/<name>``. An index edited so that a tensor is half covered,
-with its hashes recomputed, is refused naming the file and the parameter.
+"""Gemini's sharded checkpoints ([Note: sharded checkpoint layout] in ``checkpoint/_layout.py``):
+every rank writes its shard of the fp32 weights and Adam states, rank 0 the index and buffers;
+loads into any data-parallel size ([Note: whole or not at all] in ``checkpoint/_reader.py``).
 
 Saving and loading go chunk by chunk: a rank's file is streamed from its shards (its header is
 computed from the chunk records first, [Note: streamed safetensors]) and hashed while written;
@@ -26,54 +11,28 @@ chunks themselves.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors import safe_open
-from torch import nn
 
-from colossal_contracts import CheckpointError
-
-from .._safetensors_stream import SafetensorsRangeReader, SafetensorsStream, TensorSpec
-from ..optim._scaler import DynamicLossScaler
+from .._safetensors_stream import SafetensorsStream, TensorSpec
+from ..checkpoint._layout import (
+    BUFFERS_FILE,
+    element_ranges,
+    gather_digests,
+    shard_file,
+    write_buffers,
+    write_index,
+)
+from ..checkpoint._reader import CheckpointReader
+from ..optim._adam import STATE_KINDS
 from ._module import GeminiModule
-from ._optimizer import STATE_KINDS, GeminiOptimizer
+from ._optimizer import GeminiOptimizer
 
-__all__ = ["INDEX_FILE", "consolidate", "file_digest", "load_sharded", "save_sharded"]
-
-INDEX_FILE = "gemini_index.json"
-BUFFERS_FILE = "gemini-buffers.safetensors"
-FORMAT = 1
-
-
-def file_digest(path: Path) -> dict[str, Any]:
-    """``{"sha256": hex, "bytes": size}`` of a file, read into one reused 1 MiB buffer."""
-    h = hashlib.sha256()
-    buf = bytearray(1 << 20)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
-        while n := fh.readinto(buf):
-            h.update(view[:n])
-    return {"sha256": h.hexdigest(), "bytes": path.stat().st_size}
-
-
-def _gather_digests(model: GeminiModule, name: str, digest: dict[str, Any]) -> dict[str, Any]:
-    """Every rank's ``{file name: digest}`` on every rank of the model's group. Collective."""
-    g = model.runtime.group
-    if g is None:
-        return {name: digest}
-    out: list[Any] = [None] * dist.get_world_size(g)
-    dist.all_gather_object(out, (name, digest), group=g)
-    return dict(out)
-
-
-def _shard_file(rank: int, world: int) -> str:
-    return f"gemini-rank{rank:05d}-of-{world:05d}.safetensors"
+__all__ = ["load_sharded", "save_sharded"]
 
 
 def _rank_world(model: GeminiModule) -> tuple[int, int]:
@@ -103,12 +62,7 @@ def _plan_shard(
         states = [m.parallel_chunk(k, c) for k in STATE_KINDS] if with_states else []
         items: list[_Item] = []
         for name, rec in c.records.items():
-            ranges = []
-            for r in range(world):
-                lo = r * c.shard_numel
-                a, b = max(lo, rec.offset), min(lo + c.shard_numel, rec.end)
-                if a < b:
-                    ranges.append([r, a - rec.offset, b - rec.offset])
+            ranges = element_ranges(rec.offset, rec.end, c.shard_numel, world)
             params[name] = {"shape": list(rec.shape), "ranges": ranges}
             part = fp32.shard_view(name)
             if part is None:
@@ -137,7 +91,7 @@ def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     rt, m = model.runtime, model.runtime.manager
     rank, world = _rank_world(model)
     params, groups = _plan_shard(model, optimizer, world)
-    shard = directory / _shard_file(rank, world)
+    shard = directory / shard_file(rank, world)
     specs = [spec for _, items in groups for spec, _ in items]
     with SafetensorsStream(shard, specs) as out:
         for i, (chunks, items) in enumerate(groups):
@@ -146,160 +100,26 @@ def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
             for _, value in items:
                 out.write(value())
             m.read_done(chunks)  # disk pages read here leave this process's memory
-    files = _gather_digests(model, shard.name, out.close())
+    files = gather_digests(rt.group, shard.name, out.close())
     if rank == 0:
-        buffers = [(n, b.detach()) for n, b in model.module.named_buffers()]
-        path = directory / BUFFERS_FILE
-        with SafetensorsStream(path, [TensorSpec.of(n, b) for n, b in buffers]) as bf:
-            for _, b in buffers:
-                bf.write(b)
-        files[BUFFERS_FILE] = bf.close()
-        index = {
-            "format": FORMAT,
-            "world_size": world,
-            "precision": rt.precision.name,
-            "params": params,
-            "aliases": rt.aliases,
-            "optimizer": optimizer is not None,
-            "scaler": optimizer.scaler.state_dict() if optimizer and optimizer.scaler else None,
-            "files": files,
-        }
-        (directory / INDEX_FILE).write_text(json.dumps(index, indent=1))
-
-
-class _Reader:
-    """Reads element ranges of saved tensors from the shard files of a checkpoint."""
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-        try:
-            self.index = json.loads((directory / INDEX_FILE).read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise CheckpointError(
-                f"{directory} has no readable {INDEX_FILE}: {err}; is it a Gemini checkpoint?"
-            ) from err
-        _validate_index(self.index, directory / INDEX_FILE)
-        self._files: dict[int, SafetensorsRangeReader] = {}
-        self._keys: dict[int, set[str]] = {}
-
-    def check_shape(self, name: str, shape: list[int]) -> None:
-        """``CheckpointError`` unless the checkpoint saved parameter ``name`` with ``shape``."""
-        saved = self.index["params"].get(name)
-        if saved is None or shape != saved["shape"]:
-            raise CheckpointError(
-                f"parameter {name!r} of shape {shape} does not match the checkpoint "
-                f"{self.directory} ({saved['shape'] if saved else 'absent'}); same model and preset?"
-            )
-
-    def verify(self, name: str) -> Path:
-        """The path of the checkpoint file ``name``, after checking it against the index's
-        digest (indexes without ``files``, from before checksums, are not checked)."""
-        path = self.directory / name
-        want = self.index.get("files", {}).get(name)
-        if want is not None:
-            if not path.is_file():
-                raise CheckpointError(f"checkpoint file {path} is missing")
-            if file_digest(path) != want:
-                raise CheckpointError(
-                    f"checkpoint file {path} does not match the checksum in {INDEX_FILE}: it "
-                    "was changed or copied from another checkpoint; restore the original file"
-                )
-        return path
-
-    def check_whole(self, names: Any, *, optimizer: bool) -> None:
-        """Prove the saved values of the parameters ``names`` complete before anything is read
-        into a model (see [Note: whole or not at all]); ``CheckpointError`` naming the file."""
-        kinds = ("param", *STATE_KINDS) if optimizer else ("param",)
-        index_path = self.directory / INDEX_FILE
-        for name in names:
-            meta = self.index["params"][name]
-            has_step = False
-            for rank, a, b in meta["ranges"]:
-                f = self._file(rank)
-                for kind in kinds:
-                    got = f.numel(f"{kind}/{name}")
-                    if got != b - a:
-                        held = "absent" if got is None else f"{got} elements"
-                        raise CheckpointError(
-                            f"{f.path}: '{kind}/{name}' is {held}, and {index_path} gives it "
-                            f"range [{a}, {b}) ({b - a} elements); the checkpoint is incomplete: "
-                            "resume from another checkpoint"
-                        )
-                has_step = has_step or f.numel(f"step/{name}") == 1
-            if optimizer and not has_step and meta["ranges"]:
-                raise CheckpointError(
-                    f"{self.directory}: no shard file holds 'step/{name}' (Adam's step count) "
-                    f"though {index_path} says 'optimizer' is true; resume from another checkpoint"
-                )
-
-    def _file(self, rank: int) -> SafetensorsRangeReader:
-        if rank not in self._files:
-            path = self.verify(_shard_file(rank, self.index["world_size"]))
-            self._files[rank] = SafetensorsRangeReader(path)
-            self._keys[rank] = self._files[rank].keys()
-        return self._files[rank]
-
-    def read_into(self, kind: str, name: str, start: int, out: torch.Tensor) -> bool:
-        """Elements ``[start, start + out.numel())`` of the flattened ``kind/name`` into ``out``
-        (read from each rank's file that holds some); False if it was not saved."""
-        meta = self.index["params"].get(name)
-        if meta is None:
-            raise CheckpointError(
-                f"{self.directory} has no parameter {name!r}; was it saved from another model?"
-            )
-        end = start + out.numel()
-        for rank, a, b in meta["ranges"]:
-            lo, hi = max(a, start), min(b, end)
-            if lo >= hi:
-                continue
-            f = self._file(rank)
-            key = f"{kind}/{name}"
-            if key not in self._keys[rank]:
-                return False
-            f.read_into(key, lo - a, out[lo - start : hi - start])
-        return True
-
-    def read(self, kind: str, name: str, start: int, end: int) -> torch.Tensor | None:
-        """Elements ``[start, end)`` of the flattened ``kind/name``; None if it was not saved."""
-        out = torch.empty(end - start, dtype=torch.float32)
-        return out if self.read_into(kind, name, start, out) else None
-
-    def step(self, name: str) -> float | None:
-        for rank, _, _ in self.index["params"][name]["ranges"]:
-            f = self._file(rank)
-            if f"step/{name}" in self._keys[rank]:
-                return float(f.get(f"step/{name}")[0])
-        return None
-
-    def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
-
-    def restore_scaler(self, scaler: DynamicLossScaler | None) -> None:
-        """Load the saved loss scaler's state into ``scaler`` (when both exist)."""
-        if scaler is not None and self.index.get("scaler"):
-            scaler.load_state_dict(self.index["scaler"])
-
-    def load_buffers(self, module: nn.Module) -> None:
-        """Copy the saved buffers into ``module``'s buffers of the same names (the buffers
-        file checked against the index first); buffers not saved keep their values."""
-        path = self.directory / BUFFERS_FILE
-        if not path.exists():
-            return
-        self.verify(BUFFERS_FILE)
-        with safe_open(str(path), framework="pt") as f:
-            own = dict(module.named_buffers())
-            for n in list(f.keys()):
-                if n in own:
-                    own[n].copy_(f.get_tensor(n))
+        files[BUFFERS_FILE] = write_buffers(model.module, directory)
+        write_index(
+            directory,
+            world=world,
+            precision=rt.precision.name,
+            params=params,
+            aliases=rt.aliases,
+            optimizer=optimizer is not None,
+            scaler=optimizer.scaler if optimizer is not None else None,
+            files=files,
+        )
 
 
 @torch.no_grad()
 def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directory: Path) -> None:
     """Restore what ``save_sharded`` wrote, from any data-parallel size, into this rank's shards.
     ``CheckpointError`` when files are missing or do not match the model."""
-    reader = _Reader(directory)
+    reader = CheckpointReader(directory)
     rt, m = model.runtime, model.runtime.manager
     index = reader.index
     mine = []
@@ -321,9 +141,7 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
         for name in c.records:
             if optimizer is not None and index["optimizer"]:
                 # every rank counts every tensor's steps (chunks may be re-packed later)
-                step = reader.step(name)
-                if step is not None:
-                    optimizer.steps[name] = torch.tensor(step, dtype=torch.float32)
+                reader.restore_step(optimizer.steps, name)
             part = fp32.shard_view(name)
             if part is None:
                 continue
@@ -332,7 +150,7 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
             if not states or not index["optimizer"]:
                 continue
             for kind, chunk in zip(STATE_KINDS, states, strict=True):
-                reader.read_into(kind, name, a, chunk.shard_view(name)[0])  # type: ignore[index]
+                reader.read_into(kind, name, a, chunk.shard_part(name))
         if rt.precision.master and not c.frozen:
             rt.restore_params(c)
         # chunk by chunk: what was written into chunks on disk is written out of memory
@@ -341,100 +159,3 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     reader.restore_scaler(optimizer.scaler if optimizer is not None else None)
     reader.close()
     reader.load_buffers(model.module)
-
-
-def consolidate(directory: Path) -> dict[str, torch.Tensor]:
-    """The full fp32 state dict (every name, tied ones included, and buffers) of a sharded
-    checkpoint, loadable by ``module.load_state_dict``. Needs no process group."""
-    reader = _Reader(directory)
-    full: dict[str, torch.Tensor] = {}
-    for name, meta in reader.index["params"].items():
-        numel = 1
-        for d in meta["shape"]:
-            numel *= d
-        value = reader.read("param", name, 0, numel)
-        full[name] = value.view(meta["shape"])  # type: ignore[union-attr]
-    reader.close()
-    out = {alias: full[canon].clone() for alias, canon in reader.index["aliases"].items()}
-    buffers = directory / BUFFERS_FILE
-    if buffers.exists():
-        reader.verify(BUFFERS_FILE)
-        with safe_open(str(buffers), framework="pt") as f:
-            out.update({n: f.get_tensor(n) for n in list(f.keys())})
-    return out
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _coverage_fault(meta: dict[str, Any], world: int) -> str | None:
-    """What is wrong with ``meta``'s ranges as a cover of its flattened shape, exactly once."""
-    numel = 1
-    for d in meta["shape"]:
-        numel *= d
-    at = 0
-    for rank, a, b in sorted(meta["ranges"], key=lambda r: r[1]):
-        if not 0 <= rank < world:
-            return f"name rank {rank}, outside world_size {world}"
-        if a != at or b <= a:
-            what = "overlap" if a < at else "leave a gap" if a > at else "hold an empty range"
-            return f"{what} at element {min(a, at)} of {numel}"
-        at = b
-    if at != numel:
-        return f"cover {at} of its {numel} elements"
-    return None
-
-
-def _validate_index(index: Any, path: Path) -> None:
-    """``CheckpointError`` naming the first key of ``path`` that is missing or of the wrong type."""
-
-    def bad(what: str) -> CheckpointError:
-        return CheckpointError(
-            f"{path} is malformed: {what}; the index was edited or damaged (or is another "
-            "tool's file): restore it or resume from another checkpoint"
-        )
-
-    if not isinstance(index, dict):
-        raise bad("expected a JSON object")
-    if index.get("format") != FORMAT:
-        raise bad(f"unknown format {index.get('format')!r} (this version reads format {FORMAT})")
-    if not _is_int(index.get("world_size")) or index["world_size"] < 1:
-        raise bad("'world_size' must be a positive int")
-    params = index.get("params")
-    if not isinstance(params, dict):
-        raise bad("'params' must be an object of parameter entries")
-    for name, meta in params.items():
-        ok = (
-            isinstance(meta, dict)
-            and isinstance(meta.get("shape"), list)
-            and all(_is_int(d) and d >= 0 for d in meta["shape"])
-            and isinstance(meta.get("ranges"), list)
-            and all(
-                isinstance(r, list) and len(r) == 3 and all(_is_int(v) for v in r)
-                for r in meta["ranges"]
-            )
-        )
-        if not ok:
-            raise bad(f"entry {name!r} needs 'shape' (list of ints) and 'ranges' ([rank, a, b]s)")
-        gap = _coverage_fault(meta, index["world_size"])
-        if gap:
-            raise bad(f"the 'ranges' of {name!r} {gap}")
-    if not isinstance(index.get("aliases"), dict) or not all(
-        isinstance(v, str) for v in index["aliases"].values()
-    ):
-        raise bad("'aliases' must map parameter names to names")
-    if not isinstance(index.get("optimizer"), bool):
-        raise bad("'optimizer' must be true or false")
-    scaler = index.get("scaler")
-    if scaler is not None and not (
-        isinstance(scaler, dict)
-        and all(isinstance(scaler.get(k), (int, float)) for k in ("scale", "num_skipped", "clean"))
-    ):
-        raise bad("'scaler' must be null or an object with numeric scale, num_skipped, clean")
-    files = index.get("files", {})
-    if not isinstance(files, dict) or not all(
-        isinstance(v, dict) and isinstance(v.get("sha256"), str) and _is_int(v.get("bytes"))
-        for v in files.values()
-    ):
-        raise bad("'files' must map file names to {sha256, bytes}")

@@ -14,11 +14,10 @@ import torch
 from colossal_chunk import Chunk
 from colossal_contracts import TierName
 
-from ..optim._adam import AdamHyper, adamw_update
+from ..optim._adam import STATE_KINDS, AdamHyper, adamw_update
 
 __all__ = ["STATE_KINDS", "ChunkUpdates", "Rows"]
 
-STATE_KINDS = ("exp_avg", "exp_avg_sq")
 ACC = TierName.ACCELERATOR
 Rows = dict[int, tuple[list[torch.Tensor], ...]]  # param group -> values, grads, m, v, steps
 
@@ -43,8 +42,8 @@ class ChunkUpdates:
         fp32 = rt.roles.fp32(c)
         if avg.tier is ACC and (fp32.tier is not ACC or rt.grad_home(c).tier is not ACC):
             return False
-        dev = avg.shard.device  # type: ignore[union-attr]
-        if fp32.shard.device != dev:  # type: ignore[union-attr]
+        dev = avg.shard.device
+        if fp32.shard.device != dev:
             return False
         return all(g.device == dev and g.dtype == torch.float32 for g in grads)
 
@@ -59,17 +58,17 @@ class ChunkUpdates:
         hit = self._views.get(c.chunk_id)
         if hit is None or hit[1] != key or any(a is not b for a, b in zip(hit[0], shards)):
             per = [
-                (self.group_of[n], *(ch.shard_view(n)[0] for ch in (fp32, avg, sq)), self.steps[n])  # type: ignore[index]
+                (self.group_of[n], *(ch.shard_view(n)[0] for ch in (fp32, avg, sq)), self.steps[n])
                 for n in names
             ]
-            hit = self._views[c.chunk_id] = (shards, key, per)  # type: ignore[assignment]
+            hit = self._views[c.chunk_id] = (shards, key, per)
         for (gi, pv, av, sv, step), gv in zip(hit[2], grads, strict=True):
             if fp32.tier is not home:
                 nbytes = pv.numel() * pv.element_size()
-                m.count_copy(fp32.tier, home, nbytes)  # type: ignore[arg-type]
-                m.count_copy(home, fp32.tier, nbytes)  # type: ignore[arg-type]
+                m.count_copy(fp32.tier, home, nbytes)
+                m.count_copy(home, fp32.tier, nbytes)
             if gtier is not home:
-                m.count_copy(gtier, home, gv.numel() * gv.element_size())  # type: ignore[arg-type]
+                m.count_copy(gtier, home, gv.numel() * gv.element_size())
             row = rows.get(gi)
             if row is None:
                 row = rows[gi] = ([], [], [], [], [])
@@ -114,22 +113,22 @@ class ChunkUpdates:
                     m.move(ch, ACC)
                 if ch in held:
                     m.keep_on_compute([ch])
-        dev = avg.shard.device  # type: ignore[union-attr]
+        dev = avg.shard.device
         rows: dict[int, tuple[list, list, list, list, list]] = {}
         write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
         for n in names:
-            pv = fp32.shard_view(n)[0]  # type: ignore[index]
-            gv = grads.shard_view(n)[0]  # type: ignore[index]
+            pv = fp32.shard_view(n)[0]
+            gv = grads.shard_view(n)[0]
             if fp32.tier is not home:  # update where the states live, then copy back
                 nbytes = pv.numel() * pv.element_size()
-                m.count_copy(fp32.tier, home, nbytes)  # type: ignore[arg-type]
-                m.count_copy(home, fp32.tier, nbytes)  # type: ignore[arg-type]
+                m.count_copy(fp32.tier, home, nbytes)
+                m.count_copy(home, fp32.tier, nbytes)
                 staged = pv.to(dev)
                 if staged is not pv:
                     write_back.append((pv, staged))
                 pv = staged
             if grads.tier is not home:
-                m.count_copy(grads.tier, home, gv.numel() * gv.element_size())  # type: ignore[arg-type]
+                m.count_copy(grads.tier, home, gv.numel() * gv.element_size())
             if gv.device != dev or gv.dtype != torch.float32:
                 gv = gv.to(dev, torch.float32)
             row = rows.get(self.group_of[n])
@@ -137,8 +136,8 @@ class ChunkUpdates:
                 row = rows[self.group_of[n]] = ([], [], [], [], [])
             row[0].append(pv)
             row[1].append(gv)
-            row[2].append(avg.shard_view(n)[0])  # type: ignore[index]
-            row[3].append(sq.shard_view(n)[0])  # type: ignore[index]
+            row[2].append(avg.shard_view(n)[0])
+            row[3].append(sq.shard_view(n)[0])
             row[4].append(self.steps[n])
         for gi, (ps, gs, avgs, sqs, steps) in rows.items():
             hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)

@@ -64,9 +64,9 @@ class GradientCollection(StepGradients):
         """Say where the reduced gradients are read: ``where(c)`` is True when parameter chunk
         ``c``'s are read on the host (an optimizer whose states for ``c`` live there), so a
         reduce-scatter into a host shard leaves it there. Held weakly (a bound method)."""
-        self._host_reader = weakref.WeakMethod(where)  # type: ignore[arg-type]
+        self._host_reader = weakref.WeakMethod(where)
 
-    def _grad_hook(self, name: str):  # type: ignore[no-untyped-def]
+    def _grad_hook(self, name: str) -> Callable[[nn.Parameter], None]:
         # A weak reference: the hook lives in the parameter's C++ hook list, which the garbage
         # collector cannot see, so a strong one would keep the runtime (and its chunks) alive.
         ref = weakref.ref(self)

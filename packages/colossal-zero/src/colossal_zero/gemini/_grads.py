@@ -62,15 +62,15 @@ class StepGradients:
         c = m.chunks[cid]
         acc = m.parallel_chunk("acc", c)
         if rec.kept:  # [Note: kept gradients]: one rank, nothing in flight
-            dev = acc.shard.device  # type: ignore[union-attr]
+            dev = acc.payload.device
             for n, g in rec.kept.items():
-                acc.shard_view(n)[0].add_(g.reshape(-1).to(dev, torch.float32))  # type: ignore[index]
+                acc.shard_part(n).add_(g.reshape(-1).to(dev, torch.float32))
             rec.kept.clear()
         else:
             # reduce-scatters and prefetch copies in flight write these shards: finish them first
             m.settle([c, self.working(c), acc])
-            src = self.working(c).shard
-            acc.shard.add_(src.to(acc.shard.device, torch.float32))  # type: ignore[union-attr]
+            src = self.working(c).payload
+            acc.payload.add_(src.to(acc.payload.device, torch.float32))
         rec.pending, rec.accumulated = False, True
         if self.precision.master:
             self.restore_params(c)
@@ -110,7 +110,7 @@ class StepGradients:
         if kept and not rec.accumulated and all(n in kept for n in names):
             return [kept[n].reshape(-1) for n in names]
         grads = self.gradients(c)
-        return [grads.shard_view(n)[0] for n in names]  # type: ignore[index]
+        return [grads.shard_part(n) for n in names]
 
     def _fill_working(self, c: Chunk) -> None:
         """Write chunk ``c``'s kept gradients into its working buffer (one rank: the shard) and
@@ -118,7 +118,7 @@ class StepGradients:
         rec = self._chunks[c.chunk_id]
         g = self.working(c)
         for n in c.records:
-            view = g.shard_view(n)[0]  # type: ignore[index]
+            view = g.shard_part(n)
             grad = rec.kept.get(n)
             if grad is None:
                 view.zero_()
@@ -140,7 +140,7 @@ class StepGradients:
             if rec.pending and self.precision.master:
                 self.restore_params(self.manager.chunks[cid])
             if rec.accumulated:
-                self.manager.parallel_chunk("acc", cid).shard.zero_()  # type: ignore[union-attr]
+                self.manager.parallel_chunk("acc", cid).payload.zero_()
             rec.pending = rec.accumulated = False
             rec.kept.clear()
         self.got_grad.clear()

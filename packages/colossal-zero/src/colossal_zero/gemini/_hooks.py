@@ -10,6 +10,7 @@ Each hook runs under a ``torch.profiler.record_function`` label (``Gemini::pre_f
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +74,13 @@ class AccessMode(TorchFunctionMode):
         super().__init__()
         self.rt = rt
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         names = self.rt.params_in(args, kwargs)
         if names and self.rt.resident:  # [Note: resident steps]: nothing to access or wrap

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from colossal_chunk import ManagerStats, map_large_host_blocks, trim_host_heap
-from colossal_contracts import StepRecorder
+from colossal_contracts import ConfigError, StepRecorder
 
 from .._lazy import LazyInit
 from ._config import GeminiConfig
@@ -63,7 +63,7 @@ class GeminiModule(nn.Module):
         values: dict[str, torch.Tensor] = {}
         for c in rt.manager.param_chunks():
             src = rt.roles.fp32(c)
-            full = gather_shard(src.shard, rt.group)  # type: ignore[arg-type]
+            full = gather_shard(src.payload, rt.group)
             for name, rec in c.records.items():
                 values[name] = full[rec.offset : rec.end].view(rec.shape).float().clone()
         out = {n: values[canon] for n, canon in rt.aliases.items()}
@@ -115,8 +115,10 @@ def apply_gemini(
     when the budget cannot hold one chunk in use, or the placement or precision is unknown.
     """
     config = config or GeminiConfig()
-    pg = default_group() if group == "default" else group
-    runtime = GeminiRuntime(module, config, pg, recorder, lazy)  # type: ignore[arg-type]
+    if isinstance(group, str) and group != "default":
+        raise ConfigError(f'group must be a ProcessGroup, None or "default", got {group!r}')
+    pg = default_group() if isinstance(group, str) else group
+    runtime = GeminiRuntime(module, config, pg, recorder, lazy)
     # the module's own parameter storages, freed as their values moved into chunks, leave the C
     # heap (glibc keeps freed blocks: an eager model's size in RSS for the whole run)
     trim_host_heap()

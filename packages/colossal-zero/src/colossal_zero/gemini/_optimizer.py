@@ -35,11 +35,9 @@ import torch
 from colossal_chunk import UNLIMITED, AutoPolicy, Chunk, trim_host_heap
 from colossal_contracts import ConfigError, ParamSharding, TierName
 
-from ..optim._adam import AdamHyper
-from ..optim._clip import check_max_grad_norm, clip_divisor, skip_step
+from ..optim._clip import ClippedAdam
 from ..optim._from_torch import adam_arguments
 from ..optim._mesh_norm import piece_squares, reduce_squares
-from ..optim._scaler import DynamicLossScaler
 from ._chunk_update import STATE_KINDS, ChunkUpdates, Rows
 from ._module import GeminiModule
 from ._setup import working_set_bytes
@@ -50,7 +48,7 @@ __all__ = ["GeminiOptimizer"]
 ACC = TierName.ACCELERATOR
 
 
-class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
+class GeminiOptimizer(ChunkUpdates, ClippedAdam):
     """Adam/AdamW for a ``GeminiModule``; see [Note: shard update].
 
     ``params`` are the module's parameters or param groups (as for ``torch.optim.AdamW``);
@@ -75,12 +73,18 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
     ):
         if not isinstance(model, GeminiModule):
             raise ConfigError("GeminiOptimizer needs the GeminiModule that apply_gemini returned")
-        check_max_grad_norm(max_grad_norm)
-        AdamHyper(lr, betas, eps, weight_decay, adamw)
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        super().__init__(list(params) if params is not None else model.parameters(), defaults)
-        self.model, self.rt = model, model.runtime
-        self.adamw, self.max_grad_norm = adamw, max_grad_norm
+        rt = model.runtime
+        super().__init__(
+            list(params) if params is not None else model.parameters(),
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            adamw=adamw,
+            max_grad_norm=max_grad_norm,
+            loss_scaler=rt.config.loss_scaler if rt.precision.loss_scaling else None,
+        )
+        self.model, self.rt = model, rt
         self.sharding: dict[str, ParamSharding] = dict(sharding or {})
         self.group_of: dict[str, int] = {}
         for gi, group in enumerate(self.param_groups):
@@ -95,8 +99,6 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
         for kind in STATE_KINDS:
             self.rt.manager.add_parallel(kind, torch.float32, spill_reserve=self._spill_reserve())
         self.steps: dict[str, torch.Tensor] = {}  # name -> float32 scalar step count
-        prec = self.rt.precision
-        self.scaler = DynamicLossScaler(self.rt.config.loss_scaler) if prec.loss_scaling else None
         self._grad_norm = 0.0
         self._norm_due: tuple[list[tuple[torch.Tensor, ParamSharding | None]], int] | None = None
         self._views: dict[int, tuple[tuple, tuple[str, ...], list[tuple]]] = {}  # see _join
@@ -105,7 +107,6 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
         self.state_plan = StatePlan(0, (), 0)  # [Note: state placement]
         self._tracking_for: object = None  # the chunk layout whose demand is being measured
         self._placed_for: object = None  # the chunk layout the states were placed for
-        self.skipped_last: bool = False
 
     @classmethod
     def from_torch(
@@ -155,14 +156,6 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
             self._grad_norm = reduce_squares(piece_squares(parts)).norm
         return self._grad_norm
 
-    @property
-    def loss_scale(self) -> float:
-        return self.scaler.scale if self.scaler is not None else 1.0
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled by the loss scale under fp16."""
-        (loss * self.loss_scale if self.scaler is not None else loss).backward()
-
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget collected gradients (restoring parameters whose storage held them)."""
         if self._norm_due is not None:  # [Note: norm on demand]: its pieces go too
@@ -170,7 +163,7 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
         self.rt.clear_grads()
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
         rt, m = self.rt, self.rt.manager
         if m.tiers[TierName.HOST].capacity_bytes < UNLIMITED:  # [Note: bounded host heap]
@@ -217,11 +210,10 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
                 self._squares(norm_parts), group=rt.group, shardings=self.sharding
             )
             self._norm_due, self._grad_norm, overflow = None, found.norm / scale, found.overflow
-        self.skipped_last = skip_step(self.scaler, overflow)
-        if self.skipped_last:
+        if self._skip(overflow):
             rt.clear_grads()
             return loss
-        grad_scale = clip_divisor(scale, self.max_grad_norm, lambda: self.last_grad_norm)
+        grad_scale = self._divisor(lambda: self.last_grad_norm)
         counts = elsewhere + [self.steps[n] for n in {n: None for _, ow in todo for n in ow}]
         if counts:
             torch._foreach_add_(counts, 1.0)
@@ -263,8 +255,7 @@ class GeminiOptimizer(ChunkUpdates, torch.optim.Optimizer):
             del self._views[cid]  # moved or re-packed (or maybe, in a step that moved); the
         # rest go in _forward_begins when the next step may move shards
         rt.clear_grads()
-        if self.scaler is not None:
-            self.scaler.update(False)
+        self._stepped()
         return loss
 
     def _squares(

@@ -37,5 +37,5 @@ class ChunkRoles:
         """After the parameters' storage held gradients: copy the masters back (no-op in fp32)."""
         if self.masters and not c.frozen:
             master = self.manager.parallel_chunk("master", c)
-            c.shard.copy_(master.shard)  # type: ignore[union-attr]
-            self.manager.count_copy(master.tier, c.tier, c.shard_bytes)  # type: ignore[arg-type]
+            c.payload.copy_(master.payload)
+            self.manager.count_copy(master.current_tier, c.current_tier, c.shard_bytes)

@@ -45,15 +45,15 @@ import torch.distributed as dist
 from torch import nn
 
 from colossal_chunk import Chunk, ChunkManager
-from colossal_contracts import ConfigError, StepRecorder, TensorState
+from colossal_contracts import StepRecorder, TensorState
 
-from .._lazy import LazyInit, LazyValues
+from .._lazy import LazyInit
 from ._collect import GradientCollection
 from ._comm import CommSchedule, GeminiHooks, RankMaxStats
 from ._config import GeminiConfig
 from ._fit import fit_chunk_size
 from ._hooks import AccessMode, label
-from ._setup import build_manager
+from ._place import place_module
 from ._state import ChunkGrads, TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree
 
@@ -86,43 +86,9 @@ class GeminiRuntime(GradientCollection):
         self.aliases = {n: ids[id(p)] for n, p in module.named_parameters(remove_duplicate=False)}
         self.params = dict(named)
         self.names = {id(p): n for n, p in named}
-        lazy_values = LazyValues(named, lazy)  # meta parameters: [Note: lazy init]
-        originals = {n: p.data for n, p in named if not p.is_meta}
-        dtype = self.precision.param_dtype
-        for n, p in named:
-            if not p.is_floating_point():
-                raise ConfigError(
-                    f"parameter {n!r} is {p.dtype}; Gemini manages floating-point parameters "
-                    "only: make it a buffer instead"
-                )
-            p.data = p.data.to(dtype)
-        lazy_values.swap_out()
         self._hooks = GeminiHooks()  # the manager's hooks: [Note: warmup], [Note: overlap]
-        self.manager = build_manager(named, config, group, self._hooks)
-        frozen = [n for n, p in named if not p.requires_grad]  # [Note: frozen chunks]
-        fill = lazy_values.fill if lazy_values else None
-        self.manager.register(named, materialize=fill, frozen=frozen)
-        if self.precision.master:
-            self.manager.add_parallel("master", torch.float32)
-            for c in self.manager.trainable_chunks():
-                master = self.manager.parallel_chunk("master", c)
-                for name in c.records:
-                    part = master.shard_view(name)
-                    if part is not None:
-                        view, a, b = part
-                        value = originals.get(name)
-                        if value is None:  # lazy: materialized again, one tensor at a time
-                            value = lazy_values.original(self.params[name])
-                        view.copy_(value.reshape(-1)[a:b])
-        else:
-            self.manager.add_parallel("grad", torch.float32)
-        del originals
-        dev = self.manager.compute_device
-        for buf_owner in module.modules():
-            for bname, buf in buf_owner.named_buffers(recurse=False):
-                if buf.is_meta:
-                    buf = lazy_values.buffer(buf)
-                setattr(buf_owner, bname, buf.to(dev))
+        self.manager = place_module(module, named, config, group, self._hooks, lazy)
+        dtype = self.precision.param_dtype
         for n, p in named:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._grad_hook(n))
@@ -134,7 +100,7 @@ class GeminiRuntime(GradientCollection):
         self._repack_due = False
         self._never_read: set[str] = set()  # names that got no gradient in the warmup step
         self._probe: StepRecorder | None = None  # measures one later step (measure_next_step)
-        self._probing = False
+        self._probing: bool | None = False  # None: armed by measure_next_step
         self.measured: Any = None  # what the probe measured (a MemStatsSource)
         self.state = _T.IDLE  # [Note: training state]
         one_fp32 = not self.precision.master and self.manager.world_size == 1
@@ -276,8 +242,8 @@ class GeminiRuntime(GradientCollection):
         moment = self._moment
         self._moment += 1
         self._digest.add(names)
-        if self._probing:
-            self._probe.cut(names)  # type: ignore[union-attr]
+        if self._probing and self._probe is not None:
+            self._probe.cut(names)
         if self._recording:
             self._warmup.moment(names)
             self.manager.set_moment(moment)
@@ -308,7 +274,8 @@ class GeminiRuntime(GradientCollection):
             names = list(self.manager.chunks[cid].records) if cid in self.manager.chunks else []
             return f"{op_name} of chunk {cid} (parameters {names[:3]}{'...' if len(names) > 3 else ''})"
 
-        agree(self.group, "a chunk collective", [_OPS.index(op), chunk.chunk_id], describe)  # type: ignore[arg-type]
+        if self.group is not None:  # (installed only with a group)
+            agree(self.group, "a chunk collective", [_OPS.index(op), chunk.chunk_id], describe)
 
     # ----- backward -----------------------------------------------------------------------------
     def end_forward(self) -> None:
@@ -375,8 +342,8 @@ class GeminiRuntime(GradientCollection):
             self._recording = False
             self._hooks.agree = None
             stats = self._warmup.finish()
-            if m.world_size > 1 and self._warmup.order:  # the same room on every rank
-                stats = RankMaxStats(stats, self.group)  # type: ignore[arg-type]
+            if self.group is not None and m.world_size > 1 and self._warmup.order:
+                stats = RankMaxStats(stats, self.group)  # the same room on every rank
             if self._overlap and self._warmup.order:
                 self._comm = CommSchedule(m, self._warmup.order)
                 self._hooks.keep = self._comm.keep
@@ -394,8 +361,8 @@ class GeminiRuntime(GradientCollection):
                 bwd = len(w.order) if w.backward_from is None else w.backward_from
                 self._repack_due |= fit_chunk_size(m, reserve, w.order, bwd, first)
         else:
-            if self._probing:
-                self.measured = self._probe.finish()  # type: ignore[union-attr]
+            if self._probing and self._probe is not None:
+                self.measured = self._probe.finish()
                 self._probing = False
             if self.group is not None:  # [Note: rank agreement]: one digest per step
                 agree(self.group, "the end of backward", [self._digest.value], _digest_words)
@@ -403,7 +370,7 @@ class GeminiRuntime(GradientCollection):
     def measure_next_step(self, recorder: StepRecorder) -> None:
         """Measure the next step (after warmup) with ``recorder`` without changing the plan; the
         result lands in ``measured`` at the end of that step's backward."""
-        self._probe, self._probing = recorder, None  # type: ignore[assignment]
+        self._probe, self._probing = recorder, None
 
     def _index_chunks(self) -> None:
         """A record per parameter chunk (kept where it exists: after warmup chunks may hold

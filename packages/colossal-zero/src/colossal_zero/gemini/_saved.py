@@ -55,7 +55,7 @@ class _Outer:
 
 
 def _outer() -> _Hooks | None:
-    return _top_saved_tensors_default_hooks(False)  # type: ignore[return-value]
+    return _top_saved_tensors_default_hooks(False)
 
 
 def _unpack_outer(x: _Outer, replay: Replay) -> torch.Tensor:
@@ -76,9 +76,10 @@ def saved_param_views(
         except (RuntimeError, NotImplementedError):
             ptr = None
         c = by_ptr.get(ptr) if ptr is not None else None
-        if c is None or t.device != c.full.device:  # type: ignore[union-attr]
+        full = c.full if c is not None else None
+        if c is None or full is None or t.device != full.device:
             return t if outer is None else _Outer(outer[0](t), outer[1])
-        off = t.storage_offset() - c.full.storage_offset()  # type: ignore[union-attr]
+        off = t.storage_offset() - full.storage_offset()
         return _Place(c.chunk_id, off, t.shape, t.stride())
 
     def unpack(x: Any) -> torch.Tensor:

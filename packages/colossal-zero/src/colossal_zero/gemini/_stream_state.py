@@ -25,7 +25,7 @@ def iter_full_state(model: GeminiModule) -> Iterator[tuple[str, torch.Tensor]]:
         names.setdefault(canon, []).append(alias)
     for c in rt.manager.param_chunks():
         src = rt.roles.fp32(c)
-        full = gather_shard(src.shard, rt.group)  # type: ignore[arg-type]
+        full = gather_shard(src.payload, rt.group)
         for name, rec in c.records.items():
             for alias in names.get(name, ()):
                 yield alias, full[rec.offset : rec.end].view(rec.shape).float()

@@ -17,12 +17,18 @@ access order at the end of backward (one 8-byte all-gather per step).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from colossal_contracts import DistributedError, MemStatsSource, OrderStats, StepRecorder
+from colossal_contracts import (
+    DistributedError,
+    MemStatsSource,
+    OrderStats,
+    StepRecorder,
+    TierName,
+)
 
 __all__ = ["OrderDigest", "WarmupTrace", "agree"]
 
@@ -36,7 +42,9 @@ class WarmupTrace:
         self.order: list[tuple[str, ...]] = []
         self.backward_from: int | None = None  # the first backward moment of ``order``
 
-    def start(self, model_bytes, model_tensors) -> None:  # type: ignore[no-untyped-def]
+    def start(
+        self, model_bytes: Callable[[TierName], int], model_tensors: Iterable[object]
+    ) -> None:
         self.order.clear()
         self.backward_from = None
         if self.recorder is not None:
@@ -98,7 +106,12 @@ def _gather_longs(values: Sequence[int], group: dist.ProcessGroup) -> list[list[
     return [o.tolist() for o in out]
 
 
-def agree(group: dist.ProcessGroup, what: str, key: Sequence[int], describe) -> None:  # type: ignore[no-untyped-def]
+def agree(
+    group: dist.ProcessGroup,
+    what: str,
+    key: Sequence[int],
+    describe: Callable[[list[int]], str],
+) -> None:
     """Raise ``DistributedError`` on every rank unless every rank passes the same ``key``.
 
     ``describe(key)`` turns a rank's key into words for the message (what that rank was doing).

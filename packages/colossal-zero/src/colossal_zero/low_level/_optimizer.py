@@ -30,10 +30,9 @@ from colossal_chunk import PendingReduce
 from colossal_contracts import CapacityError, ConfigError, ParamSharding, TensorState
 
 from ..optim._adam import AdamHyper, adamw_update
-from ..optim._clip import check_max_grad_norm, clip_divisor, skip_step
+from ..optim._clip import ClippedAdam
 from ..optim._from_torch import adam_arguments
 from ..optim._mesh_norm import mesh_grad_norm
-from ..optim._scaler import DynamicLossScaler
 from ._buckets import Bucket, build_buckets
 from ._config import ZeroConfig
 
@@ -42,7 +41,7 @@ __all__ = ["LowLevelZeroOptimizer"]
 _S = TensorState
 
 
-class LowLevelZeroOptimizer(torch.optim.Optimizer):
+class LowLevelZeroOptimizer(ClippedAdam):
     """Adam/AdamW under ZeRO stage 1 or 2 over the data-parallel ``group``; see [Note: zero step].
 
     Built on ``model`` (fp32, the same on every rank) and its parameters or param groups as for
@@ -68,18 +67,22 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         sharding: Mapping[str, ParamSharding] | None = None,
     ):
         self.config = config = config or ZeroConfig()
-        check_max_grad_norm(max_grad_norm)
-        AdamHyper(lr, betas, eps, weight_decay, adamw)
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        super().__init__(list(params) if params is not None else model.parameters(), defaults)
+        self.precision = prec = config.precision_spec
+        super().__init__(
+            list(params) if params is not None else model.parameters(),
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            adamw=adamw,
+            max_grad_norm=max_grad_norm,
+            loss_scaler=config.loss_scaler if prec.loss_scaling else None,
+        )
         if group is None and dist.is_available() and dist.is_initialized():
             group = dist.group.WORLD
         self.group, self.model = group, model
         self.world = dist.get_world_size(group) if group is not None else 1
-        self.adamw, self.max_grad_norm = adamw, max_grad_norm
         self.sharding: dict[str, ParamSharding] = dict(sharding or {})
-        self.precision = prec = config.precision_spec
-        self.scaler = DynamicLossScaler(config.loss_scaler) if prec.loss_scaling else None
         names = {id(p): n for n, p in model.named_parameters()}
         self.canonical_names = names  # id(param) -> its first name (tied parameters share one)
         self.group_of: dict[str, int] = {}
@@ -119,7 +122,6 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         self.steps: dict[str, torch.Tensor] = {}  # name -> float32 scalar step count
         self.got_grad: set[str] = set()
         self.last_grad_norm: float = 0.0
-        self.skipped_last: bool = False
         self.comm_bytes: dict[str, int] = {"reduce_scatter": 0, "all_gather": 0}
         self._micro = 0  # backward passes since the last step
         self._pending: list[PendingReduce] = []
@@ -178,14 +180,6 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         return hook
 
     # ----- backward -----------------------------------------------------------------------------
-    @property
-    def loss_scale(self) -> float:
-        return self.scaler.scale if self.scaler is not None else 1.0
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled by the loss scale under fp16."""
-        (loss * self.loss_scale if self.scaler is not None else loss).backward()
-
     def _grad_ready(self, name: str, p: torch.Tensor) -> None:
         """Stage 2: see [Note: zero overlap]."""
         if not self._in_backward:
@@ -194,7 +188,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         b = self._bucket_of[name]
         self._open(b)
         with torch.no_grad():
-            b.grad.view(name).add_(p.grad)  # type: ignore[arg-type]
+            b.grad.view(name).add_(p.grad)  # type: ignore[arg-type]  # torch: grad is Optional
         p.grad = None
         b.grad.set_state(name, _S.COMPUTE)
         b.grad.set_state(name, _S.READY_FOR_REDUCE)
@@ -207,7 +201,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         b.open = True
         if self.world == 1:
             if self._micro == 0:
-                b.grad.materialize(b.grad.shard)  # type: ignore[arg-type]  # zero the shard
+                b.grad.materialize(b.grad.payload)  # zero the shard
             return
         cap = b.grad.capacity
         b.grad.materialize(torch.empty(cap, dtype=b.grad.dtype, device=b.flat.device))
@@ -254,15 +248,18 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         """Forget collected gradients (stage 1 zeroes the buffer behind every ``.grad``)."""
         if self.config.stage == 1:
             for b in self.buckets:
+                flat = b.grad_flat  # every stage-1 bucket has one
+                if flat is None:
+                    continue
                 if b.grad.is_gathered:
-                    b.grad_flat.zero_()  # type: ignore[union-attr]
+                    flat.zero_()
                 else:
-                    b.grad.materialize(b.grad_flat)  # type: ignore[arg-type]
+                    b.grad.materialize(flat)
         self.got_grad.clear()
         self._micro = 0
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
         if not self.got_grad:
             return loss  # no gradient since the last step
@@ -288,16 +285,15 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
                 )
                 for lst, t in zip(
                     row, (views[0][0], gv, views[1][0], views[2][0], step), strict=True
-                ):  # type: ignore[index]
+                ):
                     lst.append(t)
         found = mesh_grad_norm(norm_parts, group=self.group, shardings=self.sharding)
         scale = self.loss_scale
         self.last_grad_norm = found.norm / scale
-        self.skipped_last = skip_step(self.scaler, found.overflow)
-        if self.skipped_last:
+        if self._skip(found.overflow):
             self.zero_grad()
             return loss
-        grad_scale = clip_divisor(scale, self.max_grad_norm, lambda: self.last_grad_norm)
+        grad_scale = self._divisor(lambda: self.last_grad_norm)
         for gi, (ps, gs, avgs, sqs, steps) in lists.items():
             for s in steps:
                 s += 1
@@ -305,8 +301,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
             adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
         self.refresh_params()
         self.zero_grad()
-        if self.scaler is not None:
-            self.scaler.update(False)
+        self._stepped()
         return loss
 
     def refresh_params(self) -> None:
@@ -314,7 +309,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
         for b in self.buckets:
             b.param.release()  # keeps the slice in the shard (a view of flat: no copy)
             if b.master is not None:
-                b.param.shard.copy_(b.master.shard)  # type: ignore[union-attr]
+                b.param.payload.copy_(b.master.payload)
             b.param.gather(b.flat)
             self.comm_bytes["all_gather"] += b.param.full_bytes if self.world > 1 else 0
 
@@ -330,7 +325,7 @@ class LowLevelZeroOptimizer(torch.optim.Optimizer):
                 for name, p in b.params.items():
                     out[name] = p.detach().float().cpu().clone()
                 continue
-            full = torch.empty(b.master.capacity, device=b.master.shard.device)  # type: ignore[union-attr]
+            full = torch.empty(b.master.capacity, device=b.master.payload.device)
             b.master.gather(full)
             for name in b.params:
                 out[name] = b.master.view(name).cpu().clone()

@@ -10,16 +10,18 @@ fused kernel fall back to torch's ``foreach`` implementation with the same arith
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from colossal_contracts import ConfigError
 
-__all__ = ["AdamHyper", "HybridAdam", "adamw_update", "global_grad_norm"]
+__all__ = ["STATE_KINDS", "AdamHyper", "HybridAdam", "adamw_update", "global_grad_norm"]
 
 _FUSED_DEVICES = ("cpu", "cuda")
+STATE_KINDS = ("exp_avg", "exp_avg_sq")  # Adam's states of a tensor, by the names torch gives them
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class AdamHyper:
         """The hyper-parameters of a torch optimizer's param group."""
         return cls(
             lr=float(group["lr"]),
-            betas=tuple(group.get("betas", (0.9, 0.999))),  # type: ignore[arg-type]
+            betas=tuple(group.get("betas", (0.9, 0.999))),
             eps=float(group.get("eps", 1e-8)),
             weight_decay=float(group.get("weight_decay", 0.0)),
             adamw=adamw,
@@ -102,7 +104,15 @@ def _on(step: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return step if step.device == dev else step.to(dev)
 
 
-def _foreach_update(ps, gs, ms, vs, ss, hyper: AdamHyper, grad_scale: float) -> None:  # type: ignore[no-untyped-def]
+def _foreach_update(
+    ps: list[torch.Tensor],
+    gs: list[torch.Tensor] | tuple[torch.Tensor, ...],
+    ms: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    ss: list[torch.Tensor],
+    hyper: AdamHyper,
+    grad_scale: float,
+) -> None:
     b1, b2 = hyper.betas
     if grad_scale != 1.0:
         torch._foreach_div_(gs, grad_scale)
@@ -163,7 +173,7 @@ class HybridAdam(torch.optim.Optimizer):
         self.adamw = adamw
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[no-untyped-def, override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             ps, gs, ms, vs, ss = [], [], [], [], []

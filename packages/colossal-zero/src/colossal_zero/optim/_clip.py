@@ -1,16 +1,21 @@
 """Gradient clipping by the global norm and skipping fp16 steps that overflowed, as Gemini's
-optimizer and ZeRO-1/2 both do them ([Note: loss scaling] in ``_scaler.py``)."""
+optimizer and ZeRO-1/2 both do them ([Note: loss scaling] in ``_scaler.py``): ``ClippedAdam``
+is what both optimizers are around their own update."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
 
 from colossal_contracts import ConfigError
 
-from ._scaler import DynamicLossScaler
+from ._adam import AdamHyper
+from ._scaler import DynamicLossScaler, LossScalerConfig
 
-__all__ = ["check_max_grad_norm", "clip_divisor", "skip_step"]
+__all__ = ["ClippedAdam", "check_max_grad_norm", "clip_divisor", "skip_step"]
 
 
 def check_max_grad_norm(max_grad_norm: float) -> None:
@@ -43,3 +48,60 @@ def clip_divisor(loss_scale: float, max_grad_norm: float, grad_norm: Callable[[]
             if coef < 1.0:
                 return loss_scale / coef
     return loss_scale
+
+
+class ClippedAdam(torch.optim.Optimizer):
+    """An Adam/AdamW whose step clips by the global norm and, with a loss scaler, skips steps
+    whose gradients overflowed: the part Gemini's and ZeRO-1/2's optimizers share. A subclass's
+    ``step`` computes the norm and overflow its way, asks ``_skip(overflow)``, divides the
+    gradients by ``_divisor(norm)`` in its update, then calls ``_stepped()``.
+
+    ``loss_scaler`` is the scaler's config when the precision scales losses (fp16), else None.
+    """
+
+    adamw: bool  # decoupled weight decay (AdamW) rather than L2 (Adam)
+    max_grad_norm: float  # 0: no clipping
+    scaler: DynamicLossScaler | None  # fp16 only
+    skipped_last: bool  # the last step overflowed and was skipped
+
+    def __init__(
+        self,
+        params: Iterable[Any],  # tensors or param groups, as for torch.optim.AdamW
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        *,
+        adamw: bool,
+        max_grad_norm: float,
+        loss_scaler: LossScalerConfig | None,
+    ) -> None:
+        check_max_grad_norm(max_grad_norm)
+        AdamHyper(lr, betas, eps, weight_decay, adamw)  # validates
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+        self.adamw, self.max_grad_norm = adamw, max_grad_norm
+        self.scaler = DynamicLossScaler(loss_scaler) if loss_scaler is not None else None
+        self.skipped_last = False
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale if self.scaler is not None else 1.0
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled by the loss scale under fp16."""
+        (loss * self.loss_scale if self.scaler is not None else loss).backward()
+
+    def _skip(self, overflow: bool) -> bool:
+        """Whether this step is skipped (``skip_step``); kept as ``skipped_last``."""
+        self.skipped_last = skip_step(self.scaler, overflow)
+        return self.skipped_last
+
+    def _divisor(self, grad_norm: Callable[[], float]) -> float:
+        """What the update divides the gradients by (``clip_divisor``)."""
+        return clip_divisor(self.loss_scale, self.max_grad_norm, grad_norm)
+
+    def _stepped(self) -> None:
+        """The update ran: the loss scaler counts a clean step."""
+        if self.scaler is not None:
+            self.scaler.update(False)

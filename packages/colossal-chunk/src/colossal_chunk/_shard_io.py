@@ -1,0 +1,100 @@
+"""What an owner of chunks (an optimizer, a checkpoint) tells the manager about shards it reads
+or writes in place, where they live: which it reads next (read ahead from disk within the
+read-ahead window, or now), which it updates on staged host copies, which it wrote or only read
+(those on disk are written out, or let go of, in the background), and which kinds keep their
+disk copies ([Note: disk read-ahead and write-behind] in ``disk/_io.py``, [Note: read-ahead
+window] in ``disk/_read_ahead.py``, [Note: staged updates] in ``disk/_store.py``, [Note: disk
+copies] in ``disk/_copies.py``). Without a disk tier most of them only keep the books.
+
+``ChunkManager`` inherits these methods; they read its chunks and placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from ._chunk import Chunk
+from ._placement import Placement
+from .disk._read_ahead import ReadAheadWindow
+
+__all__ = ["ManagerShardIO"]
+
+
+class ManagerShardIO:
+    """Read ahead, staged, written and read-done shards; see the module docstring."""
+
+    chunks: dict[int, Chunk]  # every chunk by id (the manager's)
+    _placement: Placement  # the manager's
+
+    def read_ahead(self, chunks: Iterable[Chunk | int]) -> bool:
+        """Start reading the shards of ``chunks`` that live on disk into memory (used soon, in
+        this order) while the read-ahead window has room; False once it had none ([Note:
+        read-ahead window]: the rest are not read ahead)."""
+        for c in chunks:
+            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            if not self._placement.read_ahead(chunk):
+                return False
+        return True
+
+    @property
+    def read_ahead_window(self) -> ReadAheadWindow:
+        """The books of disk pages read ahead of use within the host budget ([Note: read-ahead
+        window])."""
+        return self._placement.read_ahead_window
+
+    def finish_reads(self, chunks: Iterable[Chunk | int]) -> None:
+        """The shards of ``chunks`` are read next where they live (updated in place): on disk,
+        their read-aheads not taken up by the reader yet are done on this thread now ([Note:
+        disk read-ahead and write-behind] in ``disk/_io.py``)."""
+        for c in chunks:
+            self._placement.finish_read(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
+
+    @contextmanager
+    def staged(self, chunks: Iterable[Chunk | int]) -> Iterator[None]:
+        """While the block runs, the shards of ``chunks`` that live on disk are host copies
+        (computed on without a page fault per page of their mapping); when it ends they are
+        written back into their payloads with ``pwrite`` and the payloads are their shards again
+        (if it raises, the copies are dropped unwritten). Say ``written`` for them after, as for
+        shards written in place ([Note: staged updates] in ``disk/_store.py``). The copies replace the
+        payloads' pages in this process's memory (those leave it): no budget counts them."""
+        out: list[tuple[Chunk, torch.Tensor]] = []
+        try:
+            for c in chunks:
+                chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+                mapping = self._placement.stage(chunk)
+                if mapping is not None:
+                    out.append((chunk, mapping))
+            yield
+        except BaseException:
+            for chunk, mapping in out:
+                self._placement.unstage(chunk, mapping, write=False)
+            raise
+        for chunk, mapping in out:
+            self._placement.unstage(chunk, mapping, write=True)
+
+    def keep_disk_copies(self, kinds: Iterable[str] = ()) -> None:
+        """Say that chunks of ``kinds`` are not written until the next call: one read off disk
+        keeps its disk payload, and goes back to disk without a write; no kinds drops every
+        payload kept ([Note: disk copies] in ``disk/_copies.py``)."""
+        self._placement.disk_copies.keep(frozenset(kinds))
+
+    def written(self, chunks: Iterable[Chunk | int]) -> None:
+        """Say that the shards of ``chunks`` were written in place (updated by an optimizer step,
+        loaded): those on disk start being written out of memory in the background."""
+        for c in chunks:
+            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            if chunk.frozen:  # [Note: frozen chunks]: counted, so an owner can show it never is
+                self._placement.frozen_written += chunk.shard_bytes
+            self._placement.used(chunk)  # [Note: disk fault-ins]
+            self._placement.written(chunk)
+
+    def read_done(self, chunks: Iterable[Chunk | int]) -> None:
+        """Say that the shards of ``chunks`` were only read in place: those on disk leave this
+        process's memory with nothing written (colossal-chunk's [Note: reads let go])."""
+        for c in chunks:
+            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            self._placement.used(chunk)  # [Note: disk fault-ins]
+            self._placement.read_only(chunk)

@@ -1,0 +1,70 @@
+"""Putting a module into chunk memory: its parameters cast to the compute dtype and registered
+into chunks (lazy ones materialized one at a time, [Note: lazy init] in ``_lazy.py``), the fp32
+masters filled from the original values (or fp32 gradient chunks added, in fp32), and its buffers
+moved to the compute device. ``GeminiRuntime`` does this once, as it is built."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from colossal_chunk import ChunkManager, ManagerHooks
+from colossal_contracts import ConfigError
+
+from .._lazy import LazyInit, LazyValues
+from ._config import GeminiConfig
+from ._setup import build_manager
+
+__all__ = ["place_module"]
+
+
+def place_module(
+    module: nn.Module,
+    named: list[tuple[str, nn.Parameter]],
+    config: GeminiConfig,
+    group: dist.ProcessGroup | None,
+    hooks: ManagerHooks,
+    lazy: LazyInit | None,
+) -> ChunkManager:
+    """The chunk manager holding ``module``'s parameters ``named`` (``named_parameters()``);
+    ``ConfigError`` for a parameter that is not floating-point."""
+    precision = config.precision_spec
+    params = dict(named)
+    lazy_values = LazyValues(named, lazy)  # meta parameters: [Note: lazy init]
+    originals = {n: p.data for n, p in named if not p.is_meta}
+    dtype = precision.param_dtype
+    for n, p in named:
+        if not p.is_floating_point():
+            raise ConfigError(
+                f"parameter {n!r} is {p.dtype}; Gemini manages floating-point parameters "
+                "only: make it a buffer instead"
+            )
+        p.data = p.data.to(dtype)
+    lazy_values.swap_out()
+    manager = build_manager(named, config, group, hooks)
+    frozen = [n for n, p in named if not p.requires_grad]  # [Note: frozen chunks]
+    fill = lazy_values.fill if lazy_values else None
+    manager.register(named, materialize=fill, frozen=frozen)
+    if precision.master:
+        manager.add_parallel("master", torch.float32)
+        for c in manager.trainable_chunks():
+            master = manager.parallel_chunk("master", c)
+            for name in c.records:
+                part = master.shard_view(name)
+                if part is not None:
+                    view, a, b = part
+                    value = originals.get(name)
+                    if value is None:  # lazy: materialized again, one tensor at a time
+                        value = lazy_values.original(params[name])
+                    view.copy_(value.reshape(-1)[a:b])
+    else:
+        manager.add_parallel("grad", torch.float32)
+    del originals
+    dev = manager.compute_device
+    for buf_owner in module.modules():
+        for bname, buf in buf_owner.named_buffers(recurse=False):
+            if buf.is_meta:
+                buf = lazy_values.buffer(buf)
+            setattr(buf_owner, bname, buf.to(dev))
+    return manager
