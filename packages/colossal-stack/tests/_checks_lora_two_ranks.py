@@ -165,3 +165,65 @@ def _frozen_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     in_groups = {id(p) for g in opt.param_groups for p in g["params"]}
     state = getattr(opt, "state", {})
     return sum(p.grad is not None or id(p) in in_groups or p in state for p in frozen)
+
+
+def lora_job_tp2(root: str, corpus: str) -> dict:
+    """``colossal train --tp 2 --lora-rank 4`` (hybrid plugin, our GPT nano) for ``STEPS``
+    steps; on every rank, against plain peft + AdamW with the job's batches and schedule: the worst
+    loss error, the worst adapter error in the exported folder (``out/adapter``), and the
+    worst logit error of ``PeftModel.from_pretrained(base, out/adapter)``."""
+    from pathlib import Path
+
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from colossal import TrainConfig, train
+    from colossal.train._data import open_data, open_loader, resolve_tokenizer
+    from colossal.train._models import resolve_model
+    from colossal.train._schedule import warmup_cosine
+
+    out = Path(root) / "run"
+    cfg = TrainConfig(
+        model="gpt", preset="nano", steps=STEPS, batch_size=2, seq_len=16, data=Path(corpus),
+        out=out, lora_rank=4, lora_alpha=8.0, val_fraction=0.0, weight_decay=0.1, tp=2,
+    )  # fmt: skip
+    result = train(cfg)
+    tokenizer = resolve_tokenizer(cfg)
+    loader = open_loader(cfg, open_data(cfg, tokenizer, rank=0))  # collective: every rank
+    spec = resolve_model("gpt", "nano", vocab_size=tokenizer.vocab_size)
+
+    def base() -> torch.nn.Module:
+        torch.manual_seed(cfg.seed)
+        return spec.build()
+
+    targets = ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"]
+    ref = get_peft_model(base(), LoraConfig(r=4, lora_alpha=8.0, target_modules=targets))
+    opt = torch.optim.AdamW(
+        [p for p in ref.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
+        weight_decay=0.1,
+    )  # fmt: skip
+    want = []
+    for step in range(STEPS):
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * warmup_cosine(step, STEPS)
+        x, y = loader.next_batch()
+        loss = ref(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    ref_dir = Path(root) / f"ref-adapter-{dist.get_rank()}"
+    ref.save_pretrained(str(ref_dir))
+    ours = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    theirs = load_file(str(ref_dir / "adapter_model.safetensors"))
+    x = torch.randint(0, tokenizer.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    loaded = PeftModel.from_pretrained(base(), str(out / "adapter")).eval()
+    with torch.no_grad():
+        logits = (loaded(x) - ref.eval()(x)).abs().max()
+    return {
+        "loss_err": max(abs(a - b) for a, b in zip(result.losses, want, strict=True)),
+        "same_names": sorted(ours) == sorted(theirs),
+        "num_adapters": len(ours),
+        "adapter_err": max(float((ours[k] - theirs[k]).abs().max()) for k in theirs),
+        "logit_err": float(logits),
+    }

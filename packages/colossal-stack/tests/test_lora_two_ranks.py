@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
-from _checks_lora_two_ranks import lora_case
+from _checks_lora_two_ranks import lora_case, lora_job_tp2
 
 TOL = 1e-6
 CASES = [
@@ -39,3 +39,18 @@ def test_lora_on_two_ranks_equals_plain_peft(world, name, kind):
             assert r["frozen_written"] == 0  # frozen chunks: read, never written back
         else:
             assert r["frozen_state"] == 0  # no gradient, no optimizer state for the base
+
+
+def test_lora_job_on_tp2_exports_the_unsharded_adapter(world, tmp_path):
+    """``colossal train --tp 2 --lora-rank 4``: the job equals plain peft, and its adapter
+    folder (from the hybrid plugin's layout checkpoint) holds the unsharded adapters, which
+    ``PeftModel.from_pretrained`` loads onto the base with the same logits."""
+    from colossal_models import default_corpus_path
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes((default_corpus_path() / "textwrap.py").read_bytes())
+    r = world(2).run(lora_job_tp2, str(tmp_path), str(corpus))[0]
+    assert r["same_names"] and r["num_adapters"] == 16  # 2 blocks x 4 layers x (A, B)
+    assert r["loss_err"] <= TOL, r
+    assert r["adapter_err"] <= TOL, r
+    assert r["logit_err"] <= 1e-5, r

@@ -24,6 +24,7 @@ the grid modes (2d/2.5d/3d) and GQA key/value layers shared over tp ranks have n
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +36,14 @@ from colossal_parallel import ColumnParallelLinear, ProcessMesh, RowParallelLine
 
 from ._apply import import_peft
 
-__all__ = ["lora_shard_maps", "parallelize_lora"]
+__all__ = ["is_peft_model", "lora_shard_maps", "parallelize_lora"]
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a ``peft.PeftModel`` (False without importing peft: a model built
+    by peft has imported it)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The job's LoRA flags, checked once with the rest of ``TrainConfig`` (no model built yet):
 the settings themselves (``colossal.lora.LoraSpec``), the flags that need ``--lora-rank``, and
-the meshes LoRA does not run on yet; and, once the model is built, its wrap and the resume
+the layouts LoRA does not run on yet (it runs on 1d tp with the hybrid plugin); and, once the model is built, its wrap and the resume
 check."""
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def lora_spec(cfg: TrainConfig) -> LoraSpec | None:
 
 def check_lora_flags(cfg: TrainConfig) -> None:
     """``ConfigError`` (one line) for LoRA settings out of range, LoRA flags without
-    ``--lora-rank``, ``--export merged`` without LoRA, and LoRA on a sharded mesh."""
+    ``--lora-rank``, ``--export merged`` without LoRA, and LoRA on a layout it does not run
+    on yet."""
     if cfg.lora_rank is None:
         given = [
             flag
@@ -54,16 +55,30 @@ def check_lora_flags(cfg: TrainConfig) -> None:
             )
         return
     lora_spec(cfg)  # the settings' own ranges
-    sharded = [
-        f"--{k} {v}"
-        for k, v in (("tp", cfg.tp), ("pp", cfg.pp), ("sp", cfg.sp))
-        if v not in (1, None)
+    _check_lora_mesh(cfg)
+
+
+def _check_lora_mesh(cfg: TrainConfig) -> None:
+    """LoRA runs on one rank or data parallelism (ddp, zero 1-2, gemini) and on the hybrid
+    plugin with 1d tp and zero 0-2 (``colossal.lora``'s [Note: LoRA under tp]); anything
+    else is refused in one line naming the nearest layout that builds."""
+    not_yet = [
+        flag
+        for flag, on in (
+            (f"--tp-mode {cfg.tp_mode}", cfg.tp > 1 and cfg.tp_mode != "1d"),
+            (f"--pp {cfg.pp}", cfg.pp > 1),
+            (f"--sp {cfg.sp}", cfg.sp is not None),
+            ("--plugin gemini with --tp", cfg.tp > 1 and cfg.plugin == "gemini"),
+            (f"--model {cfg.model} with --tp", cfg.tp > 1 and cfg.model.startswith("hf:")),
+        )
+        if on
     ]
-    if sharded or cfg.plugin == "hybrid":
-        what = ", ".join(sharded) or "--plugin hybrid"
+    if not_yet:
+        near = f"--tp {cfg.tp} --tp-mode 1d --zero 0-2" if cfg.tp > 1 else "--zero 0-2"
+        near += " with --model gpt or palm" if cfg.model.startswith("hf:") and cfg.tp > 1 else ""
         raise ConfigError(
-            f"--lora-rank with {what} is not built yet (LoRA runs under --plugin gemini, zero "
-            "or ddp); drop the mesh flags"
+            f"--lora-rank with {', '.join(not_yet)} is not built yet; LoRA runs under ddp, "
+            f"zero, gemini and the hybrid plugin's 1d tp: the nearest that builds is {near}"
         )
 
 
