@@ -19,7 +19,7 @@ from colossal import Booster, GeminiPlugin, HybridParallelPlugin, LowLevelZeroPl
 from colossal.lora import lora_shard_maps
 from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig
 
-STEPS, B, T, LR = 5, 4, 16, 1e-3
+STEPS, B, T, LR, CLIP = 5, 4, 16, 1e-3, 0.05
 GEMINI_BUDGET = "384KiB"
 
 
@@ -60,10 +60,10 @@ MODELS = {
 }
 
 
-def _lora_model(name: str) -> torch.nn.Module:
+def _lora_model(name: str, dtype: torch.dtype) -> torch.nn.Module:
     build, targets, fan_in_fan_out, _ = MODELS[name]
     torch.manual_seed(0)
-    base = build()
+    base = build().to(dtype)
     cfg = LoraConfig(
         r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0,
         fan_in_fan_out=fan_in_fan_out, init_lora_weights=False,  # B != 0: every factor moves
@@ -80,35 +80,44 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _plugin(kind: str) -> object:
+def _plugin(kind: str, clip: float) -> object:
+    """With ``clip`` (always active here) the norm must count a replicated adapter once and a
+    split one over its shards."""
     if kind == "gemini":  # a budget below the chunks (504 KiB): chunks move every step
-        return GeminiPlugin(placement="static", accelerator_budget=GEMINI_BUDGET)
+        return GeminiPlugin(
+            placement="static", accelerator_budget=GEMINI_BUDGET, max_grad_norm=clip
+        )
     if kind == "zero2":
-        return LowLevelZeroPlugin(stage=2)
+        return LowLevelZeroPlugin(stage=2, max_grad_norm=clip)
     if kind == "tp2":
-        return HybridParallelPlugin(tp_size=2)
+        return HybridParallelPlugin(tp_size=2, max_grad_norm=clip)
     if kind == "tp2-zero1":
-        return HybridParallelPlugin(tp_size=2, zero_stage=1)
+        return HybridParallelPlugin(tp_size=2, zero_stage=1, max_grad_norm=clip)
     raise ValueError(kind)
 
 
-def lora_case(name: str, kind: str) -> dict:
+def lora_case(name: str, kind: str, dtype: str = "float32", clip: bool = False) -> dict:
     """``STEPS`` Booster steps of LoRA on model ``name`` under plugin ``kind``; the worst loss
-    and adapter error against plain peft + AdamW on one process, and what Gemini wrote."""
+    and adapter error against plain peft + AdamW on one process (both clipped at ``CLIP`` with
+    ``clip``), and what Gemini wrote. ``dtype="float64"`` (plain tp only: ZeRO and Gemini
+    keep fp32) measures exactness."""
     loss_of = MODELS[name][3]
-    ref = _lora_model(name)
+    ref = _lora_model(name, getattr(torch, dtype))
     model = copy.deepcopy(ref)
     batches = _batches()
-    ref_opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=LR)
+    trainable = [p for p in ref.parameters() if p.requires_grad]
+    ref_opt = torch.optim.AdamW(trainable, lr=LR)
     want = []
     for x, y in batches:
         loss = loss_of(ref, x, y)
         loss.backward()
+        if clip:
+            assert float(torch.nn.utils.clip_grad_norm_(trainable, CLIP)) > CLIP  # it acts
         ref_opt.step()
         ref_opt.zero_grad()
         want.append(loss.item())
 
-    plugin = _plugin(kind)
+    plugin = _plugin(kind, CLIP if clip else 0.0)
     booster = Booster(plugin)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
     model, opt = booster.boost(model, opt)
