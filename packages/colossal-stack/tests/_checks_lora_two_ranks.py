@@ -178,9 +178,10 @@ def _frozen_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
 
 def lora_job_tp2(root: str, corpus: str) -> dict:
     """``colossal train --tp 2 --lora-rank 4`` (hybrid plugin, our GPT nano) for ``STEPS``
-    steps; on every rank, against plain peft + AdamW with the job's batches and schedule: the worst
-    loss error, the worst adapter error in the exported folder (``out/adapter``), and the
-    worst logit error of ``PeftModel.from_pretrained(base, out/adapter)``."""
+    steps, saving at step 3; on every rank, against plain peft + AdamW with the job's batches
+    and schedule: the worst loss error, the worst adapter error in the exported folder
+    (``out/adapter``), the worst logit error of ``PeftModel.from_pretrained(base,
+    out/adapter)``; and whether a ``--resume`` from step 3 repeats the last steps' losses."""
     from pathlib import Path
 
     from peft import PeftModel
@@ -195,8 +196,14 @@ def lora_job_tp2(root: str, corpus: str) -> dict:
     cfg = TrainConfig(
         model="gpt", preset="nano", steps=STEPS, batch_size=2, seq_len=16, data=Path(corpus),
         out=out, lora_rank=4, lora_alpha=8.0, val_fraction=0.0, weight_decay=0.1, tp=2,
+        checkpoint_every=3,
     )  # fmt: skip
     result = train(cfg)
+    dist.barrier()
+    if dist.get_rank() == 0:  # resume the layout checkpoint of step 3: adapters, Adam, base
+        (out / "checkpoint" / "latest").write_text("step-3\n")
+    dist.barrier()
+    resumed = train(TrainConfig(**{**cfg.__dict__, "resume": True, "export": "none"}))
     tokenizer = resolve_tokenizer(cfg)
     loader = open_loader(cfg, open_data(cfg, tokenizer, rank=0))  # collective: every rank
     spec = resolve_model("gpt", "nano", vocab_size=tokenizer.vocab_size)
@@ -231,6 +238,7 @@ def lora_job_tp2(root: str, corpus: str) -> dict:
         logits = (loaded(x) - ref.eval()(x)).abs().max()
     return {
         "loss_err": max(abs(a - b) for a, b in zip(result.losses, want, strict=True)),
+        "resume_exact": resumed.losses == result.losses[3:],
         "same_names": sorted(ours) == sorted(theirs),
         "num_adapters": len(ours),
         "adapter_err": max(float((ours[k] - theirs[k]).abs().max()) for k in theirs),

@@ -53,7 +53,8 @@ def test_lora_on_two_ranks_equals_plain_peft(world, name, kind, dtype, clip):
 def test_lora_job_on_tp2_exports_the_unsharded_adapter(world, tmp_path):
     """``colossal train --tp 2 --lora-rank 4``: the job equals plain peft, and its adapter
     folder (from the hybrid plugin's layout checkpoint) holds the unsharded adapters, which
-    ``PeftModel.from_pretrained`` loads onto the base with the same logits."""
+    ``PeftModel.from_pretrained`` loads onto the base with the same logits; a resume from its
+    step-3 checkpoint repeats the last two steps exactly."""
     from colossal_models import default_corpus_path
 
     corpus = tmp_path / "corpus.txt"
@@ -63,3 +64,4 @@ def test_lora_job_on_tp2_exports_the_unsharded_adapter(world, tmp_path):
     assert r["loss_err"] <= TOL, r
     assert r["adapter_err"] <= TOL, r
     assert r["logit_err"] <= 1e-5, r
+    assert r["resume_exact"]  # the layout checkpoint of a tp LoRA run resumes bit for bit
