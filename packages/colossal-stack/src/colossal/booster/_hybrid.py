@@ -14,7 +14,7 @@ mean over dp).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -300,22 +300,10 @@ class HybridParallelPlugin:
 
     def _check_lora(self) -> None:
         """``ConfigError`` for the layouts a ``peft`` model does not train on yet."""
-        bad = [
-            what
-            for what, on in (
-                (f"tp_mode={self.tp_mode!r}", self.tp_size > 1 and self.tp_mode != "1d"),
-                (f"sequence_parallel={self.sequence_parallel!r}", self.sequence_parallel),
-                (f"pp_size={self.pp_size}", self.pp_size > 1),
-                ("lazy init", self.lazy is not None),
-            )
-            if on
-        ]
-        if bad:
-            raise ConfigError(
-                f"LoRA on the hybrid plugin runs 1d tensor parallelism with ZeRO 0-2 over dp; "
-                f"{', '.join(bad)} is not built with it yet: the nearest layout that builds is "
-                f"tp_size={self.tp_size}, tp_mode='1d', zero_stage={self.zero_stage}"
-            )
+        what = f"LoRA on HybridParallelPlugin({self._settings()})"
+        check_combination(replace(self.combination(), lora=True), what=what)
+        if self.lazy is not None:
+            raise ConfigError(f"{what}: peft wraps real weights; build the model without lazy_init")
 
     def _layout(
         self,

@@ -59,26 +59,15 @@ def check_lora_flags(cfg: TrainConfig) -> None:
 
 
 def _check_lora_mesh(cfg: TrainConfig) -> None:
-    """LoRA runs on one rank or data parallelism (ddp, zero 1-2, gemini) and on the hybrid
-    plugin with 1d tp and zero 0-2 (``colossal.lora``'s [Note: LoRA under tp]); anything
-    else is refused in one line naming the nearest layout that builds."""
-    not_yet = [
-        flag
-        for flag, on in (
-            (f"--tp-mode {cfg.tp_mode}", cfg.tp > 1 and cfg.tp_mode != "1d"),
-            (f"--pp {cfg.pp}", cfg.pp > 1),
-            (f"--sp {cfg.sp}", cfg.sp is not None),
-            ("--plugin gemini with --tp", cfg.tp > 1 and cfg.plugin == "gemini"),
-            (f"--model {cfg.model} with --tp", cfg.tp > 1 and cfg.model.startswith("hf:")),
-        )
-        if on
-    ]
-    if not_yet:
-        near = f"--tp {cfg.tp} --tp-mode 1d --zero 0-2" if cfg.tp > 1 else "--zero 0-2"
-        near += " with --model gpt or palm" if cfg.model.startswith("hf:") and cfg.tp > 1 else ""
+    """LoRA's layouts are rows of the capability table (checked with the other flags, see
+    ``colossal._capability``); what is left is a model, not a kind: ``hf:`` with ``--tp`` (the
+    hybrid plugin converts it to our GPT or PaLM, whose adapters would not export under the
+    Hugging Face names)."""
+    if cfg.tp > 1 and cfg.model.startswith("hf:"):
         raise ConfigError(
-            f"--lora-rank with {', '.join(not_yet)} is not built yet; LoRA runs under ddp, "
-            f"zero, gemini and the hybrid plugin's 1d tp: the nearest that builds is {near}"
+            f"--lora-rank with --model {cfg.model} and --tp {cfg.tp} is not built yet; LoRA on "
+            "a Hugging Face model runs under --plugin gemini, zero or ddp (drop --tp), or use "
+            "--model gpt or palm with --tp"
         )
 
 
