@@ -61,8 +61,11 @@ class _Site:
 
 def _inner(model: nn.Module) -> tuple[nn.Module, str]:
     """The GPT/PaLM inside a ``PeftModel`` and the prefix of its names in ``model``."""
-    if not hasattr(model, "get_base_model"):
-        raise ConfigError(f"parallelize_lora needs a peft model, got {type(model).__name__}")
+    if not is_peft_model(model):
+        raise ConfigError(
+            f"LoRA under tensor parallelism needs a peft.PeftModel of a GPT or PaLM, got "
+            f"{type(model).__name__}; wrap the model with peft.get_peft_model first"
+        )
     inner = model.get_base_model()
     for name, module in model.named_modules():
         if module is inner:
