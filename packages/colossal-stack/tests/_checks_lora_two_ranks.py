@@ -244,3 +244,28 @@ def lora_job_tp2(root: str, corpus: str) -> dict:
         "adapter_err": max(float((ours[k] - theirs[k]).abs().max()) for k in theirs),
         "logit_err": float(logits),
     }
+
+
+def lora_refusals() -> dict[str, str]:
+    """The one-line errors of LoRA layouts the hybrid plugin does not build: PaLM's
+    multi-query key/value projection (shared by both tp ranks) as a target, and a pipeline."""
+    from colossal_contracts import ConfigError
+
+    out = {}
+    cases = {
+        "mqa-kv": (lambda: PaLM(PaLMConfig(vocab_size=64, max_seq_len=T, num_layers=2,
+                   num_heads=2, num_kv_heads=1, hidden_size=32)), ["q", "k"], {"tp_size": 2}),
+        "pp": (_gpt, ["attn.qkv"], {"pp_size": 2, "microbatches": 2}),
+    }  # fmt: skip
+    for name, (build, targets, settings) in cases.items():
+        torch.manual_seed(0)
+        model = get_peft_model(build(), LoraConfig(r=4, target_modules=targets))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+        plugin = HybridParallelPlugin(**settings)
+        try:
+            Booster(plugin).boost(model, opt)
+            out[name] = "built"
+        except ConfigError as err:
+            out[name] = str(err)
+        plugin.close()
+    return out

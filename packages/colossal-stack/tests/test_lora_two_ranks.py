@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
-from _checks_lora_two_ranks import lora_case, lora_job_tp2
+from _checks_lora_two_ranks import lora_case, lora_job_tp2, lora_refusals
 
 TOL = 1e-6
 FLOAT64_TOL = 1e-12
@@ -65,3 +65,11 @@ def test_lora_job_on_tp2_exports_the_unsharded_adapter(world, tmp_path):
     assert r["adapter_err"] <= TOL, r
     assert r["logit_err"] <= 1e-5, r
     assert r["resume_exact"]  # the layout checkpoint of a tp LoRA run resumes bit for bit
+
+
+def test_lora_layouts_without_a_rule_are_one_line_errors(world):
+    out = world(2).run(lora_refusals)[0]
+    assert "blocks.0.attn.k is sharded as GatheredKV" in out["mqa-kv"]
+    assert "leave it out of --lora-targets" in out["mqa-kv"]
+    assert "does not build" in out["pp"] and "the nearest that builds: zero0" in out["pp"]
+    assert all("\n" not in v for v in out.values())
