@@ -6,6 +6,7 @@ nearest combination that builds. No process group is made (constructors and conf
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -103,6 +104,7 @@ def _job_accepts(c: Combination) -> bool:
         activation_checkpointing=c.checkpointing,
         batch_size=4,
         seq_len=32,
+        lora_rank=4 if c.lora else None,
     )
     return _accepts(lambda: TrainConfig(**kw))
 
@@ -120,6 +122,16 @@ def test_plugins_and_job_accept_exactly_what_the_table_builds(sharding):
         assert (plugin is None and not builds(c)) or plugin == builds(c), c
         if not c.lazy:  # no flag: the job builds lazily itself ([Note: lazy job])
             assert _job_accepts(c) == builds(c), c
+
+
+def test_the_job_accepts_exactly_what_the_table_builds_for_lora():
+    """``--lora-rank`` rows: LoRA beside 1d tp on the hybrid plugin, not pp, sp, grid modes or
+    Gemini with tp; a refusal keeps LoRA in the nearest combination. Every parallel kind and
+    sharding, in bf16 without recomputation (the LoRA rows do not read those two fields)."""
+    sample = [c for c in ALL if c.precision == "bf16" and not c.checkpointing and not c.lazy]
+    for c in (dataclasses.replace(c, lora=True) for c in sample):
+        assert _job_accepts(c) == builds(c), c
+        assert nearest(c).lora, c
 
 
 def test_a_refusal_names_the_nearest_combination_that_builds():

@@ -1,7 +1,7 @@
 """LoRA's bad inputs, each one line before training with the run in ``--out`` unchanged (the
 rows of test_bad_inputs' table for ``--lora-*``): targets that match nothing (naming the
 model's linear layers), a rank of 0 or above a layer's width, flags without ``--lora-rank``,
-LoRA on a sharded mesh, LoRA with an optimizer that is not Adam/AdamW (the Python API: the job
+LoRA on a layout it does not run on yet (pipeline stages, Gemini with tp), LoRA with an optimizer that is not Adam/AdamW (the Python API: the job
 always builds AdamW), and a resume on other base weights."""
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ CASES = [  # (id, argv, message); each resumes the LoRA run in --out
     ("dropout-one", [*LORA, "--lora-dropout", "1"], "--lora-dropout must be in [0, 1)"),
     ("alpha-no-rank", [*TRAIN, "--plugin", "ddp", "--lora-alpha", "8"], "needs --lora-rank"),
     ("merged-no-rank", [*TRAIN, "--plugin", "ddp", "--export", "merged"], "needs --lora-rank"),
-    ("lora-tp", [*LORA, "--plugin", "hybrid", "--tp", "2"], "--tp 2 is not built yet"),
+    ("lora-pp", [*LORA, "--plugin", "hybrid", "--pp", "2"], "nearest that builds: zero0"),
+    ("lora-gemini-tp", [*LORA, "--plugin", "gemini", "--tp", "2"], "builds: tp 1d + zero2"),
     ("other-base", [*LORA, "--seed", "1"], "the base weights differ"),
     ("other-rank", [*TRAIN, "--plugin", "ddp", "--lora-rank", "8"], "trained LoRA with rank 4"),
     ("lora-dropped", [*TRAIN, "--plugin", "ddp"], "is of LoRA, this run is not"),

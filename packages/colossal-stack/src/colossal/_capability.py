@@ -60,6 +60,7 @@ class Combination:
         precision: "fp32", or mixed "bf16"/"fp16" with fp32 masters.
         checkpointing: activation checkpointing (whole blocks recomputed in backward).
         lazy: the model is built under ``colossal.lazy_init()`` (meta parameters).
+        lora: LoRA adapters (``peft``) on a frozen base (``--lora-rank``).
     """
 
     tp: str = "none"
@@ -69,6 +70,7 @@ class Combination:
     precision: str = "fp32"
     checkpointing: bool = False
     lazy: bool = False
+    lora: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -91,6 +93,8 @@ class Combination:
             parts.append("activation checkpointing")
         if self.lazy:
             parts.append("lazy init")
+        if self.lora:
+            parts.append("LoRA")
         return " + ".join(parts)
 
 
@@ -102,6 +106,7 @@ _CHOICES: dict[str, tuple[object, ...]] = {
     "precision": PRECISIONS,
     "checkpointing": (False, True),
     "lazy": (False, True),
+    "lora": (False, True),
 }
 
 
@@ -137,6 +142,15 @@ REFUSED: tuple[Refusal, ...] = (
         "mixed precision needs the fp32 masters of ZeRO-1/2 or Gemini; plain data "
         "parallelism trains in fp32",
     ),
+    Refusal(  # colossal.lora's [Note: LoRA under tp]: rules for 1d column and row layers
+        lambda c: c.lora and (c.pp != "none" or c.sp != "none" or c.tp not in ("none", "1d")),
+        "LoRA adapters are split beside 1d tensor-parallel layers only (no pipeline stages, "
+        "sequence parallelism or grid tp modes yet)",
+    ),
+    Refusal(
+        lambda c: c.lora and c.sharding == "gemini" and c.tp != "none",
+        "LoRA with tensor parallelism runs on the hybrid plugin (ZeRO 0-2), not Gemini",
+    ),
 )
 
 # What changing a field costs when looking for the nearest combination that builds.
@@ -148,6 +162,7 @@ _COST = {
     "pp": 3,
     "sp": 3,
     "tp": 3,
+    "lora": 9,  # the run's purpose: never the change proposed
 }
 
 
@@ -178,6 +193,11 @@ def _buildable() -> tuple[tuple[tuple[int, ...], Combination], ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=2)
+def _buildable_with(lora: bool) -> tuple[tuple[tuple[int, ...], Combination], ...]:
+    return tuple(x for x in _buildable() if x[1].lora == lora)
+
+
 @lru_cache(maxsize=4096)
 def nearest(c: Combination) -> Combination | None:
     """The combination that builds with the least cost of changes from ``c`` (``c`` itself when
@@ -193,7 +213,8 @@ def nearest(c: Combination) -> Combination | None:
         cost = sum(w for w, a, b in zip(costs, idx, here) if a != b)
         return (cost, sum(abs(a - b) for a, b in zip(idx, here)), *idx)
 
-    found = min(_buildable(), key=key, default=None)
+    same = _buildable_with(c.lora)  # LoRA is never the change proposed (``_COST``)
+    found = min(same, key=key, default=None)
     return None if found is None else found[1]
 
 

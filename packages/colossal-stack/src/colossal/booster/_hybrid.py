@@ -14,7 +14,7 @@ mean over dp).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,8 @@ from colossal_zero import LazyInit, LowLevelZeroOptimizer, ZeroConfig, mesh_grad
 
 from .._capability import PRECISIONS, Combination, check_combination
 from .._dist import init_single_process
+from ..lora._apply import has_lora
+from ..lora._tp import parallelize_lora
 from ._device import move_model, resolve_device, to_device
 from ._groups import GroupMap
 from ._hybrid_checkpoint import load_layout, save_layout
@@ -238,14 +240,21 @@ class HybridParallelPlugin:
         group_map = GroupMap(model, optimizer)  # by name: the sharded model keeps the groups
         self._own_group = init_single_process()  # one process without torchrun: a 1-rank world
         self.mesh = mesh = ProcessMesh(cfg)
-        if cfg.tp > 1:
+        lora = has_lora(model)
+        if lora:
+            self._check_lora()
+        tp_layout = None
+        if cfg.tp > 1 and lora:  # adapters sharded beside their base: [Note: LoRA under tp]
+            tp_layout = parallelize_lora(model, mesh)
+        elif cfg.tp > 1:
             with sharding_lazily(self.lazy):  # a meta model's slices: recorded ([Note: lazy fill])
                 parallelize(model, mesh, sequence_parallel=self.sequence_parallel == "megatron")
         if self.sp > 1:
             apply_sequence_parallel(model, mesh, self.sequence_parallel)  # type: ignore[arg-type]
         if self.activation_checkpointing:
             apply_activation_checkpointing(model)
-        tp_layout = describe_sharding(model, mesh) if cfg.tp > 1 else None
+        if cfg.tp > 1 and not lora:
+            tp_layout = describe_sharding(model, mesh)
         out: nn.Module = model
         names: dict[str, str] = {n: n for n, _ in model.named_parameters()}
         tied: set[int] = set()
@@ -288,6 +297,13 @@ class HybridParallelPlugin:
         # activations between stages have the compute dtype (after ZeRO's cast to its precision)
         self._boundary_dtype = params[0].dtype if params else torch.float32
         return out, opt
+
+    def _check_lora(self) -> None:
+        """``ConfigError`` for the layouts a ``peft`` model does not train on yet."""
+        what = f"LoRA on HybridParallelPlugin({self._settings()})"
+        check_combination(replace(self.combination(), lora=True), what=what)
+        if self.lazy is not None:
+            raise ConfigError(f"{what}: peft wraps real weights; build the model without lazy_init")
 
     def _layout(
         self,

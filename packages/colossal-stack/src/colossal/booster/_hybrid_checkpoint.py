@@ -21,6 +21,12 @@ intersects each block a rank needs with the saved ones and reads only those slic
 reaches the model the index is proved whole ([Note: whole or not at all] in colossal-zero): every
 kind of every tensor is covered by disjoint blocks inside its shape, every element once, and
 every block is a tensor of its size in its file.
+
+[Note: LoRA layout checkpoint] A ``peft`` model (LoRA under 1d tp, ``colossal.lora``'s
+[Note: LoRA under tp]) is written under the unsharded peft model's names and shapes
+(``lora_shard_maps``): its adapters with their Adam state, and its frozen base weights'
+values (no state), so the exports (``colossal.export``) rebuild the adapter folder from the
+checkpoint alone, as from a DDP or ZeRO one.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from colossal_models import Box, ShardMap, flat_range_boxes, shard_map
 from colossal_parallel import ProcessMesh
 from colossal_zero import GeminiModule, GeminiOptimizer, LowLevelZeroOptimizer
 
+from ..lora._tp import is_peft_model, lora_shard_maps
 from ._layout_gemini import finish_gemini_load, gemini_shards, shard_map_of
 from ._layout_legacy import checkpoint_index
 from ._layout_read import (
@@ -119,7 +126,9 @@ def _held(
     """What this rank holds of every trainable parameter. ``fresh``: create missing Adam state
     (zeros) so a load can fill it in place."""
     base = _base(model)
-    maps = shard_map(base, mesh) if hasattr(base, "config") else None
+    lora = is_peft_model(base)  # [Note: LoRA layout checkpoint]
+    maps = lora_shard_maps(base, mesh) if lora else None
+    maps = shard_map(base, mesh) if maps is None and hasattr(base, "config") else maps
     piped = base is not model
 
     def smap(name: str, p: torch.Tensor) -> ShardMap:
@@ -134,8 +143,9 @@ def _held(
             for g in gemini_shards(model, gopt)
         ]
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    frozen = _held_frozen(model, smap) if lora else []
     if isinstance(optimizer, LowLevelZeroOptimizer):
-        return _held_zero(optimizer, {n: smap(n, p) for n, p in named})
+        return _held_zero(optimizer, {n: smap(n, p) for n, p in named}) + frozen
     out = []
     for name, p in named:
         m = smap(name, p)
@@ -159,6 +169,19 @@ def _held(
 
         step = float(st["step"]) if st else None
         out.append(_Held(m, tuple(p.shape), flats, step, set_step))
+    return out + frozen
+
+
+def _held_frozen(model: nn.Module, smap: Callable[[str, torch.Tensor], ShardMap]) -> list[_Held]:
+    """The frozen parameters of a ``peft`` model (its base): values only, no optimizer state
+    ([Note: LoRA layout checkpoint])."""
+    out = []
+    for name, p in model.named_parameters():
+        m = smap(name, p)
+        if p.requires_grad or not m.pieces:
+            continue
+        flats = {"param": (p.data.view(-1), 0, p.numel())}
+        out.append(_Held(m, tuple(p.shape), flats, None, lambda v: None))
     return out
 
 

@@ -116,6 +116,7 @@ def combination_of(cfg: TrainConfig, zero: int) -> Combination:
         sharding="gemini" if zero == 3 else f"zero{zero}",
         precision=cfg.precision,
         checkpointing=cfg.activation_checkpointing,
+        lora=cfg.lora_rank is not None,
     )
 
 
@@ -134,6 +135,8 @@ def _flags_text(cfg: TrainConfig, zero: int) -> str:
         flags.append(f"--precision {cfg.precision}")
     if cfg.activation_checkpointing:
         flags.append("--activation-checkpointing")
+    if cfg.lora_rank is not None:
+        flags.append(f"--lora-rank {cfg.lora_rank}")
     return " ".join(flags)
 
 
