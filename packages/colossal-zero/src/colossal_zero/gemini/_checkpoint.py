@@ -10,6 +10,12 @@ the SHA-256 and size of every shard file and the buffers file, checked when a fi
 (a shard swapped in from another run of the same shape is named, not loaded). Buffers are in
 ``gemini-buffers.safetensors``. Values are fp32 (the masters), whatever the precision.
 
+[Note: omitted frozen values] Saved with ``frozen_values=False`` (a LoRA run's checkpoints),
+frozen parameters are neither written nor listed in ``params``; the index names them under
+``frozen_omitted``. A load then keeps the values the model's frozen parameters have (rebuilt
+from their source by the caller, which checks them: the job against the base fingerprint), and
+refuses a name omitted there that trains in the model.
+
 [Note: whole or not at all] Before any value reaches the model, loading proves the checkpoint
 whole: each parameter's ranges cover every element of its flattened shape exactly once (sorted,
 no gap, no overlap, ranks within ``world_size``), and every file named by a range holds
@@ -44,7 +50,14 @@ from ..optim._scaler import DynamicLossScaler
 from ._module import GeminiModule
 from ._optimizer import STATE_KINDS, GeminiOptimizer
 
-__all__ = ["INDEX_FILE", "consolidate", "file_digest", "load_sharded", "save_sharded"]
+__all__ = [
+    "INDEX_FILE",
+    "consolidate",
+    "file_digest",
+    "load_sharded",
+    "omitted_frozen",
+    "save_sharded",
+]
 
 INDEX_FILE = "gemini_index.json"
 BUFFERS_FILE = "gemini-buffers.safetensors"
@@ -90,14 +103,17 @@ _Item = tuple[TensorSpec, Callable[[], torch.Tensor]]  # what to write, how to r
 
 
 def _plan_shard(
-    model: GeminiModule, optimizer: GeminiOptimizer | None, world: int
+    model: GeminiModule, optimizer: GeminiOptimizer | None, world: int, frozen_values: bool = True
 ) -> tuple[dict[str, Any], list[tuple[list[Any], list[_Item]]]]:
     """The index's ``params`` entries and, per parameter chunk, the chunks its values live in
-    and the tensors this rank writes from them (specs from the records: no value is read)."""
+    and the tensors this rank writes from them (specs from the records: no value is read);
+    frozen chunks left out unless ``frozen_values`` ([Note: omitted frozen values])."""
     m = model.runtime.manager
     params: dict[str, Any] = {}
     groups: list[tuple[list[Any], list[_Item]]] = []
     for c in m.param_chunks():
+        if c.frozen and not frozen_values:
+            continue
         fp32 = _fp32_chunk(model, c)
         with_states = optimizer is not None and not c.frozen  # frozen: values only
         states = [m.parallel_chunk(k, c) for k in STATE_KINDS] if with_states else []
@@ -125,9 +141,16 @@ def _plan_shard(
 
 
 @torch.no_grad()
-def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directory: Path) -> None:
+def save_sharded(
+    model: GeminiModule,
+    optimizer: GeminiOptimizer | None,
+    directory: Path,
+    *,
+    frozen_values: bool = True,
+) -> None:
     """Write this rank's shard (and, on rank 0, the index and buffers) into ``directory``, which
     must exist. Every rank of the model's group calls it; see [Note: sharded checkpoint layout].
+    ``frozen_values=False`` leaves frozen parameters out ([Note: omitted frozen values]).
 
     Streams ([Note: streamed safetensors]): the file's header comes from the chunk records, then
     the values are written chunk by chunk straight from their shards; a chunk on the disk tier is
@@ -136,7 +159,7 @@ def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     themselves: one tensor (none on the host tier)."""
     rt, m = model.runtime, model.runtime.manager
     rank, world = _rank_world(model)
-    params, groups = _plan_shard(model, optimizer, world)
+    params, groups = _plan_shard(model, optimizer, world, frozen_values)
     shard = directory / _shard_file(rank, world)
     specs = [spec for _, items in groups for spec, _ in items]
     with SafetensorsStream(shard, specs) as out:
@@ -164,6 +187,10 @@ def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
             "scaler": optimizer.scaler.state_dict() if optimizer and optimizer.scaler else None,
             "files": files,
         }
+        if not frozen_values:
+            index["frozen_omitted"] = sorted(
+                n for c in m.param_chunks() if c.frozen for n in c.records
+            )
         (directory / INDEX_FILE).write_text(json.dumps(index, indent=1))
 
 
@@ -295,6 +322,20 @@ class _Reader:
                     own[n].copy_(f.get_tensor(n))
 
 
+def omitted_frozen(index: dict[str, Any], frozen: set[str], directory: Path) -> set[str]:
+    """The parameters a sharded checkpoint saved without values ([Note: omitted frozen
+    values]); ``CheckpointError`` when one of them trains in the model being loaded."""
+    omitted = set(index.get("frozen_omitted", []))
+    trains = sorted(omitted - frozen)
+    if trains:
+        raise CheckpointError(
+            f"{directory / INDEX_FILE} saved {trains[0]!r} (and {len(trains) - 1} more) without "
+            "values as frozen, and it trains in this model; resume with the run's LoRA settings "
+            "(--lora-rank ...) or from a checkpoint that holds every weight"
+        )
+    return omitted
+
+
 @torch.no_grad()
 def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directory: Path) -> None:
     """Restore what ``save_sharded`` wrote, from any data-parallel size, into this rank's shards.
@@ -303,15 +344,20 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     rt, m = model.runtime, model.runtime.manager
     index = reader.index
     mine = []
+    frozen = {n for n, p in model.module.named_parameters() if not p.requires_grad}
+    omitted = omitted_frozen(index, frozen, directory)  # [Note: omitted frozen values]
     for c in m.param_chunks():  # shapes first, then [Note: whole or not at all]: nothing read yet
         for name, rec in c.records.items():
+            if name in omitted:
+                continue
             reader.check_shape(name, list(rec.shape))
             mine.append(name)
-    frozen = {n for n, p in model.module.named_parameters() if not p.requires_grad}
     with_state = optimizer is not None and index["optimizer"]
     reader.check_whole([n for n in mine if n not in frozen], optimizer=with_state)
     reader.check_whole([n for n in mine if n in frozen], optimizer=False)
     for c in m.param_chunks():
+        if c.frozen and omitted.issuperset(c.records):
+            continue  # its values stay the model's
         fp32 = _fp32_chunk(model, c)
         states = (
             [] if c.frozen or optimizer is None else [m.parallel_chunk(k, c) for k in STATE_KINDS]
@@ -345,7 +391,8 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
 
 def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     """The full fp32 state dict (every name, tied ones included, and buffers) of a sharded
-    checkpoint, loadable by ``module.load_state_dict``. Needs no process group."""
+    checkpoint, loadable by ``module.load_state_dict``; frozen parameters saved without their
+    values ([Note: omitted frozen values]) are absent. Needs no process group."""
     reader = _Reader(directory)
     full: dict[str, torch.Tensor] = {}
     for name, meta in reader.index["params"].items():
@@ -355,7 +402,7 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
         value = reader.read("param", name, 0, numel)
         full[name] = value.view(meta["shape"])  # type: ignore[union-attr]
     reader.close()
-    out = {alias: full[canon].clone() for alias, canon in reader.index["aliases"].items()}
+    out = {a: full[c].clone() for a, c in reader.index["aliases"].items() if c in full}
     buffers = directory / BUFFERS_FILE
     if buffers.exists():
         reader.verify(BUFFERS_FILE)

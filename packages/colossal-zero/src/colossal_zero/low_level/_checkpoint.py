@@ -1,7 +1,8 @@
 """Sharded checkpoints of ZeRO-1/2, in the same family as Gemini's (see [Note: sharded checkpoint
 layout] in ``gemini/_checkpoint.py``): one safetensors file per data-parallel rank with the fp32 elements of
 every parameter its bucket shards hold (``param/``, ``exp_avg/``, ``exp_avg_sq/``, ``step/``),
-and an index of element ranges. Frozen parameters are written whole by rank 0. So a ZeRO
+and an index of element ranges. Frozen parameters are written whole by rank 0 (or left out:
+``frozen_values=False``). So a ZeRO
 checkpoint loads into ZeRO at any data-parallel size, into Gemini (``load_sharded``), and
 ``consolidate`` exports it to a plain state dict; a Gemini checkpoint loads into ZeRO too.
 """
@@ -15,7 +16,15 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from ..gemini._checkpoint import BUFFERS_FILE, FORMAT, INDEX_FILE, _Reader, _shard_file, file_digest
+from ..gemini._checkpoint import (
+    BUFFERS_FILE,
+    FORMAT,
+    INDEX_FILE,
+    _Reader,
+    _shard_file,
+    file_digest,
+    omitted_frozen,
+)
 from ._optimizer import LowLevelZeroOptimizer
 
 __all__ = ["load_zero_sharded", "save_zero_sharded"]
@@ -34,9 +43,13 @@ def _ranges(rec_offset: int, rec_end: int, shard_numel: int, world: int) -> list
 
 
 @torch.no_grad()
-def save_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None:
+def save_zero_sharded(
+    optimizer: LowLevelZeroOptimizer, directory: Path, *, frozen_values: bool = True
+) -> None:
     """Write this rank's shard (rank 0 also the index, frozen parameters and buffers) into the
-    existing ``directory``. Collective over the optimizer's data-parallel group."""
+    existing ``directory``. Collective over the optimizer's data-parallel group.
+    ``frozen_values=False`` leaves frozen parameters out (Gemini's [Note: omitted frozen
+    values])."""
     opt, world = optimizer, optimizer.world
     rank = dist.get_rank(opt.group) if opt.group is not None else 0
     tensors: dict[str, torch.Tensor] = {}
@@ -54,8 +67,10 @@ def save_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
             if name in opt.steps:
                 tensors[f"step/{name}"] = opt.steps[name].reshape(1).cpu().clone()
     trained = {n for b in opt.buckets for n in b.params}
+    untrained = [n for n, _ in opt.model.named_parameters() if n not in trained]
+    omitted = [] if frozen_values else sorted(untrained)
     for name, p in opt.model.named_parameters():  # frozen: whole, in rank 0's file
-        if name not in trained:
+        if name not in trained and name not in omitted:
             params[name] = {"shape": list(p.shape), "ranges": [[0, 0, p.numel()]]}
             if rank == 0:
                 tensors[f"param/{name}"] = p.detach().float().reshape(-1).cpu().clone()
@@ -85,6 +100,8 @@ def save_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
             "writer": f"zero{opt.config.stage}",
             "files": files,
         }
+        if not frozen_values:
+            index["frozen_omitted"] = omitted
         (directory / INDEX_FILE).write_text(json.dumps(index, indent=1))
 
 
@@ -95,14 +112,17 @@ def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
     reader = _Reader(directory)
     opt, index = optimizer, reader.index
     trained = {n for b in opt.buckets for n in b.params}
+    untrained = {n for n, _ in opt.model.named_parameters() if n not in trained}
+    omitted = omitted_frozen(index, untrained, directory)  # the model's values stay
     for name, p in opt.model.named_parameters():
-        reader.check_shape(name, list(p.shape))
+        if name not in omitted:
+            reader.check_shape(name, list(p.shape))
     # [Note: whole or not at all]: every value this load reads is proved present first
-    frozen = [n for n, _ in opt.model.named_parameters() if n not in trained]
+    frozen = [n for n in untrained if n not in omitted]
     reader.check_whole(sorted(trained), optimizer=index["optimizer"])
     reader.check_whole(frozen, optimizer=False)
     for name, p in opt.model.named_parameters():
-        if name not in trained:
+        if name not in trained and name not in omitted:
             value = reader.read("param", name, 0, p.numel())
             p.copy_(value.view(p.shape))  # type: ignore[union-attr]
     for b in opt.buckets:
