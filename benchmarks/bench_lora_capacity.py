@@ -29,7 +29,8 @@ from typing import Any
 MiB, GiB = 2**20, 2**30
 RANK = 8
 STEPS = 2  # measured steps after one warmup (traced) step: 3 steps in all
-TIME_STEPS = 3  # alternated Gemini / plain peft steps in the timing trial, after a warmup pair
+# alternated Gemini / plain peft steps in the timing trial, after a warmup pair
+TIME_STEPS = int(os.environ.get("BENCH_LORA_TIME_STEPS", "3"))
 PRECISION = "bf16"
 WIDTHS = (128, 192, 256, 384, 512, 768, 1024)
 _TRIAL_TIMEOUT_S = 900
@@ -457,7 +458,8 @@ def _summarise(report, best, timing, b, h, d, per_param, load_before) -> None:  
         "its bf16 value only), full fine-tuning with fp32 masters and AdamW states (14 B a "
         "parameter); torch AdamW wrapped by GeminiOptimizer; batch 1 x 8 tokens, byte "
         "vocabulary; GPT blocks activation-checkpointed (so activations never bound depth).",
-        "Each trial (one warmup step and 3 measured ones) runs in its own subprocess; "
+        "Each trial (3 steps: one warmup step, traced, and 2 measured ones) runs in its own "
+        "subprocess; "
         "rss_peak_MiB is that process's peak resident set (it includes the fp32 model built "
         "before Gemini takes it, which the budgets do not count).",
         "Step time: the largest LoRA fit without disk under Gemini (B, H) against plain peft on "
