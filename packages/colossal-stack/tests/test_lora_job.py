@@ -1,8 +1,8 @@
 """LoRA through ``colossal train --lora-rank``: the job equals plain ``peft`` with
 ``torch.optim.AdamW`` on one process (losses and adapters within 1e-6, fp32, 5 steps) under
 ddp, ZeRO-2 and Gemini, on our GPT and a tiny Hugging Face GPT-2; its exports load with
-``peft`` (same logits) and ``transformers``; a resume is exact, one on other base weights is
-refused."""
+``peft`` (same logits) and ``transformers``; checkpoints hold the adapters and their optimizer
+state, not the base; a resume is exact, one on other base weights is refused."""
 
 from __future__ import annotations
 
@@ -160,14 +160,34 @@ def test_native_gpt_adapter_and_generate(tmp_path, corpus):
     assert a.new_ids == b.new_ids and len(a.new_ids) == 8
 
 
-def test_lora_resume_exact_and_other_base_refused(tmp_path, corpus):
-    kw = dict(plugin="zero", zero_stage=2, checkpoint_every=3, steps=6, export="none")
+def _checkpoint_weight_bytes(step) -> int:  # type: ignore[no-untyped-def]
+    return sum(f.stat().st_size for f in step.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"plugin": "zero", "zero_stage": 2}, {"plugin": "gemini"}, {"plugin": "ddp"}],
+    ids=["zero2", "gemini", "ddp"],
+)
+def test_lora_resume_exact_and_other_base_refused(tmp_path, corpus, kw):
+    """A LoRA checkpoint holds the adapters and their Adam state, not the base (12 bytes per
+    adapter parameter: value and two moments, plus the files' headers, against 4 per base
+    parameter for one fp32 copy of the base); the resume rebuilds the base from its source
+    and continues the uninterrupted losses exactly; on other base weights it is refused."""
+    kw = dict(kw, checkpoint_every=3, steps=6, export="none")
     full = train(_cfg(tmp_path / "full", corpus, **kw))
     cut = tmp_path / "cut"
     train(_cfg(cut, corpus, **kw))
+    step3 = cut / "checkpoint" / "step-3"
+    adapters = json.loads((step3 / "trainer.json").read_text())["lora"]["trainable_params"]
+    base = GPTConfig.preset("nano").with_vocab(256).num_params()
+    weights = _checkpoint_weight_bytes(step3)
+    assert 12 * adapters <= weights <= 12 * adapters + 16 * 1024 < base  # base fp32: 4 * base
     (cut / "checkpoint" / "latest").write_text("step-3\n")
     resumed = train(_cfg(cut, corpus, resume=True, **kw))
     assert resumed.losses == full.losses[3:]
+    if kw["plugin"] != "zero":
+        return
     before = sorted(p.name for p in (cut / "checkpoint").iterdir())
     with pytest.raises(CheckpointError, match="base weights differ") as err:
         train(_cfg(cut, corpus, resume=True, seed=1, **{**kw, "steps": 7}))

@@ -93,3 +93,49 @@ def test_groups_resolve_on_llama():
     mlp = resolve_targets(model, ("mlp",), label="llama")
     assert [n.split(".")[-1] for n in attn] == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert [n.split(".")[-1] for n in mlp] == ["gate_proj", "up_proj", "down_proj"]
+
+
+def _measured_flops(build, seq: int) -> float:  # type: ignore[no-untyped-def]
+    """FLOPs of one forward + backward of ``build()`` on ``seq`` tokens, counted by torch's
+    FlopCounterMode on the meta device (every GEMM the autograd graph runs)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = build()
+    x = torch.randint(0, 256, (1, seq), device="meta")
+    with FlopCounterMode(display=False) as counter:
+        model(x, x).backward()
+    return float(counter.get_total_flops())
+
+
+def test_frozen_backward_flops_match_torch_count():
+    """A frozen Linear's backward runs the input-gradient GEMM only: the planner's FLOPs of a
+    LoRA step (the base frozen) and of a full step both match torch's count of the GEMMs
+    autograd runs, and so does their ratio (about 2/3, not the 1.01 of counting every weight
+    as trainable); the step time's compute term follows the FLOPs, with full recomputation
+    adding one forward."""
+    from colossal.plan import HARDWARE, step_cost
+
+    seq, cfg = 64, GPTConfig.preset("small")
+    targets = ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"]
+    full_n = _measured_flops(lambda: GPT(cfg), seq)
+    lora_n = _measured_flops(
+        lambda: get_peft_model(GPT(cfg), LoraConfig(r=8, target_modules=targets)), seq
+    )
+    full = model_shape("gpt", "small")
+    lora = lora_shape(full, "gpt", "small", LoraSpec(rank=8))
+    assert lora.flops_per_token(seq) * seq == pytest.approx(lora_n, rel=0.03)
+    assert full.flops_per_token(seq) * seq == pytest.approx(full_n, rel=0.03)
+    ratio = lora.flops_per_token(seq) / full.flops_per_token(seq)
+    assert ratio == pytest.approx(lora_n / full_n, rel=0.02) and ratio < 0.7
+    hw = HARDWARE["a100-80g"]
+    for recompute in ("none", "full"):
+        lay = Layout(1, 1, 1, "1d", 1, "gemini", 1, 1, recompute)
+        a = step_cost(lora, lay, device_memory(lora, lay, seq), hw, seq)
+        b = step_cost(full, lay, device_memory(full, lay, seq), hw, seq)
+        extra = (lambda s: s.forward_flops_per_token(seq)) if recompute == "full" else None
+        want = (lora.flops_per_token(seq) + (extra(lora) if extra else 0)) / (
+            full.flops_per_token(seq) + (extra(full) if extra else 0)
+        )
+        assert a.compute / b.compute == pytest.approx(want, rel=1e-9)
+    assert full.forward_flops_per_token(seq) / full.flops_per_token(seq) == pytest.approx(1 / 3)

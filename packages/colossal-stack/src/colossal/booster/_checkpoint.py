@@ -4,6 +4,7 @@ through ``_publish`` (see [Note: atomic checkpoints] there)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Set
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,14 @@ __all__ = [
 ]
 
 
-def _model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """State dict with shared storages (tied embeddings) kept once under their first name."""
+def _model_tensors(model: nn.Module, omit: Set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """State dict with shared storages (tied embeddings) kept once under their first name,
+    without the names in ``omit``."""
     out: dict[str, torch.Tensor] = {}
     seen: set[tuple[int, int]] = set()
     for name, t in model.state_dict().items():
         key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        if key in seen and t.numel() > 0:
+        if (key in seen and t.numel() > 0) or name in omit:
             continue
         seen.add(key)
         out[name] = t.detach().contiguous().cpu()
@@ -52,12 +54,24 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
 
 
 def save_model_and_optimizer(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, meta: dict
+    directory: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    meta: dict,
+    *,
+    frozen_values: bool = True,
 ) -> None:
     """Write ``model.safetensors``, ``optimizer.safetensors`` and ``meta.json`` into
     ``directory``; ``meta.json``'s ``param_names`` names the parameter of each optimizer state
-    number (None for one not in ``model``)."""
-    save_file(_model_tensors(model), str(directory / "model.safetensors"))
+    number (None for one not in ``model``). ``frozen_values=False`` leaves frozen parameters
+    out, named in ``meta.json``'s ``frozen_omitted`` (their values are the loading model's:
+    colossal-zero's [Note: omitted frozen values])."""
+    omit = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    if frozen_values:
+        omit = set()
+    else:
+        meta = {**meta, "frozen_omitted": sorted(omit)}
+    save_file(_model_tensors(model, omit), str(directory / "model.safetensors"))
     if optimizer is not None:
         tensors, opt_meta = _optimizer_tensors(optimizer)
         save_file(tensors, str(directory / "optimizer.safetensors"))
@@ -111,13 +125,20 @@ def load_model_and_optimizer(
     if not isinstance(meta, dict):
         raise CheckpointError(f"{directory / 'meta.json'} must hold a JSON object")
     own = model.state_dict()
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    omitted = set(meta.get("frozen_omitted", []))
+    if omitted - frozen:
+        raise CheckpointError(
+            f"{directory / 'meta.json'} saved {sorted(omitted - frozen)[0]!r} without values as "
+            "frozen, and it trains in this model; resume with the run's LoRA settings"
+        )
     for name, t in tensors.items():  # [Note: whole or not at all]: shapes before any copy
         if name in own and tuple(own[name].shape) != tuple(t.shape):
             raise CheckpointError(
                 f"{directory / 'model.safetensors'}: {name!r} has shape {list(t.shape)}, the "
                 f"model's is {list(own[name].shape)}; was it saved from another model or preset?"
             )
-    missing = [n for n in own if n not in tensors]
+    missing = [n for n in own if n not in tensors and n not in omitted]  # omitted: kept
     unexpected = [n for n in tensors if n not in own]
     tied = {n for n in missing if _is_tied(model, n, tensors)}
     if set(missing) - tied or unexpected:

@@ -28,12 +28,16 @@ class DDPPlugin:
     Attributes:
         bucket_cap_mb: DDP gradient bucket size.
         find_unused_parameters: set when some parameters get no gradient in a step.
+        save_frozen: write the values of frozen (``requires_grad=False``) parameters into
+            checkpoints; ``colossal train`` clears it for LoRA runs, whose base is rebuilt
+            from its source on resume and checked against its fingerprint.
         device: where the model trains ([Note: plugin device]); "auto": this rank's CUDA
             device, else the CPU. Resolved to a ``torch.device`` on construction.
     """
 
     bucket_cap_mb: int = 25
     find_unused_parameters: bool = False
+    save_frozen: bool = True
     name: str = "ddp"
     device: torch.device = "auto"  # type: ignore[assignment]  # resolved in __post_init__
 
@@ -77,7 +81,13 @@ class DDPPlugin:
     def save_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
-        save_model_and_optimizer(path, self.unwrap(model), optimizer, {"plugin": self.name})
+        save_model_and_optimizer(
+            path,
+            self.unwrap(model),
+            optimizer,
+            {"plugin": self.name},
+            frozen_values=self.save_frozen,
+        )
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path

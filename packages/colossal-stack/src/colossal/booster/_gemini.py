@@ -110,6 +110,9 @@ class GeminiPlugin:
             .safetensors`` and ``model.safetensors.index.json``, streamed one chunk at a time:
             see ``save_checkpoint``). ``colossal train`` sets it per save (``--export``).
         export_shard_bytes: the largest shard of that export ("2GiB", or bytes).
+        save_frozen: write the values of frozen (``requires_grad=False``) parameters into
+            checkpoints; ``colossal train`` clears it for LoRA runs, whose base is rebuilt
+            from its source on resume and checked against its fingerprint.
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
         sharding: parameter name -> tensor-parallel layout (``colossal_models.describe_sharding``)
             so the norm and fp16 overflow agree over the whole mesh; None: data parallelism only.
@@ -130,6 +133,7 @@ class GeminiPlugin:
     max_grad_norm: float = 0.0
     non_model_bytes: int | str | None = None
     export_full_model: bool = True
+    save_frozen: bool = True
     export_shard_bytes: int | str = "2GiB"
     name: str = "gemini"
     sharded_checkpoint: bool = True
@@ -341,7 +345,7 @@ class GeminiPlugin:
         if self.mesh is not None:  # [Note: layout checkpoint]: any tp size or plugin resumes it
             save_layout(gm, opt, self.mesh, Path(path), layout=self.describe())
         else:
-            save_sharded(gm, opt, Path(path))
+            save_sharded(gm, opt, Path(path), frozen_values=self.save_frozen)
         if self.export_full_model:
             limit = parse_bytes(self.export_shard_bytes)
             tp_mesh = self.mesh if self.tp_size > 1 else None

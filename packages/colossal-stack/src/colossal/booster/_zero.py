@@ -47,6 +47,9 @@ class LowLevelZeroPlugin:
         group: the data-parallel process group (None: every rank).
         export_full_model: also write a consolidated fp32 ``model.safetensors`` per checkpoint.
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
+        save_frozen: write the values of frozen (``requires_grad=False``) parameters into
+            checkpoints; ``colossal train`` clears it for LoRA runs, whose base is rebuilt
+            from its source on resume and checked against its fingerprint.
         device: where the model and its flat buffers live ([Note: plugin device]); "auto":
             this rank's CUDA device, else the CPU. Adam states follow it unless offloaded.
         lazy: the ``colossal.lazy_init()`` context the model was built in: each meta parameter
@@ -62,6 +65,7 @@ class LowLevelZeroPlugin:
     sharding: Mapping[str, ParamSharding] | None = field(default=None, repr=False)
     group: Any = field(default=None, repr=False)
     export_full_model: bool = True
+    save_frozen: bool = True
     name: str = "zero"
     sharded_checkpoint: bool = True
     device: torch.device = "auto"  # type: ignore[assignment]  # resolved in __post_init__
@@ -133,7 +137,7 @@ class LowLevelZeroPlugin:
         """Every rank writes its shard (colossal-zero's sharded layout, which Gemini reads too);
         rank 0 also the consolidated fp32 ``model.safetensors``. Collective."""
         opt = _zero_optimizer(optimizer)
-        save_zero_sharded(opt, path)
+        save_zero_sharded(opt, path, frozen_values=self.save_frozen)
         if self.export_full_model:
             write_full_model(opt.full_state_dict(), path)  # collective gather, rank 0 writes
 

@@ -1,11 +1,15 @@
 """A LoRA checkpoint out of Colossal: the PEFT adapter folder, and the merged weights.
 
-[Note: LoRA exports] A LoRA run's checkpoint holds the job's module as trained: the base
-weights (``...base_layer.weight``) and the adapters (``...lora_A.default.weight``) under the
-names ``peft`` gave them (see ``colossal.lora``'s [Note: where peft wraps]). Both exports
-rebuild that module on the CPU with ``peft`` and the recorded ``LoraConfig`` and load the
-checkpoint into it (nothing is missing or left over, tied aliases aside), then let ``peft``
-write: ``save_pretrained`` gives the adapter folder (``adapter_config.json`` and
+[Note: LoRA exports] A LoRA run's checkpoint holds the adapters (``...lora_A.default.weight``)
+under the names ``peft`` gave them (see ``colossal.lora``'s [Note: where peft wraps]) and their
+optimizer state; the frozen base is left out (``frozen_omitted``, colossal-zero's [Note: omitted
+frozen values]) and rebuilt from its source: ``hf:PATH`` read again, our GPT or PaLM built from
+its config after seeding with the run's ``--seed``, as the job built it; its SHA-256 must be
+the recorded ``base_fingerprint``, else a ``CheckpointError``. (Checkpoints written before held
+the base weights too, ``...base_layer.weight``; they load as they are.) Both exports rebuild
+the job's module on the CPU with ``peft`` and the recorded ``LoraConfig`` and load the
+checkpoint into it (nothing is missing or left over, tied aliases and the omitted base
+aside), then let ``peft`` write: ``save_pretrained`` gives the adapter folder (``adapter_config.json`` and
 ``adapter_model.safetensors``) that ``PeftModel.from_pretrained(base, folder)`` loads, and
 ``merge_and_unload`` gives the merged model, whose state dict has the names of a plain run, so
 the Hugging Face export (``export_hf``) and generation take it as they take any checkpoint.
@@ -13,6 +17,7 @@ the Hugging Face export (``export_hf``) and generation take it as they take any 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +25,54 @@ import torch
 from torch import nn
 
 from colossal_contracts import CheckpointError, ConfigError
-from colossal_models import GPT, GPTConfig, HFCausalLM, PaLM, PaLMConfig
+from colossal_models import GPT, GPTConfig, HFCausalLM, PaLM, PaLMConfig, load_hf_causal_lm
 from colossal_models._hf import import_transformers
+from colossal_zero import INDEX_FILE
 
-from ..lora._apply import ADAPTER, import_peft, peft_config_of
+from ..lora._apply import ADAPTER, base_fingerprint, import_peft, peft_config_of
 from ._source import CheckpointInfo, iter_checkpoint_state, read_checkpoint
 
 __all__ = ["ADAPTER_FOLDER", "export_adapter", "lora_model", "merged_state", "with_adapter"]
 
 ADAPTER_FOLDER = "adapter"  # under a LoRA run's --out: the final PEFT adapter folder
+
+
+def _omits_base(step: Path) -> bool:
+    """Whether the checkpoint ``step`` left the frozen weights out ([Note: LoRA exports])."""
+    for name in (INDEX_FILE, "meta.json"):  # Gemini and ZeRO's index; the DDP plugin's meta
+        try:
+            record = json.loads((step / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("frozen_omitted"):
+            return True
+    return False
+
+
+def _base_from_source(info: CheckpointInfo) -> nn.Module:
+    """The base as the job built it ([Note: LoRA exports]), checked against the fingerprint."""
+    seed = int(info.train_config.get("seed", 0))
+    with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
+        torch.manual_seed(seed)
+        if info.model.startswith("hf:"):
+            try:
+                model: nn.Module = load_hf_causal_lm(info.model[3:])
+            except (OSError, ConfigError) as err:
+                raise CheckpointError(
+                    f"checkpoint {info.path} holds LoRA adapters without their base, and the base "
+                    f"{info.model} cannot be read ({err}); restore that folder"
+                ) from err
+        else:
+            model = _base_model(info)
+    base = model.hf if isinstance(model, HFCausalLM) else model
+    got, want = base_fingerprint(base), (info.lora or {}).get("base_fingerprint")
+    if got != want:
+        raise CheckpointError(
+            f"checkpoint {info.path} holds LoRA adapters without their base, and the base "
+            f"rebuilt from {info.model} (seed {seed}) is not the one they were trained on "
+            f"(sha256 {got[:12]}..., recorded {str(want)[:12]}...); restore the base it trained on"
+        )
+    return model
 
 
 def _base_model(info: CheckpointInfo) -> nn.Module:
@@ -56,7 +100,8 @@ def lora_model(info: CheckpointInfo) -> nn.Module:
     if info.lora is None:
         raise CheckpointError(f"checkpoint {info.path} is not of a LoRA run (no 'lora' record)")
     peft = import_peft()
-    model = _base_model(info)
+    omitted = _omits_base(info.path)
+    model = _base_from_source(info) if omitted else _base_model(info)
     config = peft_config_of(info.lora)
     if isinstance(model, HFCausalLM):
         model.hf = peft.get_peft_model(model.hf, config, adapter_name=ADAPTER)
@@ -67,6 +112,8 @@ def lora_model(info: CheckpointInfo) -> nn.Module:
     params = model.state_dict(keep_vars=True)
     loaded = {id(params[n]) for n in state if n in params}
     absent = [n for n in missing if id(params[n]) not in loaded]  # a tied alias is loaded
+    if omitted:  # the base came from its source
+        absent = [n for n in absent if params[n].requires_grad]
     if absent or unexpected:
         raise CheckpointError(
             f"checkpoint {info.path} does not fit its LoRA model: missing {absent[:3]}, "

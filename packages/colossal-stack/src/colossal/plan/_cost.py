@@ -1,7 +1,8 @@
 """Estimated step time and MFU of a layout.
 
 [Note: cost model] One micro-batch on one device takes its FLOPs (``flops_per_token`` x tokens /
-(pp tp sp), x 4/3 under full recomputation) at ``efficiency`` x peak, plus its tensor-parallel,
+(pp tp sp), plus one more forward under full recomputation: x 4/3 when every weight trains; a
+frozen weight's backward skips its weight-gradient GEMM) at ``efficiency`` x peak, plus its tensor-parallel,
 context-parallel and pipeline messages, which are not overlapped; a step is
 ``(m + pp - 1)`` such micro-batch slots (1F1B: the bubble ``(pp-1)/(m+pp-1)``). The data-parallel
 gradient traffic overlaps the backward pass (ZeRO-3/Gemini's gathers the whole step), so only
@@ -106,11 +107,16 @@ def _tp_bytes(shape: ModelShape, lay: Layout, tokens: int) -> float:
 def dp_comm_bytes(shape: ModelShape, lay: Layout) -> float:
     """Counted data-parallel bytes of one step on one device: 16-bit gradients reduce-scattered
     and parameters all-gathered (DDP's all-reduce counts the same), 2 bytes per parameter each;
-    Gemini gathers parameters twice (forward and backward). 0 without data parallelism."""
+    Gemini gathers parameters twice (forward and backward). Frozen parameters have no
+    gradient: Gemini gathers them twice, ZeRO-1/2 and DDP replicate them (no traffic). 0 without
+    data parallelism."""
     if lay.dp == 1:
         return 0.0
-    rounds = 3 if lay.method.startswith("gemini") else 2
-    return rounds * 2 * stage_params(shape, lay.pp) / lay.tp
+    n = stage_params(shape, lay.pp) / lay.tp
+    trainable = n * shape.trainable / shape.params
+    if lay.method.startswith("gemini"):
+        return 2 * (3 * trainable + 2 * (n - trainable))
+    return 2 * 2 * trainable
 
 
 def step_cost(
@@ -125,7 +131,10 @@ def step_cost(
     """The step time of ``lay`` (see [Note: cost model])."""
     tokens_mb = lay.micro_batch * seq_len
     layers = -(-shape.layers // lay.pp)
-    recompute = 4 / 3 if lay.recompute == "full" else 1.0
+    # the forward's share of a step's FLOPs: 1/3 when every weight trains, about 1/2 when
+    # most are frozen (their backward skips the weight-gradient GEMM; ``flops_per_token``)
+    fwd_share = shape.forward_flops_per_token(seq_len) / shape.flops_per_token(seq_len)
+    recompute = 1 + fwd_share if lay.recompute == "full" else 1.0
     flops_mb = shape.flops_per_token(seq_len) * tokens_mb / (lay.pp * lay.tp * lay.sp)
     compute_mb = flops_mb * recompute / (hw.peak_flops * efficiency)
     tp_mb = layers * _tp_bytes(shape, lay, tokens_mb // lay.sp) / _link(hw, lay.tp)
@@ -151,26 +160,26 @@ def step_cost(
     mem_mb = 3 * mem.activations / held / hw.mem_bw if hw.mem_bw else 0.0
     slots = lay.num_micro + lay.pp - 1
     busy = slots * (compute_mb + tp_mb + sp_mb + pp_mb + mem_mb)
-    backward = lay.num_micro * compute_mb * 2 / 3
+    backward = lay.num_micro * compute_mb * (1 - fwd_share)
     n_dev = stage_params(shape, lay.pp) / lay.tp
     dp_bytes = dp_comm_bytes(shape, lay) * (lay.dp - 1) / lay.dp
     dp_time = dp_bytes / _link(hw, lay.tp * lay.sp * lay.dp)
     hidden_by = lay.num_micro * compute_mb if lay.method.startswith("gemini") else backward
     dp_exposed = max(0.0, dp_time - hidden_by)
     offload = 0.0
-    shard = n_dev / lay.dp
+    shard = n_dev / lay.dp * shape.trainable / shape.params  # Adam updates trainable ones only
     if lay.method in ("gemini-host", "gemini-disk", "gemini-host-all"):
         offload += shard / HOST_ADAM_PARAMS_PER_S
     if lay.method in ("gemini-host", "gemini-disk"):
         offload += 4 * shard / hw.pcie_bw  # fp16 gradients down, parameters up
     if lay.method == "gemini-host-all":  # params up fwd+bwd, grads down, per micro-batch
-        offload += lay.num_micro * 6 * shard / hw.pcie_bw
+        offload += lay.num_micro * (4 * n_dev / lay.dp + 2 * shard) / hw.pcie_bw
     if lay.method == "gemini-disk":
         offload += 24 * shard / hw.disk_bw  # optimizer states read and written
     adam = 0.0
     if hw.mem_bw and lay.method in ("ddp", "zero1", "zero2", "gemini"):
         # AdamW on the device: read parameter, gradient and both moments, write three back
-        adam = 7 * 4 * (shard if lay.method != "ddp" else n_dev) / hw.mem_bw
+        adam = 7 * 4 * (shard if lay.method != "ddp" else shard * lay.dp) / hw.mem_bw
     step = busy + dp_exposed + offload + adam
     model_flops = shape.flops_per_token(seq_len) * seq_len * lay.micro_batch * lay.num_micro
     mfu = model_flops * lay.dp / (step * lay.devices * hw.peak_flops)

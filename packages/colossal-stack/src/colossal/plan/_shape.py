@@ -57,10 +57,18 @@ class ModelShape:
         """Parameters of one transformer block (all blocks are alike)."""
         return (self.params - self.embed_params) / self.layers
 
+    def forward_flops_per_token(self, seq_len: int) -> float:
+        """Model FLOPs of the forward pass per token: ``2N + 4 L h s`` (a GEMM per weight, and
+        the attention scores and their use)."""
+        return 2.0 * self.params + 4.0 * self.layers * self.hidden * seq_len
+
     def flops_per_token(self, seq_len: int) -> float:
-        """Model FLOPs of forward + backward per token: ``6N + 12 L h s`` (attention scores and
-        their use, Narayanan et al. 2021 without the logit term, which ``6N`` already holds)."""
-        return 6.0 * self.params + 12.0 * self.layers * self.hidden * seq_len
+        """Model FLOPs of forward + backward per token: ``6N - 2F + 12 L h s`` (Narayanan et
+        al. 2021 without the logit term, which ``6N`` already holds). Backward runs, for every
+        weight, the input-gradient GEMM (``2N``) and, for trainable ones only, the
+        weight-gradient GEMM (``2(N - F)``): a frozen layer's backward costs about its
+        forward, a trainable one's twice that. ``F = 0``: the usual ``6N + 12 L h s``."""
+        return 6.0 * self.params - 2.0 * self.frozen + 12.0 * self.layers * self.hidden * seq_len
 
 
 def from_gpt_config(g: GPTConfig, name: str) -> ModelShape:

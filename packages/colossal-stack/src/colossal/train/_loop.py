@@ -106,9 +106,14 @@ def _gemini_plugin(cfg: TrainConfig) -> Plugin:
 
 def _choose_export(plugin: Plugin, cfg: TrainConfig, step: int) -> None:
     """Before saving after ``step``: whether the plugins with a sharded state write the
-    consolidated model into this checkpoint too (``--export``)."""
+    consolidated model into this checkpoint too (``--export``); a LoRA run's checkpoints hold
+    the adapters and their optimizer state, not the frozen base (rebuilt from its source on
+    resume and checked against the fingerprint in ``trainer.json``)."""
+    lora = cfg.lora_rank is not None
     if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin):
-        plugin.export_full_model = cfg.exports_at(step)
+        plugin.export_full_model = cfg.exports_at(step) and not lora
+    if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin | DDPPlugin):
+        plugin.save_frozen = not lora
 
 
 def _mesh_of(plugin: Plugin, cfg: TrainConfig) -> ProcessMesh | None:

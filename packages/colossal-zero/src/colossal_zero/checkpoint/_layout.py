@@ -101,8 +101,11 @@ def write_index(
     scaler: DynamicLossScaler | None,
     files: dict[str, Any],
     writer: str | None = None,
+    frozen_omitted: list[str] | None = None,
 ) -> None:
-    """Write ``gemini_index.json`` (rank 0, after every file is written and digested)."""
+    """Write ``gemini_index.json`` (rank 0, after every file is written and digested);
+    ``frozen_omitted``: the frozen parameters left out ([Note: omitted frozen values] in
+    ``_reader.py``), None when every value was written."""
     index: dict[str, Any] = {
         "format": FORMAT,
         "world_size": world,
@@ -114,5 +117,7 @@ def write_index(
     }
     if writer is not None:
         index["writer"] = writer
+    if frozen_omitted is not None:
+        index["frozen_omitted"] = frozen_omitted
     index["files"] = files
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=1))

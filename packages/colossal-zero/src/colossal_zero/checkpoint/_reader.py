@@ -8,6 +8,12 @@ no gap, no overlap, ranks within ``world_size``), and every file named by a rang
 ``param/<name>`` (and, with optimizer state, ``exp_avg``/``exp_avg_sq``) of exactly that range's
 length, and some file holds ``step/<name>``. An index edited so that a tensor is half covered,
 with its hashes recomputed, is refused naming the file and the parameter.
+
+[Note: omitted frozen values] Saved with ``frozen_values=False`` (a LoRA run's checkpoints),
+frozen parameters are neither written nor listed in ``params``; the index names them under
+``frozen_omitted``. A load then keeps the values the model's frozen parameters have (rebuilt
+from their source by the caller, which checks them: the job against the base fingerprint), and
+refuses a name omitted there that trains in the model.
 """
 
 from __future__ import annotations
@@ -193,9 +199,24 @@ class CheckpointReader:
             return {} if f is None else {n: f.get_tensor(n) for n in list(f.keys())}
 
 
+def omitted_frozen(index: dict[str, Any], frozen: set[str], directory: Path) -> set[str]:
+    """The parameters a sharded checkpoint saved without values ([Note: omitted frozen
+    values]); ``CheckpointError`` when one of them trains in the model being loaded."""
+    omitted = set(index.get("frozen_omitted", []))
+    trains = sorted(omitted - frozen)
+    if trains:
+        raise CheckpointError(
+            f"{directory / INDEX_FILE} saved {trains[0]!r} (and {len(trains) - 1} more) without "
+            "values as frozen, and it trains in this model; resume with the run's LoRA settings "
+            "(--lora-rank ...) or from a checkpoint that holds every weight"
+        )
+    return omitted
+
+
 def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     """The full fp32 state dict (every name, tied ones included, and buffers) of a sharded
-    checkpoint, loadable by ``module.load_state_dict``. Needs no process group."""
+    checkpoint, loadable by ``module.load_state_dict``; frozen parameters saved without their
+    values ([Note: omitted frozen values]) are absent. Needs no process group."""
     reader = CheckpointReader(directory)
     full: dict[str, torch.Tensor] = {}
     for name, meta in reader.index["params"].items():
@@ -204,6 +225,6 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
             numel *= d
         full[name] = reader.read_saved("param", name, 0, numel).view(meta["shape"])
     reader.close()
-    out = {alias: full[canon].clone() for alias, canon in reader.index["aliases"].items()}
+    out = {a: full[c].clone() for a, c in reader.index["aliases"].items() if c in full}
     out.update(reader.buffers())
     return out

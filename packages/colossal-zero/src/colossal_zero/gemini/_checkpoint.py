@@ -27,7 +27,7 @@ from ..checkpoint._layout import (
     write_buffers,
     write_index,
 )
-from ..checkpoint._reader import CheckpointReader
+from ..checkpoint._reader import CheckpointReader, omitted_frozen
 from ..optim._adam import STATE_KINDS
 from ._module import GeminiModule
 from ._optimizer import GeminiOptimizer
@@ -49,14 +49,17 @@ _Item = tuple[TensorSpec, Callable[[], torch.Tensor]]  # what to write, how to r
 
 
 def _plan_shard(
-    model: GeminiModule, optimizer: GeminiOptimizer | None, world: int
+    model: GeminiModule, optimizer: GeminiOptimizer | None, world: int, frozen_values: bool = True
 ) -> tuple[dict[str, Any], list[tuple[list[Any], list[_Item]]]]:
     """The index's ``params`` entries and, per parameter chunk, the chunks its values live in
-    and the tensors this rank writes from them (specs from the records: no value is read)."""
+    and the tensors this rank writes from them (specs from the records: no value is read);
+    frozen chunks left out unless ``frozen_values`` ([Note: omitted frozen values])."""
     m = model.runtime.manager
     params: dict[str, Any] = {}
     groups: list[tuple[list[Any], list[_Item]]] = []
     for c in m.param_chunks():
+        if c.frozen and not frozen_values:
+            continue
         fp32 = _fp32_chunk(model, c)
         with_states = optimizer is not None and not c.frozen  # frozen: values only
         states = [m.parallel_chunk(k, c) for k in STATE_KINDS] if with_states else []
@@ -79,9 +82,16 @@ def _plan_shard(
 
 
 @torch.no_grad()
-def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directory: Path) -> None:
+def save_sharded(
+    model: GeminiModule,
+    optimizer: GeminiOptimizer | None,
+    directory: Path,
+    *,
+    frozen_values: bool = True,
+) -> None:
     """Write this rank's shard (and, on rank 0, the index and buffers) into ``directory``, which
     must exist. Every rank of the model's group calls it; see [Note: sharded checkpoint layout].
+    ``frozen_values=False`` leaves frozen parameters out ([Note: omitted frozen values]).
 
     Streams ([Note: streamed safetensors]): the file's header comes from the chunk records, then
     the values are written chunk by chunk straight from their shards; a chunk on the disk tier is
@@ -90,7 +100,7 @@ def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     themselves: one tensor (none on the host tier)."""
     rt, m = model.runtime, model.runtime.manager
     rank, world = _rank_world(model)
-    params, groups = _plan_shard(model, optimizer, world)
+    params, groups = _plan_shard(model, optimizer, world, frozen_values)
     shard = directory / shard_file(rank, world)
     specs = [spec for _, items in groups for spec, _ in items]
     with SafetensorsStream(shard, specs) as out:
@@ -112,6 +122,9 @@ def save_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
             optimizer=optimizer is not None,
             scaler=optimizer.scaler if optimizer is not None else None,
             files=files,
+            frozen_omitted=None
+            if frozen_values
+            else sorted(n for c in m.param_chunks() if c.frozen for n in c.records),
         )
 
 
@@ -123,15 +136,20 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     rt, m = model.runtime, model.runtime.manager
     index = reader.index
     mine = []
+    frozen = {n for n, p in model.module.named_parameters() if not p.requires_grad}
+    omitted = omitted_frozen(index, frozen, directory)  # [Note: omitted frozen values]
     for c in m.param_chunks():  # shapes first, then [Note: whole or not at all]: nothing read yet
         for name, rec in c.records.items():
+            if name in omitted:
+                continue
             reader.check_shape(name, list(rec.shape))
             mine.append(name)
-    frozen = {n for n, p in model.module.named_parameters() if not p.requires_grad}
     with_state = optimizer is not None and index["optimizer"]
     reader.check_whole([n for n in mine if n not in frozen], optimizer=with_state)
     reader.check_whole([n for n in mine if n in frozen], optimizer=False)
     for c in m.param_chunks():
+        if c.frozen and omitted.issuperset(c.records):
+            continue  # its values stay the model's
         fp32 = _fp32_chunk(model, c)
         states = (
             [] if c.frozen or optimizer is None else [m.parallel_chunk(k, c) for k in STATE_KINDS]

@@ -1,7 +1,8 @@
 """Sharded checkpoints of ZeRO-1/2, in the layout Gemini's use ([Note: sharded checkpoint layout]
 in ``checkpoint/_layout.py``): one safetensors file per data-parallel rank with the fp32 elements of
 every parameter its bucket shards hold (``param/``, ``exp_avg/``, ``exp_avg_sq/``, ``step/``),
-and an index of element ranges. Frozen parameters are written whole by rank 0. So a ZeRO
+and an index of element ranges. Frozen parameters are written whole by rank 0 (or left out:
+``frozen_values=False``, [Note: omitted frozen values] in ``checkpoint/_reader.py``). So a ZeRO
 checkpoint loads into ZeRO at any data-parallel size, into Gemini (``load_sharded``), and
 ``consolidate`` exports it to a plain state dict; a Gemini checkpoint loads into ZeRO too.
 """
@@ -23,7 +24,7 @@ from ..checkpoint._layout import (
     write_buffers,
     write_index,
 )
-from ..checkpoint._reader import CheckpointReader
+from ..checkpoint._reader import CheckpointReader, omitted_frozen
 from ..optim._adam import STATE_KINDS
 from ._optimizer import LowLevelZeroOptimizer
 
@@ -31,9 +32,12 @@ __all__ = ["load_zero_sharded", "save_zero_sharded"]
 
 
 @torch.no_grad()
-def save_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None:
+def save_zero_sharded(
+    optimizer: LowLevelZeroOptimizer, directory: Path, *, frozen_values: bool = True
+) -> None:
     """Write this rank's shard (rank 0 also the index, frozen parameters and buffers) into the
-    existing ``directory``. Collective over the optimizer's data-parallel group."""
+    existing ``directory``. Collective over the optimizer's data-parallel group.
+    ``frozen_values=False`` leaves frozen parameters out ([Note: omitted frozen values])."""
     opt, world = optimizer, optimizer.world
     rank = dist.get_rank(opt.group) if opt.group is not None else 0
     tensors: dict[str, torch.Tensor] = {}
@@ -51,8 +55,10 @@ def save_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
             if name in opt.steps:
                 tensors[f"step/{name}"] = opt.steps[name].reshape(1).cpu().clone()
     trained = {n for b in opt.buckets for n in b.params}
+    untrained = [n for n, _ in opt.model.named_parameters() if n not in trained]
+    omitted = [] if frozen_values else sorted(untrained)
     for name, p in opt.model.named_parameters():  # frozen: whole, in rank 0's file
-        if name not in trained:
+        if name not in trained and name not in omitted:
             params[name] = {"shape": list(p.shape), "ranges": [[0, 0, p.numel()]]}
             if rank == 0:
                 tensors[f"param/{name}"] = p.detach().float().reshape(-1).cpu().clone()
@@ -75,6 +81,7 @@ def save_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
             scaler=opt.scaler,
             files=files,
             writer=f"zero{opt.config.stage}",
+            frozen_omitted=None if frozen_values else omitted,
         )
 
 
@@ -85,14 +92,17 @@ def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
     reader = CheckpointReader(directory)
     opt, index = optimizer, reader.index
     trained = {n for b in opt.buckets for n in b.params}
+    untrained = {n for n, _ in opt.model.named_parameters() if n not in trained}
+    omitted = omitted_frozen(index, untrained, directory)  # the model's values stay
     for name, p in opt.model.named_parameters():
-        reader.check_shape(name, list(p.shape))
+        if name not in omitted:
+            reader.check_shape(name, list(p.shape))
     # [Note: whole or not at all]: every value this load reads is proved present first
-    frozen = [n for n, _ in opt.model.named_parameters() if n not in trained]
+    frozen = [n for n in untrained if n not in omitted]
     reader.check_whole(sorted(trained), optimizer=index["optimizer"])
     reader.check_whole(frozen, optimizer=False)
     for name, p in opt.model.named_parameters():
-        if name not in trained:
+        if name not in trained and name not in omitted:
             p.copy_(reader.read_saved("param", name, 0, p.numel()).view(p.shape))
     for b in opt.buckets:
         for name in b.params:
