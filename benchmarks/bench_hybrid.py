@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _hybrid_bytes import formula_bytes
 
 from colossal import Booster, GeminiPlugin, HybridParallelPlugin
 from colossal_models import GPT, GPTConfig
@@ -109,6 +110,7 @@ def _block(
 
     step(*batches[0])  # warmup: Gemini traces, buffers allocate
     before = booster.memory_stats()
+    ops0 = mesh.comm.counter.snapshot() if mesh is not None else {}
     dist.barrier()
     t0 = time.perf_counter()
     loss = float("nan")
@@ -117,6 +119,11 @@ def _block(
     dist.barrier()
     elapsed = time.perf_counter() - t0
     after = booster.memory_stats()
+    ops1 = mesh.comm.counter.snapshot() if mesh is not None else {}
+    ops = {  # counted bytes per step by (axis, op): what the per-axis totals are made of
+        f"{a}/{o}": (st.bytes - (ops0[(a, o)].bytes if (a, o) in ops0 else 0)) / steps
+        for (a, o), st in ops1.items()
+    }
     counted = {
         a: (after.get(f"comm_{a}_bytes_total", 0) - before.get(f"comm_{a}_bytes_total", 0)) / steps
         for a in AXES
@@ -130,6 +137,8 @@ def _block(
         "elapsed": elapsed,
         "bytes": counted,
         "counted_axes": counted_axes,
+        "ops": ops,
+        "num_local_params": sum(p.numel() for p in model.parameters()),
         "loss": loss,
         "mesh": mesh_line,
     }
@@ -158,6 +167,16 @@ def _gemini_dp_note(names: list[str]) -> str:
     )
 
 
+def _versus(counted: float, formula: float | None, steps: int) -> tuple[str, bool]:
+    """The formula column's cell and whether the counted mean equals the formula to the byte
+    (over all ranks and timed steps, where both are whole numbers of bytes)."""
+    if formula is None:
+        return "no formula", False
+    if abs(counted - formula) * WORLD * steps < 0.5:
+        return "equal", True
+    return f"{formula / 2**20:.6g} ({counted - formula:+.0f} B)", False
+
+
 def run(quick: bool, out_dir: Path) -> Report:
     rounds, steps, batch, seq = (1, 2, 8, 32) if quick else (2, 2, 8, 128)
     with World(WORLD, timeout_s=3600) as world:
@@ -165,6 +184,8 @@ def run(quick: bool, out_dir: Path) -> Report:
     names = list(per_rank[0]["results"])
     tokens = batch * seq  # global tokens per step, every layout
     rows = []
+    pairs: list[bool] = []  # per (layout, counted axis): counted bytes == formula
+    cfg = _config(quick)
     base_tps = None
     base_loss = per_rank[0]["results"][BASE][-1]["loss"]
     for name in names:
@@ -179,12 +200,17 @@ def run(quick: bool, out_dir: Path) -> Report:
             "mesh": blocks[0][0]["mesh"] or name,
             "tokens/s": tps,
         }
+        plugin, settings = LAYOUTS[name]
+        formula = formula_bytes(cfg, plugin, settings, world=WORLD, batch=batch, seq=seq)
         for a in AXES:
             if a in axes:
                 mean = sum(b[-1]["bytes"][a] for b in blocks) / WORLD
                 row[f"{a} MiB/step"] = mean / 2**20
+                row[f"{a} formula"], same = _versus(mean, formula.get(a), steps)
+                pairs.append(same)
+                row[f"_{a} bytes"] = {"counted": mean, "formula": formula.get(a)}
             else:
-                row[f"{a} MiB/step"] = "-"
+                row[f"{a} MiB/step"] = row[f"{a} formula"] = "-"
         row["loss - dp4"] = blocks[0][-1]["loss"] - base_loss
         row["_counted MiB"] = sum(row[f"{a} MiB/step"] for a in axes)
         rows.append(row)
@@ -192,7 +218,6 @@ def run(quick: bool, out_dir: Path) -> Report:
         row["tokens/s vs dp4 zero0"] = row["tokens/s"] / base_tps if base_tps else float("nan")
     worst = max(abs(r["loss - dp4"]) for r in rows)
     gemini = [n for n in names if n.startswith("gemini")]
-    cfg = _config(quick)
     report = Report(
         name="hybrid",
         title=(
@@ -205,7 +230,7 @@ def run(quick: bool, out_dir: Path) -> Report:
             "mesh",
             "tokens/s",
             "tokens/s vs dp4 zero0",
-            *(f"{a} MiB/step" for a in AXES),
+            *(c for a in AXES for c in (f"{a} MiB/step", f"{a} formula")),
             "loss - dp4",
         ],
         rows=rows,
@@ -216,6 +241,9 @@ def run(quick: bool, out_dir: Path) -> Report:
                 key=lambda r: r["_counted MiB"],
             )["layout"],
             "largest |loss - dp4| after the timed steps": worst,
+            "(layout, axis) pairs whose counted bytes equal the formula to the byte": (
+                f"{sum(pairs)} of {len(pairs)}"
+            ),
             "layouts": len(rows),
         },
         notes=[
