@@ -18,6 +18,7 @@ Times are not: see the notes.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from colossal import Booster, GeminiPlugin, HybridParallelPlugin
 from colossal_models import GPT, GPTConfig
 from colossal_testing import World
 
-from _report import Report
+from _report import Report, load_note
 
 WORLD = 4
 AXES = ("dp", "tp", "pp", "sp")
@@ -179,6 +180,7 @@ def _versus(counted: float, formula: float | None, steps: int) -> tuple[str, boo
 
 def run(quick: bool, out_dir: Path) -> Report:
     rounds, steps, batch, seq = (1, 2, 8, 32) if quick else (2, 2, 8, 128)
+    load_before = os.getloadavg()[0]
     with World(WORLD, timeout_s=3600) as world:
         per_rank = world.run(measure, quick, rounds, steps, batch, seq)
     names = list(per_rank[0]["results"])
@@ -223,7 +225,7 @@ def run(quick: bool, out_dir: Path) -> Report:
         title=(
             f"Layouts of {WORLD} ranks, GPT {cfg.num_layers}x{cfg.hidden_size} "
             f"({per_rank[0]['num_params'] / 1e6:.1f}M params, fp32), global batch "
-            f"{batch}x{seq}: tokens/s and counted bytes per axis"
+            f"{batch}x{seq}: tokens/s, and counted bytes per axis against their formulas"
         ),
         columns=[
             "layout",
@@ -251,13 +253,24 @@ def run(quick: bool, out_dir: Path) -> Report:
             f"timed steps (after one warmup step each), {rounds} round(s), round robin; "
             "tokens/s is global tokens over the slowest rank's time per block, summed over rounds.",
             "Bytes: counted payload per rank and step of the mesh's collectives (all-reduce, "
-            "all-gather, reduce-scatter, pipeline sends), mean over the 4 ranks, from "
+            "all-gather, reduce-scatter, all-to-all, point-to-point sends and receives), mean over the 4 ranks, from "
             "booster.memory_stats(); ZeRO's dp bytes from its own counter. They are exact and "
             "carry over to GPUs (NCCL moves the same payloads). Payload is not wire: a ring "
             "all-reduce of P bytes sends about 2P per rank, a reduce-scatter or all-gather of "
             "P about P, so ZeRO-1/2's reduce-scatter + all-gather (2P counted) and Megatron "
             "sp's all-gather + reduce-scatter send what one all-reduce (P counted) sends.",
             _gemini_dp_note(gemini),
+            "Formula columns: the bytes of the same step from colossal-parallel's per-layer "
+            "formulas (benchmarks/_hybrid_bytes.py: block_comm_bytes_1d, linear_comm_bytes, "
+            "layernorm_comm_bytes, embedding_comm_bytes, cross_entropy_comm_bytes, "
+            "ring_attention_comm_bytes, ulysses_comm_bytes, pipeline_p2p_bytes, plus the model "
+            "boundary's collectives: vocabulary-parallel embedding and head, grid tied head, "
+            "loss scalars; dp from the parameters each rank holds); 'equal' means equal to the "
+            "byte over all ranks and timed steps, else the formula's MiB and counted - formula. "
+            "Point-to-point messages (pipeline boundaries, the tied embedding's gradient, ring "
+            "attention's key/value blocks) are counted by the sender and again by the receiver, "
+            "so the pp and ring sp columns are twice the bytes pipeline_p2p_bytes and "
+            "ring_attention_comm_bytes give (those count what a rank sends, the wire bytes).",
             "What the times do NOT say about GPUs: gloo on loopback is a memcpy through the "
             "kernel, so communication is nearly free next to compute, the opposite of a GPU "
             "cluster, where NVLink or InfiniBand time decides the layout. All 4 ranks share 2 "
@@ -276,6 +289,7 @@ def run(quick: bool, out_dir: Path) -> Report:
             "The loss column checks that every layout trained the same model on the same "
             "batches: all equal single-process AdamW within 1e-5 in the tests; here the "
             "difference to dp4 zero0 after the last timed step.",
+            load_note(load_before, "the tokens/s move with it, the bytes do not"),
         ],
     )
     return report
