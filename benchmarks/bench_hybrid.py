@@ -145,17 +145,27 @@ def _block(
     }
 
 
-def measure(quick: bool, rounds: int, steps: int, batch: int, seq: int) -> dict[str, Any]:
-    """Rank-side: every layout, round robin by blocks of ``steps`` steps."""
-    cfg = _config(quick)
+def measure(
+    quick: bool,
+    rounds: int,
+    steps: int,
+    batch: int,
+    seq: int,
+    *,
+    names: list[str] | None = None,
+    cfg: GPTConfig | None = None,
+) -> dict[str, Any]:
+    """Rank-side: every layout (or those ``names``), round robin by blocks of ``steps`` steps."""
+    cfg = cfg or _config(quick)
     g = torch.Generator().manual_seed(1)
     batches = []
     for _ in range(steps + 1):
         d = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=g)
         batches.append((d[:, :-1], d[:, 1:]))
-    out: dict[str, Any] = {name: [] for name in _layouts()}
+    layouts = {k: v for k, v in _layouts().items() if names is None or k in names}
+    out: dict[str, Any] = {name: [] for name in layouts}
     for _ in range(rounds):
-        for name, (plugin, settings) in _layouts().items():
+        for name, (plugin, settings) in layouts.items():
             out[name].append(_block(cfg, plugin, settings, batches, steps))
     return {"results": out, "num_params": cfg.num_params()}
 
