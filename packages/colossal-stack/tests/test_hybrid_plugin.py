@@ -153,6 +153,19 @@ def test_eight_rank_layouts_are_exact_in_float64(world, name):
     _check(out, FLOAT64_TOL, FLOAT64_TOL)
 
 
+@pytest.mark.parametrize("kind", ["ring+megatron", "ulysses+megatron"])
+def test_long_sequence_with_megatron_sp_is_exact_in_float64(world, kind):
+    """Ring/Ulysses over sp2 and Megatron sequence parallelism over tp2: each rank's T/2 slice
+    is split again over the tp ranks outside attention (reduce-scattered, all-gathered)."""
+    settings = {"sequence_parallel": kind, "sp_size": 2, "tp_size": 2}
+    out = world(4).run(train_case, settings, STEPS_64, 2, "float64")
+    _check(out, FLOAT64_TOL, FLOAT64_TOL)
+    long = kind.split("+")[0]
+    assert out[0]["stats"]["mesh"] == f"dp1 x tp2(1d, megatron sp) x sp2({long})"
+    assert all({"all_gather", "reduce_scatter"} <= set(r["tp_ops"]) for r in out)
+    assert all(r["stats"]["comm_sp_bytes_total"] > 0 for r in out)
+
+
 def test_gemini_tp2_dp2_moves_chunks_matches_adamw_and_resumes(world, tmp_path):
     out = world(4).run(gemini_case, GEMINI_TP2, STEPS, str(tmp_path))
     _check(out, 1e-5)  # measured 3.6e-7: 2 layers, see [Note: hybrid tolerances]
