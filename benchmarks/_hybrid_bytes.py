@@ -109,8 +109,10 @@ def formula_bytes(
     """Mean counted bytes per rank and step on each axis of size > 1 (None: not counted)."""
     s = settings
     tp, pp = s.get("tp_size", 1), s.get("pp_size", 1)
-    sp_kind = s.get("sequence_parallel")
-    sp = s.get("sp_size", 1) if sp_kind in ("ring", "ulysses") else 1
+    kinds = (s.get("sequence_parallel") or "").split("+")  # "ring+megatron": both
+    sp_kind = kinds[0] if kinds[0] in ("ring", "ulysses") else None
+    megatron = "megatron" in kinds
+    sp = s.get("sp_size", 1) if sp_kind else 1
     m, v = s.get("microbatches", 1), 1
     if pp > 1 and s.get("schedule") == "interleaved":
         v = s.get("num_virtual", 0) or 2
@@ -131,7 +133,7 @@ def formula_bytes(
             q = 2 if tp_mode == "2d" and tp == 4 else round(tp ** (1 / 2))
             out["tp"] = _tp_grid(cfg, tp_mode, q, tokens, b, seq) / pp
         else:
-            out["tp"] = _tp_1d(cfg, tp, tokens, sp_kind == "megatron") / pp
+            out["tp"] = _tp_1d(cfg, tp, tokens, megatron) / pp
     if pp > 1:
         numel = (b // m) * (seq // sp) * cfg.hidden_size  # one micro-batch's boundary
         stages = pp * v

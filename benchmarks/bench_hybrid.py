@@ -56,6 +56,10 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any]]] = {
         {"sequence_parallel": "ring", "sp_size": 2, "zero_stage": 2},
     ),
     "ulysses sp2 x tp2": ("hybrid", {"sequence_parallel": "ulysses", "sp_size": 2, "tp_size": 2}),
+    "ring sp2 x tp2+megatron sp": (
+        "hybrid",
+        {"sequence_parallel": "ring+megatron", "sp_size": 2, "tp_size": 2},
+    ),
     "ring sp2 x pp2(1f1b)": (
         "hybrid",
         {"sequence_parallel": "ring", "sp_size": 2, "pp_size": 2, "microbatches": 4},
