@@ -4,16 +4,19 @@ One 4-rank gloo world trains GPT-mini's shape (fp32, 8 blocks so that 4 interlea
 chunks each fit) through the Booster in each layout of ``LAYOUTS``: data parallelism with ZeRO 0, 1
 and 2, 1D tensor parallelism with and without Megatron sequence parallelism, 2D tensor
 parallelism, pipelines (1F1B, interleaved), tp x pp, ring sequence parallelism (with ZeRO-2, with
-pp), Ulysses with tp, and Gemini (with tp2, and with ring sp2). Layouts take turns in blocks of
-``steps`` steps, round robin, so the machine's load drift hits all of them alike; each block builds
+pp, with Megatron's over tp2), Ulysses with tp, and Gemini (with tp2, and with ring sp2).
+Layouts take turns in blocks of ``steps`` steps, round robin, so the machine's load drift hits
+all of them alike; each block builds
 its layout from the same seed, trains one warmup step plus ``steps`` timed ones on the same global
 batches, and frees it (one layout's memory at a time). Every layout trains the same model on the
 same data, so the last loss of every block must agree (the column ``loss - dp4``): a layout that
 ran fast by computing something else would show there.
 
 Bytes are the mesh's counted collective payloads per rank and step (``booster.memory_stats()``,
-``comm_<axis>_bytes_total``), averaged over the 4 ranks: exact, and the same on GPUs with NCCL.
-Times are not: see the notes.
+``comm_<axis>_bytes_total``), averaged over the 4 ranks: exact, and the same on GPUs with NCCL;
+each axis is set beside its analytic count (``_hybrid_bytes.formula_bytes``), and the summary
+says on how many (layout, axis) pairs the two are equal to the byte. Times are not exact: see
+the notes.
 """
 
 from __future__ import annotations
