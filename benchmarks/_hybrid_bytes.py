@@ -21,6 +21,7 @@ vocabulary-parallel embedding and head, the grid tied head, the loss scalars). f
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from colossal_models import GPTConfig
@@ -128,14 +129,16 @@ def formula_bytes(
         out["dp"] = None if gemini else params * E * (2 if zero else 1)
     elif zero:
         out["dp"] = 0.0  # ZeRO reports its (empty) dp counter on one dp rank
+    if grid and (tp_mode != "2d" or pp > 1):
+        raise ValueError(f"the formulas cover 1d tp, and 2d without pp; got {tp_mode} x pp{pp}")
     if tp > 1:
         if grid:
-            q = 2 if tp_mode == "2d" and tp == 4 else round(tp ** (1 / 2))
-            out["tp"] = _tp_grid(cfg, tp_mode, q, tokens, b, seq) / pp
+            out["tp"] = _tp_grid(cfg, tp_mode, math.isqrt(tp), tokens, b, seq)
         else:
             out["tp"] = _tp_1d(cfg, tp, tokens, megatron) / pp
     if pp > 1:
-        numel = (b // m) * (seq // sp) * cfg.hidden_size  # one micro-batch's boundary
+        seq_parts = sp * (tp if megatron else 1)  # ranks sharing the boundary's sequence
+        numel = (b // m) * (seq // seq_parts) * cfg.hidden_size  # one micro-batch's boundary
         stages = pp * v
         sent = sum(pipeline_p2p_bytes(i, stages, m, numel, elem_bytes=E) for i in range(stages))
         tied = 2 * 2 * cfg.vocab_size // tp * cfg.hidden_size * E  # send + recv, 2 ranks
