@@ -104,6 +104,13 @@ CASES_8: dict[str, tuple[dict, int, str]] = {
         4,
         "dp1 x tp2(1d) x pp2(1f1b, m=2) x sp2(ring)",
     ),
+    # ring over sp and Megatron's split over tp inside the stages: boundaries are T/(sp*tp) long
+    "ring-megatron-sp2-tp2-pp2": (
+        {"sequence_parallel": "ring+megatron", "sp_size": 2, "pp_size": 2, "tp_size": 2}
+        | {"microbatches": 2},
+        4,
+        "dp1 x tp2(1d, megatron sp) x pp2(1f1b, m=2) x sp2(ring)",
+    ),
 }
 # float64 needs zero_stage=0 (ZeRO and Gemini keep fp32 parameters); ZeRO's shard update is
 # elementwise AdamW, checked in colossal-zero. One case per mechanism:
@@ -111,6 +118,7 @@ CASES_8: dict[str, tuple[dict, int, str]] = {
 FLOAT64_CASES = ("2.5d-tp8-q2-d2", "3d-tp8", "tp2-pp2-dp2-1f1b-zero1", "pp4-dp2-interleaved")
 FLOAT64_CASES += ("ring-sp2-dp4", "ring-sp2-tp2-dp2", "ulysses-sp2-pp2-dp2-1f1b")
 FLOAT64_CASES += ("ring-sp2-pp2-tp2-ac", "2d-tp4-pp2-interleaved")
+FLOAT64_CASES += ("ring-megatron-sp2-tp2-pp2",)
 
 GEMINI_TP2 = {"tp_size": 2, "placement": "static", "accelerator_budget": "160KiB"}
 # ZeRO-3 over dp with ring sequence parallelism: chunks sharded over dp x sp

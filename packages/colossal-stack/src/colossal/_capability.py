@@ -154,10 +154,6 @@ REFUSED: tuple[Refusal, ...] = (
         "Gemini (ZeRO-3) takes ring/Ulysses sequence parallelism, not Megatron's",
     ),
     Refusal(
-        lambda c: c.pp != "none" and c.sp in ("ring+megatron", "ulysses+megatron"),
-        "ring/Ulysses with Megatron sequence parallelism runs without pipeline stages",
-    ),
-    Refusal(
         lambda c: c.sharding == "zero0" and c.precision != "fp32",
         "mixed precision needs the fp32 masters of ZeRO-1/2 or Gemini; plain data "
         "parallelism trains in fp32",
