@@ -4,32 +4,37 @@ One 4-rank gloo world trains GPT-mini's shape (fp32, 8 blocks so that 4 interlea
 chunks each fit) through the Booster in each layout of ``LAYOUTS``: data parallelism with ZeRO 0, 1
 and 2, 1D tensor parallelism with and without Megatron sequence parallelism, 2D tensor
 parallelism, pipelines (1F1B, interleaved), tp x pp, ring sequence parallelism (with ZeRO-2, with
-pp), Ulysses with tp, and Gemini (with tp2, and with ring sp2). Layouts take turns in blocks of
-``steps`` steps, round robin, so the machine's load drift hits all of them alike; each block builds
+pp, with Megatron's over tp2), Ulysses with tp, and Gemini (with tp2, and with ring sp2).
+Layouts take turns in blocks of ``steps`` steps, round robin, so the machine's load drift hits
+all of them alike; each block builds
 its layout from the same seed, trains one warmup step plus ``steps`` timed ones on the same global
 batches, and frees it (one layout's memory at a time). Every layout trains the same model on the
 same data, so the last loss of every block must agree (the column ``loss - dp4``): a layout that
 ran fast by computing something else would show there.
 
 Bytes are the mesh's counted collective payloads per rank and step (``booster.memory_stats()``,
-``comm_<axis>_bytes_total``), averaged over the 4 ranks: exact, and the same on GPUs with NCCL.
-Times are not: see the notes.
+``comm_<axis>_bytes_total``), averaged over the 4 ranks: exact, and the same on GPUs with NCCL;
+each axis is set beside its analytic count (``_hybrid_bytes.formula_bytes``), and the summary
+says on how many (layout, axis) pairs the two are equal to the byte. Times are not exact: see
+the notes.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from _hybrid_bytes import formula_bytes
 
 from colossal import Booster, GeminiPlugin, HybridParallelPlugin
 from colossal_models import GPT, GPTConfig
 from colossal_testing import World
 
-from _report import Report
+from _report import Report, load_note
 
 WORLD = 4
 AXES = ("dp", "tp", "pp", "sp")
@@ -54,6 +59,10 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any]]] = {
         {"sequence_parallel": "ring", "sp_size": 2, "zero_stage": 2},
     ),
     "ulysses sp2 x tp2": ("hybrid", {"sequence_parallel": "ulysses", "sp_size": 2, "tp_size": 2}),
+    "ring sp2 x tp2+megatron sp": (
+        "hybrid",
+        {"sequence_parallel": "ring+megatron", "sp_size": 2, "tp_size": 2},
+    ),
     "ring sp2 x pp2(1f1b)": (
         "hybrid",
         {"sequence_parallel": "ring", "sp_size": 2, "pp_size": 2, "microbatches": 4},
@@ -109,6 +118,7 @@ def _block(
 
     step(*batches[0])  # warmup: Gemini traces, buffers allocate
     before = booster.memory_stats()
+    ops0 = mesh.comm.counter.snapshot() if mesh is not None else {}
     dist.barrier()
     t0 = time.perf_counter()
     loss = float("nan")
@@ -117,6 +127,11 @@ def _block(
     dist.barrier()
     elapsed = time.perf_counter() - t0
     after = booster.memory_stats()
+    ops1 = mesh.comm.counter.snapshot() if mesh is not None else {}
+    ops = {  # counted bytes per step by (axis, op): what the per-axis totals are made of
+        f"{a}/{o}": (st.bytes - (ops0[(a, o)].bytes if (a, o) in ops0 else 0)) / steps
+        for (a, o), st in ops1.items()
+    }
     counted = {
         a: (after.get(f"comm_{a}_bytes_total", 0) - before.get(f"comm_{a}_bytes_total", 0)) / steps
         for a in AXES
@@ -130,22 +145,34 @@ def _block(
         "elapsed": elapsed,
         "bytes": counted,
         "counted_axes": counted_axes,
+        "ops": ops,
+        "num_local_params": sum(p.numel() for p in model.parameters()),
         "loss": loss,
         "mesh": mesh_line,
     }
 
 
-def measure(quick: bool, rounds: int, steps: int, batch: int, seq: int) -> dict[str, Any]:
-    """Rank-side: every layout, round robin by blocks of ``steps`` steps."""
-    cfg = _config(quick)
+def measure(
+    quick: bool,
+    rounds: int,
+    steps: int,
+    batch: int,
+    seq: int,
+    *,
+    names: list[str] | None = None,
+    cfg: GPTConfig | None = None,
+) -> dict[str, Any]:
+    """Rank-side: every layout (or those ``names``), round robin by blocks of ``steps`` steps."""
+    cfg = cfg or _config(quick)
     g = torch.Generator().manual_seed(1)
     batches = []
     for _ in range(steps + 1):
         d = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=g)
         batches.append((d[:, :-1], d[:, 1:]))
-    out: dict[str, Any] = {name: [] for name in _layouts()}
+    layouts = {k: v for k, v in _layouts().items() if names is None or k in names}
+    out: dict[str, Any] = {name: [] for name in layouts}
     for _ in range(rounds):
-        for name, (plugin, settings) in _layouts().items():
+        for name, (plugin, settings) in layouts.items():
             out[name].append(_block(cfg, plugin, settings, batches, steps))
     return {"results": out, "num_params": cfg.num_params()}
 
@@ -158,13 +185,26 @@ def _gemini_dp_note(names: list[str]) -> str:
     )
 
 
+def _versus(counted: float, formula: float | None, steps: int) -> tuple[str, bool]:
+    """The formula column's cell and whether the counted mean equals the formula to the byte
+    (over all ranks and timed steps, where both are whole numbers of bytes)."""
+    if formula is None:
+        return "no formula", False
+    if abs(counted - formula) * WORLD * steps < 0.5:
+        return "equal", True
+    return f"{formula / 2**20:.6g} ({counted - formula:+.0f} B)", False
+
+
 def run(quick: bool, out_dir: Path) -> Report:
     rounds, steps, batch, seq = (1, 2, 8, 32) if quick else (2, 2, 8, 128)
+    load_before = os.getloadavg()[0]
     with World(WORLD, timeout_s=3600) as world:
         per_rank = world.run(measure, quick, rounds, steps, batch, seq)
     names = list(per_rank[0]["results"])
     tokens = batch * seq  # global tokens per step, every layout
     rows = []
+    pairs: list[bool] = []  # per (layout, counted axis): counted bytes == formula
+    cfg = _config(quick)
     base_tps = None
     base_loss = per_rank[0]["results"][BASE][-1]["loss"]
     for name in names:
@@ -179,12 +219,17 @@ def run(quick: bool, out_dir: Path) -> Report:
             "mesh": blocks[0][0]["mesh"] or name,
             "tokens/s": tps,
         }
+        plugin, settings = LAYOUTS[name]
+        formula = formula_bytes(cfg, plugin, settings, world=WORLD, batch=batch, seq=seq)
         for a in AXES:
             if a in axes:
                 mean = sum(b[-1]["bytes"][a] for b in blocks) / WORLD
                 row[f"{a} MiB/step"] = mean / 2**20
+                row[f"{a} formula"], same = _versus(mean, formula.get(a), steps)
+                pairs.append(same)
+                row[f"_{a} bytes"] = {"counted": mean, "formula": formula.get(a)}
             else:
-                row[f"{a} MiB/step"] = "-"
+                row[f"{a} MiB/step"] = row[f"{a} formula"] = "-"
         row["loss - dp4"] = blocks[0][-1]["loss"] - base_loss
         row["_counted MiB"] = sum(row[f"{a} MiB/step"] for a in axes)
         rows.append(row)
@@ -192,20 +237,19 @@ def run(quick: bool, out_dir: Path) -> Report:
         row["tokens/s vs dp4 zero0"] = row["tokens/s"] / base_tps if base_tps else float("nan")
     worst = max(abs(r["loss - dp4"]) for r in rows)
     gemini = [n for n in names if n.startswith("gemini")]
-    cfg = _config(quick)
     report = Report(
         name="hybrid",
         title=(
             f"Layouts of {WORLD} ranks, GPT {cfg.num_layers}x{cfg.hidden_size} "
             f"({per_rank[0]['num_params'] / 1e6:.1f}M params, fp32), global batch "
-            f"{batch}x{seq}: tokens/s and counted bytes per axis"
+            f"{batch}x{seq}: tokens/s, and counted bytes per axis against their formulas"
         ),
         columns=[
             "layout",
             "mesh",
             "tokens/s",
             "tokens/s vs dp4 zero0",
-            *(f"{a} MiB/step" for a in AXES),
+            *(c for a in AXES for c in (f"{a} MiB/step", f"{a} formula")),
             "loss - dp4",
         ],
         rows=rows,
@@ -216,6 +260,9 @@ def run(quick: bool, out_dir: Path) -> Report:
                 key=lambda r: r["_counted MiB"],
             )["layout"],
             "largest |loss - dp4| after the timed steps": worst,
+            "(layout, axis) pairs whose counted bytes equal the formula to the byte": (
+                f"{sum(pairs)} of {len(pairs)}"
+            ),
             "layouts": len(rows),
         },
         notes=[
@@ -223,13 +270,24 @@ def run(quick: bool, out_dir: Path) -> Report:
             f"timed steps (after one warmup step each), {rounds} round(s), round robin; "
             "tokens/s is global tokens over the slowest rank's time per block, summed over rounds.",
             "Bytes: counted payload per rank and step of the mesh's collectives (all-reduce, "
-            "all-gather, reduce-scatter, pipeline sends), mean over the 4 ranks, from "
+            "all-gather, reduce-scatter, all-to-all, point-to-point sends and receives), mean over the 4 ranks, from "
             "booster.memory_stats(); ZeRO's dp bytes from its own counter. They are exact and "
             "carry over to GPUs (NCCL moves the same payloads). Payload is not wire: a ring "
             "all-reduce of P bytes sends about 2P per rank, a reduce-scatter or all-gather of "
             "P about P, so ZeRO-1/2's reduce-scatter + all-gather (2P counted) and Megatron "
             "sp's all-gather + reduce-scatter send what one all-reduce (P counted) sends.",
             _gemini_dp_note(gemini),
+            "Formula columns: the bytes of the same step from colossal-parallel's per-layer "
+            "formulas (benchmarks/_hybrid_bytes.py: block_comm_bytes_1d, linear_comm_bytes, "
+            "layernorm_comm_bytes, embedding_comm_bytes, cross_entropy_comm_bytes, "
+            "ring_attention_comm_bytes, ulysses_comm_bytes, pipeline_p2p_bytes, plus the model "
+            "boundary's collectives: vocabulary-parallel embedding and head, grid tied head, "
+            "loss scalars; dp from the parameters each rank holds); 'equal' means equal to the "
+            "byte over all ranks and timed steps, else the formula's MiB and counted - formula. "
+            "Point-to-point messages (pipeline boundaries, the tied embedding's gradient, ring "
+            "attention's key/value blocks) are counted by the sender and again by the receiver, "
+            "so the pp and ring sp columns are twice the bytes pipeline_p2p_bytes and "
+            "ring_attention_comm_bytes give (those count what a rank sends, the wire bytes).",
             "What the times do NOT say about GPUs: gloo on loopback is a memcpy through the "
             "kernel, so communication is nearly free next to compute, the opposite of a GPU "
             "cluster, where NVLink or InfiniBand time decides the layout. All 4 ranks share 2 "
@@ -248,6 +306,7 @@ def run(quick: bool, out_dir: Path) -> Report:
             "The loss column checks that every layout trained the same model on the same "
             "batches: all equal single-process AdamW within 1e-5 in the tests; here the "
             "difference to dp4 zero0 after the last timed step.",
+            load_note(load_before, "the tokens/s move with it, the bytes do not"),
         ],
     )
     return report

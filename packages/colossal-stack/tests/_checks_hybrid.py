@@ -21,6 +21,7 @@ import torch.distributed as dist
 from _stack_reference import adamw_losses
 
 from colossal import Booster, GeminiPlugin, HybridParallelPlugin, lazy_init
+from colossal._capability import megatron_sequence
 from colossal.booster import load_sharded_safetensors
 from colossal_contracts import ConfigError
 from colossal_models import GPT, GPTConfig, parallelize
@@ -106,13 +107,14 @@ def train_case(
     ref_losses, ref = _reference(layers, steps, plugin.microbatches, ref_dtype or dtype)
     want = copy.deepcopy(ref)
     if plugin.tp_size > 1:
-        parallelize(want, mesh, sequence_parallel=plugin.sequence_parallel == "megatron")
+        parallelize(want, mesh, sequence_parallel=megatron_sequence(plugin.sequence_parallel))
     got = {
         (n.split(".", 2)[2] if n.startswith("chunks.") else n): p
         for n, p in model.named_parameters()
     }
     out = _errors(losses, ref_losses, got, want)
     out["stats"] = booster.memory_stats()
+    out["tp_ops"] = sorted({op for a, op in mesh.comm.counter.snapshot() if a == "tp"})
     plugin.close()
     return out
 

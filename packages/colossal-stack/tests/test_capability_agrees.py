@@ -21,6 +21,7 @@ from colossal._capability import (
     Combination,
     builds,
     check_combination,
+    long_sequence,
     nearest,
 )
 from colossal.plan import model_shape
@@ -59,7 +60,7 @@ def _plugin_accepts(c: Combination) -> bool | None:
             tp_mode="1d" if c.tp == "none" else c.tp,
             tp_depth=depth,
             sequence_parallel=None if c.sp == "none" else c.sp,
-            sp_size=2 if c.sp in ("ring", "ulysses") else 1,
+            sp_size=2 if long_sequence(c.sp) else 1,
         )
         return _accepts(lambda: GeminiPlugin(precision=c.precision, lazy=lazy, **kw))
     lazy = lazy_init() if c.lazy else None  # ZeRO and hybrid fill a lazy model: [Note: lazy fill]
@@ -68,7 +69,7 @@ def _plugin_accepts(c: Combination) -> bool | None:
         tp_mode="1d" if c.tp == "none" else c.tp,
         tp_depth=depth,
         sequence_parallel=None if c.sp == "none" else c.sp,
-        sp_size=2 if c.sp in ("ring", "ulysses") else 1,
+        sp_size=2 if long_sequence(c.sp) else 1,
         pp_size=1 if c.pp == "none" else 2,
         microbatches=1 if c.pp == "none" else 2,
         schedule="1f1b" if c.pp == "none" else c.pp,
@@ -94,7 +95,7 @@ def _job_accepts(c: Combination) -> bool:
         tp_mode="1d" if c.tp == "none" else c.tp,
         tp_depth=depth,
         sp=None if c.sp == "none" else c.sp,
-        sp_size=2 if c.sp in ("ring", "ulysses") else 1,
+        sp_size=2 if long_sequence(c.sp) else 1,
         pp=1 if c.pp == "none" else 2,
         microbatches=1 if c.pp == "none" else 2,
         schedule="1f1b" if c.pp == "none" else c.pp,
@@ -110,7 +111,7 @@ def _job_accepts(c: Combination) -> bool:
 
 
 def test_the_table_covers_every_kind_and_refuses_some():
-    assert len(ALL) == 5 * 4 * 4 * 4 * 3 * 2 * 2
+    assert len(ALL) == 5 * 6 * 4 * 4 * 3 * 2 * 2
     ok = [c for c in ALL if builds(c)]
     assert 0 < len(ok) < len(ALL)
 

@@ -104,6 +104,13 @@ CASES_8: dict[str, tuple[dict, int, str]] = {
         4,
         "dp1 x tp2(1d) x pp2(1f1b, m=2) x sp2(ring)",
     ),
+    # ring over sp and Megatron's split over tp inside the stages: boundaries are T/(sp*tp) long
+    "ring-megatron-sp2-tp2-pp2": (
+        {"sequence_parallel": "ring+megatron", "sp_size": 2, "pp_size": 2, "tp_size": 2}
+        | {"microbatches": 2},
+        4,
+        "dp1 x tp2(1d, megatron sp) x pp2(1f1b, m=2) x sp2(ring)",
+    ),
 }
 # float64 needs zero_stage=0 (ZeRO and Gemini keep fp32 parameters); ZeRO's shard update is
 # elementwise AdamW, checked in colossal-zero. One case per mechanism:
@@ -111,6 +118,7 @@ CASES_8: dict[str, tuple[dict, int, str]] = {
 FLOAT64_CASES = ("2.5d-tp8-q2-d2", "3d-tp8", "tp2-pp2-dp2-1f1b-zero1", "pp4-dp2-interleaved")
 FLOAT64_CASES += ("ring-sp2-dp4", "ring-sp2-tp2-dp2", "ulysses-sp2-pp2-dp2-1f1b")
 FLOAT64_CASES += ("ring-sp2-pp2-tp2-ac", "2d-tp4-pp2-interleaved")
+FLOAT64_CASES += ("ring-megatron-sp2-tp2-pp2",)
 
 GEMINI_TP2 = {"tp_size": 2, "placement": "static", "accelerator_budget": "160KiB"}
 # ZeRO-3 over dp with ring sequence parallelism: chunks sharded over dp x sp
@@ -151,6 +159,31 @@ def test_eight_rank_layouts_are_exact_in_float64(world, name):
     settings, layers, _ = CASES_8[name]
     out = world(8).run(train_case, {**settings, "zero_stage": 0}, STEPS_64, layers, "float64")
     _check(out, FLOAT64_TOL, FLOAT64_TOL)
+
+
+# ring/Ulysses over sp2 with Megatron sequence parallelism over tp2 (dp1): float64 shows the
+# composition exact; ZeRO-2 (fp32 masters, so fp32) shards over dp x sp beside it
+LONG_MEGATRON = {
+    "ring+megatron": ({}, STEPS_64, "float64", FLOAT64_TOL, FLOAT64_TOL),
+    "ulysses+megatron": ({}, STEPS_64, "float64", FLOAT64_TOL, FLOAT64_TOL),
+    "ring+megatron-zero2": ({"zero_stage": 2}, STEPS, "float32", FP32_WEIGHT_TOL, LOSS_TOL),
+}
+
+
+@pytest.mark.parametrize("name", list(LONG_MEGATRON))
+def test_long_sequence_with_megatron_sp_matches_adamw(world, name):
+    """Each rank's T/2 slice is split again over the tp ranks outside attention
+    (reduce-scattered, all-gathered): the counted tp collectives show it."""
+    extra, steps, dtype, weight_tol, loss_tol = LONG_MEGATRON[name]
+    kind = name.split("-")[0]
+    settings = {"sequence_parallel": kind, "sp_size": 2, "tp_size": 2, **extra}
+    out = world(4).run(train_case, settings, steps, 2, dtype)
+    _check(out, weight_tol, loss_tol)
+    zero = ", zero2" if extra else ""
+    long = kind.split("+")[0]
+    assert out[0]["stats"]["mesh"] == f"dp1 x tp2(1d, megatron sp) x sp2({long}){zero}"
+    assert all({"all_gather", "reduce_scatter"} <= set(r["tp_ops"]) for r in out)
+    assert all(r["stats"]["comm_sp_bytes_total"] > 0 for r in out)
 
 
 def test_gemini_tp2_dp2_moves_chunks_matches_adamw_and_resumes(world, tmp_path):

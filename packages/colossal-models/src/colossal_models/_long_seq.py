@@ -118,10 +118,12 @@ def apply_sequence_parallel(
 
     ``method`` "ring" (zigzag layout, any head count) or "ulysses" (contiguous layout, heads per
     tp rank a multiple of sp). Composes with 1d tensor parallelism (apply it after
-    ``parallelize``; the vocabulary-parallel head computes each slice's loss) and with pipeline
-    stages (``split_into_stages`` after it: activations between stages are ``T / sp`` long).
+    ``parallelize``; the vocabulary-parallel head computes each slice's loss), also with its
+    Megatron sequence parallelism (each rank's ``T / sp`` slice is split again over the tp ranks
+    outside attention, gathered back for it), and with pipeline stages (``split_into_stages``
+    after it: activations between stages are ``T / sp`` long).
     ``ConfigError`` before any collective for an unknown method, a head count Ulysses cannot
-    split, or a grid tensor-parallel mode or Megatron sequence parallelism.
+    split, or a grid tensor-parallel mode.
     """
     if not isinstance(model, (GPT, PaLM)):
         raise ConfigError(f"apply_sequence_parallel knows GPT and PaLM, got {type(model).__name__}")
@@ -129,12 +131,12 @@ def apply_sequence_parallel(
         raise ConfigError(f"long-sequence method must be 'ring' or 'ulysses', got {method!r}")
     io = model.io
     plain = type(io) is LMIO and mesh.size("tp") == 1
-    tp1d = isinstance(io, IO1D) and not io.sequence_parallel and mesh.config.tp_mode == "1d"
+    tp1d = isinstance(io, IO1D) and mesh.config.tp_mode == "1d"
     if not (plain or tp1d):
         raise ConfigError(
             "apply_sequence_parallel composes with data, pipeline and 1d tensor parallelism "
-            "(without Megatron sequence parallelism); apply it to an unsharded model or after "
-            "parallelize on a 1d mesh"
+            "(with or without Megatron sequence parallelism); apply it to an unsharded model or "
+            "after parallelize on a 1d mesh"
         )
     sp, heads = mesh.size(AXIS), model.config.num_heads // mesh.size("tp")  # heads per tp rank
     if method == "ulysses" and heads % sp:

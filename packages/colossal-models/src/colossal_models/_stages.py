@@ -110,7 +110,9 @@ def split_into_stages(
     sp_io = isinstance(model.io, IO1D) and model.io.sequence_parallel
     seq_parts = mesh.size("tp") if sp_io else 1
     if isinstance(model.io, SequenceIO):  # ring or Ulysses: each rank holds T / sp tokens
-        seq_parts = mesh.size("sp")
+        inner = model.io.inner  # with Megatron's split too: T / (sp * tp)
+        megatron = isinstance(inner, IO1D) and inner.sequence_parallel
+        seq_parts = mesh.size("sp") * (mesh.size("tp") if megatron else 1)
     batch_parts = hidden_parts = 1
     if isinstance(model.io, GridIO):  # [Note: activation layout]: batch and hidden split
         layout = model.io.layout

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from colossal_contracts import ConfigError
 
 __all__ = [
@@ -35,16 +37,31 @@ __all__ = [
     "Refusal",
     "builds",
     "check_combination",
+    "long_sequence",
+    "megatron_sequence",
     "nearest",
     "refusal",
 ]
 
 TP_KINDS = ("none", "1d", "2d", "2.5d", "3d")  # none: tp_size 1
-SP_KINDS = ("none", "megatron", "ring", "ulysses")  # megatron: over the 1d tp ranks
+# megatron: over the 1d tp ranks; "ring+megatron": ring over sp ranks, and each sp rank's slice
+# split again over its 1d tp ranks between the attention and MLP blocks
+SP_KINDS = ("none", "megatron", "ring", "ulysses", "ring+megatron", "ulysses+megatron")
 PP_SCHEDULES = ("none", "1f1b", "interleaved", "gpipe")  # none: one stage
 SHARDINGS = ("zero0", "zero1", "zero2", "gemini")  # gemini: ZeRO-3 over chunks
 PRECISIONS = ("fp32", "bf16", "fp16")
 _LONG = ("ring", "ulysses")
+
+
+def long_sequence(sp: str | None) -> str | None:
+    """The ring/Ulysses part of a sequence-parallel kind (``"ring+megatron"`` -> ``"ring"``)."""
+    head = (sp or "none").split("+")[0]
+    return head if head in _LONG else None
+
+
+def megatron_sequence(sp: str | None) -> bool:
+    """Whether a sequence-parallel kind splits activations over the 1d tp ranks (Megatron's)."""
+    return "megatron" in (sp or "").split("+")
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,7 @@ class Combination:
     Attributes:
         tp: tensor-parallel mode, "none" without tensor parallelism.
         sp: sequence parallelism: "megatron" (activations over the tp ranks), "ring" or
-            "ulysses" (ranks of their own), "none".
+            "ulysses" (ranks of their own), both ("ring+megatron", "ulysses+megatron"), "none".
         pp: pipeline schedule, "none" with one stage.
         sharding: "zero0" (plain data parallelism), "zero1", "zero2" or "gemini".
         precision: "fp32", or mixed "bf16"/"fp16" with fp32 masters.
@@ -85,7 +102,11 @@ class Combination:
         if self.tp != "none":
             parts.append(f"tp {self.tp}")
         if self.sp != "none":
-            parts.append("Megatron sp" if self.sp == "megatron" else f"{self.sp} sp")
+            long = long_sequence(self.sp)
+            if long is not None:
+                parts.append(f"{long} sp")
+            if megatron_sequence(self.sp):
+                parts.append("Megatron sp")
         if self.pp != "none":
             parts.append(f"pp {self.pp}")
         parts += [self.sharding, self.precision]
@@ -122,11 +143,11 @@ class Refusal:
 # run it, or the job); delete a row when its composition is built and tested.
 REFUSED: tuple[Refusal, ...] = (
     Refusal(
-        lambda c: c.sp == "megatron" and c.tp != "1d",
+        lambda c: megatron_sequence(c.sp) and c.tp != "1d",
         "Megatron sequence parallelism splits activations over 1d tensor-parallel ranks",
     ),
     Refusal(
-        lambda c: c.sp in _LONG and c.tp not in ("none", "1d"),
+        lambda c: long_sequence(c.sp) is not None and c.tp not in ("none", "1d"),
         "ring/Ulysses sequence parallelism composes with 1d tensor parallelism only",
     ),
     Refusal(
@@ -134,7 +155,7 @@ REFUSED: tuple[Refusal, ...] = (
         "Gemini (ZeRO-3) takes --tp or ring/Ulysses --sp, not pipeline stages",
     ),
     Refusal(
-        lambda c: c.sharding == "gemini" and c.sp == "megatron",
+        lambda c: c.sharding == "gemini" and megatron_sequence(c.sp),
         "Gemini (ZeRO-3) takes ring/Ulysses sequence parallelism, not Megatron's",
     ),
     Refusal(
@@ -183,19 +204,23 @@ _NAMES = tuple(_CHOICES)
 
 
 @lru_cache(maxsize=1)
-def _buildable() -> tuple[tuple[tuple[int, ...], Combination], ...]:
-    """Every combination that builds, with the indices of its choices."""
-    out = []
+def _buildable() -> tuple[np.ndarray, tuple[Combination, ...]]:
+    """Every combination that builds, and the indices of its choices (one row each)."""
+    idx, found = [], []
     for values in itertools.product(*(_CHOICES[n] for n in _NAMES)):
         cand = Combination(**dict(zip(_NAMES, values)))  # type: ignore[arg-type]
         if builds(cand):
-            out.append((tuple(_CHOICES[n].index(v) for n, v in zip(_NAMES, values)), cand))
-    return tuple(out)
+            idx.append([_CHOICES[n].index(v) for n, v in zip(_NAMES, values)])
+            found.append(cand)
+    return np.array(idx, dtype=np.int64).reshape(-1, len(_NAMES)), tuple(found)
 
 
 @lru_cache(maxsize=2)
-def _buildable_with(lora: bool) -> tuple[tuple[tuple[int, ...], Combination], ...]:
-    return tuple(x for x in _buildable() if x[1].lora == lora)
+def _buildable_with(lora: bool) -> tuple[np.ndarray, tuple[Combination, ...]]:
+    """``_buildable``'s rows whose ``lora`` is ``lora``."""
+    idx, found = _buildable()
+    keep = [i for i, cand in enumerate(found) if cand.lora == lora]
+    return idx[keep], tuple(found[i] for i in keep)
 
 
 @lru_cache(maxsize=4096)
@@ -205,17 +230,15 @@ def nearest(c: Combination) -> Combination | None:
     zero2 is nearer zero1 than zero0), then to the earlier choices, in field order."""
     if builds(c):
         return c
-    here = tuple(_CHOICES[n].index(getattr(c, n)) for n in _NAMES)
-    costs = tuple(_COST[n] for n in _NAMES)
-
-    def key(item: tuple[tuple[int, ...], Combination]) -> tuple[int, ...]:
-        idx = item[0]
-        cost = sum(w for w, a, b in zip(costs, idx, here) if a != b)
-        return (cost, sum(abs(a - b) for a, b in zip(idx, here)), *idx)
-
-    same = _buildable_with(c.lora)  # LoRA is never the change proposed (``_COST``)
-    found = min(same, key=key, default=None)
-    return None if found is None else found[1]
+    idx, found = _buildable_with(c.lora)  # LoRA is never the change proposed (``_COST``)
+    if not found:
+        return None
+    here = np.array([_CHOICES[n].index(getattr(c, n)) for n in _NAMES], dtype=np.int64)
+    cost = (idx != here) @ np.array([_COST[n] for n in _NAMES], dtype=np.int64)
+    dist = np.abs(idx - here).sum(axis=1)
+    # lexsort sorts by its last key first: cost, then distance, then each field's index
+    order = np.lexsort((*(idx[:, i] for i in reversed(range(len(_NAMES)))), dist, cost))
+    return found[int(order[0])]
 
 
 def check_combination(c: Combination, *, what: str = "") -> None:

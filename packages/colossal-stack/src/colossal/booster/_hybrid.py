@@ -42,7 +42,14 @@ from colossal_parallel import (
 )
 from colossal_zero import LazyInit, LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 
-from .._capability import PRECISIONS, Combination, check_combination
+from .._capability import (
+    PRECISIONS,
+    SP_KINDS,
+    Combination,
+    check_combination,
+    long_sequence,
+    megatron_sequence,
+)
 from .._dist import init_single_process
 from ..lora._apply import has_lora
 from ..lora._tp import parallelize_lora
@@ -55,7 +62,7 @@ from ._pp_zero2 import sum_tied_zero2_grads
 
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
 
-_SP_METHODS = (None, "megatron", "ring", "ulysses")
+_SP_METHODS = (None, *SP_KINDS[1:])  # "ring+megatron": ring over sp, Megatron over tp
 
 
 class PipelineModule(nn.Module):
@@ -150,7 +157,7 @@ class HybridParallelPlugin:
 
     def _check_combination(self) -> None:
         MeshConfig(tp=self.tp_size, tp_mode=self.tp_mode, tp_depth=self.tp_depth).check_tp()  # type: ignore[arg-type]
-        if self.sequence_parallel not in ("ring", "ulysses") and self.sp_size != 1:
+        if long_sequence(self.sequence_parallel) is None and self.sp_size != 1:
             raise ConfigError(
                 f"sp_size={self.sp_size} needs sequence_parallel='ring' or 'ulysses' (Megatron "
                 "sequence parallelism uses the tp ranks); set sp_size=1"
@@ -174,7 +181,7 @@ class HybridParallelPlugin:
 
     @property
     def sp(self) -> int:
-        return self.sp_size if self.sequence_parallel in ("ring", "ulysses") else 1
+        return self.sp_size if long_sequence(self.sequence_parallel) else 1
 
     def mesh_config(self, world_size: int) -> MeshConfig:
         """The mesh for ``world_size`` ranks; ``ConfigError`` when tp*pp*sp does not divide it."""
@@ -207,11 +214,12 @@ class HybridParallelPlugin:
         cfg = self.mesh_config(world)
         parts = [f"dp{cfg.dp}"]
         if cfg.tp > 1:
-            parts.append(f"tp{cfg.tp}({cfg.tp_mode})")
+            megatron = ", megatron sp" if megatron_sequence(self.sequence_parallel) else ""
+            parts.append(f"tp{cfg.tp}({cfg.tp_mode}{megatron})")
         if cfg.pp > 1:
             parts.append(f"pp{cfg.pp}({self.schedule}, m={self.microbatches})")
-        if self.sequence_parallel:
-            parts.append(f"sp{self.sp}({self.sequence_parallel})")
+        if self.sp > 1:
+            parts.append(f"sp{self.sp}({long_sequence(self.sequence_parallel)})")
         return " x ".join(parts) + (f", zero{self.zero_stage}" if self.zero_stage else "")
 
     # --- Plugin protocol -------------------------------------------------------------------
@@ -248,9 +256,11 @@ class HybridParallelPlugin:
             tp_layout = parallelize_lora(model, mesh)
         elif cfg.tp > 1:
             with sharding_lazily(self.lazy):  # a meta model's slices: recorded ([Note: lazy fill])
-                parallelize(model, mesh, sequence_parallel=self.sequence_parallel == "megatron")
+                parallelize(
+                    model, mesh, sequence_parallel=megatron_sequence(self.sequence_parallel)
+                )
         if self.sp > 1:
-            apply_sequence_parallel(model, mesh, self.sequence_parallel)  # type: ignore[arg-type]
+            apply_sequence_parallel(model, mesh, long_sequence(self.sequence_parallel))  # type: ignore[arg-type]
         if self.activation_checkpointing:
             apply_activation_checkpointing(model)
         if cfg.tp > 1 and not lora:

@@ -121,8 +121,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     mesh.add_argument(
         "--sp",
         default=None,
-        help="sequence parallelism: ring or ulysses over --sp-size ranks, or megatron (over "
-        "the 1d tp ranks)",
+        help="sequence parallelism: ring or ulysses over --sp-size ranks, megatron (over "
+        "the 1d tp ranks), or both: ring+megatron, ulysses+megatron",
     )
     mesh.add_argument(
         "--sp-size",

@@ -74,9 +74,10 @@ class Layout:
     def combination(self, precision: str = "bf16") -> Combination:
         """The kinds this layout composes, for the capability table ([Note: capability table])."""
         tp = "none" if self.tp == 1 else ("1d" if self.tp_mode.startswith("1d") else self.tp_mode)
-        sp = "megatron" if self.tp_mode == "1d-sp" and self.tp > 1 else "none"
+        megatron = self.tp_mode == "1d-sp" and self.tp > 1
+        sp = "megatron" if megatron else "none"
         if self.sp > 1:
-            sp = self.sp_kind
+            sp = f"{self.sp_kind}+megatron" if megatron else self.sp_kind
         return Combination(
             tp=tp,
             sp=sp,

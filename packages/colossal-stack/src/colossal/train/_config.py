@@ -61,8 +61,9 @@ class TrainConfig:
             uses (ddp 0, gemini 3).
         tp: tensor-parallel ranks; tp_mode "1d", "2d" (tp = q*q), "2.5d" (q*q*tp_depth), "3d".
         tp_depth: the depth d of 2.5d tensor parallelism.
-        sp: sequence parallelism: "ring" or "ulysses" over ``sp_size`` ranks of their own, or
-            "megatron" (activations split over the 1d tp ranks); None: off.
+        sp: sequence parallelism: "ring" or "ulysses" over ``sp_size`` ranks of their own,
+            "megatron" (activations split over the 1d tp ranks), or both ("ring+megatron",
+            "ulysses+megatron"); None: off.
         sp_size: ranks each sequence is split over (ring, ulysses).
         pp: pipeline stages; microbatches per step; schedule "1f1b", "interleaved" (two chunks
             per rank) or "gpipe".

@@ -137,10 +137,12 @@ def layout_flags(lay: Layout, plan: Plan | None = None) -> dict[str, Any]:
         "plugin": None,
         "zero": {"ddp": 0, "zero1": 1, "zero2": 2}.get(lay.method, 3),
     }
-    if lay.tp_mode == "1d-sp" and lay.tp > 1:
+    megatron = lay.tp_mode == "1d-sp" and lay.tp > 1
+    if megatron:
         out["sp"] = "megatron"
-    if lay.sp > 1:
-        out["sp"], out["sp_size"] = lay.sp_kind, lay.sp
+    if lay.sp > 1:  # ring/Ulysses over sp, with Megatron's split over tp when the mode has it
+        out["sp"] = f"{lay.sp_kind}+megatron" if megatron else lay.sp_kind
+        out["sp_size"] = lay.sp
     if lay.method.startswith("gemini"):
         out["plugin"] = "gemini"
         out.update(_tier_budgets(lay, plan))

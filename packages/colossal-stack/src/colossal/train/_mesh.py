@@ -15,11 +15,18 @@ dp coordinate, not the rank, so the global batch is ``batch_size * dp`` sequence
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from colossal_contracts import ConfigError
 
-from .._capability import Combination, check_combination
+from .._capability import (
+    SP_KINDS,
+    Combination,
+    check_combination,
+    long_sequence,
+    megatron_sequence,
+)
 from ..booster import HybridParallelPlugin
 
 if TYPE_CHECKING:
@@ -39,7 +46,7 @@ __all__ = [
 ]
 
 PLUGINS = ("gemini", "zero", "ddp", "hybrid")
-SP_METHODS = ("ring", "ulysses", "megatron")
+SP_METHODS = ("ring", "ulysses", "megatron", *SP_KINDS[4:])  # "ring+megatron": both
 _BY_STAGE = {0: "ddp", 1: "zero", 2: "zero", 3: "gemini"}
 
 
@@ -60,7 +67,7 @@ def resolve_plugin(cfg: TrainConfig) -> tuple[str, int]:
     ``ConfigError`` for flags that do not combine."""
     _check_flag_pairs(cfg)
     flags = mesh_flags(cfg)
-    long_seq = cfg.sp in ("ring", "ulysses")
+    long_seq = long_sequence(cfg.sp) is not None
     plugin, zero = cfg.plugin, cfg.zero
     if zero is not None and zero not in _BY_STAGE:
         raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {zero}")
@@ -152,27 +159,37 @@ def _check_flag_pairs(cfg: TrainConfig) -> None:
         (
             cfg.sp_size != 1,
             f"--sp-size {cfg.sp_size}",
-            cfg.sp in ("ring", "ulysses"),
+            long_sequence(cfg.sp) is not None,
             "--sp ring or --sp ulysses (megatron uses the tp ranks)",
         ),
-        (cfg.sp == "megatron", "--sp megatron", cfg.tp > 1, "--tp N (1d)"),
+        (megatron_sequence(cfg.sp), f"--sp {cfg.sp}", cfg.tp > 1, "--tp N (1d)"),
     ]
     for given, flag, ok, want in needs:
         if given and not ok:
             raise ConfigError(f"{flag} needs {want}; add it or drop {flag.split()[0]}")
-    if cfg.sp in ("ring", "ulysses") and cfg.sp_size < 2:
+    if long_sequence(cfg.sp) is not None and cfg.sp_size < 2:
         raise ConfigError(f"--sp {cfg.sp} needs --sp-size N of 2 or more ranks per sequence")
     if cfg.pp > 1 and cfg.batch_size % cfg.microbatches:
         raise ConfigError(
             f"--batch-size {cfg.batch_size} cannot be split into --microbatches "
             f"{cfg.microbatches}; use a batch size that is a multiple of it"
         )
-    parts = {"ring": 2 * cfg.sp_size, "ulysses": cfg.sp_size, "megatron": cfg.tp}.get(cfg.sp or "")
+    parts = _sequence_parts(cfg)
     if parts and cfg.seq_len % parts:
         raise ConfigError(
             f"--sp {cfg.sp} splits each sequence into {parts} parts; use a --seq-len that is a "
             f"multiple of {parts}"
         )
+
+
+def _sequence_parts(cfg: TrainConfig) -> int:
+    """Equal parts ``--sp`` cuts each sequence into (0: none): ring's zigzag 2 per sp rank,
+    Ulysses 1; Megatron's split of each such part over the tp ranks."""
+    long, megatron = long_sequence(cfg.sp), megatron_sequence(cfg.sp)
+    parts = {"ring": 2 * cfg.sp_size, "ulysses": cfg.sp_size}.get(long or "", 1)
+    if megatron:  # a ring rank's two zigzag chunks are one slice: T / sp splits over tp
+        parts = math.lcm(parts, (cfg.sp_size if long else 1) * cfg.tp)
+    return parts if long or megatron else 0
 
 
 def hybrid_plugin(cfg: TrainConfig) -> HybridParallelPlugin:
@@ -211,7 +228,7 @@ def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: object, world: int) ->
                 "deeper --preset)"
             )
         plugin.mesh_config(world)  # tp*pp*sp must divide the world
-    elif cfg.sp in ("ring", "ulysses") and world % cfg.sp_size:
+    elif long_sequence(cfg.sp) and world % cfg.sp_size:
         raise ConfigError(
             f"--sp-size {cfg.sp_size} does not divide the world size {world}; launch a multiple "
             f"of {cfg.sp_size} ranks (colossal run --nproc-per-node N) or change --sp-size"
@@ -221,7 +238,7 @@ def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: object, world: int) ->
             f"--tp {cfg.tp} does not divide the world size {world}; launch a multiple of "
             f"{cfg.tp} ranks (colossal run --nproc-per-node N) or change --tp"
         )
-    elif cfg.sp in ("ring", "ulysses") and world % (cfg.tp * cfg.sp_size):
+    elif long_sequence(cfg.sp) and world % (cfg.tp * cfg.sp_size):
         raise ConfigError(
             f"--tp {cfg.tp} x --sp-size {cfg.sp_size} does not divide the world size {world}; "
             f"launch a multiple of {cfg.tp * cfg.sp_size} ranks or change the sizes"
@@ -234,6 +251,6 @@ def state_shards(cfg: TrainConfig, world: int) -> int:
     shards the larger part of them, the fp32 states)."""
     if cfg.plugin != "hybrid":
         return world
-    sp = cfg.sp_size if cfg.sp in ("ring", "ulysses") else 1
+    sp = cfg.sp_size if long_sequence(cfg.sp) else 1
     dp = max(1, world // (cfg.tp * cfg.pp * sp))
     return cfg.tp * cfg.pp * (dp * sp if cfg.zero else 1)  # ZeRO shards over dp x sp
