@@ -11,117 +11,36 @@ model states; bytes moved (in + out) per steady-state iteration are divided by B
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
-import torch
+from _movement_activations import CLEAN, _clean_savings, _savings, _with_activations
+from _movement_trace import (
+    ACT_BATCH,
+    ACT_SEQ,
+    ITERATIONS,
+    _activations,
+    _layout,
+    _manager_replay,
+    _steady,
+    _trace,
+    _written,
+)
 
 from colossal_chunk import (
     AutoPolicy,
-    ChunkConfig,
-    ChunkManager,
     ChunkSummary,
     LruPolicy,
-    OrderStats,
     PolicyContext,
     StaticPolicy,
-    pack,
-    search_chunk_size,
     simulate,
     simulate_policy,
-    trace_order,
 )
-from colossal_contracts import CapacityError
-from colossal_models import GPT, GPTConfig
 
 from _report import Report
 
 FRACTIONS = (0.25, 0.5, 0.75)
-ITERATIONS = 8  # steady state = mean of iterations 2..7 (the first is cold, the last has no future)
-STATE_KINDS = ("master", "exp_avg", "exp_avg_sq")  # gradients: in the parameter chunk's slots
-BYTES = {"param": 2, "master": 4, "exp_avg": 4, "exp_avg_sq": 4}  # mixed precision
-ACT_BATCH, ACT_SEQ = 2, 256  # the activations of the "with activations" rows
 HYBRID = ", hybrid Adam"  # rows whose optimizer step updates states where they live
-CLEAN = ", unchanged chunks dropped (modelled)"  # [Note: clean evictions] in colossal-chunk
-
-
-def _activations(cfg, n_order: int, n_steps: int) -> list[int]:
-    """Non-model bytes per step: saved activations (16-bit, no recomputation; Korthikanti et
-    al. 2022: s*b*h*34 + 5*a*s^2*b per layer) grow through forward and shrink through backward."""
-    s, b, h, a = ACT_SEQ, ACT_BATCH, cfg.hidden_size, cfg.num_heads
-    peak = cfg.num_layers * (s * b * h * 34 + 5 * a * s * s * b)
-    half = n_order // 2
-    out = [peak * (m + 1) // half for m in range(half)]
-    out += [peak * (n_order - m) // half for m in range(half, n_order)]
-    return out + [0] * (n_steps - n_order)
-
-
-def _trace(preset: str):
-    cfg = dataclasses.replace(GPTConfig.preset(preset), vocab_size=256)
-    with torch.device("meta"):
-        model = GPT(cfg)
-    idx = torch.zeros(1, min(cfg.max_seq_len, 16), dtype=torch.long, device="meta")
-    order = trace_order(model, lambda: model(idx, idx))
-    numel = {n: p.numel() for n, p in model.named_parameters()}
-    names = list(dict.fromkeys(n for m in order for n in m))
-    return cfg, order, names, numel
-
-
-def _layout(order, names, numel):
-    """Chunk size, per-chunk sizes/kinds, and the per-moment access steps of one iteration."""
-    numels = [numel[n] for n in names]
-    total = sum(numels)
-    # the optimizer step's working set (14 bytes per element of one chunk) takes at most a
-    # quarter of the smallest budget (25% of 14 bytes per parameter)
-    limit = max(total // 16, 2 * max(numels))
-    found = search_chunk_size(numels, max_numel=limit, align=1024)
-    groups = pack(numels, found.chunk_numel)
-    chunk_of = {names[i]: c for c, g in enumerate(groups) for i in g}
-    n = len(groups)
-    kinds = ["param"] * n + [k for k in STATE_KINDS for _ in range(n)]
-    sizes = [BYTES[k] * found.chunk_numel for k in kinds]
-
-    def twin(kind: str, c: int) -> int:
-        return (1 + STATE_KINDS.index(kind)) * n + c
-
-    steps = [tuple(dict.fromkeys(chunk_of[x] for x in used)) for used in order]
-    steps += [(c, *(twin(k, c) for k in STATE_KINDS)) for c in range(n)]
-    return found, kinds, sizes, steps
-
-
-def _steady(per_iteration) -> float:
-    mid = per_iteration[1:-1]
-    return sum(mid) / len(mid)
-
-
-def _manager_replay(kinds, sizes, steps, chunk_numel, capacity, schedule) -> float:
-    """Replay the trace on a real ChunkManager (emulated accelerator) with the auto policy."""
-    n = kinds.count("param")
-    params = [
-        (
-            f"c{i}",
-            torch.nn.Parameter(torch.zeros(chunk_numel, dtype=torch.float16), requires_grad=False),
-        )
-        for i in range(n)
-    ]
-    policy = AutoPolicy()
-    cfg = ChunkConfig(chunk_numel, accelerator_bytes=capacity, device="cpu", disk_bytes=0)
-    with ChunkManager(cfg, policy=policy) as mgr:
-        mgr.register(params)
-        for kind in STATE_KINDS:
-            mgr.add_parallel(kind, torch.float32)
-        assert [c.shard_bytes for c in mgr.chunks.values()] == sizes
-        policy.set_schedule(schedule)
-        per_iter = []
-        for _ in range(ITERATIONS):
-            mgr.reset_stats()
-            for m, step in enumerate(steps):
-                mgr.set_moment(m)
-                mgr.access_chunks(step)
-                mgr.release_chunks(step)
-            per_iter.append(mgr.stats().bytes_moved)
-    return _steady(per_iter)
 
 
 def run(quick: bool, out_dir: Path) -> Report:
@@ -356,130 +275,6 @@ def run(quick: bool, out_dir: Path) -> Report:
     ]
     _plot(report, out_dir)
     return report
-
-
-def _clean_savings(rows: list[dict], suffix: str) -> str:
-    """Per configuration: per-moment's saving over the single reserve when unchanged chunks are
-    dropped, and what dropping them saves per-moment planning itself."""
-    out = []
-    for r in rows:
-        if r["policy"] != f"auto, single reserve, with activations{suffix}{CLEAN}":
-            continue
-        same = {
-            x["policy"]: x.get("MiB_per_iter")
-            for x in rows
-            if (x["preset"], x["budget"]) == (r["preset"], r["budget"])
-        }
-        per, copied = (
-            same[f"auto, with activations{suffix}{CLEAN}"],
-            same[f"auto, with activations{suffix}"],
-        )
-        if r["MiB_per_iter"] and copied:
-            out.append(
-                f"{r['preset']}/{r['budget']} {100 * (1 - per / r['MiB_per_iter']):.1f}%; "
-                f"{100 * (1 - per / copied):.1f}%"
-            )
-    return ", ".join(out) or "n/a"
-
-
-def _savings(rows: list[dict], suffix: str) -> list[tuple[str, float, float, float]]:
-    """Per configuration where either plan moves bytes: (preset/budget, auto's saving, the
-    optimum's saving, the ceiling), each as 1 - per-moment bytes / single-reserve bytes. The
-    ceiling puts the optimum with no activations at all in place of per-moment's bytes."""
-    free = "belady (optimum)" + (f", no activations{suffix}" if suffix else "")
-    out = []
-    for r in rows:
-        if r["policy"] != f"auto, single reserve, with activations{suffix}" or not r.get(
-            "MiB_per_iter"
-        ):
-            continue  # both move nothing: no saving to measure
-        same = {
-            x["policy"]: x["MiB_per_iter"]
-            for x in rows
-            if (x["preset"], x["budget"]) == (r["preset"], r["budget"]) and "MiB_per_iter" in x
-        }
-        opt_flat = same[f"belady (optimum), single reserve, with activations{suffix}"]
-        out.append(
-            (
-                f"{r['preset']}/{r['budget']}",
-                1 - same[f"auto, with activations{suffix}"] / r["MiB_per_iter"],
-                1 - same[f"belady (optimum), with activations{suffix}"] / opt_flat,
-                1 - same[free] / r["MiB_per_iter"],
-            )
-        )
-    return out
-
-
-def _written(steps, n_order: int) -> list[tuple[int, ...]]:
-    """The chunks each step writes: none in forward (parameters are read), the parameter chunks
-    in backward (gradients go into their slots), every chunk at the optimizer step."""
-    return [() if m < n_order // 2 else st for m, st in enumerate(steps)]
-
-
-def _with_activations(
-    report, base, worst, steps, sizes, cap, act, written, suffix: str = ""
-) -> None:
-    """Rows where non-model data (activations) takes part of the budget at each step: Belady
-    with the per-step room left, against auto told the same figures through a MemStatsSource."""
-    room = [cap - a for a in act]
-    if any(sum(sizes[c] for c in st) > r for st, r in zip(steps, room)):
-        report.rows.append({**base, "policy": f"with activations{suffix}: infeasible"})
-        return
-    opt = _steady(simulate(steps, sizes, room, iterations=ITERATIONS).per_iteration)
-    report.rows.append(
-        {
-            **base,
-            "policy": f"belady (optimum), with activations{suffix}",
-            "MiB_per_iter": opt / 2**20,
-            "x_optimum": 1.0,
-        }
-    )
-    if suffix:  # the plain rows' optimum is the states trace's; this trace needs its own
-        free = _steady(simulate(steps, sizes, cap, iterations=ITERATIONS).per_iteration)
-        report.rows.append(
-            {**base, "policy": f"belady (optimum), no activations{suffix}",
-             "MiB_per_iter": free / 2**20, "x_optimum": free / opt if opt else 1.0}
-        )  # fmt: skip
-    flat = [cap - max(act)] * len(steps)  # the single reserve's room at every moment
-    opt_flat = _steady(simulate(steps, sizes, flat, iterations=ITERATIONS).per_iteration)
-    report.rows.append(
-        {
-            **base,
-            "policy": f"belady (optimum), single reserve, with activations{suffix}",
-            "MiB_per_iter": opt_flat / 2**20,
-            "x_optimum": opt_flat / opt if opt else 1.0,
-        }
-    )
-    stats = OrderStats([()] * len(steps), act)  # a MemStatsSource with the non-model peaks
-    single = OrderStats([()] * len(steps), [max(act)] * len(steps))  # one constant reserve
-    for label, pf, st, w in (
-        (f"auto, with activations{suffix}", 0, stats, None),
-        (f"auto+prefetch, with activations{suffix}", 1, stats, None),
-        (f"auto, single reserve, with activations{suffix}", 0, single, None),
-        (f"auto, with activations{suffix}{CLEAN}", 0, stats, written),
-        (f"auto, single reserve, with activations{suffix}{CLEAN}", 0, single, written),
-    ):
-        pol = AutoPolicy(st, lookahead=1)
-        pol.set_schedule(steps)
-        try:
-            res = simulate_policy(
-                pol, steps, sizes, cap, iterations=ITERATIONS, prefetch=pf, written=w
-            )
-        except CapacityError:
-            report.rows.append({**base, "policy": f"{label}: CapacityError (reserve too big)"})
-            worst[label] = float("inf")
-            continue
-        per = _steady(res.per_iteration)
-        worst[label] = max(worst.get(label, 0.0), per / opt if opt else 1.0)
-        report.rows.append(
-            {
-                **base,
-                "policy": label,
-                "MiB_per_iter": per / 2**20,
-                "x_optimum": per / opt if opt else 1.0,
-                "prefetched_pct": 100 * res.prefetched_loads / max(res.loads, 1),
-            }
-        )
 
 
 def _plot(report: Report, out_dir: Path) -> None:

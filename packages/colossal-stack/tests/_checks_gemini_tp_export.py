@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-import colossal.booster._gemini as gemini_mod
+import colossal.booster._full_model as export_mod
 from colossal import Booster, GeminiPlugin
 from colossal.booster import ShardedSafetensorsWriter, load_sharded_safetensors
 from colossal_models import GPT, GPTConfig, gather_full_state_dict
@@ -80,13 +80,13 @@ def streamed_export_case(settings: dict, root: str, layers: int = 2, steps: int 
     out_dir = Path(root) / "export"
     gc.collect()
     _Counting.base, _Counting.peak = _live_bytes(), 0  # ``whole`` included
-    gemini_mod.ShardedSafetensorsWriter = _Counting  # type: ignore[misc]
+    export_mod.ShardedSafetensorsWriter = _Counting  # type: ignore[misc]
     try:
-        gemini_mod.export_gemini(
+        export_mod.export_gemini(
             model, out_dir, max_shard_bytes=64 << 10, mesh=mesh, maps=plugin._tp_maps
         )
     finally:
-        gemini_mod.ShardedSafetensorsWriter = ShardedSafetensorsWriter  # type: ignore[misc]
+        export_mod.ShardedSafetensorsWriter = ShardedSafetensorsWriter  # type: ignore[misc]
     out: dict = {"rank": torch.distributed.get_rank()}
     if out["rank"] == 0:
         got = load_sharded_safetensors(out_dir)

@@ -13,6 +13,7 @@ import hashlib
 import os
 from pathlib import Path
 
+import _bad_inputs_mesh as mesh_cases
 import _bad_inputs_runs as runs_cases
 import pytest
 import torch
@@ -20,8 +21,6 @@ import torch
 from colossal import Booster, DDPPlugin, GeminiPlugin, TrainConfig, build_plugin, latest_checkpoint
 from colossal import train as train_fn
 from colossal.cli import main
-from colossal.train._mesh import check_mesh
-from colossal.train._models import ModelSpec
 from colossal_contracts import CheckpointError, ConfigError
 from colossal_memtrace._cli import main as memtrace_main
 from colossal_models import GPT, GPTConfig, load_corpus
@@ -187,39 +186,12 @@ CLI_CASES = [
     ("profile-device", ["profile", "--preset", "nano", "--device", "tpu"], "--device"),
     ("profile-optimizer", ["profile", "--preset", "nano", "--optimizer", "lion"], "--optimizer"),
     ("profile-out-file", ["profile", "--preset", "nano", "--out", "{file}"], "is a file"),
-    # the mesh: one process here, so any --tp/--pp > 1 cannot divide the world
-    ("tp-not-dividing", [*TRAIN, "--tp", "2"], "does not divide the world size 1"),
-    ("tp-2d-not-square", [*TRAIN, "--tp", "2", "--tp-mode", "2d"], "tp = q*q"),
-    ("tp-mode-unknown", [*TRAIN, "--tp", "2", "--tp-mode", "4d"], "unknown --tp-mode '4d'"),
-    ("pp-more-than-layers", [*TRAIN, "--pp", "4"], "gpt-nano has 2 blocks; use --pp 2"),
-    ("zero3-hybrid", [*TRAIN, "--tp", "2", "--zero", "3"], "use --plugin gemini with --tp"),
-    ("zero-unknown", [*TRAIN, "--zero", "4"], "--zero must be 0, 1, 2 or 3"),
-    (
-        "zero-disagrees",
-        [*TRAIN, "--plugin", "zero", "--zero-stage", "2", "--zero", "1"],
-        "disagree",
-    ),
-    ("gemini-zero1", [*TRAIN, "--plugin", "gemini", "--zero", "1"], "is ZeRO stage 3"),
-    ("tp-plugin-ddp", [*TRAIN, "--plugin", "ddp", "--tp", "2"], "runs on the hybrid plugin"),
-    (
-        "pp-plugin-gemini",
-        [*TRAIN, "--plugin", "gemini", "--pp", "2"],
-        "Gemini (ZeRO-3) takes --tp or ring/Ulysses --sp, not pipeline stages",
-    ),
-    ("microbatches-no-pp", [*TRAIN, "--microbatches", "4"], "--microbatches 4 needs --pp"),
-    ("schedule-no-pp", [*TRAIN, "--schedule", "gpipe"], "--schedule gpipe needs --pp"),
-    ("microbatches-split", [*TRAIN, "--pp", "2", "--microbatches", "3"], "cannot be split"),
-    ("sp-size-no-sp", [*TRAIN, "--sp-size", "2"], "--sp-size 2 needs --sp ring"),
-    ("sp-unknown", [*TRAIN, "--sp", "zigzag"], "unknown --sp 'zigzag'"),
-    ("sp-ring-one-rank", [*TRAIN, "--sp", "ring"], "needs --sp-size N of 2 or more"),
-    ("sp-megatron-no-tp", [*TRAIN, "--sp", "megatron"], "--sp megatron needs --tp"),
-    ("tp-depth-not-2.5d", [*TRAIN, "--tp", "2", "--tp-depth", "2"], "needs --tp-mode 2.5d"),
     ("grad-accum-zero", [*TRAIN, "--grad-accum", "0"], "--grad-accum must be positive"),
     ("eval-every-negative", [*TRAIN, "--eval-every=-1"], "--eval-every must be in [0"),
     ("log-unknown", [*TRAIN, "--log", "wandb"], "unknown --log 'wandb'"),
     ("decay-negative", [*TRAIN, "--weight-decay=-0.1"], "weight_decay must be finite"),
     ("clip-negative", [*TRAIN, "--max-grad-norm=-1"], "--max-grad-norm must be finite"),
-    ("hybrid-budget", [*TRAIN, "--tp", "2", "--accelerator-budget", "1GiB"], "gemini only"),
+    *mesh_cases.CLI_CASES,  # the parallel layout: --tp, --pp, --sp, --zero and their plugins
     *runs_cases.CLI_CASES,  # runs, folders, checkpoints, models on disk (issue 34's list)
 ]
 MEMTRACE_CASES = [
@@ -302,11 +274,6 @@ def _boost_twice() -> None:
     Booster(GeminiPlugin()).boost(model, opt)
 
 
-def _no_adapter_spec() -> ModelSpec:
-    """A model colossal cannot shard (what ``--model hf:PATH`` without an adapter resolves to)."""
-    return ModelSpec("hf:some-model", lambda: GPT(GPTConfig.preset("nano")), 1, 64, 2, False)
-
-
 def _ids(*shape: int, hi: int = 256, dtype: torch.dtype = torch.long) -> torch.Tensor:
     return torch.randint(0, hi, shape).to(dtype)
 
@@ -361,28 +328,12 @@ API_CASES = [
         "no usable checkpoint",
     ),
     (
-        "tp-model-without-adapter",
-        lambda f: check_mesh(TrainConfig(tp=2), _no_adapter_spec(), None, 2),
-        ConfigError,
-        "hf:some-model has no tensor/pipeline-parallel adapter, so --tp 2 cannot shard it",
-    ),
-    (
-        "gemini-tp-times-sp-not-dividing",
-        lambda f: check_mesh(
-            TrainConfig(plugin="gemini", tp=2, sp="ring", sp_size=4, seq_len=32),
-            ModelSpec("gpt-nano", lambda: GPT(GPTConfig.preset("nano")), 1, 64, 2, True),
-            None,
-            4,
-        ),
-        ConfigError,
-        "--tp 2 x --sp-size 4 does not divide the world size 4",
-    ),
-    (
         "load-from-nothing",
         lambda f: Booster().load(*_gpt("ddp"), f["empty"]),
         CheckpointError,
         "no step-N directory under",
     ),
+    *mesh_cases.API_CASES,
     *runs_cases.API_CASES,
 ]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,7 +12,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 from torch import nn
 
 from colossal_chunk import DiskIOStats, check_disk_dir
@@ -30,13 +28,13 @@ from colossal_zero import (
     GeminiOptimizer,
     LazyInit,
     apply_gemini,
-    iter_full_state,
     load_sharded,
     save_sharded,
 )
 
 from .._capability import Combination, check_combination
 from ._device import resolve_device
+from ._full_model import FULL_MODEL_FILE, export_gemini
 from ._gemini_tp import (
     check_sp,
     check_tp,
@@ -46,38 +44,14 @@ from ._gemini_tp import (
     tp_folder,
     tp_mesh_config,
     tp_shard_maps,
-    tp_stream_state,
     world_size,
 )
 from ._groups import GroupMap
 from ._hybrid_checkpoint import load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
-from ._shard_writer import ShardedSafetensorsWriter
+from ._sizes import parse_bytes
 
 __all__ = ["FULL_MODEL_FILE", "GeminiPlugin", "export_gemini", "parse_bytes"]
-
-FULL_MODEL_FILE = "model.safetensors"
-_UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-_UNITS.update({"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40})
-
-
-def parse_bytes(value: int | str | None) -> int | None:
-    """``512MiB``, ``2GB``, ``1.5G``, ``4096`` -> bytes; None stays None."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        if isinstance(value, int) and value < 0:
-            raise ConfigError(f"a byte budget must be >= 0, got {value}")
-        return value
-    if not isinstance(value, str):
-        raise ConfigError(
-            f"a byte budget must be an int of bytes or a size such as '512MiB', got "
-            f"{type(value).__name__} {value!r}"
-        )
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?)?b?\s*", value.lower())
-    if not m:
-        raise ConfigError(
-            f"cannot read {value!r} as a size; write bytes or a unit: 512MiB, 2GiB, 1.5GB"
-        )
-    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
 
 
 @dataclass
@@ -390,52 +364,3 @@ def _gemini_module(model: nn.Module) -> GeminiModule:
     if not isinstance(model, GeminiModule):
         raise ConfigError("GeminiPlugin checkpoints need the model that Booster.boost returned")
     return model
-
-
-def export_gemini(
-    model: GeminiModule,
-    path: Path,
-    *,
-    max_shard_bytes: int,
-    mesh: ProcessMesh | None = None,
-    maps: list[dict[str, ShardMap]] | None = None,
-) -> None:
-    """Rank 0 writes ``model``'s consolidated fp32 state into ``path`` as safetensors shards of
-    at most ``max_shard_bytes`` with a Hugging Face index. Collective over the model's dp group
-    (and ``mesh``'s tp ranks). It streams: one chunk is gathered at a time and its tensors are
-    written before the next (``iter_full_state``), so no rank holds the model; with tp each
-    tensor is first assembled over tp on rank 0 (``tp_stream_state``; ``maps``: the plugin's
-    ``tp_shard_maps``, computed here when not given)."""
-    tensors: Any = iter_full_state(model)  # collective over dp: every rank iterates
-    if mesh is not None:
-        maps = maps if maps is not None else tp_shard_maps(model.module, mesh)
-        tensors = tp_stream_state(model.module, tensors, mesh, maps)  # over tp, tensor by tensor
-    if _rank() != 0:
-        for _ in tensors:
-            pass
-        return
-    with ShardedSafetensorsWriter(path, max_shard_bytes=max_shard_bytes) as writer:
-        for name, tensor in tensors:
-            writer.add(name, tensor)
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def write_full_model(full: dict[str, torch.Tensor], path: Path) -> None:
-    """Rank 0 writes the consolidated ``full`` state into ``path / FULL_MODEL_FILE`` (one
-    file: the ZeRO plugin's export)."""
-    if _rank() == 0:
-        save_file({k: v.contiguous() for k, v in _untie(full).items()}, str(path / FULL_MODEL_FILE))
-
-
-def _untie(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses shared storages: give every name its own tensor."""
-    seen: set[int] = set()
-    out = {}
-    for k, v in state.items():
-        ptr = v.untyped_storage().data_ptr()
-        out[k] = v.clone() if ptr in seen else v
-        seen.add(ptr)
-    return out

@@ -23,9 +23,10 @@ from colossal_zero import (
 
 from .._capability import Combination, check_combination
 from ._device import move_model, resolve_device
-from ._gemini import parse_bytes, write_full_model
+from ._full_model import write_full_model
 from ._hybrid_checkpoint import load_layout
 from ._lazy_fill import fill_lazy
+from ._sizes import parse_bytes
 
 __all__ = ["LowLevelZeroPlugin"]
 

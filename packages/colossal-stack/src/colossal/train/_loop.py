@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -13,25 +12,13 @@ import psutil
 import torch
 import torch.distributed as dist
 from rich.console import Console
-from torch import nn
 
 from colossal_contracts import ColossalError, ConfigError
-from colossal_memtrace import estimate_step
-from colossal_parallel import ProcessMesh
 
 from .._dist import init_from_env, rank_and_world
 from .._lifeline import stop_on_signals
 from .._peers import PeerWatch, watch_peers
-from ..booster import (
-    Booster,
-    DDPPlugin,
-    GeminiPlugin,
-    HybridParallelPlugin,
-    LowLevelZeroPlugin,
-    PipelineModule,
-    Plugin,
-    parse_bytes,
-)
+from ..booster import Booster, GeminiPlugin, PipelineModule, parse_bytes
 from ..export import export_after_training
 from ._config import TrainConfig
 from ._data import describe_data, open_data, open_loader, resolve_tokenizer
@@ -44,123 +31,18 @@ from ._display import (
 )
 from ._guard import FiniteGuard
 from ._lora_flags import apply_job_lora
-from ._mesh import PLUGINS, check_mesh, hybrid_plugin, mesh_flags, state_shards
-from ._models import ModelSpec, build_model, enable_activation_checkpointing, resolve_model
+from ._mesh import check_mesh, mesh_flags, state_shards
+from ._models import build_model, enable_activation_checkpointing, resolve_model
 from ._outdir import METRICS, Claim, claim_out_on_rank0, trim_metrics
+from ._plugin import _activation_bytes, _choose_export, _mesh_of, _plugin_label, build_plugin
 from ._preflight import check_fits, check_tiers, gemini_host_bytes
+from ._result import TrainResult, _summary
 from ._resume import restore_position, save_with_state
 from ._schedule import warmup_cosine
+from ._step import _accumulate, _evaluate, _mean_over_ranks, _param_groups
 from ._tensorboard import TensorBoardLog
 
 __all__ = ["TrainResult", "build_plugin", "train"]
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What a run achieved. Losses are averaged over ranks."""
-
-    losses: list[float]
-    val_loss: float
-    tokens_per_s: float
-    num_params: int
-    checkpoint: Path | None
-    out: Path
-
-
-def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
-    """The plugin called ``name`` set up from ``cfg`` (Gemini's placement, budget and
-    precision; the hybrid plugin's mesh); ``ConfigError`` naming the choices when unknown.
-    Constructing one creates no process group: its own checks of the settings run here."""
-    if name == "ddp":
-        return DDPPlugin()
-    if name == "hybrid":
-        return hybrid_plugin(cfg or TrainConfig(plugin="hybrid"))
-    if name == "gemini":
-        cfg = cfg or TrainConfig()
-        return _gemini_plugin(cfg)
-    if name == "zero":
-        cfg = cfg or TrainConfig(plugin="zero")
-        return LowLevelZeroPlugin(
-            stage=cfg.zero_stage, precision=cfg.precision, max_grad_norm=cfg.max_grad_norm
-        )
-    raise ConfigError(f"unknown --plugin {name!r}; choose one of: {', '.join(PLUGINS)}")
-
-
-def _gemini_plugin(cfg: TrainConfig) -> Plugin:
-    """Gemini, with tensor parallelism inside its chunks for ``--tp N`` (ZeRO-3 with TP)."""
-    return GeminiPlugin(
-        placement=cfg.placement,
-        accelerator_budget=cfg.accelerator_budget,
-        precision=cfg.precision,
-        max_grad_norm=cfg.max_grad_norm,
-        host_budget=cfg.host_budget,
-        disk_budget=cfg.disk_budget,
-        disk_dir=cfg.disk_dir,
-        tp_size=cfg.tp,
-        tp_mode=cfg.tp_mode,
-        tp_depth=cfg.tp_depth,
-        sequence_parallel=cfg.sp if cfg.sp in ("ring", "ulysses") else None,
-        sp_size=cfg.sp_size if cfg.sp in ("ring", "ulysses") else 1,
-    )
-
-
-def _choose_export(plugin: Plugin, cfg: TrainConfig, step: int) -> None:
-    """Before saving after ``step``: whether the plugins with a sharded state write the
-    consolidated model into this checkpoint too (``--export``); a LoRA run's checkpoints hold
-    the adapters and their optimizer state, not the frozen base (rebuilt from its source on
-    resume and checked against the fingerprint in ``trainer.json``)."""
-    lora = cfg.lora_rank is not None
-    if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin):
-        plugin.export_full_model = cfg.exports_at(step) and not lora
-    if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin | DDPPlugin):
-        plugin.save_frozen = not lora
-
-
-def _mesh_of(plugin: Plugin, cfg: TrainConfig) -> ProcessMesh | None:
-    """The plugin's process mesh once boosted (hybrid; Gemini with ``--tp`` or ``--sp``); None
-    without one."""
-    if isinstance(plugin, HybridParallelPlugin | GeminiPlugin):
-        return plugin.mesh
-    return None
-
-
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay on matrices (embeddings, Linear weights), none on biases and norm weights."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
-
-
-def _mean_over_ranks(value: float, group: Any = None) -> float:
-    """Mean of ``value`` over ``group`` (None: every rank). Over the data-parallel group each
-    replica counts once, whatever its tensor, pipeline and sequence ranks."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    nccl = dist.get_backend(group) == "nccl"  # NCCL reduces CUDA tensors only
-    t = torch.tensor([value], dtype=torch.float64, device="cuda" if nccl else "cpu")
-    dist.all_reduce(t, group=group)
-    return float(t.item()) / dist.get_world_size(group)
-
-
-def _evaluate(
-    booster: Booster,
-    model: nn.Module,
-    batches: list[tuple[torch.Tensor, torch.Tensor]],
-    group: Any,
-) -> float:
-    """Mean loss of ``batches`` (the same on every rank); forward only, a pipelined model
-    through the pipeline (``HybridParallelPlugin.evaluate_pipeline``)."""
-    model.eval()
-    losses = []
-    for x, y in batches:
-        x, y = booster.to_device((x, y))
-        if isinstance(model, PipelineModule) and isinstance(booster.plugin, HybridParallelPlugin):
-            losses.append(booster.plugin.evaluate_pipeline(x, y).item())
-        else:
-            with torch.no_grad():
-                losses.append(model(x, y).item())
-    model.train()
-    return _mean_over_ranks(sum(losses) / len(losses), group)
 
 
 def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
@@ -413,80 +295,3 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
         console.print(summary_table(summary))
     booster.close()  # every background thread joined, the plugin's groups destroyed
     return result
-
-
-def _accumulate(
-    booster: Booster,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: tuple[torch.Tensor, torch.Tensor],
-    *,
-    n: int,
-    group: Any,
-    check: Callable[[float], None],
-) -> float:
-    """Forward and backward of the step's ``n`` micro-batches (rows of ``batch``), each loss
-    scaled by ``1 / n`` so the gradients are the whole batch's; ``check`` sees each loss
-    (averaged over ``group``, the data-parallel ranks) before its backward. The mean loss."""
-    total = 0.0
-    for x, y in zip(batch[0].chunk(n), batch[1].chunk(n), strict=True):
-        loss = model(x, y)
-        value = _mean_over_ranks(loss.item(), group)
-        check(value)
-        booster.backward(loss / n if n > 1 else loss, optimizer)
-        total += value
-    return total / n
-
-
-def _activation_bytes(spec: ModelSpec, cfg: TrainConfig) -> int:
-    """Peak non-model (activation) bytes of one step on the accelerator, from memtrace's static
-    estimate on the meta device: what Gemini keeps free of chunks under ``--accelerator-budget``."""
-    shape = (cfg.batch_size, cfg.seq_len)
-    try:
-        stats = estimate_step(
-            spec.build,
-            lambda dev: (torch.zeros(shape, dtype=torch.long, device=dev),) * 2,
-            target="cuda" if torch.cuda.is_available() else "cpu",
-        )
-    except RuntimeError:  # a forward that reads values (HF masks call .item()): no meta estimate;
-        return 0  # the warmup keeps its default share free and measures the step itself
-    return stats.peak_non_model("accelerator")
-
-
-def _plugin_label(cfg: TrainConfig, plugin: Plugin, mesh: ProcessMesh | None) -> str:
-    if mesh is not None:
-        return f"{cfg.plugin} ({plugin.describe()})"  # type: ignore[attr-defined]
-    if not isinstance(plugin, GeminiPlugin):
-        return str(cfg.plugin)
-    budget = cfg.accelerator_budget or "whole accelerator"
-    label = f"gemini ({cfg.placement}, {cfg.precision}, budget {budget}"
-    if plugin.non_model_bytes:
-        label += f", {int(plugin.non_model_bytes) / 2**20:,.1f} MiB kept for activations"
-    return label + ")"
-
-
-def _summary(
-    result: TrainResult,
-    cfg: TrainConfig,
-    label: str,
-    ranks: tuple[int, int],
-    proc: psutil.Process,
-) -> dict:
-    first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"),) * 2
-    (world, dp), shape = ranks, f"{cfg.batch_size} x {cfg.seq_len}"
-    global_batch = {} if dp == world else {"global batch (dp x batch x seq)": f"{dp} x {shape}"}
-    layout = {} if cfg.layout is None else {"layout": cfg.layout}
-    return {
-        "model": f"{label} ({result.num_params:,} params)",
-        **layout,
-        "ranks x batch x seq": f"{world} x {shape}",
-        **global_batch,
-        "steps run": len(result.losses),
-        "first loss": first,
-        "last loss": last,
-        "validation loss": result.val_loss,
-        "tokens/s": result.tokens_per_s,
-        "host RSS": f"{proc.memory_info().rss / 2**20:,.0f} MiB",
-        "checkpoint": str(result.checkpoint) if result.checkpoint else "-",
-        "metrics": str(cfg.out / "metrics.jsonl"),
-    }

@@ -1,0 +1,102 @@
+"""The plugin a training job runs under: built from its ``TrainConfig`` (``build_plugin``),
+its mesh once boosted, what its checkpoints hold, the activation room Gemini keeps, and the
+label the job prints for it."""
+
+from __future__ import annotations
+
+import torch
+
+from colossal_contracts import ConfigError
+from colossal_memtrace import estimate_step
+from colossal_parallel import ProcessMesh
+
+from ..booster import DDPPlugin, GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin, Plugin
+from ._config import TrainConfig
+from ._mesh import PLUGINS, hybrid_plugin
+from ._models import ModelSpec
+
+__all__ = ["build_plugin"]
+
+
+def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
+    """The plugin called ``name`` set up from ``cfg`` (Gemini's placement, budget and
+    precision; the hybrid plugin's mesh); ``ConfigError`` naming the choices when unknown.
+    Constructing one creates no process group: its own checks of the settings run here."""
+    if name == "ddp":
+        return DDPPlugin()
+    if name == "hybrid":
+        return hybrid_plugin(cfg or TrainConfig(plugin="hybrid"))
+    if name == "gemini":
+        cfg = cfg or TrainConfig()
+        return _gemini_plugin(cfg)
+    if name == "zero":
+        cfg = cfg or TrainConfig(plugin="zero")
+        return LowLevelZeroPlugin(
+            stage=cfg.zero_stage, precision=cfg.precision, max_grad_norm=cfg.max_grad_norm
+        )
+    raise ConfigError(f"unknown --plugin {name!r}; choose one of: {', '.join(PLUGINS)}")
+
+
+def _gemini_plugin(cfg: TrainConfig) -> Plugin:
+    """Gemini, with tensor parallelism inside its chunks for ``--tp N`` (ZeRO-3 with TP)."""
+    return GeminiPlugin(
+        placement=cfg.placement,
+        accelerator_budget=cfg.accelerator_budget,
+        precision=cfg.precision,
+        max_grad_norm=cfg.max_grad_norm,
+        host_budget=cfg.host_budget,
+        disk_budget=cfg.disk_budget,
+        disk_dir=cfg.disk_dir,
+        tp_size=cfg.tp,
+        tp_mode=cfg.tp_mode,
+        tp_depth=cfg.tp_depth,
+        sequence_parallel=cfg.sp if cfg.sp in ("ring", "ulysses") else None,
+        sp_size=cfg.sp_size if cfg.sp in ("ring", "ulysses") else 1,
+    )
+
+
+def _choose_export(plugin: Plugin, cfg: TrainConfig, step: int) -> None:
+    """Before saving after ``step``: whether the plugins with a sharded state write the
+    consolidated model into this checkpoint too (``--export``); a LoRA run's checkpoints hold
+    the adapters and their optimizer state, not the frozen base (rebuilt from its source on
+    resume and checked against the fingerprint in ``trainer.json``)."""
+    lora = cfg.lora_rank is not None
+    if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin):
+        plugin.export_full_model = cfg.exports_at(step) and not lora
+    if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin | DDPPlugin):
+        plugin.save_frozen = not lora
+
+
+def _mesh_of(plugin: Plugin, cfg: TrainConfig) -> ProcessMesh | None:
+    """The plugin's process mesh once boosted (hybrid; Gemini with ``--tp`` or ``--sp``); None
+    without one."""
+    if isinstance(plugin, HybridParallelPlugin | GeminiPlugin):
+        return plugin.mesh
+    return None
+
+
+def _activation_bytes(spec: ModelSpec, cfg: TrainConfig) -> int:
+    """Peak non-model (activation) bytes of one step on the accelerator, from memtrace's static
+    estimate on the meta device: what Gemini keeps free of chunks under ``--accelerator-budget``."""
+    shape = (cfg.batch_size, cfg.seq_len)
+    try:
+        stats = estimate_step(
+            spec.build,
+            lambda dev: (torch.zeros(shape, dtype=torch.long, device=dev),) * 2,
+            target="cuda" if torch.cuda.is_available() else "cpu",
+        )
+    except RuntimeError:  # a forward that reads values (HF masks call .item()): no meta estimate;
+        return 0  # the warmup keeps its default share free and measures the step itself
+    return stats.peak_non_model("accelerator")
+
+
+def _plugin_label(cfg: TrainConfig, plugin: Plugin, mesh: ProcessMesh | None) -> str:
+    if mesh is not None:
+        return f"{cfg.plugin} ({plugin.describe()})"  # type: ignore[attr-defined]
+    if not isinstance(plugin, GeminiPlugin):
+        return str(cfg.plugin)
+    budget = cfg.accelerator_budget or "whole accelerator"
+    label = f"gemini ({cfg.placement}, {cfg.precision}, budget {budget}"
+    if plugin.non_model_bytes:
+        label += f", {int(plugin.non_model_bytes) / 2**20:,.1f} MiB kept for activations"
+    return label + ")"
