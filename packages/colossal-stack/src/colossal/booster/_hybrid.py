@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from colossal_contracts import ConfigError, ParamSharding, ShardAxis
+from colossal_contracts import ConfigError, ParamSharding
 from colossal_models import (
     apply_activation_checkpointing,
     apply_sequence_parallel,
@@ -36,11 +36,8 @@ from colossal_parallel import (
     MeshConfig,
     PipelineSchedule,
     ProcessMesh,
-    all_reduce_grads,
-    run_pipeline,
-    run_pipeline_forward,
 )
-from colossal_zero import LazyInit, LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
+from colossal_zero import LazyInit, LowLevelZeroOptimizer, ZeroConfig
 
 from .._capability import (
     PRECISIONS,
@@ -56,27 +53,14 @@ from ..lora._tp import parallelize_lora
 from ._device import move_model, resolve_device, to_device
 from ._groups import GroupMap
 from ._hybrid_checkpoint import load_layout, save_layout
+from ._hybrid_grads import mesh_layout, reduce_and_clip
+from ._hybrid_pipeline import PipelineModule, pipeline_loss, pipeline_step
 from ._lazy_fill import fill_lazy, sharding_lazily
 from ._mesh_stats import axis_comm_bytes
-from ._pp_zero2 import sum_tied_zero2_grads
 
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
 
 _SP_METHODS = (None, *SP_KINDS[1:])  # "ring+megatron": ring over sp, Megatron over tp
-
-
-class PipelineModule(nn.Module):
-    """This rank's pipeline chunks. Train it with ``Booster.execute_pipeline``, not a call."""
-
-    def __init__(self, chunks: list[nn.Module]):
-        super().__init__()
-        self.chunks = nn.ModuleList(chunks)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise ConfigError(
-            "a pipelined model runs whole steps: call booster.execute_pipeline(x, y, model, "
-            "optimizer) instead of model(x, y)"
-        )
 
 
 @dataclass
@@ -281,7 +265,7 @@ class HybridParallelPlugin:
         if self._stages is not None:
             self._stages.tied = [swap.get(id(q), q) for q in self._stages.tied]
             tied = {id(p) for p in self._stages.tied}
-        self.sharding = self._layout(out, names, tp_layout, tied)
+        self.sharding = mesh_layout(out, names, tp_layout, tied, mesh, self.pp_size)
         hyper = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "betas", "eps")}
         wd = optimizer.defaults["weight_decay"]
         named_out = [(names[n], p) for n, p in out.named_parameters()]
@@ -302,7 +286,11 @@ class HybridParallelPlugin:
         else:
             opt = type(optimizer)(groups, weight_decay=wd, **hyper)
             named = [(n, p) for n, p in out.named_parameters() if p.requires_grad]
-            opt.register_step_pre_hook(lambda *_: self._reduce_and_clip(named))
+            opt.register_step_pre_hook(
+                lambda *_: reduce_and_clip(
+                    named, mesh, sp=self.sp, max_grad_norm=self.max_grad_norm, layout=self.sharding
+                )
+            )
         self._optimizer = opt
         # activations between stages have the compute dtype (after ZeRO's cast to its precision)
         self._boundary_dtype = params[0].dtype if params else torch.float32
@@ -314,46 +302,6 @@ class HybridParallelPlugin:
         check_combination(replace(self.combination(), lora=True), what=what)
         if self.lazy is not None:
             raise ConfigError(f"{what}: peft wraps real weights; build the model without lazy_init")
-
-    def _layout(
-        self,
-        model: nn.Module,
-        names: dict[str, str],
-        tp_layout: dict[str, ParamSharding] | None,
-        tied: set[int],
-    ) -> dict[str, ParamSharding] | None:
-        """Name in ``model`` -> layout over tp and pp (see [Note: hybrid gradients])."""
-        assert self.mesh is not None
-        if tp_layout is None and self.pp_size == 1:
-            return None
-        pp = ShardAxis("pp", self.mesh.group("pp"), self.pp_size, self.mesh.coord("pp"))
-        out = {}
-        for n, p in model.named_parameters():
-            rec = tp_layout[names[n]] if tp_layout is not None else ParamSharding()
-            if self.pp_size > 1:
-                if id(p) in tied:
-                    rec = ParamSharding(rec.split, (*rec.replicated, pp))
-                else:
-                    rec = ParamSharding((*rec.split, pp), rec.replicated)
-            out[n] = rec
-        return out
-
-    def _reduce_and_clip(self, named: list[tuple[str, nn.Parameter]]) -> None:
-        assert self.mesh is not None
-        params = [p for _, p in named]
-        if self.sp > 1:
-            all_reduce_grads(params, self.mesh.comm, "sp", average=False)
-        if self.mesh.size("dp") > 1:
-            all_reduce_grads(params, self.mesh.comm, "dp", average=True)
-        if self.max_grad_norm > 0:
-            layout = self.sharding or {}
-            parts = [(p.grad, layout.get(n)) for n, p in named if p.grad is not None]
-            norm = mesh_grad_norm(parts, shardings=layout).norm
-            coef = self.max_grad_norm / (norm + 1e-6)
-            if coef < 1.0:
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
 
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         if self.pp_size > 1:
@@ -379,55 +327,31 @@ class HybridParallelPlugin:
             self.backward(loss, optimizer)
             return loss.detach()
         assert self.mesh is not None and self._stages is not None
-        b, t = inputs.shape[0], inputs.shape[-1]
-        if b % self.microbatches:
-            raise ConfigError(
-                f"batch {b} cannot be split into {self.microbatches} micro-batches; use a batch "
-                "that is a multiple of microbatches"
-            )
         sched = PipelineSchedule(self.schedule, self.microbatches, self.num_virtual)  # type: ignore[arg-type]
-        # ZeRO-1's .grad are views into its flat buffer; the pipeline replaces the tied
-        # gradient by the first+last sum, so that sum is copied back into the view
-        views = [q.grad for q in self._stages.tied]
-        zero = isinstance(optimizer, LowLevelZeroOptimizer)
-        zero2 = zero and self.zero_stage == 2
-        # ZeRO: fp16's loss scale, and times sp (ZeRO averages over dp x sp; sp must be summed)
-        scale = optimizer.loss_scale * self.sp if zero else 1.0  # type: ignore[union-attr]
-        res = run_pipeline(
-            self._stages.chunks,
+        return pipeline_step(
+            self._stages,
             self.mesh,
-            sched,
             inputs,
             targets,
-            boundary_shape=self._stages.boundary_shape(b // self.microbatches, t),
+            optimizer,
+            schedule=sched,
             boundary_dtype=self._boundary_dtype,
-            tied=() if zero2 else self._stages.tied,  # ZeRO-2: summed after its reduction
             device=self.device,
-            loss_scale=scale,
+            sp=self.sp,
+            zero_stage=self.zero_stage,
         )
-        if zero2:
-            sum_tied_zero2_grads(optimizer, self._stages.tied, self.mesh)  # type: ignore[arg-type]
-        with torch.no_grad():
-            for q, view in zip(self._stages.tied, views):
-                if view is not None and q.grad is not view:
-                    view.copy_(q.grad)
-                    q.grad = view
-        return res.loss.detach()
 
     def evaluate_pipeline(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The batch's mean loss through the pipeline, forward only (``run_pipeline_forward``:
-        no activations kept, gradients untouched); the same on every rank of the pipeline."""
+        """The batch's mean loss through the pipeline, forward only; the same on every rank of
+        the pipeline (``pipeline_loss``)."""
         if self._stages is None or self.mesh is None:
             raise ConfigError("evaluate_pipeline needs a model boosted with pp_size > 1")
-        b, t = inputs.shape[0], inputs.shape[-1]
-        m = self.microbatches if b % self.microbatches == 0 else 1
-        return run_pipeline_forward(
-            self._stages.chunks,
+        return pipeline_loss(
+            self._stages,
             self.mesh,
             inputs,
             targets,
-            num_microbatches=m,
-            boundary_shape=self._stages.boundary_shape(b // m, t),
+            microbatches=self.microbatches,
             boundary_dtype=self._boundary_dtype,
             device=self.device,
         )
