@@ -212,12 +212,14 @@ def bad_settings() -> dict[str, str]:
         "gemini non-cube 3d": (GeminiPlugin, {"tp_size": 4, "tp_mode": "3d"}),
         "gemini tp mode": (GeminiPlugin, {"tp_size": 2, "tp_mode": "4d"}),
         "gemini model": (GeminiPlugin, {"tp_size": 2}),
+        "zero amsgrad": (HybridParallelPlugin, {"tp_size": 2, "zero_stage": 1}),
     }
     for name, (cls, kw) in cases.items():
         try:
             plugin = cls(**kw)
             model = _model(2) if name != "gemini model" else torch.nn.Linear(4, 4)
-            Booster(plugin).boost(model, torch.optim.AdamW(model.parameters()))
+            amsgrad = name == "zero amsgrad"
+            Booster(plugin).boost(model, torch.optim.AdamW(model.parameters(), amsgrad=amsgrad))
             out[name] = "no error"
             plugin.close()
         except ConfigError as e:

@@ -229,6 +229,7 @@ def test_bad_settings_are_one_line_config_errors(world):
     assert "q*q*q" in out["gemini non-cube 3d"]
     assert "tp_mode must be one of" in out["gemini tp mode"]
     assert "GPT and PaLM" in out["gemini model"]
+    assert "ZeRO-1's Adam supports neither amsgrad nor maximize" in out["zero amsgrad"]
     assert all("\n" not in v for v in out.values())
 
 

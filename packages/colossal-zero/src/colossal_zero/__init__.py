@@ -21,6 +21,7 @@ from .low_level._config import ZeroConfig
 from .low_level._formula import model_state_bytes_per_param, zero3_device_bytes
 from .low_level._optimizer import LowLevelZeroOptimizer
 from .optim._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
+from .optim._from_torch import adam_arguments
 from .optim._mesh_norm import mesh_grad_norm
 from .optim._precision import PRECISIONS
 from .optim._scaler import LossScalerConfig
@@ -40,6 +41,7 @@ __all__ = [
     "LowLevelZeroOptimizer",
     "TensorSpec",
     "ZeroConfig",
+    "adam_arguments",
     "adamw_update",
     "apply_gemini",
     "chunk_bytes_per_param",

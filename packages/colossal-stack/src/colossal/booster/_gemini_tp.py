@@ -47,7 +47,7 @@ from colossal_models import (
     stream_full_state,
 )
 from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
-from colossal_zero import LazyInit
+from colossal_zero import LazyInit, adam_arguments
 
 from ._groups import GroupMap
 from ._lazy_fill import sharding_lazily
@@ -101,11 +101,7 @@ def check_tp_inputs(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
             f"GeminiPlugin(tp_size > 1) shards GPT and PaLM through their plans, got "
             f"{type(model).__name__}; use tp_size=1 for other models"
         )
-    if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-        raise ConfigError(
-            f"Gemini trains with Adam or AdamW, got {type(optimizer).__name__}; build the "
-            "optimizer as torch.optim.AdamW(...)"
-        )
+    adam_arguments(optimizer, who="Gemini")  # Adam/AdamW without amsgrad or maximize
 
 
 def shard_for_tp(

@@ -37,7 +37,7 @@ from colossal_parallel import (
     PipelineSchedule,
     ProcessMesh,
 )
-from colossal_zero import LazyInit, LowLevelZeroOptimizer, ZeroConfig
+from colossal_zero import LazyInit, LowLevelZeroOptimizer, ZeroConfig, adam_arguments
 
 from .._capability import (
     PRECISIONS,
@@ -225,7 +225,9 @@ class HybridParallelPlugin:
             )
         if self.pp_size > 1:
             PipelineSchedule(self.schedule, self.microbatches, self.num_virtual).validate(cfg.pp)  # type: ignore[arg-type]
-        if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        if self.zero_stage:  # ZeRO's Adam: no amsgrad or maximize (before any group)
+            adam_arguments(optimizer, who=f"the hybrid plugin's ZeRO-{self.zero_stage}")
+        elif not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
             raise ConfigError(
                 f"the hybrid plugin trains with Adam or AdamW, got {type(optimizer).__name__}"
             )
@@ -266,25 +268,24 @@ class HybridParallelPlugin:
             self._stages.tied = [swap.get(id(q), q) for q in self._stages.tied]
             tied = {id(p) for p in self._stages.tied}
         self.sharding = mesh_layout(out, names, tp_layout, tied, mesh, self.pp_size)
-        hyper = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "betas", "eps")}
-        wd = optimizer.defaults["weight_decay"]
+        keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
+        hyper = {k: v for k, v in optimizer.defaults.items() if k in keep}
         named_out = [(names[n], p) for n, p in out.named_parameters()]
         groups = group_map.groups(named_out, keep=("lr", "betas", "eps", "weight_decay"))
         params = [p for g in groups for p in g["params"]]
-        if self.zero_stage:
-            opt: torch.optim.Optimizer = LowLevelZeroOptimizer(
+        # the user's optimizer on this rank's (sharded) parameters, same class and settings
+        opt: torch.optim.Optimizer = type(optimizer)(groups, **hyper)
+        if self.zero_stage:  # converted as ZeRO converts any Adam (amsgrad/maximize refused)
+            nonempty = type(optimizer)([g for g in groups if g["params"]], **hyper)
+            opt = LowLevelZeroOptimizer.from_torch(
                 out,
-                [g for g in groups if g["params"]],
-                weight_decay=wd,
-                **hyper,
+                nonempty,
                 config=self._zero_config(),
                 group=mesh.group("dp_sp" if self.sp > 1 else "dp"),  # [Note: hybrid gradients]
                 max_grad_norm=self.max_grad_norm,
-                adamw=isinstance(optimizer, torch.optim.AdamW),
                 sharding=self.sharding,
             )
         else:
-            opt = type(optimizer)(groups, weight_decay=wd, **hyper)
             named = [(n, p) for n, p in out.named_parameters() if p.requires_grad]
             opt.register_step_pre_hook(
                 lambda *_: reduce_and_clip(
