@@ -6,7 +6,7 @@ import sys
 
 
 def test_colossal_train_on_the_default_corpus_learns(tmp_path):
-    """20 steps of GPT tiny: the loss falls below 4 by step 5 (measured 3.4 at step 20)."""
+    """12 steps of GPT tiny: the loss falls below 4 by step 5 (measured 5.48 -> 3.13 at step 12)."""
     out = tmp_path / "run"
     proc = subprocess.run(
         [
@@ -17,7 +17,7 @@ def test_colossal_train_on_the_default_corpus_learns(tmp_path):
             "--preset",
             "tiny",
             "--steps",
-            "20",
+            "12",
             "--batch-size",
             "8",
             "--seq-len",
@@ -31,7 +31,7 @@ def test_colossal_train_on_the_default_corpus_learns(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(losses) == 20
+    assert len(losses) == 12
     assert losses[-1] < losses[0] - 1.5, losses  # ~5.5 (uniform over bytes) to well below 4
-    assert (out / "checkpoint" / "latest").read_text().strip() == "step-20"
+    assert (out / "checkpoint" / "latest").read_text().strip() == "step-12"
     assert "summary" in proc.stderr

@@ -7,12 +7,12 @@ import sys
 
 
 def _train(tmp_path, *extra):
-    """20 steps: the loss is below 4 from step 5-7 on (measured: 3.1 at step 20; 40 steps add
-    nothing the assertions read but time)."""
+    """12 steps: the loss is below 4 from step 5-7 on (measured: 5.33 -> 2.92 at step 12; more
+    steps add nothing the assertions read but time)."""
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "colossal", "train", "--model", "palm", "--preset", "tiny",
-         "--steps", "20", "--batch-size", "8", "--seq-len", "64", "--out", str(out), *extra],
+         "--steps", "12", "--batch-size", "8", "--seq-len", "64", "--out", str(out), *extra],
         capture_output=True,
         text=True,
         timeout=900,
@@ -28,7 +28,7 @@ def test_palm_tiny_learns_on_the_default_corpus(tmp_path):
     proc, out = _train(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = _losses(out)
-    assert len(losses) == 20
+    assert len(losses) == 12
     assert losses[-1] < losses[0] - 1.5, losses  # ~5.5 (uniform over bytes) to well below 4
     assert "palm-tiny" in proc.stderr
     # the default plugin is Gemini: this one run is also the PaLM-under-Gemini check (a second
