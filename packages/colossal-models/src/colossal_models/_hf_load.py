@@ -41,7 +41,7 @@ from torch import nn
 from colossal_contracts import ConfigError
 
 from ._hf import hf_attr, import_transformers
-from ._hf_sources import hf_weight_sources
+from ._hf_sources import hf_weight_sources, index_files, unreadable_weights
 from ._inputs import check_token_ids
 from .gpt import GPT, GPT2StateDictAdapter, GPTConfig
 from .palm import LlamaStateDictAdapter, PaLM, PaLMConfig
@@ -130,15 +130,11 @@ def check_hf_sizes(raw: Any, where: str) -> None:
 def _check_weight_files(folder: Path) -> None:
     """``ConfigError`` when a sharded index names a file outside ``folder`` (or none there)."""
     for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        index = folder / name
-        if not index.is_file():
+        files = index_files(folder, name)
+        if files is None:
             continue
-        try:
-            files = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-            raise ConfigError(f"hf:{folder}: {name} has no readable 'weight_map'") from None
         root = folder.resolve()
-        for f in sorted(map(str, files)):
+        for f in files:
             target = (folder / f).resolve()
             if target.parent != root:
                 raise ConfigError(
@@ -208,11 +204,7 @@ def load_hf_causal_lm(path: str | Path, *, config: Any = None, weights: bool = T
         try:
             hf = auto.from_pretrained(weights_at, config=config, local_files_only=True)
         except Exception as exc:  # truncated safetensors, refused pickles, torn shards, ...
-            cause = " ".join(str(exc).split())[:200]
-            raise ConfigError(
-                f"hf:{path}: cannot load the saved weights ({type(exc).__name__}: {cause}); "
-                "save them again with save_pretrained (safetensors)"
-            ) from exc
+            raise unreadable_weights(path, exc) from exc
     return HFCausalLM(hf.float().train())
 
 

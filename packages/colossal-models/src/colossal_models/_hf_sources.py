@@ -23,21 +23,39 @@ from torch import nn
 
 from colossal_contracts import ConfigError
 
-__all__ = ["hf_weight_sources"]
+__all__ = ["hf_weight_sources", "index_files", "unreadable_weights"]
 
 Load = Callable[[], torch.Tensor]
+
+
+def index_files(folder: Path, name: str) -> list[str] | None:
+    """The files the sharded index ``folder/name`` maps tensors to (sorted, as written); None
+    without that index; ``ConfigError`` when it has no readable ``weight_map``."""
+    index = folder / name
+    if not index.is_file():
+        return None
+    try:
+        return sorted(set(map(str, json.loads(index.read_text())["weight_map"].values())))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(f"hf:{folder}: {name} has no readable 'weight_map'") from None
+
+
+def unreadable_weights(where: object, exc: Exception) -> ConfigError:
+    """The one-line refusal of saved weights that cannot be loaded (truncated safetensors,
+    refused pickles, torn shards), naming ``where`` and the library's own error."""
+    cause = " ".join(str(exc).split())[:200]
+    return ConfigError(
+        f"hf:{where}: cannot load the saved weights ({type(exc).__name__}: {cause}); "
+        "save them again with save_pretrained (safetensors)"
+    )
 
 
 def _safetensors_files(folder: Path) -> list[Path] | None:
     """The safetensors files of ``folder`` (one, or the shards its index names); None when the
     weights are pickles; [] when there are none."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-            raise ConfigError(f"hf:{folder}: {index.name} has no readable 'weight_map'") from None
-        return [folder / n for n in names]
+    shards = index_files(folder, "model.safetensors.index.json")
+    if shards is not None:
+        return [folder / n for n in shards]
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     if any((folder / n).is_file() for n in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
@@ -52,11 +70,7 @@ def _keys(file: Path) -> list[str]:
         with safe_open(str(file), framework="pt") as f:
             return list(f.keys())
     except Exception as exc:  # a truncated or torn file: safetensors' own error, on one line
-        cause = " ".join(str(exc).split())[:200]
-        raise ConfigError(
-            f"hf:{file}: cannot load the saved weights ({type(exc).__name__}: {cause}); "
-            "save them again with save_pretrained (safetensors)"
-        ) from exc
+        raise unreadable_weights(file, exc) from exc
 
 
 def _reader(file: Path, key: str) -> Load:

@@ -147,8 +147,7 @@ class LazyInit(TorchFunctionMode):
             )
         base = self._replay(_storage(t), {})
         out = _view(base, t)
-        whole = out.storage_offset() == 0 and out.is_contiguous()
-        if whole and out.numel() * out.element_size() == base.untyped_storage().nbytes():
+        if _spans_storage(out):
             return out  # the storage is t's alone: no copy
         return out.clone()
 
@@ -157,8 +156,7 @@ class LazyInit(TorchFunctionMode):
         when ``t`` is materialized), not its recorded initialization's: a saved checkpoint's
         tensor read alone. ``t`` must span its whole storage; the generator is not touched."""
         rec = self._record_for(t)
-        whole = t.storage_offset() == 0 and t.is_contiguous()
-        if not whole or t.numel() * t.element_size() != t.untyped_storage().nbytes():
+        if not _spans_storage(t):
             raise ConfigError(
                 f"lazy init cannot load a view of shape {tuple(t.shape)} alone; load its whole "
                 "tensor, or build the model eagerly"
@@ -210,6 +208,12 @@ class LazyInit(TorchFunctionMode):
         finally:
             if saved is not None:
                 torch.set_rng_state(saved)
+
+
+def _spans_storage(t: torch.Tensor) -> bool:
+    """``t`` is its whole storage: contiguous from its start to its end."""
+    whole = t.storage_offset() == 0 and t.is_contiguous()
+    return whole and t.numel() * t.element_size() == t.untyped_storage().nbytes()
 
 
 def _load_into(dst: torch.Tensor, load: Callable[[], torch.Tensor]) -> torch.Tensor:

@@ -273,9 +273,10 @@ class HybridParallelPlugin:
         named_out = [(names[n], p) for n, p in out.named_parameters()]
         groups = group_map.groups(named_out, keep=("lr", "betas", "eps", "weight_decay"))
         params = [p for g in groups for p in g["params"]]
-        # the user's optimizer on this rank's (sharded) parameters, same class and settings
-        opt: torch.optim.Optimizer = type(optimizer)(groups, **hyper)
-        if self.zero_stage:  # converted as ZeRO converts any Adam (amsgrad/maximize refused)
+        # the user's optimizer on this rank's (sharded) parameters, same class and settings;
+        # ZeRO converts it as it converts any Adam (amsgrad/maximize refused)
+        opt: torch.optim.Optimizer
+        if self.zero_stage:
             nonempty = type(optimizer)([g for g in groups if g["params"]], **hyper)
             opt = LowLevelZeroOptimizer.from_torch(
                 out,
@@ -286,6 +287,7 @@ class HybridParallelPlugin:
                 sharding=self.sharding,
             )
         else:
+            opt = type(optimizer)(groups, **hyper)
             named = [(n, p) for n, p in out.named_parameters() if p.requires_grad]
             opt.register_step_pre_hook(
                 lambda *_: reduce_and_clip(

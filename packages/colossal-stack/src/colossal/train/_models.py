@@ -198,11 +198,8 @@ def _keeping_rng(build: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     depend on which ran ([Note: lazy job])."""
 
     def kept(*args: Any) -> nn.Module:
-        state = torch.get_rng_state()
-        try:
+        with torch.random.fork_rng(devices=[]):  # the CPU generator, restored on the way out
             return build(*args)
-        finally:
-            torch.set_rng_state(state)
 
     return kept
 
