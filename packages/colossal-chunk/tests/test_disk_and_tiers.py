@@ -56,3 +56,17 @@ def test_tier_refuses_to_exceed_capacity():
     assert (t.used_bytes, t.peak_bytes) == (0, 60)
     with pytest.raises(RuntimeError, match="negative"):
         t.free(1)
+
+
+def test_a_loan_lets_a_tier_exceed_its_capacity_until_it_ends():
+    t = Tier(TierName.ACCELERATOR, torch.device("cpu"), 100, emulated=True)
+    t.reserve(90, what="a")
+    t.lend(30)  # [Note: warmup loan]
+    t.reserve(40, what="b")
+    assert (t.used_bytes, t.lent_bytes) == (130, 30)
+    with pytest.raises(CapacityError, match="130 of 100"):
+        t.reserve(1, what="c")
+    t.end_loan()
+    t.free(40)
+    with pytest.raises(CapacityError, match="90 of 100"):
+        t.reserve(11, what="d")

@@ -62,3 +62,35 @@ def test_a_budget_no_chunk_size_fits_is_refused_after_warmup_and_the_named_budge
     named = int(re.search(r"at least ([\d,]+) bytes", str(err.value)).group(1).replace(",", ""))
     assert named > 100_000
     assert len(run(named, STEPS)) == STEPS  # following the message trains: no CapacityError
+
+
+def test_a_warmup_access_with_no_room_borrows_and_the_chunks_shrink_after_it():
+    # 16384-element fp32 chunks: a backward moment of the warmup holds two parameter chunks and a
+    # gradient twin (196,608 bytes), more than the 180,000-byte budget; the warmup borrows
+    # ([Note: warmup loan] in colossal-chunk) and the rule then halves the chunks; exact training
+    cfg = GeminiConfig(
+        precision="fp32", accelerator_bytes=180_000, chunk_numel=16384, non_model_bytes=20_000
+    )
+    losses, weights, numel = _chunk_numel(cfg)
+    assert numel == 8192
+    ref_losses, ref_weights = reference(STEPS, BATCH)
+    for a, b in zip(losses, ref_losses, strict=True):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
+    for k, v in ref_weights.items():
+        assert (weights[k] - v).abs().max().item() <= 1e-5 * max(1.0, v.abs().max().item())
+
+
+def test_a_budget_the_warmup_cannot_hold_is_refused_once_after_it_and_the_named_budget_trains():
+    # without the loan the warmup itself refused, naming budgets that knew nothing of the step's
+    # activations (196,608 for "this access alone", then a third figure after the next warmup)
+    def run(budget: int, steps: int) -> list[float]:
+        cfg = GeminiConfig(precision="fp32", accelerator_bytes=budget, chunk_numel=16384)
+        model = apply_gemini(build(), cfg, recorder=MomentRecorder())
+        opt = GeminiOptimizer(model, lr=1e-2)
+        return checks.train(model, opt, steps, BATCH)
+
+    with pytest.raises(CapacityError, match="feasibility rule") as err:
+        run(140_000, 1)
+    named = int(re.search(r"at least ([\d,]+) bytes", str(err.value)).group(1).replace(",", ""))
+    assert named > 196_608
+    assert len(run(named, 3)) == 3

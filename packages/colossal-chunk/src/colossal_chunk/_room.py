@@ -2,6 +2,15 @@
 (the policy's choice) or for a prefetch (only chunks needed later than the one fetched).
 
 ``Placement`` inherits these methods; they read its tiers, policy, budget and kept chunks.
+
+[Note: warmup loan] The automatic policy's warmup step measures what a step needs; before it ends
+nothing is known to size chunks by. So, when the policy was built with ``warmup_loan``, an access
+of the warmup that finds no room even with every other chunk moved off is lent what is missing (beyond the capacity, for the
+warmup only) instead of refusing with a figure that knows nothing of the step's later moments.
+The loan ends at the first access after the warmup; then the feasibility rule (colossal-zero's
+``gemini/_fit.py``) shrinks the chunks until the budget holds every moment, or refuses right after
+the warmup with the smallest budget that trains, computed from the measured peaks. On an emulated
+tier the loan is bookkeeping; on a real device the warmup holds up to the loan beyond the budget.
 """
 
 from __future__ import annotations
@@ -32,7 +41,16 @@ class ComputeRoom:
     offload: Callable[[Chunk], int]  # moves a chunk off the compute tier, returns bytes freed
 
     def limit(self, moment: int) -> int:
-        return min(self.tiers[ACC].capacity_bytes, self._budget(moment))
+        acc = self.tiers[ACC]
+        if acc.lent_bytes and not self._warming():
+            acc.end_loan()  # [Note: warmup loan]
+        return min(acc.capacity_bytes, self._budget(moment))
+
+    def _warming(self) -> bool:
+        """True while the warmup step of an automatic policy that lends runs ([Note: warmup
+        loan])."""
+        policy = self.policy
+        return isinstance(policy, AutoPolicy) and policy.warmup_loan and not policy.warm
 
     def make_room(
         self,
@@ -72,6 +90,9 @@ class ComputeRoom:
             if short <= 0:
                 return
         held = acc.used_bytes
+        if self._warming():  # [Note: warmup loan]
+            acc.lend(held + needed - acc.capacity_bytes)
+            return
         reserve = most = acc.capacity_bytes - limit
         policy = self.policy
         if isinstance(policy, AutoPolicy):  # the unclipped reserve: a clipped one names too little

@@ -2,7 +2,9 @@
 
 [Note: tier accounting] The owner (the chunk manager) calls ``reserve`` before it allocates a
 payload on a tier and ``free`` after it drops one, so ``used_bytes <= capacity_bytes`` holds at every
-moment, also on an emulated accelerator where nothing else would stop an overrun.
+moment, also on an emulated accelerator where nothing else would stop an overrun; the one exception
+is a loan (``lend``) to the warmup step ([Note: warmup loan] in ``_room.py``), which lets
+``used_bytes`` exceed the capacity by the loan until ``end_loan``.
 
 [Note: disk fault-ins] A disk payload is read into memory by a read-ahead before its use, or,
 when none was issued since it was last written (the read-ahead window was full, or too small
@@ -56,6 +58,7 @@ class Tier:
     _used: int = field(default=0, repr=False)
     _peak: int = field(default=0, repr=False)
     _faulted: int = field(default=0, repr=False)
+    _lent: int = field(default=0, repr=False)
 
     @property
     def used_bytes(self) -> int:
@@ -71,9 +74,23 @@ class Tier:
     def free_bytes(self) -> int:
         return self.capacity_bytes - self._used
 
+    @property
+    def lent_bytes(self) -> int:
+        """Bytes this tier may hold beyond its capacity now ([Note: warmup loan]); 0 normally."""
+        return self._lent
+
+    def lend(self, nbytes: int) -> None:
+        """Let ``used_bytes`` exceed the capacity by up to ``nbytes`` until ``end_loan``."""
+        self._lent = max(self._lent, nbytes)
+
+    def end_loan(self) -> None:
+        """Back to ``used_bytes <= capacity_bytes`` for every new payload (held ones stay until
+        their owner moves them off)."""
+        self._lent = 0
+
     def reserve(self, nbytes: int, *, what: str) -> None:
         """Count ``nbytes`` more as used; raise ``CapacityError`` (changing nothing) if they do not fit."""
-        if self._used + nbytes > self.capacity_bytes:
+        if self._used + nbytes > self.capacity_bytes + self._lent:
             raise CapacityError(
                 f"{self.name.value} tier cannot hold {what} ({nbytes:,} bytes): "
                 f"{self._used:,} of {self.capacity_bytes:,} bytes are in use; raise its capacity "

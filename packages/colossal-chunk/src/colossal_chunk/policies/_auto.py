@@ -34,6 +34,9 @@ class AutoPolicy(LruPolicy):
         warmup_share: share of the compute tier model data may use while no trace is known.
         lookahead: moments after the current one whose non-model peaks are reserved too.
         margin: safety margin on the traced non-model peaks (0.1: reserve 110% of them).
+        warmup_loan: while no trace is known, an access that finds no room borrows beyond the
+            compute tier's capacity instead of failing ([Note: warmup loan] in ``_room.py``);
+            for a caller that sizes chunks from the trace right after the warmup.
     """
 
     name = "auto"
@@ -46,6 +49,7 @@ class AutoPolicy(LruPolicy):
         lookahead: int = 1,
         margin: float = 0.0,
         tier: TierName = TierName.ACCELERATOR,
+        warmup_loan: bool = False,
     ):
         super().__init__()
         if not 0.0 < warmup_share <= 1.0:
@@ -61,6 +65,7 @@ class AutoPolicy(LruPolicy):
         self.warmup_share = warmup_share
         self.lookahead = lookahead
         self.tier = tier
+        self.warmup_loan = warmup_loan
         self._chunk_of: Mapping[str, int] = {}
         self._schedule: list[tuple[int, ...]] | None = None  # chunk ids per moment
         self._uses: dict[int, list[int]] = {}  # chunk id -> sorted moments that use it

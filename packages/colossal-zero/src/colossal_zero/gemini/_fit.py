@@ -13,6 +13,8 @@ gradient twins of moment ``m``'s trainable chunks when gradients have chunks of 
 frozen chunk has none: colossal-chunk's [Note: frozen chunks]). ``kept`` is what kept chunks hold
 ([Note: kept chunks] in colossal-chunk). Padding counts: a chunk holds ``chunk_numel`` elements.
 
+The warmup itself always finishes: an access that finds no room borrows beyond the budget
+([Note: warmup loan] in colossal-chunk), so the rule below decides with the whole step measured.
 After the warmup, when the current chunk size breaks the rule, chunks are halved (never below the
 largest tensor) until one size keeps it; the run re-packs to that size before the next step. When
 none does, the rule (an upper bound: it counts the previous moment's chunks and gradient twins that

@@ -109,7 +109,9 @@ def _policy(config: GeminiConfig, total_param_bytes: int, working: int) -> Place
         share = 0.8
         if cap is not None and cap > 0:
             share = min(1.0, max(0.05, 1.0 - config.non_model_bytes / cap))
-        return AutoPolicy(warmup_share=share, margin=config.non_model_margin)
+        # the loan: a warmup access that finds no room borrows; the feasibility rule decides
+        # right after the warmup (_fit.py, [Note: warmup loan] in colossal-chunk)
+        return AutoPolicy(warmup_share=share, margin=config.non_model_margin, warmup_loan=True)
     if cap is None or total_param_bytes == 0:
         return StaticPolicy(0.0, 1.0)
     room = max(0, cap - config.non_model_bytes - 2 * working)
