@@ -1,4 +1,5 @@
-"""colossal-parallel: process meshes, torchrun launch, counted collectives and tensor parallelism."""
+"""colossal-parallel: process meshes, torchrun launch, counted collectives, and the subpackages
+``tp1d`` (Megatron 1D), ``grid`` (2D/2.5D/3D), ``pipeline`` and ``sequence`` (ring, Ulysses)."""
 
 from ._autograd import (
     copy_to_axis,
@@ -14,70 +15,80 @@ from ._config import TP_MODES, MeshConfig, TpMode, divide
 from ._counter import COMM_OPS, CommCounter, CommStat
 from ._grads import all_reduce_grads
 from ._launch import LaunchInfo, launch_from_torch, seed_everything
-from ._long_seq._layout import SEQ_LAYOUTS, SeqLayout, check_sequence, sequence_positions
-from ._long_seq._ring import ring_attention, ring_attention_comm_bytes
-from ._long_seq._ulysses import all_to_all_along, ulysses_attention, ulysses_comm_bytes
 from ._mesh import ProcessMesh
 from ._p2p import exchange
-from ._pipeline._cost import pipeline_p2p_bytes
-from ._pipeline._forward import run_pipeline_forward
-from ._pipeline._partition import parameter_costs, partition_layers, stage_rank
-from ._pipeline._runtime import PipelineResult, run_pipeline
-from ._pipeline._schedule import (
+from .grid import (
+    LAYOUT_2D,
+    LAYOUT_2P5D,
+    LAYOUT_3D,
+    LAYOUT_3D_T,
+    Classifier2D,
+    Classifier2p5D,
+    Classifier3D,
+    CommCost,
+    Embedding2D,
+    Embedding2p5D,
+    Embedding3D,
+    LayerNorm2D,
+    LayerNorm2p5D,
+    LayerNorm3D,
+    Linear2D,
+    Linear2p5D,
+    Linear3D,
+    TpLayout,
+    VocabParallelEmbedding2D,
+    VocabParallelEmbedding2p5D,
+    VocabParallelEmbedding3D,
+    cross_entropy_2d,
+    cross_entropy_2p5d,
+    cross_entropy_3d,
+    cross_entropy_comm_bytes,
+    embedding_comm_bytes,
+    gather_from_layout,
+    layernorm_comm_bytes,
+    linear_comm_bytes,
+    split_to_layout,
+    vocab_embedding_comm_bytes,
+)
+from .pipeline import (
     SCHEDULES,
     Action,
+    PipelineResult,
     PipelineSchedule,
     ideal_idle_fraction,
     idle_fractions,
+    parameter_costs,
+    partition_layers,
+    pipeline_p2p_bytes,
+    run_pipeline,
+    run_pipeline_forward,
     simulate,
+    stage_rank,
 )
-from ._tp1d._cost import block_comm_bytes_1d
-from ._tp1d._cross_entropy import (
+from .sequence import (
+    SEQ_LAYOUTS,
+    SeqLayout,
+    all_to_all_along,
+    check_sequence,
+    ring_attention,
+    ring_attention_comm_bytes,
+    sequence_positions,
+    ulysses_attention,
+    ulysses_comm_bytes,
+)
+from .tp1d import (
+    ColumnParallelLinear,
+    LayerNorm1D,
+    ParallelEmbedding,
+    RowParallelLinear,
     VocabParallelCrossEntropy,
+    VocabParallelEmbedding,
     VocabParallelLMHead,
+    block_comm_bytes_1d,
+    gather_sequence,
+    split_sequence,
     vocab_parallel_cross_entropy,
 )
-from ._tp1d._embedding import ParallelEmbedding, VocabParallelEmbedding
-from ._tp1d._linear import ColumnParallelLinear, RowParallelLinear
-from ._tp1d._norm import LayerNorm1D
-from ._tp1d._sequence import gather_sequence, split_sequence
-from ._tp2d._layers import (
-    LAYOUT_2D,
-    Classifier2D,
-    Embedding2D,
-    LayerNorm2D,
-    Linear2D,
-    VocabParallelEmbedding2D,
-    cross_entropy_2d,
-)
-from ._tp2p5d._layers import (
-    LAYOUT_2P5D,
-    Classifier2p5D,
-    Embedding2p5D,
-    LayerNorm2p5D,
-    Linear2p5D,
-    VocabParallelEmbedding2p5D,
-    cross_entropy_2p5d,
-)
-from ._tp3d._layers import (
-    LAYOUT_3D,
-    LAYOUT_3D_T,
-    Classifier3D,
-    Embedding3D,
-    LayerNorm3D,
-    Linear3D,
-    VocabParallelEmbedding3D,
-    cross_entropy_3d,
-)
-from ._tpnd._cost import (
-    CommCost,
-    cross_entropy_comm_bytes,
-    embedding_comm_bytes,
-    layernorm_comm_bytes,
-    linear_comm_bytes,
-    vocab_embedding_comm_bytes,
-)
-from ._tpnd._layout import TpLayout, gather_from_layout, split_to_layout
 
 __version__ = "0.1.0"
 

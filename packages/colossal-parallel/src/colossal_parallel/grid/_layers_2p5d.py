@@ -11,13 +11,13 @@ from __future__ import annotations
 import torch
 
 from .._mesh import ProcessMesh
-from .._tp2d._linear import COL_PEERS, ROW_PEERS, SummaLinear
-from .._tpnd._common import check_mode
-from .._tpnd._embedding import GridEmbedding, GridVocabEmbedding
-from .._tpnd._layout import TpLayout
-from .._tpnd._linear import GridHead
-from .._tpnd._loss import grid_cross_entropy
-from .._tpnd._norm import GridLayerNorm
+from ._common import check_mode
+from ._embedding import GridEmbedding, GridVocabEmbedding
+from ._layout import TpLayout
+from ._linear import GridHead
+from ._loss import grid_cross_entropy
+from ._norm import GridLayerNorm
+from ._summa import COL_PEERS, ROW_PEERS, SummaLinear
 
 __all__ = [
     "LAYOUT_2P5D",

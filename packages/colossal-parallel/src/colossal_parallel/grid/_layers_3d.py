@@ -10,13 +10,13 @@ from __future__ import annotations
 import torch
 
 from .._mesh import ProcessMesh
-from .._tpnd._common import check_mode
-from .._tpnd._embedding import GridEmbedding, GridVocabEmbedding
-from .._tpnd._layout import TpLayout
-from .._tpnd._linear import GridHead
-from .._tpnd._loss import grid_cross_entropy
-from .._tpnd._norm import GridLayerNorm
-from ._linear import LAYOUT_3D, LAYOUT_3D_T, CubeLinear
+from ._common import check_mode
+from ._cube import LAYOUT_3D, LAYOUT_3D_T, CubeLinear
+from ._embedding import GridEmbedding, GridVocabEmbedding
+from ._layout import TpLayout
+from ._linear import GridHead
+from ._loss import grid_cross_entropy
+from ._norm import GridLayerNorm
 
 __all__ = [
     "LAYOUT_3D",

@@ -27,7 +27,7 @@ from torch import nn
 
 from .._autograd import copy_to_axis
 from .._comm import CountedComm
-from .._tpnd._linear import GridLinear
+from ._linear import GridLinear
 
 __all__ = ["COL_PEERS", "ROW_PEERS", "SummaLinear", "summa_matmul"]
 

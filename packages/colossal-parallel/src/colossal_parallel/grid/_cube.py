@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from .._comm import CountedComm
-from .._tpnd._layout import TpLayout
-from .._tpnd._linear import GridLinear
+from ._layout import TpLayout
+from ._linear import GridLinear
 
 __all__ = ["LAYOUT_3D", "LAYOUT_3D_T", "CubeLinear", "cube_matmul"]
 
