@@ -25,16 +25,15 @@ import math
 from typing import Any
 
 from colossal_models import GPTConfig
-from colossal_parallel import (
-    block_comm_bytes_1d,
+from colossal_parallel.grid import (
     cross_entropy_comm_bytes,
     embedding_comm_bytes,
     layernorm_comm_bytes,
     linear_comm_bytes,
-    pipeline_p2p_bytes,
-    ring_attention_comm_bytes,
-    ulysses_comm_bytes,
 )
+from colossal_parallel.pipeline import pipeline_p2p_bytes
+from colossal_parallel.sequence import ring_attention_comm_bytes, ulysses_comm_bytes
+from colossal_parallel.tp1d import block_comm_bytes_1d
 
 __all__ = ["formula_bytes", "local_params_1d"]
 

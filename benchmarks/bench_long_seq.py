@@ -62,10 +62,10 @@ def measure(method: str, seq_len: int) -> dict:
         h, d, n = cfg.num_heads, cfg.head_dim, cfg.num_layers
         if method == "ring":
             out["counted"] = counter.bytes("sp", "send")
-            out["formula"] = n * sum(cp.ring_attention_comm_bytes(B, h, seq_len, d, sp))
+            out["formula"] = n * sum(cp.sequence.ring_attention_comm_bytes(B, h, seq_len, d, sp))
         else:
             out["counted"] = counter.bytes("sp", "all_to_all")
-            out["formula"] = n * sum(cp.ulysses_comm_bytes(B, h, seq_len, d, sp))
+            out["formula"] = n * sum(cp.sequence.ulysses_comm_bytes(B, h, seq_len, d, sp))
         cp.all_reduce_grads(model.parameters(), mesh.comm, "sp", average=False)
         mesh.close()
     return out

@@ -60,8 +60,8 @@ class SleepStage(nn.Module):
         return (y - targets).pow(2).mean() if self.last else y
 
 
-def _schedule(kind: str, m: int) -> cp.PipelineSchedule:
-    return cp.PipelineSchedule(kind, m, 2 if kind == "interleaved" else 1)
+def _schedule(kind: str, m: int) -> cp.pipeline.PipelineSchedule:
+    return cp.pipeline.PipelineSchedule(kind, m, 2 if kind == "interleaved" else 1)
 
 
 def measure_idle(kind: str, m: int, t_f: float, steps: int) -> list:
@@ -78,7 +78,7 @@ def measure_idle(kind: str, m: int, t_f: float, steps: int) -> list:
     for step in range(steps + 1):  # step 0 warms up
         dist.barrier()
         t0 = time.perf_counter()
-        res = cp.run_pipeline(chunks, mesh, sched, x, x, boundary_shape=(2, WIDTH))
+        res = cp.pipeline.run_pipeline(chunks, mesh, sched, x, x, boundary_shape=(2, WIDTH))
         if step:
             out.append(
                 [(a.kind, a.microbatch, a.chunk, s - t0, e - t0) for a, s, e in res.timeline]
@@ -105,7 +105,7 @@ def measure_gpt(kind: str, m: int, mb: int, seq: int, steps: int, trace: bool) -
     def step():
         for q in stages.parameters():
             q.grad = None
-        return cp.run_pipeline(
+        return cp.pipeline.run_pipeline(
             stages.chunks, mesh, sched, x, y, boundary_shape=shape, tied=stages.tied
         )
 
@@ -222,7 +222,7 @@ def run(quick: bool, out_dir: Path) -> Report:
                     tls = _median_step(world.run(measure_idle, kind, m, t_f, STEPS))
                     v = 2 if kind == "interleaved" else 1
                     idle = _idle(tls)
-                    want = cp.ideal_idle_fraction(kind, p, m, v)
+                    want = cp.pipeline.ideal_idle_fraction(kind, p, m, v)
                     rows.append(
                         {
                             "part": "idle",
@@ -247,7 +247,7 @@ def run(quick: bool, out_dir: Path) -> Report:
                         tls = _median_step([r["timelines"] for r in res])
                         idle = _idle(tls)
                         v = 2 if kind == "interleaved" else 1
-                        want = cp.ideal_idle_fraction(kind, p, m, v)
+                        want = cp.pipeline.ideal_idle_fraction(kind, p, m, v)
                         rows.append(
                             {
                                 "part": "idle",

@@ -39,15 +39,15 @@ def measure_pair(mode: str, tp: int, depth: int, hidden: int, batch: int, seq: i
     l1, l2 = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
     x = torch.randn(batch, seq, hidden)
     if mode == "1d":
-        a = cp.ColumnParallelLinear.from_linear(l1, mesh)
-        b = cp.RowParallelLinear.from_linear(l2, mesh)
+        a = cp.tp1d.ColumnParallelLinear.from_linear(l1, mesh)
+        b = cp.tp1d.RowParallelLinear.from_linear(l2, mesh)
         x.requires_grad_()
     else:
-        cls = {"2d": cp.Linear2D, "2.5d": cp.Linear2p5D, "3d": cp.Linear3D}[mode]
-        lay = {"2d": cp.LAYOUT_2D, "2.5d": cp.LAYOUT_2P5D, "3d": cp.LAYOUT_3D}[mode]
+        cls = {"2d": cp.grid.Linear2D, "2.5d": cp.grid.Linear2p5D, "3d": cp.grid.Linear3D}[mode]
+        lay = {"2d": cp.grid.LAYOUT_2D, "2.5d": cp.grid.LAYOUT_2P5D, "3d": cp.grid.LAYOUT_3D}[mode]
         a = cls.from_linear(l1, mesh, layout=lay)
         b = cls.from_linear(l2, mesh, layout=a.out_layout)
-        x = cp.split_to_layout(x, mesh, lay).requires_grad_()
+        x = cp.grid.split_to_layout(x, mesh, lay).requires_grad_()
     counter = mesh.comm.counter
 
     def wire(snap: dict) -> float:
@@ -72,7 +72,7 @@ def formula_per_linear(mode: str, tp: int, depth: int, hidden: int, tokens: int)
     if mode == "1d":  # the pair all-reduces tokens x hidden once per pass
         return hidden * tokens * E if tp > 1 else 0
     q = round((tp // depth) ** 0.5) if mode != "3d" else round(tp ** (1 / 3))
-    cost = cp.linear_comm_bytes(
+    cost = cp.grid.linear_comm_bytes(
         mode, q, depth=depth, tokens=tokens, in_features=hidden, out_features=hidden
     )
     return cost.total

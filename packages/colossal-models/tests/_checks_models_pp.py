@@ -21,13 +21,8 @@ import torch.distributed as dist
 
 from colossal_contracts import ConfigError
 from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig, parallelize, split_into_stages
-from colossal_parallel import (
-    MeshConfig,
-    PipelineSchedule,
-    ProcessMesh,
-    all_reduce_grads,
-    run_pipeline,
-)
+from colossal_parallel import MeshConfig, ProcessMesh, all_reduce_grads
+from colossal_parallel.pipeline import PipelineSchedule, run_pipeline
 
 B, T, STEPS, LR = 8, 8, 5, 1e-3
 LAYERS = 8  # pp = 4 with 2 chunks per rank needs 8 stages

@@ -12,9 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from colossal_contracts import ConfigError
-from colossal_parallel import (
-    MeshConfig,
-    ProcessMesh,
+from colossal_parallel import MeshConfig, ProcessMesh
+from colossal_parallel.sequence import (
     ring_attention,
     ring_attention_comm_bytes,
     sequence_positions,

@@ -8,12 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from colossal_parallel import (
+from colossal_parallel import MeshConfig, ProcessMesh
+from colossal_parallel.tp1d import (
     ColumnParallelLinear,
     LayerNorm1D,
-    MeshConfig,
     ParallelEmbedding,
-    ProcessMesh,
     RowParallelLinear,
     VocabParallelEmbedding,
     VocabParallelLMHead,

@@ -12,14 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from colossal_parallel import (
-    MeshConfig,
-    PipelineSchedule,
-    ProcessMesh,
-    partition_layers,
-    run_pipeline,
-    stage_rank,
-)
+from colossal_parallel import MeshConfig, ProcessMesh
+from colossal_parallel.pipeline import PipelineSchedule, partition_layers, run_pipeline, stage_rank
 
 W, L, B = 8, 8, 8  # width, layers, batch
 

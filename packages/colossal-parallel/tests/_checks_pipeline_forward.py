@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from _checks_pipeline import B, W, _reference, my_stages, setup
 
-from colossal_parallel import run_pipeline_forward
+from colossal_parallel.pipeline import run_pipeline_forward
 
 
 def run_forward(cases: list[tuple[int, int]]) -> list[dict]:

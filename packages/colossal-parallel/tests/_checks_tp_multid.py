@@ -21,9 +21,9 @@ B, S, K, N, V = 4, 3, 8, 12, 16  # batch, seq, in/out features, vocabulary
 # mode: (class-name suffix, mesh config, activation layouts (first: default), q, depth);
 # sizes this machine can host
 KITS = {
-    "2d": ("2D", MeshConfig(tp=4, tp_mode="2d"), (cp.LAYOUT_2D,), 2, 1),
-    "2.5d": ("2p5D", MeshConfig(tp=8, tp_mode="2.5d", tp_depth=2), (cp.LAYOUT_2P5D,), 2, 2),
-    "3d": ("3D", MeshConfig(tp=8, tp_mode="3d"), (cp.LAYOUT_3D, cp.LAYOUT_3D_T), 2, 1),
+    "2d": ("2D", MeshConfig(tp=4, tp_mode="2d"), (cp.grid.LAYOUT_2D,), 2, 1),
+    "2.5d": ("2p5D", MeshConfig(tp=8, tp_mode="2.5d", tp_depth=2), (cp.grid.LAYOUT_2P5D,), 2, 2),
+    "3d": ("3D", MeshConfig(tp=8, tp_mode="3d"), (cp.grid.LAYOUT_3D, cp.grid.LAYOUT_3D_T), 2, 1),
 }
 
 
@@ -35,7 +35,7 @@ def num_ranks(mode: str) -> int:
 def kit(mode: str) -> dict:
     """The layers, layouts and mesh config of a mode."""
     up, cfg, layouts, q, d = KITS[mode]
-    ce = getattr(cp, f"cross_entropy_{up.lower()}")
+    ce = getattr(cp.grid, f"cross_entropy_{up.lower()}")
     return {
         "cfg": cfg,
         "q": q,
@@ -43,7 +43,7 @@ def kit(mode: str) -> dict:
         "layout": layouts[0],
         "layouts": layouts,
         **{
-            k: getattr(cp, f"{k}{up}")
+            k: getattr(cp.grid, f"{k}{up}")
             for k in ("Linear", "Classifier", "LayerNorm", "Embedding", "VocabParallelEmbedding")
         },
         "cross_entropy": (lambda lg, t, m, lay: ce(lg, t, m, layout=lay))
@@ -74,8 +74,8 @@ def _check_linear(mesh, k, cls, layout, results, tag, *, in_f=K, out_f=N, bias=T
     y = ref(x)
     (y * g).sum().backward()
     par = cls.from_linear(ref, mesh, layout=layout)
-    xl = cp.split_to_layout(x.detach(), mesh, layout).requires_grad_()
-    gl = cp.split_to_layout(g, mesh, par.out_layout)
+    xl = cp.grid.split_to_layout(x.detach(), mesh, layout).requires_grad_()
+    gl = cp.grid.split_to_layout(g, mesh, par.out_layout)
     yl, fb, bb = _measure(mesh.comm, lambda: par(xl), lambda o: (o * gl).sum())
     grad_ref = nn.Linear(in_f, out_f, bias=bias)
     with torch.no_grad():
@@ -84,13 +84,13 @@ def _check_linear(mesh, k, cls, layout, results, tag, *, in_f=K, out_f=N, bias=T
             grad_ref.bias.copy_(ref.bias.grad)
     expect = cls.from_linear(grad_ref, mesh, layout=layout)
     err = {
-        "out": _rel(yl, cp.split_to_layout(y.detach(), mesh, par.out_layout)),
-        "dx": _rel(xl.grad, cp.split_to_layout(x.grad, mesh, layout)),
+        "out": _rel(yl, cp.grid.split_to_layout(y.detach(), mesh, par.out_layout)),
+        "dx": _rel(xl.grad, cp.grid.split_to_layout(x.grad, mesh, layout)),
         "dw": _rel(par.weight.grad, expect.weight),
     }
     if bias:
         err["db"] = _rel(par.bias.grad, expect.bias)
-    cost = cp.linear_comm_bytes(
+    cost = cp.grid.linear_comm_bytes(
         mesh.config.tp_mode,
         k["q"],
         depth=k["depth"],
@@ -113,21 +113,21 @@ def _check_layernorm(mesh, k, layout, results, tag):
     y = ref(x)
     (y * g).sum().backward()
     par = k["LayerNorm"].from_layernorm(ref, mesh, layout=layout)
-    xl = cp.split_to_layout(x.detach(), mesh, layout).requires_grad_()
-    gl = cp.split_to_layout(g, mesh, layout)
+    xl = cp.grid.split_to_layout(x.detach(), mesh, layout).requires_grad_()
+    gl = cp.grid.split_to_layout(g, mesh, layout)
     yl, fb, bb = _measure(mesh.comm, lambda: par(xl), lambda o: (o * gl).sum())
     grad_ref = nn.LayerNorm(N)
     with torch.no_grad():
         grad_ref.weight.copy_(ref.weight.grad)
         grad_ref.bias.copy_(ref.bias.grad)
     expect = k["LayerNorm"].from_layernorm(grad_ref, mesh, layout=layout)
-    cost = cp.layernorm_comm_bytes(
+    cost = cp.grid.layernorm_comm_bytes(
         mesh.config.tp_mode, k["q"], depth=k["depth"], tokens=B * S, hidden=N
     )
     results[tag] = {
         "err": {
-            "out": _rel(yl, cp.split_to_layout(y.detach(), mesh, layout)),
-            "dx": _rel(xl.grad, cp.split_to_layout(x.grad, mesh, layout)),
+            "out": _rel(yl, cp.grid.split_to_layout(y.detach(), mesh, layout)),
+            "dx": _rel(xl.grad, cp.grid.split_to_layout(x.grad, mesh, layout)),
             "dw": _rel(par.weight.grad, expect.weight),
             "db": _rel(par.bias.grad, expect.bias),
         },
@@ -145,8 +145,8 @@ def _check_embedding(mesh, k, layout, results, tag, vocab_parallel: bool):
     (y * g).sum().backward()
     cls = k["VocabParallelEmbedding" if vocab_parallel else "Embedding"]
     par = cls.from_embedding(ref, mesh, layout=layout)
-    il = cp.split_to_layout(ids, mesh, layout, hidden=False)
-    gl = cp.split_to_layout(g, mesh, layout)
+    il = cp.grid.split_to_layout(ids, mesh, layout, hidden=False)
+    gl = cp.grid.split_to_layout(g, mesh, layout)
     yl, fb, bb = _measure(mesh.comm, lambda: par(il), lambda o: (o * gl).sum())
     grad_ref = nn.Embedding(V, N)
     with torch.no_grad():
@@ -154,14 +154,14 @@ def _check_embedding(mesh, k, layout, results, tag, vocab_parallel: bool):
     expect = cls.from_embedding(grad_ref, mesh, layout=layout)
     mode, q, d = mesh.config.tp_mode, k["q"], k["depth"]
     if vocab_parallel:
-        cost = cp.vocab_embedding_comm_bytes(
+        cost = cp.grid.vocab_embedding_comm_bytes(
             mode, q, depth=d, tokens=B * S, num_embeddings=V, dim=N
         )
     else:
-        cost = cp.embedding_comm_bytes(mode, q, depth=d, num_embeddings=V, dim=N)
+        cost = cp.grid.embedding_comm_bytes(mode, q, depth=d, num_embeddings=V, dim=N)
     results[tag] = {
         "err": {
-            "out": _rel(yl, cp.split_to_layout(y.detach(), mesh, layout)),
+            "out": _rel(yl, cp.grid.split_to_layout(y.detach(), mesh, layout)),
             "dw": _rel(par.weight.grad, expect.weight),
         },
         "bytes": (fb, bb),
@@ -178,9 +178,9 @@ def _check_head(mesh, k, layout, results, tag):
     loss = F.cross_entropy(ref(x).reshape(-1, V), targets.reshape(-1))
     loss.backward()
     par = k["Classifier"].from_linear(ref, mesh, layout=layout)
-    xl = cp.split_to_layout(x.detach(), mesh, layout).requires_grad_()
+    xl = cp.grid.split_to_layout(x.detach(), mesh, layout).requires_grad_()
     logits = par(xl)
-    tl = cp.split_to_layout(targets, mesh, par.out_layout, hidden=False)
+    tl = cp.grid.split_to_layout(targets, mesh, par.out_layout, hidden=False)
     ce = k["cross_entropy"]
     leaf = logits.detach().requires_grad_()  # count the cross-entropy alone
     lossl, fb, bb = _measure(mesh.comm, lambda: ce(leaf, tl, mesh, par.out_layout), lambda o: o)
@@ -189,11 +189,13 @@ def _check_head(mesh, k, layout, results, tag):
     with torch.no_grad():
         grad_ref.weight.copy_(ref.weight.grad)
     expect = k["Classifier"].from_linear(grad_ref, mesh, layout=layout)
-    cost = cp.cross_entropy_comm_bytes(mesh.config.tp_mode, k["q"], depth=k["depth"], tokens=B * S)
+    cost = cp.grid.cross_entropy_comm_bytes(
+        mesh.config.tp_mode, k["q"], depth=k["depth"], tokens=B * S
+    )
     results[tag] = {
         "err": {
             "loss": _rel(lossl, loss.detach()),
-            "dx": _rel(xl.grad, cp.split_to_layout(x.grad, mesh, layout)),
+            "dx": _rel(xl.grad, cp.grid.split_to_layout(x.grad, mesh, layout)),
             "dw": _rel(par.weight.grad, expect.weight),
         },
         "bytes": (fb, bb),
@@ -215,10 +217,10 @@ def _check_errors(mesh, k) -> dict:
         "embedding_dim": lambda: k["Embedding"](V, N + 1, mesh, layout=lay),
         "vocab": lambda: k["VocabParallelEmbedding"](V + 1, N, mesh, layout=lay),
         "input_width": lambda: good(torch.randn(1, S, 3)),
-        "batch": lambda: cp.split_to_layout(torch.randn(B + 1, S, K), mesh, lay),
+        "batch": lambda: cp.grid.split_to_layout(torch.randn(B + 1, S, K), mesh, lay),
         "ids_dtype": lambda: k["Embedding"](V, N, mesh, layout=lay)(torch.zeros(1, S)),
-        "layout": lambda: k["Linear"](K, N, mesh, layout=cp.TpLayout(("dp",), "pp")),
-        "mode": lambda: getattr(cp, "Linear3D" if other == "3d" else "Linear2D")(K, N, mesh),
+        "layout": lambda: k["Linear"](K, N, mesh, layout=cp.grid.TpLayout(("dp",), "pp")),
+        "mode": lambda: getattr(cp.grid, "Linear3D" if other == "3d" else "Linear2D")(K, N, mesh),
     }
     out = {}
     for name, fn in cases.items():
@@ -248,7 +250,9 @@ def run_layers(mode: str) -> dict:
     results["errors"] = _check_errors(mesh, k)
     # a round trip through the split/gather helpers
     x = torch.randn(B, S, N, generator=torch.Generator().manual_seed(5))
-    back = cp.gather_from_layout(cp.split_to_layout(x, mesh, k["layout"]), mesh, k["layout"])
+    back = cp.grid.gather_from_layout(
+        cp.grid.split_to_layout(x, mesh, k["layout"]), mesh, k["layout"]
+    )
     results["roundtrip"] = _rel(back, x)
     mesh.close()
     return results
@@ -277,9 +281,9 @@ def run_training(mode: str, steps: int = 5) -> dict:
         opt_par.zero_grad()
         lay, out_lay = par.layout, par.head.out_layout
         lp = par.loss(
-            cp.split_to_layout(ids, mesh, lay, hidden=False),
-            cp.split_to_layout(pos, mesh, lay, hidden=False),
-            cp.split_to_layout(targets, mesh, out_lay, hidden=False),
+            cp.grid.split_to_layout(ids, mesh, lay, hidden=False),
+            cp.grid.split_to_layout(pos, mesh, lay, hidden=False),
+            cp.grid.split_to_layout(targets, mesh, out_lay, hidden=False),
         )
         lp.backward()
         opt_par.step()

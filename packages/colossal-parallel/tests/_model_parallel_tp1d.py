@@ -6,14 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from colossal_parallel import (
+from colossal_parallel import ProcessMesh, copy_to_axis
+from colossal_parallel.tp1d import (
     ColumnParallelLinear,
     LayerNorm1D,
-    ProcessMesh,
     RowParallelLinear,
     VocabParallelEmbedding,
     VocabParallelLMHead,
-    copy_to_axis,
     vocab_parallel_cross_entropy,
 )
 

@@ -6,10 +6,11 @@ The check runs before the mesh is touched, so no process group is needed (mesh=N
 import pytest
 from torch import nn
 
-import colossal_parallel as cp
 from colossal_contracts import ConfigError
+from colossal_parallel import grid, tp1d
 
-EMBEDDINGS = [n for n in cp.__all__ if "Embedding" in n]
+CLASSES = {n: getattr(m, n) for m in (tp1d, grid) for n in m.__all__ if "Embedding" in n}
+EMBEDDINGS = sorted(CLASSES)
 
 
 @pytest.mark.parametrize("name", EMBEDDINGS)
@@ -19,7 +20,7 @@ EMBEDDINGS = [n for n in cp.__all__ if "Embedding" in n]
 def test_non_plain_embedding_is_refused(name, kwargs):
     emb = nn.Embedding(16, 8, **kwargs)
     with pytest.raises(ConfigError, match=f"{name}.from_embedding supports plain nn.Embedding"):
-        getattr(cp, name).from_embedding(emb, None)
+        CLASSES[name].from_embedding(emb, None)
 
 
 def test_every_embedding_class_is_covered():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from colossal_contracts import ConfigError
-from colossal_parallel import sequence_positions
+from colossal_parallel.sequence import sequence_positions
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _checks_long_seq as checks

@@ -30,7 +30,7 @@ def test_forward_only_gives_the_single_rank_loss(world):
 def test_a_batch_that_does_not_split_is_refused():
     import torch
 
-    from colossal_parallel import run_pipeline_forward
+    from colossal_parallel.pipeline import run_pipeline_forward
 
     with pytest.raises(ConfigError, match="cannot be split into 3"):
         run_pipeline_forward(

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from colossal_contracts import ConfigError
-from colossal_parallel import (
+from colossal_parallel.pipeline import (
     PipelineSchedule,
     ideal_idle_fraction,
     idle_fractions,

@@ -43,7 +43,8 @@ def pipeline_sent_bytes(m: int, batch: int, width: int) -> tuple[int, int]:
     """This rank's stage and the bytes it counted sending in one 1F1B step over all ranks."""
     import torch.distributed as dist
 
-    from colossal_parallel import MeshConfig, PipelineSchedule, ProcessMesh, run_pipeline
+    from colossal_parallel import MeshConfig, ProcessMesh
+    from colossal_parallel.pipeline import PipelineSchedule, run_pipeline
 
     p = dist.get_world_size()
     mesh = ProcessMesh(MeshConfig(pp=p))

@@ -201,7 +201,7 @@ def test_pipeline_p2p_bytes_match_counted(world):
     # the bytes run_pipeline counts sending in one 1F1B step on 2 gloo ranks, exactly.
     import _checks_plan as checks
 
-    from colossal_parallel import pipeline_p2p_bytes
+    from colossal_parallel.pipeline import pipeline_p2p_bytes
 
     m, batch, width = 4, 8, 16
     for stage, sent in world(2).run(checks.pipeline_sent_bytes, m, batch, width):
@@ -210,11 +210,11 @@ def test_pipeline_p2p_bytes_match_counted(world):
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_tp1d_block_bytes_match_counted(world, sequence_parallel):
-    # Validation: the planner's Megatron block bytes (colossal_parallel.block_comm_bytes_1d)
+    # Validation: the planner's Megatron block bytes (colossal_parallel.tp1d.block_comm_bytes_1d)
     # against the bytes counted by one fp32 GPT block sharded over 2 gloo ranks, exactly.
     import _checks_plan as checks
 
-    from colossal_parallel import block_comm_bytes_1d
+    from colossal_parallel.tp1d import block_comm_bytes_1d
 
     batch, seq, hidden = 2, 16, 128  # micro preset: hidden 128
     want = sum(

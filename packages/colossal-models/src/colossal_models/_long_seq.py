@@ -19,11 +19,9 @@ import torch
 from torch import nn
 
 from colossal_contracts import ConfigError
-from colossal_parallel import (
-    ProcessMesh,
+from colossal_parallel import ProcessMesh, gather_along, reduce_from_axis
+from colossal_parallel.sequence import (
     check_sequence,
-    gather_along,
-    reduce_from_axis,
     ring_attention,
     sequence_positions,
     ulysses_attention,

@@ -18,7 +18,8 @@ from typing import Literal
 from torch import nn
 
 from colossal_contracts import ConfigError
-from colossal_parallel import ProcessMesh, parameter_costs, partition_layers, stage_rank
+from colossal_parallel import ProcessMesh
+from colossal_parallel.pipeline import parameter_costs, partition_layers, stage_rank
 
 from ._long_seq import SequenceIO
 from ._tp._grid import GridIO
@@ -96,7 +97,7 @@ def split_into_stages(
     if not isinstance(model, (GPT, PaLM)):
         raise ConfigError(
             f"split_into_stages knows GPT and PaLM, got {type(model).__name__}; for other models "
-            "build stage modules and call colossal_parallel.run_pipeline directly"
+            "build stage modules and call colossal_parallel.pipeline.run_pipeline directly"
         )
     p, me = mesh.size("pp"), mesh.coord("pp")
     num_stages = p * num_virtual

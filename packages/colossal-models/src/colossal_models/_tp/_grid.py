@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from colossal_contracts import ConfigError
-from colossal_parallel import (
+from colossal_parallel import ProcessMesh, copy_to_axis, gather_along, reduce_scatter_along
+from colossal_parallel.grid import (
     LAYOUT_2D,
     LAYOUT_2P5D,
     LAYOUT_3D,
@@ -40,15 +41,11 @@ from colossal_parallel import (
     Linear2D,
     Linear2p5D,
     Linear3D,
-    ProcessMesh,
     TpLayout,
-    copy_to_axis,
     cross_entropy_2d,
     cross_entropy_2p5d,
     cross_entropy_3d,
-    gather_along,
     gather_from_layout,
-    reduce_scatter_along,
     split_to_layout,
 )
 

@@ -14,15 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from colossal_contracts import ConfigError
-from colossal_parallel import (
+from colossal_parallel import ProcessMesh, copy_to_axis, gather_along, split_along
+from colossal_parallel.tp1d import (
     ColumnParallelLinear,
     LayerNorm1D,
-    ProcessMesh,
     RowParallelLinear,
     VocabParallelEmbedding,
-    copy_to_axis,
-    gather_along,
-    split_along,
     vocab_parallel_cross_entropy,
 )
 

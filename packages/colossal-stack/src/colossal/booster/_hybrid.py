@@ -30,13 +30,8 @@ from colossal_models import (
     parallelize,
     split_into_stages,
 )
-from colossal_parallel import (
-    SCHEDULES,
-    TP_MODES,
-    MeshConfig,
-    PipelineSchedule,
-    ProcessMesh,
-)
+from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
+from colossal_parallel.pipeline import SCHEDULES, PipelineSchedule
 from colossal_zero import LazyInit, LowLevelZeroOptimizer, ZeroConfig, adam_arguments
 
 from .._capability import (

@@ -10,7 +10,8 @@ from torch import nn
 
 from colossal_contracts import ConfigError
 from colossal_models import PipelineStages
-from colossal_parallel import PipelineSchedule, ProcessMesh, run_pipeline, run_pipeline_forward
+from colossal_parallel import ProcessMesh
+from colossal_parallel.pipeline import PipelineSchedule, run_pipeline, run_pipeline_forward
 from colossal_zero import LowLevelZeroOptimizer
 
 from ._pp_zero2 import sum_tied_zero2_grads

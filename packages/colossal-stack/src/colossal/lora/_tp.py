@@ -32,7 +32,8 @@ from torch import nn
 
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_models import Box, Piece, ShardMap, describe_sharding, parallelize, shard_map
-from colossal_parallel import ColumnParallelLinear, ProcessMesh, RowParallelLinear
+from colossal_parallel import ProcessMesh
+from colossal_parallel.tp1d import ColumnParallelLinear, RowParallelLinear
 
 from ._apply import import_peft
 

@@ -20,15 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from colossal_parallel import (
-    block_comm_bytes_1d,
-    ideal_idle_fraction,
-    layernorm_comm_bytes,
-    linear_comm_bytes,
-    pipeline_p2p_bytes,
-    ring_attention_comm_bytes,
-    ulysses_comm_bytes,
-)
+from colossal_parallel.grid import layernorm_comm_bytes, linear_comm_bytes
+from colossal_parallel.pipeline import ideal_idle_fraction, pipeline_p2p_bytes
+from colossal_parallel.sequence import ring_attention_comm_bytes, ulysses_comm_bytes
+from colossal_parallel.tp1d import block_comm_bytes_1d
 
 from ._hardware import Hardware
 from ._layout import Layout

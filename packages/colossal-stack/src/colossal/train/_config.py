@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from colossal_contracts import ConfigError
-from colossal_parallel import SCHEDULES, TP_MODES
+from colossal_parallel import TP_MODES
+from colossal_parallel.pipeline import SCHEDULES
 
 from ._lora_flags import check_lora_flags
 from ._mesh import check_flags, resolve_plugin
