@@ -6,6 +6,8 @@ sharded checkpoints.
     optimizer.backward(model(x, y)); optimizer.step(); optimizer.zero_grad()
 """
 
+from colossal_chunk import check_disk_dir  # the disk tier's check, before GeminiConfig's use
+
 from ._lazy import LazyInit
 from ._safetensors_stream import TensorSpec, safetensors_header, tensor_bytes
 from .checkpoint._layout import INDEX_FILE, file_digest
@@ -44,6 +46,7 @@ __all__ = [
     "adam_arguments",
     "adamw_update",
     "apply_gemini",
+    "check_disk_dir",
     "chunk_bytes_per_param",
     "consolidate",
     "file_digest",
