@@ -210,17 +210,18 @@ def hybrid_plugin(cfg: TrainConfig) -> HybridParallelPlugin:
     )
 
 
-def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: Plugin, world: int) -> None:
+def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: Plugin | None, world: int) -> None:
     """The run's mesh against the model and the world size, before any collective: the
     plugin's pipeline stages against the model's blocks, then its own ``check_world``, then
-    the flags a plugin with no check of its own (Gemini's ``--tp``/``--sp``) leaves."""
+    the flags a plugin with no check of its own (Gemini's ``--tp``/``--sp``) leaves. None: no
+    plugin yet, the flags alone."""
     flags = mesh_flags(cfg)
     if flags and not spec.tp_capable:
         raise ConfigError(
             f"{spec.label} has no tensor/pipeline-parallel adapter, so {', '.join(flags)} cannot "
             "shard it; drop those flags (Gemini, ZeRO and DDP train it unmodified)"
         )
-    stages = plugin.num_stages  # pp x chunks per rank
+    stages = 1 if plugin is None else plugin.num_stages  # pp x chunks per rank
     if stages > spec.num_layers:
         virtual = stages // cfg.pp
         most = max(1, spec.num_layers // virtual)
@@ -229,8 +230,8 @@ def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: Plugin, world: int) ->
             f"{spec.label} has {spec.num_layers} blocks; use --pp {most} or fewer (or a "
             "deeper --preset)"
         )
-    plugin.check_world(world)  # the hybrid plugin: tp*pp*sp must divide the world
-    # (which makes the checks below hold for it)
+    if plugin is not None:  # the hybrid plugin: tp*pp*sp must divide the world (which
+        plugin.check_world(world)  # makes the checks below hold for it)
     if long_sequence(cfg.sp) and world % cfg.sp_size:
         raise ConfigError(
             f"--sp-size {cfg.sp_size} does not divide the world size {world}; launch a multiple "
