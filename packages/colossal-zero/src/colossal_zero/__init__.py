@@ -17,6 +17,7 @@ from .gemini._config import PLACEMENTS, GeminiConfig
 from .gemini._module import GeminiModule, apply_gemini
 from .gemini._optimizer import GeminiOptimizer
 from .gemini._setup import chunk_bytes_per_param
+from .gemini._shards import GeminiShard, finish_gemini_load, gemini_shards
 from .gemini._stream_state import iter_full_state
 from .low_level._checkpoint import load_zero_sharded, save_zero_sharded
 from .low_level._config import ZeroConfig
@@ -37,6 +38,7 @@ __all__ = [
     "GeminiConfig",
     "GeminiModule",
     "GeminiOptimizer",
+    "GeminiShard",
     "HybridAdam",
     "LazyInit",
     "LossScalerConfig",
@@ -50,6 +52,8 @@ __all__ = [
     "chunk_bytes_per_param",
     "consolidate",
     "file_digest",
+    "finish_gemini_load",
+    "gemini_shards",
     "global_grad_norm",
     "iter_full_state",
     "load_sharded",
