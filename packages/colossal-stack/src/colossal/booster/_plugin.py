@@ -47,7 +47,8 @@ class Plugin(Protocol):
         sharded_checkpoint: every rank writes its part of a checkpoint (``save_checkpoint`` is
             collective); False: rank 0 alone writes it.
         lazy: the ``colossal.lazy_init()`` context the model was built in, which ``configure``
-            materializes where the model lives ([Note: lazy fill]); None: built eagerly.
+            materializes where the model lives ([Note: lazy fill]); None: built eagerly (the
+            job builds eagerly for DDP, which replicates the whole model anyway).
     """
 
     name: str
