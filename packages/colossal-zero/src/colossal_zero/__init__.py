@@ -6,6 +6,8 @@ sharded checkpoints.
     optimizer.backward(model(x, y)); optimizer.step(); optimizer.zero_grad()
 """
 
+from colossal_chunk import check_disk_dir  # the disk tier's check, before GeminiConfig's use
+
 from ._lazy import LazyInit
 from ._safetensors_stream import TensorSpec, safetensors_header, tensor_bytes
 from .checkpoint._layout import INDEX_FILE, file_digest
@@ -15,6 +17,7 @@ from .gemini._config import PLACEMENTS, GeminiConfig
 from .gemini._module import GeminiModule, apply_gemini
 from .gemini._optimizer import GeminiOptimizer
 from .gemini._setup import chunk_bytes_per_param
+from .gemini._shards import GeminiShard, finish_gemini_load, gemini_shards
 from .gemini._stream_state import iter_full_state
 from .low_level._checkpoint import load_zero_sharded, save_zero_sharded
 from .low_level._config import ZeroConfig
@@ -35,6 +38,7 @@ __all__ = [
     "GeminiConfig",
     "GeminiModule",
     "GeminiOptimizer",
+    "GeminiShard",
     "HybridAdam",
     "LazyInit",
     "LossScalerConfig",
@@ -44,9 +48,12 @@ __all__ = [
     "adam_arguments",
     "adamw_update",
     "apply_gemini",
+    "check_disk_dir",
     "chunk_bytes_per_param",
     "consolidate",
     "file_digest",
+    "finish_gemini_load",
+    "gemini_shards",
     "global_grad_norm",
     "iter_full_state",
     "load_sharded",

@@ -16,6 +16,7 @@ import atexit
 import contextlib
 import json
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +98,31 @@ class Booster:
     ) -> torch.Tensor:
         """Forward and backward of one batch through the plugin's pipeline schedule (plugins
         without one: ``model(inputs, targets)`` then ``backward``); returns the mean loss."""
-        run = getattr(self.plugin, "execute_pipeline", None)
-        if run is not None:
-            return run(inputs, targets, model, optimizer)
-        loss = model(inputs, targets)
-        self.plugin.backward(loss, optimizer)
-        return loss.detach()
+        return self.plugin.execute_pipeline(inputs, targets, model, optimizer)
+
+    def train_step(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        microbatches: int = 1,
+        on_loss: Callable[[torch.Tensor], float] | None = None,
+    ) -> float:
+        """Forward and backward of one batch, in ``microbatches`` gradient-accumulation steps
+        (a pipelined model: through its schedule); the mean loss. ``on_loss`` sees each loss
+        before its backward and returns the value averaged (default: ``loss.item()``). Then
+        ``optimizer.step()`` as usual."""
+        return self.plugin.train_step(
+            inputs, targets, model, optimizer, microbatches=microbatches, on_loss=on_loss
+        )
+
+    def evaluate(
+        self, inputs: torch.Tensor, targets: torch.Tensor, model: nn.Module
+    ) -> torch.Tensor:
+        """The batch's mean loss, forward only (a pipelined model: through its schedule)."""
+        return self.plugin.evaluate(inputs, targets, model)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.plugin.unwrap(model)
@@ -141,7 +161,7 @@ class Booster:
                 (directory / TRAINER_FILE).write_text(json.dumps(info, indent=2, default=str))
 
         try:
-            if getattr(self.plugin, "sharded_checkpoint", False):  # every rank writes its shard
+            if self.plugin.sharded_checkpoint:  # every rank writes its shard
                 return write_checkpoint_dir_all_ranks(root, step, write, rank=rank)
             path = write_checkpoint_dir(root, step, write) if rank == 0 else None
         except OSError as err:  # a full disk, a quota, a folder gone: the earlier ones stay

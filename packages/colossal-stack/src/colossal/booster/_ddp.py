@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,12 +16,13 @@ from ._checkpoint import load_model_and_optimizer, save_model_and_optimizer
 from ._device import move_model, resolve_device
 from ._hybrid_checkpoint import load_layout
 from ._layout_legacy import DDP_META
+from ._plugin import Plugin
 
 __all__ = ["DDPPlugin"]
 
 
 @dataclass
-class DDPPlugin:
+class DDPPlugin(Plugin):
     """Replicates the model on every rank and all-reduces gradients (a no-op in one process).
 
     Attributes:
@@ -75,9 +75,6 @@ class DDPPlugin:
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
 
-    def memory_stats(self) -> dict[str, Any]:
-        return {}
-
     def save_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
@@ -97,5 +94,6 @@ class DDPPlugin:
             return
         load_layout(self.unwrap(model), optimizer, None, Path(path))  # [Note: one reader]
 
-    def close(self, *, collective: bool = True) -> None:
-        """DDP keeps no threads or process groups of its own: nothing to join."""
+    def choose_checkpoint_contents(self, *, export_full_model: bool, save_frozen: bool) -> None:
+        """``save_frozen`` as given; the checkpoint is the full model already."""
+        self.save_frozen = save_frozen

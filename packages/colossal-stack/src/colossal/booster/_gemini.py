@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from colossal_chunk import DiskIOStats, check_disk_dir
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_memtrace import MomentRecorder
 from colossal_models import ShardMap, apply_sequence_parallel
@@ -28,6 +27,7 @@ from colossal_zero import (
     GeminiOptimizer,
     LazyInit,
     apply_gemini,
+    check_disk_dir,
     load_sharded,
     save_sharded,
 )
@@ -49,13 +49,14 @@ from ._gemini_tp import (
 from ._groups import GroupMap
 from ._hybrid_checkpoint import load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
+from ._plugin import Plugin
 from ._sizes import parse_bytes
 
 __all__ = ["FULL_MODEL_FILE", "GeminiPlugin", "export_gemini", "parse_bytes"]
 
 
 @dataclass
-class GeminiPlugin:
+class GeminiPlugin(Plugin):
     """Gemini: parameters, gradients and Adam states in chunks that move between the accelerator
     (within ``accelerator_budget``) and the host, sharded across data-parallel ranks.
 
@@ -125,7 +126,7 @@ class GeminiPlugin:
     _tp_maps: list[dict[str, ShardMap]] | None = field(default=None, repr=False)
     _model: GeminiModule | None = field(default=None, repr=False)
     _moved: int = field(default=0, repr=False)
-    _disk_io: DiskIOStats = field(default_factory=DiskIOStats, repr=False)
+    _disk_io: Any = field(default=None, repr=False)  # the previous call's disk I/O totals
     _faulted: int = field(default=0, repr=False)
     _unwritten: int = field(default=0, repr=False)
 
@@ -255,7 +256,8 @@ class GeminiPlugin:
         out["bytes_moved"], self._moved = total - self._moved, total
         out["bytes_moved_total"] = total
         if stats.disk_io is not None:  # background disk I/O since the previous call
-            io, self._disk_io = stats.disk_io - self._disk_io, stats.disk_io
+            io = stats.disk_io if self._disk_io is None else stats.disk_io - self._disk_io
+            self._disk_io = stats.disk_io
             out["disk_read_bytes"], out["disk_written_bytes"] = io.bytes_read, io.bytes_written
             out["disk_read_s"], out["disk_write_s"] = io.read_s, io.write_s
             out["disk_busy_s"] = io.busy_s  # either in flight (colossal-chunk's [Note: busy time])
@@ -265,7 +267,7 @@ class GeminiPlugin:
             out["disk_faulted_bytes"], self._faulted = faulted - self._faulted, faulted
             kept = stats.disk_unwritten_bytes
             out["disk_unwritten_bytes"], self._unwritten = kept - self._unwritten, kept
-        self._model.runtime.manager.reset_peaks()  # the next call reports the next step's peaks
+        self._model.reset_peaks()  # the next call reports the next step's peaks
         if self.mesh is not None:
             out["mesh"] = self.describe()
             # the tp axes' counted bytes; Gemini's own dp gathers are not counted by the mesh
@@ -278,7 +280,7 @@ class GeminiPlugin:
         """Where chunks compute: the accelerator tier's device (CUDA, or the CPU emulating it);
         Gemini moves each batch there itself."""
         if self._model is not None:
-            return self._model.runtime.manager.compute_device
+            return self._model.compute_device
         cuda = self.gemini_config().device != "cpu" and torch.cuda.is_available()
         return resolve_device("auto") if cuda else torch.device("cpu")
 
@@ -290,15 +292,32 @@ class GeminiPlugin:
             tp += f" x sp{self.sp_size}({self.sequence_parallel})"
         return f"dp{dp}{tp}, gemini"
 
+    def label(self) -> str:
+        """The mesh (with ``--tp``/``--sp``), else placement, precision and budget."""
+        if self.mesh is not None:
+            return f"{self.name} ({self.describe()})"
+        budget = self.accelerator_budget or "whole accelerator"
+        label = f"{self.name} ({self.placement}, {self.precision}, budget {budget}"
+        if self.non_model_bytes:
+            label += f", {int(self.non_model_bytes) / 2**20:,.1f} MiB kept for activations"
+        return label + ")"
+
+    def reserve_activations(self, estimate: Callable[[], int]) -> None:
+        """Under an ``accelerator_budget``: ``non_model_bytes = estimate()`` (the warmup keeps
+        that much free of chunks; see ``non_model_bytes``)."""
+        if self.accelerator_budget is not None:
+            self.non_model_bytes = estimate()
+
+    def choose_checkpoint_contents(self, *, export_full_model: bool, save_frozen: bool) -> None:
+        self.export_full_model = export_full_model
+        self.save_frozen = save_frozen
+
     def close(self, *, collective: bool = True) -> None:
         """Join the chunk manager's background work (prefetch copies, disk readers and writer)
         and remove its disk files; with ``collective`` first finish the chunk collectives in
         flight and destroy the tensor-parallel mesh's process groups. No training after."""
-        manager = self._model.runtime.manager if self._model is not None else None
-        if collective and manager is not None:
-            manager.settle()  # collectives and copies in flight finish ([Note: clean exit])
-        if manager is not None:
-            manager.close()
+        if self._model is not None:  # collectives and copies in flight finish first when
+            self._model.close(settle=collective)  # collective ([Note: clean exit])
         if collective and self.mesh is not None:
             self.mesh.close()
             self.mesh = None

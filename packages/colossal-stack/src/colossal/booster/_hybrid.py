@@ -14,6 +14,7 @@ mean over dp).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from ._hybrid_grads import mesh_layout, reduce_and_clip
 from ._hybrid_pipeline import PipelineModule, pipeline_loss, pipeline_step
 from ._lazy_fill import fill_lazy, sharding_lazily
 from ._mesh_stats import axis_comm_bytes
+from ._plugin import Plugin, _item
 
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
 
@@ -59,7 +61,7 @@ _SP_METHODS = (None, *SP_KINDS[1:])  # "ring+megatron": ring over sp, Megatron o
 
 
 @dataclass
-class HybridParallelPlugin:
+class HybridParallelPlugin(Plugin):
     """Tensor (1d/2d/2.5d/3d), pipeline, sequence and data parallelism, ZeRO-1/2 over ``dp``.
 
     Every rank of one data-parallel coordinate (``data_rank``) must be given the same batch.
@@ -201,6 +203,17 @@ class HybridParallelPlugin:
             parts.append(f"sp{self.sp}({long_sequence(self.sequence_parallel)})")
         return " x ".join(parts) + (f", zero{self.zero_stage}" if self.zero_stage else "")
 
+    def label(self) -> str:
+        return f"{self.name} ({self.describe()})" if self.mesh is not None else self.name
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp_size * self.num_virtual
+
+    def check_world(self, world_size: int) -> None:
+        """tp * pp * sp must divide ``world_size`` (``mesh_config``)."""
+        self.mesh_config(world_size)
+
     # --- Plugin protocol -------------------------------------------------------------------
 
     def configure(
@@ -338,6 +351,33 @@ class HybridParallelPlugin:
             sp=self.sp,
             zero_stage=self.zero_stage,
         )
+
+    def train_step(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        microbatches: int = 1,
+        on_loss: Callable[[torch.Tensor], float] | None = None,
+    ) -> float:
+        """A pipelined model: the whole batch through ``execute_pipeline`` (``microbatches``
+        are the schedule's, set at construction), one loss reported; else the default."""
+        if isinstance(model, PipelineModule):
+            loss = self.execute_pipeline(inputs, targets, model, optimizer)
+            return (on_loss or _item)(loss)
+        return super().train_step(
+            inputs, targets, model, optimizer, microbatches=microbatches, on_loss=on_loss
+        )
+
+    def evaluate(
+        self, inputs: torch.Tensor, targets: torch.Tensor, model: nn.Module
+    ) -> torch.Tensor:
+        """A pipelined model through ``evaluate_pipeline``; else the default."""
+        if isinstance(model, PipelineModule):
+            return self.evaluate_pipeline(inputs, targets)
+        return super().evaluate(inputs, targets, model)
 
     def evaluate_pipeline(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The batch's mean loss through the pipeline, forward only; the same on every rank of

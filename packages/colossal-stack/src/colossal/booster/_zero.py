@@ -26,13 +26,14 @@ from ._device import move_model, resolve_device
 from ._full_model import write_full_model
 from ._hybrid_checkpoint import load_layout
 from ._lazy_fill import fill_lazy
+from ._plugin import Plugin
 from ._sizes import parse_bytes
 
 __all__ = ["LowLevelZeroPlugin"]
 
 
 @dataclass
-class LowLevelZeroPlugin:
+class LowLevelZeroPlugin(Plugin):
     """ZeRO-1/2 over all ranks (or ``group``): every rank keeps the model in compute precision.
 
     Attributes:
@@ -149,6 +150,10 @@ class LowLevelZeroPlugin:
             load_zero_sharded(_zero_optimizer(optimizer), path)
             return
         load_layout(model, _zero_optimizer(optimizer), None, Path(path))  # [Note: one reader]
+
+    def choose_checkpoint_contents(self, *, export_full_model: bool, save_frozen: bool) -> None:
+        self.export_full_model = export_full_model
+        self.save_frozen = save_frozen
 
     def close(self, *, collective: bool = True) -> None:
         """ZeRO-1/2 waits for its collectives in the step and keeps no threads: nothing to join

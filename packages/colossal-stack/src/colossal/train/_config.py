@@ -275,7 +275,7 @@ class TrainConfig:
     def _check_tiers(self) -> None:
         """Host and disk budgets (Gemini only); the disk directory is checked before anything
         runs or is written."""
-        from colossal_chunk import check_disk_dir
+        from colossal_zero import check_disk_dir
 
         from ..booster import parse_bytes
 

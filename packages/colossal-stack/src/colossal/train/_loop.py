@@ -18,7 +18,7 @@ from colossal_contracts import ColossalError, ConfigError
 from .._dist import init_from_env, rank_and_world
 from .._lifeline import stop_on_signals
 from .._peers import PeerWatch, watch_peers
-from ..booster import Booster, GeminiPlugin, PipelineModule, parse_bytes
+from ..booster import Booster, parse_bytes
 from ..export import export_after_training
 from ._config import TrainConfig
 from ._data import describe_data, open_data, open_loader, resolve_tokenizer
@@ -34,12 +34,12 @@ from ._lora_flags import apply_job_lora
 from ._mesh import check_mesh, mesh_flags, state_shards
 from ._models import build_model, enable_activation_checkpointing, resolve_model
 from ._outdir import METRICS, Claim, claim_out_on_rank0, trim_metrics
-from ._plugin import _activation_bytes, _choose_export, _mesh_of, _plugin_label, build_plugin
+from ._plugin import _activation_bytes, _choose_export, build_plugin
 from ._preflight import check_fits, check_tiers, gemini_host_bytes
 from ._result import TrainResult, _summary
 from ._resume import restore_position, save_with_state
 from ._schedule import warmup_cosine
-from ._step import _accumulate, _evaluate, _mean_over_ranks, _param_groups
+from ._step import _checked_loss, _evaluate, _param_groups
 from ._tensorboard import TensorBoardLog
 
 __all__ = ["TrainResult", "build_plugin", "train"]
@@ -133,14 +133,13 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
         betas=(0.9, 0.95),
         weight_decay=cfg.weight_decay,
     )
-    if isinstance(plugin, GeminiPlugin) and cfg.accelerator_budget is not None:
-        plugin.non_model_bytes = _activation_bytes(spec, cfg)
+    plugin.reserve_activations(lambda: _activation_bytes(spec, cfg))  # under a budget
     if lazy is not None:
-        plugin.lazy = lazy  # type: ignore[attr-defined]  # materialized where it lives
+        plugin.lazy = lazy  # materialized where it lives ([Note: lazy job])
     booster = Booster(plugin)
     model, optimizer = booster.boost(model, optimizer)
     # [Note: mesh data]: one batch per data-parallel coordinate, losses averaged over dp
-    mesh = _mesh_of(plugin, cfg)
+    mesh = plugin.mesh
     data_rank, dp = (mesh.coord("dp"), mesh.size("dp")) if mesh else (rank, world)
     dp_group = mesh.group("dp") if mesh else None
     loader = open_loader(cfg, shards, dp_rank=data_rank, dp_size=dp)
@@ -175,7 +174,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
         out.mkdir(parents=True, exist_ok=True)
         console.print(
             f"[bold]colossal train[/]: {spec.label} ({spec.num_params:,} params), "
-            f"{world} rank(s), plugin {_plugin_label(cfg, plugin, mesh)}, "
+            f"{world} rank(s), plugin {plugin.label()}, "
             f"{describe_data(shards, tokenizer)}"
         )
         if lora:
@@ -202,21 +201,16 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
                 group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
             x, y = loader.next_batch()  # [Note: data order]; batch_size * grad_accum rows
             x, y = booster.to_device((x, y))  # [Note: plugin device]
-            if isinstance(model, PipelineModule):  # forward and backward through the schedule
-                loss_value = _mean_over_ranks(  # (grad_accum is in its micro-batches)
-                    booster.execute_pipeline(x, y, model, optimizer).item(), dp_group
-                )
-                guard.check_loss(step + 1, loss_value)
-            else:
-                loss_value = _accumulate(
-                    booster,
-                    model,
-                    optimizer,
-                    (x, y),
-                    n=cfg.grad_accum,
-                    group=dp_group,
-                    check=lambda v, s=step + 1: guard.check_loss(s, v),
-                )
+            # grad_accum micro-batches (a pipeline's are in its schedule), each loss averaged
+            # over dp and checked before its backward
+            loss_value = booster.train_step(
+                x,
+                y,
+                model,
+                optimizer,
+                microbatches=cfg.grad_accum,
+                on_loss=lambda loss, s=step + 1: _checked_loss(guard, s, loss, dp_group),
+            )
             guard.check_grads(step + 1, model, optimizer)
             optimizer.step()
             guard.after_step(step + 1, optimizer)

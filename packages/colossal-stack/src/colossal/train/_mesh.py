@@ -27,7 +27,7 @@ from .._capability import (
     long_sequence,
     megatron_sequence,
 )
-from ..booster import HybridParallelPlugin
+from ..booster import HybridParallelPlugin, Plugin
 
 if TYPE_CHECKING:
     from ._config import TrainConfig
@@ -210,25 +210,29 @@ def hybrid_plugin(cfg: TrainConfig) -> HybridParallelPlugin:
     )
 
 
-def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: object, world: int) -> None:
-    """The run's mesh against the model and the world size, before any collective."""
+def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: Plugin | None, world: int) -> None:
+    """The run's mesh against the model and the world size, before any collective: the
+    plugin's pipeline stages against the model's blocks, then its own ``check_world``, then
+    the flags a plugin with no check of its own (Gemini's ``--tp``/``--sp``) leaves. None: no
+    plugin yet, the flags alone."""
     flags = mesh_flags(cfg)
     if flags and not spec.tp_capable:
         raise ConfigError(
             f"{spec.label} has no tensor/pipeline-parallel adapter, so {', '.join(flags)} cannot "
             "shard it; drop those flags (Gemini, ZeRO and DDP train it unmodified)"
         )
-    if isinstance(plugin, HybridParallelPlugin):
-        stages = cfg.pp * plugin.num_virtual
-        if stages > spec.num_layers:
-            most = max(1, spec.num_layers // plugin.num_virtual)
-            raise ConfigError(
-                f"--pp {cfg.pp} x {plugin.num_virtual} chunk(s) per rank = {stages} stages, and "
-                f"{spec.label} has {spec.num_layers} blocks; use --pp {most} or fewer (or a "
-                "deeper --preset)"
-            )
-        plugin.mesh_config(world)  # tp*pp*sp must divide the world
-    elif long_sequence(cfg.sp) and world % cfg.sp_size:
+    stages = 1 if plugin is None else plugin.num_stages  # pp x chunks per rank
+    if stages > spec.num_layers:
+        virtual = stages // cfg.pp
+        most = max(1, spec.num_layers // virtual)
+        raise ConfigError(
+            f"--pp {cfg.pp} x {virtual} chunk(s) per rank = {stages} stages, and "
+            f"{spec.label} has {spec.num_layers} blocks; use --pp {most} or fewer (or a "
+            "deeper --preset)"
+        )
+    if plugin is not None:  # the hybrid plugin: tp*pp*sp must divide the world (which
+        plugin.check_world(world)  # makes the checks below hold for it)
+    if long_sequence(cfg.sp) and world % cfg.sp_size:
         raise ConfigError(
             f"--sp-size {cfg.sp_size} does not divide the world size {world}; launch a multiple "
             f"of {cfg.sp_size} ranks (colossal run --nproc-per-node N) or change --sp-size"

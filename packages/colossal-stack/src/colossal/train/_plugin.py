@@ -1,6 +1,6 @@
 """The plugin a training job runs under: built from its ``TrainConfig`` (``build_plugin``),
-its mesh once boosted, what its checkpoints hold, the activation room Gemini keeps, and the
-label the job prints for it."""
+what its checkpoints hold and the activation room it keeps (asked of the plugin through the
+``Plugin`` Protocol: [Note: plugin hooks])."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import torch
 
 from colossal_contracts import ConfigError
 from colossal_memtrace import estimate_step
-from colossal_parallel import ProcessMesh
 
-from ..booster import DDPPlugin, GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin, Plugin
+from ..booster import DDPPlugin, GeminiPlugin, LowLevelZeroPlugin, Plugin
 from ._config import TrainConfig
 from ._mesh import PLUGINS, hybrid_plugin
 from ._models import ModelSpec
@@ -61,18 +60,9 @@ def _choose_export(plugin: Plugin, cfg: TrainConfig, step: int) -> None:
     the adapters and their optimizer state, not the frozen base (rebuilt from its source on
     resume and checked against the fingerprint in ``trainer.json``)."""
     lora = cfg.lora_rank is not None
-    if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin):
-        plugin.export_full_model = cfg.exports_at(step) and not lora
-    if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin | DDPPlugin):
-        plugin.save_frozen = not lora
-
-
-def _mesh_of(plugin: Plugin, cfg: TrainConfig) -> ProcessMesh | None:
-    """The plugin's process mesh once boosted (hybrid; Gemini with ``--tp`` or ``--sp``); None
-    without one."""
-    if isinstance(plugin, HybridParallelPlugin | GeminiPlugin):
-        return plugin.mesh
-    return None
+    plugin.choose_checkpoint_contents(
+        export_full_model=cfg.exports_at(step) and not lora, save_frozen=not lora
+    )
 
 
 def _activation_bytes(spec: ModelSpec, cfg: TrainConfig) -> int:
@@ -88,15 +78,3 @@ def _activation_bytes(spec: ModelSpec, cfg: TrainConfig) -> int:
     except RuntimeError:  # a forward that reads values (HF masks call .item()): no meta estimate;
         return 0  # the warmup keeps its default share free and measures the step itself
     return stats.peak_non_model("accelerator")
-
-
-def _plugin_label(cfg: TrainConfig, plugin: Plugin, mesh: ProcessMesh | None) -> str:
-    if mesh is not None:
-        return f"{cfg.plugin} ({plugin.describe()})"  # type: ignore[attr-defined]
-    if not isinstance(plugin, GeminiPlugin):
-        return str(cfg.plugin)
-    budget = cfg.accelerator_budget or "whole accelerator"
-    label = f"gemini ({cfg.placement}, {cfg.precision}, budget {budget}"
-    if plugin.non_model_bytes:
-        label += f", {int(plugin.non_model_bytes) / 2**20:,.1f} MiB kept for activations"
-    return label + ")"

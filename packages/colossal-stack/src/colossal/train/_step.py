@@ -1,17 +1,17 @@
-"""One step's arithmetic in the training job: the optimizer's weight-decay groups, gradient
-accumulation over micro-batches, losses averaged over the data-parallel ranks, and the
-held-out evaluation."""
+"""One step's arithmetic in the training job: the optimizer's weight-decay groups, losses
+averaged over the data-parallel ranks and checked (the plugin's ``train_step`` accumulates the
+micro-batches), and the held-out evaluation."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..booster import Booster, HybridParallelPlugin, PipelineModule
+from ..booster import Booster
+from ._guard import FiniteGuard
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -39,38 +39,20 @@ def _evaluate(
     group: Any,
 ) -> float:
     """Mean loss of ``batches`` (the same on every rank); forward only, a pipelined model
-    through the pipeline (``HybridParallelPlugin.evaluate_pipeline``)."""
+    through the pipeline (the plugin's ``evaluate``)."""
     model.eval()
     losses = []
     for x, y in batches:
         x, y = booster.to_device((x, y))
-        if isinstance(model, PipelineModule) and isinstance(booster.plugin, HybridParallelPlugin):
-            losses.append(booster.plugin.evaluate_pipeline(x, y).item())
-        else:
-            with torch.no_grad():
-                losses.append(model(x, y).item())
+        losses.append(booster.evaluate(x, y, model).item())
     model.train()
     return _mean_over_ranks(sum(losses) / len(losses), group)
 
 
-def _accumulate(
-    booster: Booster,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: tuple[torch.Tensor, torch.Tensor],
-    *,
-    n: int,
-    group: Any,
-    check: Callable[[float], None],
-) -> float:
-    """Forward and backward of the step's ``n`` micro-batches (rows of ``batch``), each loss
-    scaled by ``1 / n`` so the gradients are the whole batch's; ``check`` sees each loss
-    (averaged over ``group``, the data-parallel ranks) before its backward. The mean loss."""
-    total = 0.0
-    for x, y in zip(batch[0].chunk(n), batch[1].chunk(n), strict=True):
-        loss = model(x, y)
-        value = _mean_over_ranks(loss.item(), group)
-        check(value)
-        booster.backward(loss / n if n > 1 else loss, optimizer)
-        total += value
-    return total / n
+def _checked_loss(guard: FiniteGuard, step: int, loss: torch.Tensor, group: Any) -> float:
+    """One micro-batch's loss averaged over ``group`` (the data-parallel ranks), stopped by
+    ``guard`` when it is nan/inf: the job's ``on_loss`` of ``Booster.train_step``, which runs
+    the step's gradient accumulation (or pipeline schedule) before its backward."""
+    value = _mean_over_ranks(loss.item(), group)
+    guard.check_loss(step, value)
+    return value

@@ -55,6 +55,24 @@ class GeminiModule(nn.Module):
         """Per-tier bytes and bytes moved by the chunk manager."""
         return self.runtime.manager.stats()
 
+    @property
+    def compute_device(self) -> torch.device:
+        """Where chunks compute: the accelerator tier's device (CUDA, or the CPU emulating it)."""
+        return self.runtime.manager.compute_device
+
+    def reset_peaks(self) -> None:
+        """Start every tier's peak bytes over: the next ``memory_stats`` reports the peaks since."""
+        self.runtime.manager.reset_peaks()
+
+    def close(self, *, settle: bool = True) -> None:
+        """Join the chunk manager's background work (prefetch copies, disk readers and writer)
+        and remove its disk files; with ``settle``, first finish the chunk collectives and
+        copies in flight (every rank of the group calls it then). No training after it."""
+        manager = self.runtime.manager
+        if settle:
+            manager.settle()
+        manager.close()
+
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter (fp32: the masters when they exist) and buffer of the module, full and
