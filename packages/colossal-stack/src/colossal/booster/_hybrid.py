@@ -37,7 +37,7 @@ from colossal_parallel import (
     PipelineSchedule,
     ProcessMesh,
 )
-from colossal_zero import LazyInit, LowLevelZeroOptimizer, ZeroConfig, adam_arguments
+from colossal_zero import LazyInit, LowLevelZeroOptimizer, Precision, ZeroConfig, adam_arguments
 
 from .._capability import (
     PRECISIONS,
@@ -46,6 +46,7 @@ from .._capability import (
     check_combination,
     long_sequence,
     megatron_sequence,
+    table_precision,
 )
 from .._dist import init_single_process
 from ..lora._apply import has_lora
@@ -122,10 +123,13 @@ class HybridParallelPlugin:
             self.num_virtual = 2 if self.schedule == "interleaved" else 1
         if self.zero_stage:
             self._zero_config()  # validates precision and bucket size
-        elif self.precision not in PRECISIONS:
-            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        elif self.precision not in (*PRECISIONS, "fp64"):
+            raise ConfigError(
+                f"precision must be one of {(*PRECISIONS, 'fp64')}, got {self.precision!r}"
+            )
         self._check_combination()
         self.device = resolve_device(self.device)
+        Precision.parse(self.precision).check_device(self.device)  # fp64 needs float64
 
     def combination(self) -> Combination:
         """The kinds these settings compose ([Note: capability table])."""
@@ -134,7 +138,7 @@ class HybridParallelPlugin:
             sp=self.sequence_parallel or "none",
             pp=self.schedule if self.pp_size > 1 else "none",
             sharding=f"zero{self.zero_stage}",
-            precision=self.precision if self.precision in PRECISIONS else "fp32",
+            precision=table_precision(self.precision),
             checkpointing=self.activation_checkpointing,
             lazy=self.lazy is not None,
         )
@@ -264,6 +268,8 @@ class HybridParallelPlugin:
         if self.lazy is not None:  # this rank's stages and slices only
             fill_lazy(out, self.lazy, self.device)
         swap = move_model(out, self.device)  # this rank's shards only, before ZeRO's buffers
+        if self.precision == "fp64":  # float64 throughout ([Note: fp64 precision]): exact cast
+            out.to(torch.float64)  # in place: the parameter objects stay (tied ones too)
         if self._stages is not None:
             self._stages.tied = [swap.get(id(q), q) for q in self._stages.tied]
             tied = {id(p) for p in self._stages.tied}
