@@ -147,7 +147,8 @@ def low_precision_case(settings: dict, steps: int, layers: int = 2) -> dict:
     want = dict(_sharded_like(plugin, ref).named_parameters())
     start = dict(_sharded_like(plugin, _model(layers)).named_parameters())
     masters = opt.full_state_dict()
-    drift = {n: float((masters[n] - w).norm() / (w - start[n]).norm()) for n, w in want.items()}
+    with torch.no_grad():
+        drift = {n: float((masters[n] - w).norm() / (w - start[n]).norm()) for n, w in want.items()}
     worst = max(drift, key=drift.__getitem__)
     out = {
         "loss_err": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True)),
