@@ -106,6 +106,11 @@ def _hybrid_run(settings: dict, steps: int, layers: int, dtype: str):  # type: i
     return plugin, booster, model, opt, losses
 
 
+def _plain(name: str) -> str:
+    """A pipeline module's ``chunks.<i>.<name>`` as the plain model's ``<name>``."""
+    return name.split(".", 2)[2] if name.startswith("chunks.") else name
+
+
 def _sharded_like(plugin: HybridParallelPlugin, model: GPT) -> GPT:
     """A copy of ``model`` sharded as the plugin sharded its own (tensor parallelism)."""
     want = copy.deepcopy(model)
@@ -126,10 +131,7 @@ def train_case(
     assert mesh is not None
     ref_losses, ref = _reference(layers, steps, plugin.microbatches, ref_dtype or dtype)
     want = _sharded_like(plugin, ref)
-    got = {
-        (n.split(".", 2)[2] if n.startswith("chunks.") else n): p
-        for n, p in model.named_parameters()
-    }
+    got = {_plain(n): p for n, p in model.named_parameters()}
     out = _errors(losses, ref_losses, got, want)
     out["stats"] = booster.memory_stats()
     out["tp_ops"] = sorted({op for a, op in mesh.comm.counter.snapshot() if a == "tp"})
@@ -139,16 +141,20 @@ def train_case(
 
 
 def low_precision_case(settings: dict, steps: int, layers: int = 2) -> dict:
-    """A bf16/fp16 run of ``settings`` (ZeRO-1/2, no pipeline) against fp32 AdamW: the worst
-    relative loss error and, over this rank's tensors (ZeRO's fp32 masters), the worst drift:
-    distance from fp32 training's result over the distance fp32 training moved the tensor."""
+    """A bf16/fp16 run of ``settings`` (ZeRO-1/2) against fp32 AdamW: the worst relative loss
+    error and, over this rank's tensors (ZeRO's fp32 masters; with pp, its stages'), the worst
+    drift: distance from fp32 training's result over the distance fp32 training moved it."""
     plugin, booster, model, opt, losses = _hybrid_run(settings, steps, layers, "float32")
-    ref_losses, ref = _reference(layers, steps, 1)
+    ref_losses, ref = _reference(layers, steps, plugin.microbatches)
     want = dict(_sharded_like(plugin, ref).named_parameters())
     start = dict(_sharded_like(plugin, _model(layers)).named_parameters())
-    masters = opt.full_state_dict()
+    masters = {_plain(n): v for n, v in opt.full_state_dict().items()}
     with torch.no_grad():
-        drift = {n: float((masters[n] - w).norm() / (w - start[n]).norm()) for n, w in want.items()}
+        drift = {
+            n: float((masters[n] - w).norm() / (w - start[n]).norm())
+            for n, w in want.items()
+            if n in masters
+        }
     worst = max(drift, key=drift.__getitem__)
     out = {
         "loss_err": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True)),

@@ -255,6 +255,34 @@ def test_long_sequence_with_megatron_sp_in_low_precision(world, name):
     assert out[0]["mesh"] == mesh
 
 
+# ... and inside pipeline stages, in the 8-rank world (sp2 x tp2 x pp2): interleaved with ZeRO-1
+# in bf16, 1F1B with ZeRO-2 in fp16 (boundaries T/(sp*tp) long, in the compute dtype)
+LONG_MEGATRON_PP_LOW = {
+    "ring+megatron-pp2-interleaved-zero1-bf16": (
+        {"sequence_parallel": "ring+megatron", "schedule": "interleaved", "microbatches": 4}
+        | {"zero_stage": 1, "precision": "bf16"},
+        "dp1 x tp2(1d, megatron sp) x pp2(interleaved, m=4) x sp2(ring), zero1",
+    ),
+    "ulysses+megatron-pp2-1f1b-zero2-fp16": (
+        {"sequence_parallel": "ulysses+megatron", "microbatches": 2}
+        | {"zero_stage": 2, "precision": "fp16"},
+        "dp1 x tp2(1d, megatron sp) x pp2(1f1b, m=2) x sp2(ulysses), zero2",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(LONG_MEGATRON_PP_LOW))
+def test_long_sequence_with_megatron_sp_in_stages_in_low_precision(world, name):
+    extra, mesh = LONG_MEGATRON_PP_LOW[name]
+    settings = {"sp_size": 2, "tp_size": 2, "pp_size": 2, **extra}
+    out = world(8).run(low_precision_case, settings, 4, 4)
+    for r in out:
+        assert r["loss_err"] <= LOW_PRECISION_TOL, r
+        assert r["drift"] <= LOW_PRECISION_DRIFT, (r["worst"], r["drift"])
+        assert not r["skipped"]
+    assert out[0]["mesh"] == mesh
+
+
 def test_gemini_tp2_dp2_moves_chunks_matches_adamw_and_resumes(world, tmp_path):
     out = world(4).run(gemini_case, GEMINI_TP2, STEPS, str(tmp_path))
     _check(out, 1e-5)  # measured 3.6e-7: 2 layers, see [Note: hybrid tolerances]
