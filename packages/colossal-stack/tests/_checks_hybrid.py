@@ -82,7 +82,7 @@ def _errors(
     }
 
 
-def _hybrid_run(settings: dict, steps: int, layers: int, dtype: str):  # type: ignore[no-untyped-def]
+def _hybrid_run(settings: dict, steps: int, layers: int, dtype: str) -> tuple:
     """``steps`` Booster steps of ``HybridParallelPlugin(**settings)``: plugin, model,
     optimizer, the global mean loss of each step."""
     plugin = HybridParallelPlugin(max_grad_norm=CLIP, **settings)
@@ -149,6 +149,8 @@ def low_precision_case(settings: dict, steps: int, layers: int = 2) -> dict:
     want = dict(_sharded_like(plugin, ref).named_parameters())
     start = dict(_sharded_like(plugin, _model(layers)).named_parameters())
     masters = {_plain(n): v for n, v in opt.full_state_dict().items()}
+    mesh = plugin.mesh
+    assert mesh is not None
     with torch.no_grad():
         drift = {
             n: float((masters[n] - w).norm() / (w - start[n]).norm())
@@ -163,7 +165,7 @@ def low_precision_case(settings: dict, steps: int, layers: int = 2) -> dict:
         "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
         "mesh": booster.memory_stats()["mesh"],
         "skipped": getattr(opt, "skipped_last", False),
-        "tp_ops": sorted({op for a, op in plugin.mesh.comm.counter.snapshot() if a == "tp"}),  # type: ignore[union-attr]
+        "tp_ops": sorted({op for a, op in mesh.comm.counter.snapshot() if a == "tp"}),
     }
     plugin.close()
     return out
@@ -233,7 +235,7 @@ def gemini_lazy_case(settings: dict, steps: int) -> dict:
     return out
 
 
-def _gemini_boost(plugin: GeminiPlugin, layers: int, dtype: str = "float32"):  # type: ignore[no-untyped-def]
+def _gemini_boost(plugin: GeminiPlugin, layers: int, dtype: str = "float32") -> tuple:
     model = _model(layers, dtype)
     booster = Booster(plugin)
     model, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=LR))

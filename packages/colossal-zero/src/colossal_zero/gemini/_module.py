@@ -57,8 +57,9 @@ class GeminiModule(nn.Module):
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter (fp32, float64 under fp64: the masters when they exist) and buffer of the module, full and
-        on the CPU, under the module's own names (tied names included). Collective."""
+        """Every parameter (fp32, float64 under fp64: the masters when they exist) and buffer of
+        the module, full and on the CPU, under the module's own names (tied names included).
+        Collective."""
         rt = self.runtime
         values: dict[str, torch.Tensor] = {}
         for c in rt.manager.param_chunks():

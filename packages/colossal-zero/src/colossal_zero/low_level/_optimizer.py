@@ -321,9 +321,8 @@ class LowLevelZeroOptimizer(ClippedAdam):
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with trainable parameters at their fp32 master values (float64
-        under fp64; the
-        masters are all-gathered: collective over the data-parallel group) and everything else
-        as the model holds it, on the host."""
+        under fp64; the masters are all-gathered: collective over the data-parallel group) and
+        everything else as the model holds it, on the host."""
         out = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         for b in self.buckets:
             if b.master is None:

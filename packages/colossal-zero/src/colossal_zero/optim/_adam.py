@@ -188,8 +188,8 @@ class HybridAdam(torch.optim.Optimizer):
                     continue
                 if p.dtype != torch.float32 and p.dtype != torch.float64:
                     raise ConfigError(
-                        f"HybridAdam updates fp32 or float64 tensors, got {p.dtype}; keep fp32 master "
-                        "weights (colossal_zero.apply_gemini does) or cast the parameters"
+                        f"HybridAdam updates fp32 or float64 tensors, got {p.dtype}; keep fp32 "
+                        "master weights (colossal_zero.apply_gemini does) or cast the parameters"
                     )
                 st = self.state[p]
                 if not st:
