@@ -1,7 +1,8 @@
 """Precision ``fp64`` ([Note: fp64 precision]): ZeRO-1/2 and Gemini keep parameters, gradients,
 Adam's moments and the clipping norm in float64, so one process of each equals
 ``torch.optim.AdamW`` in float64 within 1e-12 (clipping on, two param groups, a budget that
-moves Gemini's chunks); bf16 and fp32 keep fp32 states; a device without float64 is refused.
+moves Gemini's chunks), on the CPU and (``benchmarks/gpu_check.sh``) on CUDA; bf16 and fp32 keep
+fp32 states; a device without float64 is refused.
 The multi-rank layouts (ZeRO-2 x pp2 x tp2, Gemini x ring sp) are in colossal-stack's
 ``test_hybrid_plugin.py``."""
 
@@ -25,6 +26,8 @@ from colossal_zero import (
 )
 
 STEPS, LR, CLIP, TOL = 4, 1e-2, 0.05, 1e-12
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 
 
 class _Net(nn.Module):
@@ -50,31 +53,35 @@ def _groups(model: nn.Module) -> list[dict]:
     ]
 
 
-def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _data(device: str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
     return [
-        (torch.randint(0, 32, (4, 8), generator=g), torch.randint(0, 32, (4, 8), generator=g))
+        (
+            torch.randint(0, 32, (4, 8), generator=g).to(device),
+            torch.randint(0, 32, (4, 8), generator=g).to(device),
+        )
         for _ in range(STEPS)
     ]
 
 
-def _reference(model: nn.Module) -> tuple[list[float], dict[str, torch.Tensor]]:
-    ref = copy.deepcopy(model).double()
+def _reference(model: nn.Module, device: str = "cpu") -> tuple[list[float], dict]:
+    """Float64 ``torch.optim.AdamW`` on ``device`` (the same kernels as the run's)."""
+    ref = copy.deepcopy(model).double().to(device)
     opt = torch.optim.AdamW(_groups(ref), lr=LR)
     losses = []
-    for x, y in _data():
+    for x, y in _data(device):
         loss = ref(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses, ref.state_dict()
+    return losses, {k: v.cpu() for k, v in ref.state_dict().items()}
 
 
-def _train(model: nn.Module, opt: torch.optim.Optimizer) -> list[float]:
+def _train(model: nn.Module, opt: torch.optim.Optimizer, device: str = "cpu") -> list[float]:
     losses = []
-    for x, y in _data():
+    for x, y in _data(device):
         loss = model(x, y)
         opt.backward(loss)  # type: ignore[attr-defined]
         opt.step()
@@ -87,14 +94,16 @@ def _worst(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float
     return max(float((got[k] - w).norm() / w.norm()) for k, w in want.items())
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("stage", [1, 2])
-def test_zero_fp64_equals_float64_adamw(stage):
+def test_zero_fp64_equals_float64_adamw(stage, device):
     torch.manual_seed(0)
     model = _Net()
-    ref_losses, ref = _reference(model)
+    ref_losses, ref = _reference(model, device)
+    model = model.to(device)
     cfg = ZeroConfig(stage=stage, precision="fp64", bucket_numel=1000)  # several buckets
     opt = LowLevelZeroOptimizer(model, _groups(model), lr=LR, config=cfg, max_grad_norm=CLIP)
-    losses = _train(model, opt)
+    losses = _train(model, opt, device)
     assert all(p.dtype is torch.float64 for p in model.parameters())
     assert all(b.exp_avg.dtype is torch.float64 and b.master is None for b in opt.buckets)
     got = opt.full_state_dict()
@@ -104,15 +113,16 @@ def test_zero_fp64_equals_float64_adamw(stage):
     assert opt.last_grad_norm > CLIP  # the clip was active: its factor is in the comparison
 
 
-def test_gemini_fp64_equals_float64_adamw_while_moving_chunks():
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemini_fp64_equals_float64_adamw_while_moving_chunks(device):
     torch.manual_seed(0)
     model = _Net()
-    ref_losses, ref = _reference(model)
+    ref_losses, ref = _reference(model, device)
     groups = _groups(model)
-    cfg = GeminiConfig(precision="fp64", device="cpu", chunk_numel=2048, accelerator_bytes=40_000)
+    cfg = GeminiConfig(precision="fp64", device=device, chunk_numel=2048, accelerator_bytes=40_000)
     gm = apply_gemini(model, cfg)
     opt = GeminiOptimizer(gm, groups, lr=LR, max_grad_norm=CLIP)
-    losses = _train(gm, opt)
+    losses = _train(gm, opt, device)
     m = gm.runtime.manager
     assert {c.dtype for c in m.chunks.values()} == {torch.float64}  # params, grads, states
     assert gm.memory_stats().bytes_moved > 0  # the budget moved chunks
