@@ -40,7 +40,6 @@ from colossal_parallel import (
 from colossal_zero import LazyInit, LowLevelZeroOptimizer, Precision, ZeroConfig, adam_arguments
 
 from .._capability import (
-    PRECISIONS,
     SP_KINDS,
     Combination,
     check_combination,
@@ -123,13 +122,10 @@ class HybridParallelPlugin:
             self.num_virtual = 2 if self.schedule == "interleaved" else 1
         if self.zero_stage:
             self._zero_config()  # validates precision and bucket size
-        elif self.precision not in (*PRECISIONS, "fp64"):
-            raise ConfigError(
-                f"precision must be one of {(*PRECISIONS, 'fp64')}, got {self.precision!r}"
-            )
+        spec = Precision.parse(self.precision)  # ConfigError naming the choices
         self._check_combination()
         self.device = resolve_device(self.device)
-        Precision.parse(self.precision).check_device(self.device)  # fp64 needs float64
+        spec.check_device(self.device)  # fp64 needs float64
 
     def combination(self) -> Combination:
         """The kinds these settings compose ([Note: capability table])."""
