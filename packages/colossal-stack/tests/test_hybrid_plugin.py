@@ -255,8 +255,9 @@ def test_long_sequence_with_megatron_sp_in_low_precision(world, name):
     assert out[0]["mesh"] == mesh
 
 
-# ... and inside pipeline stages, in the 8-rank world (sp2 x tp2 x pp2): interleaved with ZeRO-1
-# in bf16, 1F1B with ZeRO-2 in fp16 (boundaries T/(sp*tp) long, in the compute dtype)
+# ... and inside pipeline stages, in the 8-rank world (sp2 x tp2 x pp2), every schedule:
+# interleaved with ZeRO-1 in bf16, 1F1B with ZeRO-2 in fp16, GPipe with ZeRO-2 in bf16
+# (boundaries T/(sp*tp) long, in the compute dtype)
 LONG_MEGATRON_PP_LOW = {
     "ring+megatron-pp2-interleaved-zero1-bf16": (
         {"sequence_parallel": "ring+megatron", "schedule": "interleaved", "microbatches": 4}
@@ -267,6 +268,11 @@ LONG_MEGATRON_PP_LOW = {
         {"sequence_parallel": "ulysses+megatron", "microbatches": 2}
         | {"zero_stage": 2, "precision": "fp16"},
         "dp1 x tp2(1d, megatron sp) x pp2(1f1b, m=2) x sp2(ulysses), zero2",
+    ),
+    "ring+megatron-pp2-gpipe-zero2-bf16": (
+        {"sequence_parallel": "ring+megatron", "schedule": "gpipe", "microbatches": 2}
+        | {"zero_stage": 2, "precision": "bf16"},
+        "dp1 x tp2(1d, megatron sp) x pp2(gpipe, m=2) x sp2(ring), zero2",
     ),
 }
 
