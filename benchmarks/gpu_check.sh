@@ -21,6 +21,8 @@ timeout 280 python -m pytest -q -p no:cacheprovider -m gpu \
     packages/colossal-memtrace/tests/test_probes.py \
     packages/colossal-chunk/tests/test_gpu.py \
     packages/colossal-stack/tests/test_gpu_plugins.py
-#   zero: Gemini on CUDA with prefetch against AdamW, bf16 (its tests skip without CUDA)
-timeout 60 python -m pytest -q -p no:cacheprovider packages/colossal-zero/tests/test_cuda.py
+#   zero: Gemini on CUDA with prefetch against AdamW, bf16; ZeRO-1/2 and Gemini in precision
+#         fp64 on CUDA against float64 AdamW within 1e-12 (its tests skip without CUDA)
+timeout 90 python -m pytest -q -p no:cacheprovider packages/colossal-zero/tests/test_cuda.py \
+    packages/colossal-zero/tests/test_fp64_precision.py -k cuda
 echo "gpu_check: passed"

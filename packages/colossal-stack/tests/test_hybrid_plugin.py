@@ -20,7 +20,13 @@ See docs/parallel/hybrid.md for every figure.
 from __future__ import annotations
 
 import pytest
-from _checks_hybrid import bad_settings, gemini_case, gemini_lazy_case, train_case
+from _checks_hybrid import (
+    bad_settings,
+    gemini_case,
+    gemini_lazy_case,
+    low_precision_case,
+    train_case,
+)
 
 STEPS = 10
 STEPS_64 = 3  # the float64 runs show exactness; a few steps do (each adds rounding in fp32 only)
@@ -112,8 +118,8 @@ CASES_8: dict[str, tuple[dict, int, str]] = {
         "dp1 x tp2(1d, megatron sp) x pp2(1f1b, m=2) x sp2(ring)",
     ),
 }
-# float64 needs zero_stage=0 (ZeRO and Gemini keep fp32 parameters); ZeRO's shard update is
-# elementwise AdamW, checked in colossal-zero. One case per mechanism:
+# One case per mechanism, in float64 with zero_stage=0 (the ZeRO and Gemini layouts below run
+# with precision="fp64", which keeps their states in float64 too);
 # 2.5d with d=2 runs 2d's SUMMA on each depth layer, so 2d is covered by it.
 FLOAT64_CASES = ("2.5d-tp8-q2-d2", "3d-tp8", "tp2-pp2-dp2-1f1b-zero1", "pp4-dp2-interleaved")
 FLOAT64_CASES += ("ring-sp2-dp4", "ring-sp2-tp2-dp2", "ulysses-sp2-pp2-dp2-1f1b")
@@ -161,12 +167,45 @@ def test_eight_rank_layouts_are_exact_in_float64(world, name):
     _check(out, FLOAT64_TOL, FLOAT64_TOL)
 
 
+def test_eight_rank_zero2_pp2_tp2_is_exact_in_fp64(world):
+    """ZeRO-2 inside 1F1B stages beside 1d tp, with precision="fp64": buckets, their
+    reduce-scatters, Adam's moments and the clip norm in float64 ([Note: fp64 precision] in
+    colossal-zero), so the layout equals float64 AdamW as the zero_stage=0 ones do."""
+    settings, layers, mesh = CASES_8["zero2-pp2-tp2-dp2"]
+    fp64 = {**settings, "precision": "fp64"}
+    out = world(8).run(train_case, fp64, STEPS_64, layers, "float64")
+    _check(out, FLOAT64_TOL, FLOAT64_TOL)
+    assert out[0]["stats"]["mesh"] == mesh
+    assert all(r["dtypes"] == ["torch.float64"] for r in out)
+
+
+# Gemini (ZeRO-3) with ring sp2 beside tp2 on 8 ranks: dp2 x tp2 x sp2, chunks in float64,
+# sharded over dp x sp; the budget (twice the fp32 cases') still moves chunks
+GEMINI_SP2_TP2_FP64 = GEMINI_SP2_TP2 | {"precision": "fp64", "accelerator_budget": "320KiB"}
+
+
+def test_eight_rank_gemini_ring_sp2_tp2_dp2_is_exact_in_fp64(world, tmp_path):
+    out = world(8).run(gemini_case, GEMINI_SP2_TP2_FP64, STEPS_64 + 1, str(tmp_path), 2, "float64")
+    _check(out, FLOAT64_TOL, FLOAT64_TOL)
+    for r in out:
+        assert r["stats"]["mesh"] == "dp2 x tp2(1d) x sp2(ring), gemini"
+        assert r["dtypes"] == ["torch.float64"]
+        assert r["resume_err"] <= FLOAT64_TOL  # the checkpoint keeps float64
+    assert out[0]["export_err"] <= FLOAT64_TOL
+
+
 # ring/Ulysses over sp2 with Megatron sequence parallelism over tp2 (dp1): float64 shows the
-# composition exact; ZeRO-2 (fp32 masters, so fp32) shards over dp x sp beside it
+# composition exact; ZeRO-2 shards over dp x sp beside it (precision="fp64": exact too)
 LONG_MEGATRON = {
     "ring+megatron": ({}, STEPS_64, "float64", FLOAT64_TOL, FLOAT64_TOL),
     "ulysses+megatron": ({}, STEPS_64, "float64", FLOAT64_TOL, FLOAT64_TOL),
-    "ring+megatron-zero2": ({"zero_stage": 2}, STEPS, "float32", FP32_WEIGHT_TOL, LOSS_TOL),
+    "ring+megatron-zero2": (
+        {"zero_stage": 2, "precision": "fp64"},
+        STEPS_64,
+        "float64",
+        FLOAT64_TOL,
+        FLOAT64_TOL,
+    ),
 }
 
 
@@ -186,6 +225,70 @@ def test_long_sequence_with_megatron_sp_matches_adamw(world, name):
     assert all(r["stats"]["comm_sp_bytes_total"] > 0 for r in out)
 
 
+# ... and in bf16/fp16 with ZeRO-1/2 (tp2 x sp2, dp1), judged as colossal-zero's low-precision
+# tests judge them ([Note: bf16 tolerance] there): losses within 3e-2 of fp32 AdamW's, every
+# tensor's fp32 master within a quarter of fp32 training's displacement of it
+LOW_PRECISION_TOL, LOW_PRECISION_DRIFT = 3e-2, 0.25
+LONG_MEGATRON_LOW = {
+    "ring+megatron-zero1-bf16": (1, "bf16"),
+    "ulysses+megatron-zero2-bf16": (2, "bf16"),
+    "ring+megatron-zero2-fp16": (2, "fp16"),
+    "ulysses+megatron-zero1-fp16": (1, "fp16"),
+}
+
+
+@pytest.mark.parametrize("name", list(LONG_MEGATRON_LOW))
+def test_long_sequence_with_megatron_sp_in_low_precision(world, name):
+    stage, precision = LONG_MEGATRON_LOW[name]
+    kind = name.split("-")[0]
+    settings = {"sequence_parallel": kind, "sp_size": 2, "tp_size": 2}
+    settings |= {"zero_stage": stage, "precision": precision}
+    out = world(4).run(low_precision_case, settings, 4)
+    dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision]
+    for r in out:
+        assert r["loss_err"] <= LOW_PRECISION_TOL, r
+        assert r["drift"] <= LOW_PRECISION_DRIFT, (r["worst"], r["drift"])
+        assert r["dtypes"] == [dtype] and not r["skipped"]
+        assert {"all_gather", "reduce_scatter"} <= set(r["tp_ops"])
+    long = kind.split("+")[0]
+    mesh = f"dp1 x tp2(1d, megatron sp) x sp2({long}), zero{stage}"
+    assert out[0]["mesh"] == mesh
+
+
+# ... and inside pipeline stages, in the 8-rank world (sp2 x tp2 x pp2), every schedule:
+# interleaved with ZeRO-1 in bf16, 1F1B with ZeRO-2 in fp16, GPipe with ZeRO-2 in bf16
+# (boundaries T/(sp*tp) long, in the compute dtype)
+LONG_MEGATRON_PP_LOW = {
+    "ring+megatron-pp2-interleaved-zero1-bf16": (
+        {"sequence_parallel": "ring+megatron", "schedule": "interleaved", "microbatches": 4}
+        | {"zero_stage": 1, "precision": "bf16"},
+        "dp1 x tp2(1d, megatron sp) x pp2(interleaved, m=4) x sp2(ring), zero1",
+    ),
+    "ulysses+megatron-pp2-1f1b-zero2-fp16": (
+        {"sequence_parallel": "ulysses+megatron", "microbatches": 2}
+        | {"zero_stage": 2, "precision": "fp16"},
+        "dp1 x tp2(1d, megatron sp) x pp2(1f1b, m=2) x sp2(ulysses), zero2",
+    ),
+    "ring+megatron-pp2-gpipe-zero2-bf16": (
+        {"sequence_parallel": "ring+megatron", "schedule": "gpipe", "microbatches": 2}
+        | {"zero_stage": 2, "precision": "bf16"},
+        "dp1 x tp2(1d, megatron sp) x pp2(gpipe, m=2) x sp2(ring), zero2",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(LONG_MEGATRON_PP_LOW))
+def test_long_sequence_with_megatron_sp_in_stages_in_low_precision(world, name):
+    extra, mesh = LONG_MEGATRON_PP_LOW[name]
+    settings = {"sp_size": 2, "tp_size": 2, "pp_size": 2, **extra}
+    out = world(8).run(low_precision_case, settings, 4, 4)
+    for r in out:
+        assert r["loss_err"] <= LOW_PRECISION_TOL, r
+        assert r["drift"] <= LOW_PRECISION_DRIFT, (r["worst"], r["drift"])
+        assert not r["skipped"]
+    assert out[0]["mesh"] == mesh
+
+
 def test_gemini_tp2_dp2_moves_chunks_matches_adamw_and_resumes(world, tmp_path):
     out = world(4).run(gemini_case, GEMINI_TP2, STEPS, str(tmp_path))
     _check(out, 1e-5)  # measured 3.6e-7: 2 layers, see [Note: hybrid tolerances]
@@ -199,9 +302,16 @@ def test_gemini_tp2_dp2_moves_chunks_matches_adamw_and_resumes(world, tmp_path):
     assert first["export_names"] and first["export_err"] <= 1e-5
 
 
-def test_gemini_ring_sp2_dp2_matches_adamw_and_resumes(world, tmp_path):
-    out = world(4).run(gemini_case, GEMINI_SP2, STEPS, str(tmp_path))
-    _check(out, FP32_WEIGHT_TOL)
+@pytest.mark.parametrize("precision", ["fp32", "fp64"])
+def test_gemini_ring_sp2_dp2_matches_adamw_and_resumes(world, tmp_path, precision):
+    if precision == "fp64":  # float64 chunks: twice the budget; exact, so 1e-12 throughout
+        settings = GEMINI_SP2 | {"precision": "fp64", "accelerator_budget": "320KiB"}
+        out = world(4).run(gemini_case, settings, STEPS_64 + 1, str(tmp_path), 2, "float64")
+        _check(out, FLOAT64_TOL, FLOAT64_TOL)
+        assert out[0]["resume_err"] <= FLOAT64_TOL and out[0]["export_err"] <= FLOAT64_TOL
+    else:
+        out = world(4).run(gemini_case, GEMINI_SP2, STEPS, str(tmp_path))
+        _check(out, FP32_WEIGHT_TOL)
     for r in out:
         assert r["stats"]["mesh"] == "dp2 x sp2(ring), gemini"
         assert r["stats"]["comm_sp_bytes_total"] > 0  # the ring passed keys and values

@@ -41,6 +41,7 @@ __all__ = [
     "megatron_sequence",
     "nearest",
     "refusal",
+    "table_precision",
 ]
 
 TP_KINDS = ("none", "1d", "2d", "2.5d", "3d")  # none: tp_size 1
@@ -51,6 +52,13 @@ PP_SCHEDULES = ("none", "1f1b", "interleaved", "gpipe")  # none: one stage
 SHARDINGS = ("zero0", "zero1", "zero2", "gemini")  # gemini: ZeRO-3 over chunks
 PRECISIONS = ("fp32", "bf16", "fp16")
 _LONG = ("ring", "ulysses")
+
+
+def table_precision(precision: str) -> str:
+    """The table's name for a plugin's precision: "fp64" (float64 throughout, no masters or
+    loss scaling: colossal-zero's [Note: fp64 precision]) composes as fp32 does, so it is looked
+    up as "fp32"; every other name is its own."""
+    return "fp32" if precision == "fp64" else precision
 
 
 def long_sequence(sp: str | None) -> str | None:

@@ -26,7 +26,7 @@ from .low_level._optimizer import LowLevelZeroOptimizer
 from .optim._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
 from .optim._from_torch import adam_arguments
 from .optim._mesh_norm import mesh_grad_norm
-from .optim._precision import PRECISIONS
+from .optim._precision import PRECISIONS, Precision
 from .optim._scaler import LossScalerConfig
 
 __version__ = "0.1.0"
@@ -43,6 +43,7 @@ __all__ = [
     "LazyInit",
     "LossScalerConfig",
     "LowLevelZeroOptimizer",
+    "Precision",
     "TensorSpec",
     "ZeroConfig",
     "adam_arguments",

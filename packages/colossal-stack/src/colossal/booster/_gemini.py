@@ -32,7 +32,7 @@ from colossal_zero import (
     save_sharded,
 )
 
-from .._capability import Combination, check_combination
+from .._capability import Combination, check_combination, table_precision
 from ._device import resolve_device
 from ._full_model import FULL_MODEL_FILE, export_gemini
 from ._gemini_tp import (
@@ -165,7 +165,7 @@ class GeminiPlugin(Plugin):
             tp=self.tp_mode if self.tp_size > 1 else "none",
             sp=self.sequence_parallel or "none",
             sharding="gemini",
-            precision=self.precision,
+            precision=table_precision(self.precision),  # fp64 composes as fp32
             lazy=self.lazy is not None,
         )
 

@@ -33,15 +33,15 @@ from colossal_models import (
 )
 from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
 from colossal_parallel.pipeline import SCHEDULES, PipelineSchedule
-from colossal_zero import LazyInit, LowLevelZeroOptimizer, ZeroConfig, adam_arguments
+from colossal_zero import LazyInit, LowLevelZeroOptimizer, Precision, ZeroConfig, adam_arguments
 
 from .._capability import (
-    PRECISIONS,
     SP_KINDS,
     Combination,
     check_combination,
     long_sequence,
     megatron_sequence,
+    table_precision,
 )
 from .._dist import init_single_process
 from ..lora._apply import has_lora
@@ -119,10 +119,10 @@ class HybridParallelPlugin(Plugin):
             self.num_virtual = 2 if self.schedule == "interleaved" else 1
         if self.zero_stage:
             self._zero_config()  # validates precision and bucket size
-        elif self.precision not in PRECISIONS:
-            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        spec = Precision.parse(self.precision)  # ConfigError naming the choices
         self._check_combination()
         self.device = resolve_device(self.device)
+        spec.check_device(self.device)  # fp64 needs float64
 
     def combination(self) -> Combination:
         """The kinds these settings compose ([Note: capability table])."""
@@ -131,7 +131,7 @@ class HybridParallelPlugin(Plugin):
             sp=self.sequence_parallel or "none",
             pp=self.schedule if self.pp_size > 1 else "none",
             sharding=f"zero{self.zero_stage}",
-            precision=self.precision if self.precision in PRECISIONS else "fp32",
+            precision=table_precision(self.precision),
             checkpointing=self.activation_checkpointing,
             lazy=self.lazy is not None,
         )
@@ -272,6 +272,8 @@ class HybridParallelPlugin(Plugin):
         if self.lazy is not None:  # this rank's stages and slices only
             fill_lazy(out, self.lazy, self.device)
         swap = move_model(out, self.device)  # this rank's shards only, before ZeRO's buffers
+        if self.precision == "fp64":  # float64 throughout ([Note: fp64 precision]): exact cast
+            out.to(torch.float64)  # in place: the parameter objects stay (tied ones too)
         if self._stages is not None:
             self._stages.tied = [swap.get(id(q), q) for q in self._stages.tied]
             tied = {id(p) for p in self._stages.tied}

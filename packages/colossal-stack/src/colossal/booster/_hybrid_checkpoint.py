@@ -261,7 +261,8 @@ def save_layout(
         if r == rank:
             _, _, src, view = mine[i]
             data = view[box.slices(src.offsets)]
-            tensors[key] = data.detach().to("cpu", torch.float32).contiguous().clone()
+            wide = torch.promote_types(data.dtype, torch.float32)  # fp32; float64 under fp64
+            tensors[key] = data.detach().to("cpu", wide).contiguous().clone()
     if tensors:
         save_file(tensors, str(Path(directory) / file))
     if rank == 0:

@@ -21,7 +21,7 @@ from colossal_zero import (
     save_zero_sharded,
 )
 
-from .._capability import Combination, check_combination
+from .._capability import Combination, check_combination, table_precision
 from ._device import move_model, resolve_device
 from ._full_model import write_full_model
 from ._hybrid_checkpoint import load_layout
@@ -39,7 +39,8 @@ class LowLevelZeroPlugin(Plugin):
     Attributes:
         stage: 1 (fp32 masters and Adam states sharded) or 2 (gradients too, reduce-scattered
             while backward runs). Stage 3 is ``GeminiPlugin``.
-        precision: "fp32", "bf16" or "fp16" (fp32 masters; fp16 adds dynamic loss scaling).
+        precision: "fp32", "bf16" or "fp16" (fp32 masters; fp16 adds dynamic loss scaling), or
+            "fp64" (float64 throughout).
         offload_optimizer: masters and Adam states in host memory, updated by the CPU kernel.
         host_budget: host bytes the offloaded optimizer may use ("8GiB"; None: what is free).
         max_grad_norm: clip the global gradient norm (0: no clipping).
@@ -82,7 +83,9 @@ class LowLevelZeroPlugin(Plugin):
     def combination(self) -> Combination:
         """The kinds these settings compose ([Note: capability table])."""
         return Combination(
-            sharding=f"zero{self.stage}", precision=self.precision, lazy=self.lazy is not None
+            sharding=f"zero{self.stage}",
+            precision=table_precision(self.precision),  # fp64 composes as fp32
+            lazy=self.lazy is not None,
         )
 
     def zero_config(self) -> ZeroConfig:

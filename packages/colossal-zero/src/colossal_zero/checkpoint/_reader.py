@@ -131,15 +131,20 @@ class CheckpointReader:
             f.read_into(key, lo - a, out[lo - start : hi - start])
         return True
 
-    def read(self, kind: str, name: str, start: int, end: int) -> torch.Tensor | None:
-        """Elements ``[start, end)`` of the flattened ``kind/name``; None if it was not saved."""
-        out = torch.empty(end - start, dtype=torch.float32)
+    def read(
+        self, kind: str, name: str, start: int, end: int, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor | None:
+        """Elements ``[start, end)`` of the flattened ``kind/name`` in ``dtype``; None if it was
+        not saved."""
+        out = torch.empty(end - start, dtype=dtype)
         return out if self.read_into(kind, name, start, out) else None
 
-    def read_saved(self, kind: str, name: str, start: int, end: int) -> torch.Tensor:
+    def read_saved(
+        self, kind: str, name: str, start: int, end: int, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """``read``, for a tensor the checkpoint must hold (proved by ``check_whole``):
         ``CheckpointError`` naming it when it does not."""
-        out = self.read(kind, name, start, end)
+        out = self.read(kind, name, start, end, dtype)
         if out is None:
             raise CheckpointError(
                 f"{self.directory} holds no '{kind}/{name}'; the checkpoint is incomplete: "

@@ -55,6 +55,7 @@ def _plan_shard(
     and the tensors this rank writes from them (specs from the records: no value is read);
     frozen chunks left out unless ``frozen_values`` ([Note: omitted frozen values])."""
     m = model.runtime.manager
+    sd = model.runtime.precision.state_dtype  # fp32 values, float64 under fp64
     params: dict[str, Any] = {}
     groups: list[tuple[list[Any], list[_Item]]] = []
     for c in m.param_chunks():
@@ -72,8 +73,8 @@ def _plan_shard(
                 continue
             numel = part[2] - part[1]
             for kind, chunk in [("param", fp32), *zip(STATE_KINDS, states)]:
-                spec = TensorSpec(f"{kind}/{name}", torch.float32, (numel,))
-                items.append((spec, lambda ch=chunk, n=name: ch.shard_view(n)[0].float()))
+                spec = TensorSpec(f"{kind}/{name}", sd, (numel,))
+                items.append((spec, lambda ch=chunk, n=name: ch.shard_view(n)[0].to(sd)))
             if optimizer is not None and name in optimizer.steps:
                 spec = TensorSpec(f"step/{name}", torch.float32, (1,))
                 items.append((spec, lambda n=name: optimizer.steps[n].reshape(1).float()))

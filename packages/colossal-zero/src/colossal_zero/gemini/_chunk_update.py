@@ -45,7 +45,8 @@ class ChunkUpdates:
         dev = avg.shard.device
         if fp32.shard.device != dev:
             return False
-        return all(g.device == dev and g.dtype == torch.float32 for g in grads)
+        sd = rt.precision.state_dtype  # float32, or float64 under fp64
+        return all(g.device == dev and g.dtype == sd for g in grads)
 
     def _join(self, c: Chunk, names: list[str], grads: list[torch.Tensor], rows: Rows) -> None:
         """Add chunk ``c``'s tensors (``names``, their gradient slices ``grads``) to ``rows``,
@@ -129,8 +130,8 @@ class ChunkUpdates:
                 pv = staged
             if grads.tier is not home:
                 m.count_copy(grads.tier, home, gv.numel() * gv.element_size())
-            if gv.device != dev or gv.dtype != torch.float32:
-                gv = gv.to(dev, torch.float32)
+            if gv.device != dev or gv.dtype != rt.precision.state_dtype:
+                gv = gv.to(dev, rt.precision.state_dtype)
             row = rows.get(self.group_of[n])
             if row is None:
                 row = rows[self.group_of[n]] = ([], [], [], [], [])

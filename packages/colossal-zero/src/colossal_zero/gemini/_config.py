@@ -21,7 +21,8 @@ class GeminiConfig:
     """How Gemini places, shards and computes a model.
 
     Attributes:
-        precision: "fp32" (exact), "bf16" or "fp16" (low-precision params, fp32 masters).
+        precision: "fp32" (exact), "bf16" or "fp16" (low-precision params, fp32 masters), or
+            "fp64" (chunks, their reductions and Adam states in float64: [Note: fp64 precision]).
         placement: "auto" (trace the first step, then Belady eviction and prefetch) or "static"
             (a fixed share of parameter chunks lives on the accelerator, the rest streams in).
         accelerator_bytes: byte budget of chunk payloads on the compute tier (None: the whole

@@ -58,19 +58,19 @@ class StepGradients:
             return
         m = self.manager
         if not any(ch.kind == "acc" for ch in m.chunks.values()):
-            m.add_parallel("acc", torch.float32)
+            m.add_parallel("acc", self.precision.state_dtype)
         c = m.chunks[cid]
         acc = m.parallel_chunk("acc", c)
         if rec.kept:  # [Note: kept gradients]: one rank, nothing in flight
             dev = acc.payload.device
             for n, g in rec.kept.items():
-                acc.shard_part(n).add_(g.reshape(-1).to(dev, torch.float32))
+                acc.shard_part(n).add_(g.reshape(-1).to(dev, acc.dtype))
             rec.kept.clear()
         else:
             # reduce-scatters and prefetch copies in flight write these shards: finish them first
             m.settle([c, self.working(c), acc])
             src = self.working(c).payload
-            acc.payload.add_(src.to(acc.payload.device, torch.float32))
+            acc.payload.add_(src.to(acc.payload.device, acc.dtype))
         rec.pending, rec.accumulated = False, True
         if self.precision.master:
             self.restore_params(c)

@@ -75,15 +75,17 @@ class GeminiModule(nn.Module):
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter (fp32: the masters when they exist) and buffer of the module, full and
-        on the CPU, under the module's own names (tied names included). Collective."""
+        """Every parameter (fp32, float64 under fp64: the masters when they exist) and buffer of
+        the module, full and on the CPU, under the module's own names (tied names included).
+        Collective."""
         rt = self.runtime
         values: dict[str, torch.Tensor] = {}
         for c in rt.manager.param_chunks():
             src = rt.roles.fp32(c)
             full = gather_shard(src.payload, rt.group)
             for name, rec in c.records.items():
-                values[name] = full[rec.offset : rec.end].view(rec.shape).float().clone()
+                value = full[rec.offset : rec.end].view(rec.shape)
+                values[name] = value.to(torch.promote_types(value.dtype, torch.float32)).clone()
         out = {n: values[canon] for n, canon in rt.aliases.items()}
         for n, b in self.module.named_buffers():
             out[n] = b.detach().cpu().clone()

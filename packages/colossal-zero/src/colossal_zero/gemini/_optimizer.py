@@ -97,7 +97,9 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
                     )
                 self.group_of[name] = gi
         for kind in STATE_KINDS:
-            self.rt.manager.add_parallel(kind, torch.float32, spill_reserve=self._spill_reserve())
+            self.rt.manager.add_parallel(
+                kind, rt.precision.state_dtype, spill_reserve=self._spill_reserve()
+            )
         self.steps: dict[str, torch.Tensor] = {}  # name -> float32 scalar step count
         self._grad_norm = 0.0
         self._norm_due: tuple[list[tuple[torch.Tensor, ParamSharding | None]], int] | None = None

@@ -5,7 +5,6 @@ moved to the compute device. ``GeminiRuntime`` does this once, as it is built.""
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -47,7 +46,7 @@ def place_module(
     fill = lazy_values.fill if lazy_values else None
     manager.register(named, materialize=fill, frozen=frozen)
     if precision.master:
-        manager.add_parallel("master", torch.float32)
+        manager.add_parallel("master", precision.state_dtype)
         for c in manager.trainable_chunks():
             master = manager.parallel_chunk("master", c)
             for name in c.records:
@@ -59,7 +58,7 @@ def place_module(
                         value = lazy_values.original(params[name])
                     view.copy_(value.reshape(-1)[a:b])
     else:
-        manager.add_parallel("grad", torch.float32)
+        manager.add_parallel("grad", precision.state_dtype)  # float64 under fp64
     del originals
     dev = manager.compute_device
     for buf_owner in module.modules():

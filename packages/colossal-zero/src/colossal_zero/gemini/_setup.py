@@ -38,8 +38,8 @@ def chunk_bytes_per_param(precision: str | Precision, *, frozen: bool = False) -
     14 in bf16/fp16, 16 in fp32. A frozen one (``requires_grad=False``): its value only, 2 or 4
     (colossal-chunk's [Note: frozen chunks]). Divide by the data-parallel size for one rank."""
     spec = Precision.parse(precision)
-    value = spec.param_dtype.itemsize
-    return value if frozen else value + 4 + 8
+    value, state = spec.param_dtype.itemsize, spec.state_dtype.itemsize
+    return value if frozen else value + 3 * state  # fp64: 32 ([Note: fp64 precision])
 
 
 def working_set_bytes(chunk_numel: int, precision: Precision, world_size: int) -> int:

@@ -28,7 +28,8 @@ def iter_full_state(model: GeminiModule) -> Iterator[tuple[str, torch.Tensor]]:
         full = gather_shard(src.payload, rt.group)
         for name, rec in c.records.items():
             for alias in names.get(name, ()):
-                yield alias, full[rec.offset : rec.end].view(rec.shape).float()
+                value = full[rec.offset : rec.end].view(rec.shape)
+                yield alias, value.to(torch.promote_types(value.dtype, torch.float32))
         del full
         rt.manager.read_done([src])  # a shard on disk was only read: its pages leave memory
     for n, b in model.module.named_buffers():

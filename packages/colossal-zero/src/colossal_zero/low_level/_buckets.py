@@ -11,7 +11,8 @@ bucket is a set of chunks with one layout, sharded over the data-parallel group:
   is a view into it; its shard is a view of this rank's slice); stage 2 keeps only the shard and
   gathers each backward's gradients into a fresh buffer that is reduce-scattered and dropped.
 - ``master`` (fp32, with low-precision parameters or an offloaded optimizer), ``exp_avg`` and
-  ``exp_avg_sq`` (fp32): shards only, on the optimizer's device.
+  ``exp_avg_sq`` (fp32): shards only, on the optimizer's device. Under fp64 these three are
+  float64 (the precision's ``state_dtype``: [Note: fp64 precision]).
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ def _pack(named: Sequence[tuple[str, nn.Parameter]], bucket_numel: int) -> list[
     return groups
 
 
-def _zeros_like_layout(like: Chunk, chunk_id: int, kind: str, device: torch.device) -> Chunk:
-    twin = like.same_layout(chunk_id, torch.float32, kind)
-    storage = torch.zeros(twin.shard_numel, dtype=torch.float32, device=device)
+def _zeros_like_layout(
+    like: Chunk, chunk_id: int, kind: str, device: torch.device, dtype: torch.dtype
+) -> Chunk:
+    twin = like.same_layout(chunk_id, dtype, kind)
+    storage = torch.zeros(twin.shard_numel, dtype=dtype, device=device)
     twin.fill_shard(storage, _Zeros(twin))
     return twin
 
@@ -99,8 +102,10 @@ def build_buckets(
     stage: int,
     bucket_numel: int,
     group: dist.ProcessGroup | None,
+    state_dtype: torch.dtype = torch.float32,
 ) -> list[Bucket]:
-    """Buckets for ``named`` (trainable parameters, fp32 values, the same on every rank).
+    """Buckets for ``named`` (trainable parameters, fp32 values, the same on every rank); masters
+    and moments in ``state_dtype``.
 
     Afterwards every parameter is a ``dtype`` view into its bucket's ``flat`` (all-gathered from
     the shards, so every rank holds the shard owners' values) and, for stage 1, ``.grad`` a view
@@ -119,8 +124,9 @@ def build_buckets(
         values = {name: p.detach() for name, p in members}
         mchunk = None
         if master:
-            mchunk = pchunk.same_layout(5 * bi + 1, torch.float32, "master")
-            mchunk.fill_shard(torch.empty(cap // world, device=state_device), values)
+            mchunk = pchunk.same_layout(5 * bi + 1, state_dtype, "master")
+            shard = torch.empty(cap // world, dtype=state_dtype, device=state_device)
+            mchunk.fill_shard(shard, values)
         flat = torch.zeros(cap, dtype=dtype, device=device)
         rank = pchunk.rank
         lo = rank * pchunk.shard_numel
@@ -139,8 +145,10 @@ def build_buckets(
             param=pchunk,
             grad=gchunk,
             master=mchunk,
-            exp_avg=_zeros_like_layout(pchunk, 5 * bi + 3, "exp_avg", state_device),
-            exp_avg_sq=_zeros_like_layout(pchunk, 5 * bi + 4, "exp_avg_sq", state_device),
+            exp_avg=_zeros_like_layout(pchunk, 5 * bi + 3, "exp_avg", state_device, state_dtype),
+            exp_avg_sq=_zeros_like_layout(
+                pchunk, 5 * bi + 4, "exp_avg_sq", state_device, state_dtype
+            ),
             flat=flat,
             grad_flat=grad_flat,
         )

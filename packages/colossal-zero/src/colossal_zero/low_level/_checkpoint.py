@@ -42,6 +42,7 @@ def save_zero_sharded(
     rank = dist.get_rank(opt.group) if opt.group is not None else 0
     tensors: dict[str, torch.Tensor] = {}
     params: dict[str, dict] = {}
+    sd = opt.precision.state_dtype
     for b in opt.buckets:
         for name, rec in b.param.records.items():
             ranges = element_ranges(rec.offset, rec.end, b.param.shard_numel, world)
@@ -49,7 +50,7 @@ def save_zero_sharded(
             part = b.fp32.shard_view(name)
             if part is None:
                 continue
-            tensors[f"param/{name}"] = part[0].float().cpu().clone()
+            tensors[f"param/{name}"] = part[0].to(sd).cpu().clone()  # float64 under fp64
             for kind, chunk in zip(STATE_KINDS, (b.exp_avg, b.exp_avg_sq), strict=True):
                 tensors[f"{kind}/{name}"] = chunk.shard_part(name).cpu().clone()
             if name in opt.steps:
@@ -61,7 +62,7 @@ def save_zero_sharded(
         if name not in trained and name not in omitted:
             params[name] = {"shape": list(p.shape), "ranges": [[0, 0, p.numel()]]}
             if rank == 0:
-                tensors[f"param/{name}"] = p.detach().float().reshape(-1).cpu().clone()
+                tensors[f"param/{name}"] = p.detach().to(sd).reshape(-1).cpu().clone()
     shard = directory / shard_file(rank, world)
     save_file(tensors, str(shard))
     files = gather_digests(opt.group, shard.name, file_digest(shard))  # checked on load
@@ -91,6 +92,7 @@ def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
     shards, then all-gather the parameters. ``CheckpointError`` on a missing or foreign file."""
     reader = CheckpointReader(directory)
     opt, index = optimizer, reader.index
+    sd = opt.precision.state_dtype
     trained = {n for b in opt.buckets for n in b.params}
     untrained = {n for n, _ in opt.model.named_parameters() if n not in trained}
     omitted = omitted_frozen(index, untrained, directory)  # the model's values stay
@@ -103,18 +105,18 @@ def load_zero_sharded(optimizer: LowLevelZeroOptimizer, directory: Path) -> None
     reader.check_whole(frozen, optimizer=False)
     for name, p in opt.model.named_parameters():
         if name not in trained and name not in omitted:
-            p.copy_(reader.read_saved("param", name, 0, p.numel()).view(p.shape))
+            p.copy_(reader.read_saved("param", name, 0, p.numel(), sd).view(p.shape))
     for b in opt.buckets:
         for name in b.params:
             part = b.fp32.shard_view(name)
             if part is None:
                 continue
             view, lo, hi = part
-            view.copy_(reader.read_saved("param", name, lo, hi))
+            view.copy_(reader.read_saved("param", name, lo, hi, sd))
             if not index["optimizer"]:
                 continue
             for kind, chunk in zip(STATE_KINDS, (b.exp_avg, b.exp_avg_sq), strict=True):
-                value = reader.read(kind, name, lo, hi)
+                value = reader.read(kind, name, lo, hi, sd)
                 if value is not None:
                     chunk.shard_part(name).copy_(value)
             reader.restore_step(opt.steps, name)

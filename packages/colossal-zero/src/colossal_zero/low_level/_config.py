@@ -22,7 +22,8 @@ class ZeroConfig:
         stage: 1 (fp32 masters and Adam states sharded over data-parallel ranks) or 2 (gradients
             too, reduce-scattered into per-rank buckets while backward runs). Stage 3 is Gemini.
         precision: "fp32", "bf16" or "fp16" (low-precision params, fp32 masters; fp16 adds
-            dynamic loss scaling).
+            dynamic loss scaling), or "fp64" (parameters, gradients and Adam states in float64:
+            [Note: fp64 precision]).
         offload_optimizer: keep the fp32 masters and Adam states in host memory and update them
             there with the hybrid Adam's CPU kernel.
         host_bytes: host memory the offloaded optimizer may use (None: what the OS reports

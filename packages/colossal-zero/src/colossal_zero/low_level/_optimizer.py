@@ -96,7 +96,7 @@ class LowLevelZeroOptimizer(ClippedAdam):
                         "not a trainable parameter of the model; pass model.parameters() (or "
                         "groups of them) with requires_grad=True"
                     )
-                if p.dtype != torch.float32:
+                if p.dtype != torch.float32 and p.dtype != prec.state_dtype:
                     raise ConfigError(
                         f"parameter {name!r} is {p.dtype}; build the model in fp32 and choose "
                         "the compute precision with ZeroConfig(precision=...)"
@@ -104,6 +104,7 @@ class LowLevelZeroOptimizer(ClippedAdam):
                 self.group_of[name] = gi
                 named.append((name, p))
         device = named[0][1].device if named else torch.device("cpu")
+        prec.check_device(device)
         self.state_device = torch.device("cpu") if config.offload_optimizer else device
         self._check_host_room(sum(p.numel() for _, p in named))
         self.buckets: list[Bucket] = build_buckets(
@@ -114,6 +115,7 @@ class LowLevelZeroOptimizer(ClippedAdam):
             stage=config.stage,
             bucket_numel=config.bucket_numel,
             group=group,
+            state_dtype=prec.state_dtype,
         )
         with torch.no_grad():  # frozen parameters compute in the same precision
             for p in model.parameters():
@@ -160,7 +162,8 @@ class LowLevelZeroOptimizer(ClippedAdam):
     def _check_host_room(self, numel: int) -> None:
         if not self.config.offload_optimizer:
             return
-        need = -(-numel // self.world) * 16  # fp32 master, exp_avg, exp_avg_sq, gradient copy
+        # master, exp_avg, exp_avg_sq, gradient copy: fp32 (float64 under fp64)
+        need = -(-numel // self.world) * 4 * self.precision.state_dtype.itemsize
         room = self.config.host_bytes
         if room is None:
             room = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -277,7 +280,8 @@ class LowLevelZeroOptimizer(ClippedAdam):
                 norm_parts.append((g, self.sharding.get(name)))
                 step = self.steps.setdefault(name, torch.zeros((), dtype=torch.float32))
                 row = lists.setdefault(self.group_of[name], ([], [], [], [], []))
-                gv = g if g.device == dev and g.dtype == torch.float32 else g.to(dev, torch.float32)
+                sd = self.precision.state_dtype
+                gv = g if g.device == dev and g.dtype == sd else g.to(dev, sd)
                 views = (
                     b.fp32.shard_view(name),
                     b.exp_avg.shard_view(name),
@@ -316,16 +320,18 @@ class LowLevelZeroOptimizer(ClippedAdam):
     # ----- introspection ------------------------------------------------------------------------
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's state dict with trainable parameters at their fp32 master values (the
-        masters are all-gathered: collective over the data-parallel group) and everything else
-        as the model holds it, on the host."""
+        """The model's state dict with trainable parameters at their fp32 master values (float64
+        under fp64; the masters are all-gathered: collective over the data-parallel group) and
+        everything else as the model holds it, on the host."""
         out = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         for b in self.buckets:
             if b.master is None:
                 for name, p in b.params.items():
-                    out[name] = p.detach().float().cpu().clone()
+                    out[name] = p.detach().to(self.precision.state_dtype).cpu().clone()
                 continue
-            full = torch.empty(b.master.capacity, device=b.master.payload.device)
+            full = torch.empty(
+                b.master.capacity, dtype=b.master.dtype, device=b.master.payload.device
+            )
             b.master.gather(full)
             for name in b.params:
                 out[name] = b.master.view(name).cpu().clone()

@@ -4,7 +4,9 @@
 kernel call: ``torch._fused_adamw_`` (a vectorised CPU kernel on the host, the multi-tensor CUDA
 kernel on an accelerator). Gradients may be scaled (fp16 loss scaling, clipping): the kernel
 divides them by ``grad_scale`` and, with ``found_inf`` set, skips the update. Devices without a
-fused kernel fall back to torch's ``foreach`` implementation with the same arithmetic.
+fused kernel fall back to torch's ``foreach`` implementation with the same arithmetic. The
+kernels take the scale as a float32 tensor: float64 tensors (precision fp64, [Note: fp64
+precision]) have their gradients divided in float64 first, so no fp32 rounding enters.
 """
 
 from __future__ import annotations
@@ -72,22 +74,26 @@ def adamw_update(
     *,
     grad_scale: float = 1.0,
 ) -> None:
-    """One Adam(W) update of fp32 ``params`` in place; see [Note: hybrid update].
+    """One Adam(W) update of fp32 (or float64) ``params`` in place; see [Note: hybrid update].
 
     ``steps`` are float32 scalar tensors already incremented for this step (they may be shared).
     Gradients are divided by ``grad_scale`` first (and may be overwritten by the division).
     Every list has one entry per tensor; tensors of one index share a device.
     """
-    by_dev: dict[torch.device, list[int]] = {}
+    by_dev: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, p in enumerate(params):
-        by_dev.setdefault(p.device, []).append(i)
-    for dev, idx in by_dev.items():
+        by_dev.setdefault((p.device, p.dtype), []).append(i)
+    for (dev, _), idx in by_dev.items():
         ps = [params[i] for i in idx]
         gs = [grads[i] for i in idx]
         ms = [exp_avgs[i] for i in idx]
         vs = [exp_avg_sqs[i] for i in idx]
         ss = [_on(steps[i], dev) for i in idx]
-        scale = None if grad_scale == 1.0 else torch.tensor(grad_scale, device=dev)
+        divisor = grad_scale
+        if divisor != 1.0 and gs[0].dtype == torch.float64:  # the kernel's scale is fp32
+            torch._foreach_div_(gs, divisor)
+            divisor = 1.0
+        scale = None if divisor == 1.0 else torch.tensor(divisor, device=dev)
         if dev.type in _FUSED_DEVICES:
             kernel = torch._fused_adamw_ if hyper.adamw else torch._fused_adam_
             kernel(
@@ -97,7 +103,7 @@ def adamw_update(
                 amsgrad=False, maximize=False, grad_scale=scale, found_inf=None,
             )  # fmt: skip
         else:  # pragma: no cover - devices without a fused kernel
-            _foreach_update(ps, gs, ms, vs, ss, hyper, grad_scale)
+            _foreach_update(ps, gs, ms, vs, ss, hyper, divisor)
 
 
 def _on(step: torch.Tensor, dev: torch.device) -> torch.Tensor:
@@ -180,10 +186,10 @@ class HybridAdam(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.dtype != torch.float32:
+                if p.dtype != torch.float32 and p.dtype != torch.float64:
                     raise ConfigError(
-                        f"HybridAdam updates fp32 tensors, got {p.dtype}; keep fp32 master "
-                        "weights (colossal_zero.apply_gemini does) or cast the parameters"
+                        f"HybridAdam updates fp32 or float64 tensors, got {p.dtype}; keep fp32 "
+                        "master weights (colossal_zero.apply_gemini does) or cast the parameters"
                     )
                 st = self.state[p]
                 if not st:
