@@ -49,6 +49,7 @@ from .._capability import (
 )
 from .._dist import init_single_process
 from ..lora._apply import has_lora
+from ..lora._hf_tp import hf_lora_to_ours
 from ..lora._tp import parallelize_lora
 from ._device import move_model, resolve_device, to_device
 from ._groups import GroupMap
@@ -89,6 +90,9 @@ class HybridParallelPlugin:
     bucket_numel: int = 1 << 22
     name: str = "hybrid"
     sharded_checkpoint: bool = True
+    save_frozen: bool = (
+        True  # a LoRA model's frozen base in checkpoints: [Note: LoRA layout checkpoint]
+    )
     device: torch.device = "auto"  # type: ignore[assignment]  # [Note: plugin device]
     lazy: LazyInit | None = field(default=None, repr=False)  # the model's: [Note: lazy fill]
     mesh: ProcessMesh | None = field(default=None, repr=False)
@@ -97,6 +101,7 @@ class HybridParallelPlugin:
     _optimizer: Any = field(default=None, repr=False)
     _boundary_dtype: torch.dtype = field(default=torch.float32, repr=False)
     _own_group: bool = field(default=False, repr=False)  # a one-rank group this plugin made
+    _names: dict[str, str] | None = field(default=None, repr=False)  # HF LoRA: the user's names
 
     def __post_init__(self) -> None:
         for k in ("tp_size", "tp_depth", "sp_size", "pp_size", "microbatches"):
@@ -212,7 +217,13 @@ class HybridParallelPlugin:
         self, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Shard ``model`` in place through its plan and rebuild ``optimizer`` (Adam/AdamW) on
-        this rank's parameters, each in the group of its unsharded original (``GroupMap``)."""
+        this rank's parameters, each in the group of its unsharded original (``GroupMap``). A
+        ``peft`` model of a Hugging Face GPT-2 or Llama in ``HFCausalLM`` trains as our GPT or
+        PaLM, its adapters under their own names ([Note: Hugging Face LoRA under tp])."""
+        group_map = GroupMap(model, optimizer)  # by name: the sharded model keeps the groups
+        converted = hf_lora_to_ours(model)
+        if converted is not None:
+            model, self._names = converted.model, converted.names
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         cfg = self.mesh_config(world)  # one process: every size must be 1 (dp1)
         layers = getattr(getattr(model, "config", None), "num_layers", None)
@@ -231,7 +242,6 @@ class HybridParallelPlugin:
             raise ConfigError(
                 f"the hybrid plugin trains with Adam or AdamW, got {type(optimizer).__name__}"
             )
-        group_map = GroupMap(model, optimizer)  # by name: the sharded model keeps the groups
         self._own_group = init_single_process()  # one process without torchrun: a 1-rank world
         self.mesh = mesh = ProcessMesh(cfg)
         lora = has_lora(model)
@@ -270,7 +280,8 @@ class HybridParallelPlugin:
         self.sharding = mesh_layout(out, names, tp_layout, tied, mesh, self.pp_size)
         keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
         hyper = {k: v for k, v in optimizer.defaults.items() if k in keep}
-        named_out = [(names[n], p) for n, p in out.named_parameters()]
+        user = self._names or {}
+        named_out = [(user.get(names[n], names[n]), p) for n, p in out.named_parameters()]
         groups = group_map.groups(named_out, keep=("lr", "betas", "eps", "weight_decay"))
         params = [p for g in groups for p in g["params"]]
         # the user's optimizer on this rank's (sharded) parameters, same class and settings;
@@ -386,10 +397,13 @@ class HybridParallelPlugin:
     ) -> None:
         """Every rank writes the blocks it alone holds, in the unsharded model's names and
         shapes ([Note: layout checkpoint]): any layout, or one process, loads it. Collective."""
-        save_layout(model, optimizer, self.mesh, Path(path), layout=self.describe())
+        save_layout(
+            model, optimizer, self.mesh, Path(path), layout=self.describe(),
+            frozen_values=self.save_frozen, rename=self._names,
+        )  # fmt: skip
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
         """Read the blocks this layout holds from a checkpoint of any layout."""
-        load_layout(model, optimizer, self.mesh, Path(path))
+        load_layout(model, optimizer, self.mesh, Path(path), rename=self._names)

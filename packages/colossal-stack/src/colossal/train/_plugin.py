@@ -63,7 +63,7 @@ def _choose_export(plugin: Plugin, cfg: TrainConfig, step: int) -> None:
     lora = cfg.lora_rank is not None
     if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin):
         plugin.export_full_model = cfg.exports_at(step) and not lora
-    if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin | DDPPlugin):
+    if isinstance(plugin, GeminiPlugin | LowLevelZeroPlugin | DDPPlugin | HybridParallelPlugin):
         plugin.save_frozen = not lora
 
 
