@@ -69,8 +69,10 @@ def _sites(hf: nn.Module, layer_map: dict[str, str]) -> dict[str, nn.Module]:
     for name, m in hf.named_modules():
         if not isinstance(m, lora.LoraLayer):
             continue
-        if not isinstance(m, lora.Linear) or any(m.use_dora.values()):
-            raise _fail(f"{name} is {type(m).__name__} (DoRA or not a linear layer)")
+        dora = any(m.use_dora.values())
+        if dora or not isinstance(m, lora.Linear):
+            what = "DoRA" if dora else f"peft's {type(m).__name__}"
+            raise _fail(f"{name} is {what}, not plain LoRA on a linear layer")
         if name not in layer_map:
             raise _fail(f"{name} has no counterpart in our {type(hf).__name__} layers")
         out[name] = m
