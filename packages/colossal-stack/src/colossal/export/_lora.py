@@ -29,8 +29,8 @@ from colossal_models import GPT, GPTConfig, HFCausalLM, PaLM, PaLMConfig, load_h
 from colossal_models._hf import import_transformers
 from colossal_zero import INDEX_FILE
 
-from ..lora._apply import ADAPTER, base_fingerprint, import_peft, peft_config_of
 from ..booster._hybrid_checkpoint import LAYOUT_INDEX
+from ..lora._apply import ADAPTER, base_fingerprint, import_peft, peft_config_of
 from ._source import CheckpointInfo, iter_checkpoint_state, read_checkpoint
 
 __all__ = ["ADAPTER_FOLDER", "export_adapter", "lora_model", "merged_state", "with_adapter"]
