@@ -14,7 +14,7 @@ mean over dp).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +48,12 @@ from .._capability import (
     megatron_sequence,
 )
 from .._dist import init_single_process
-from ..lora._apply import has_lora
-from ..lora._hf_tp import hf_lora_to_ours
 from ..lora._tp import parallelize_lora
 from ._device import move_model, resolve_device, to_device
 from ._groups import GroupMap
 from ._hybrid_checkpoint import load_layout, save_layout
 from ._hybrid_grads import mesh_layout, reduce_and_clip
+from ._hybrid_lora import prepare_lora
 from ._hybrid_pipeline import PipelineModule, pipeline_loss, pipeline_step
 from ._lazy_fill import fill_lazy, sharding_lazily
 from ._mesh_stats import axis_comm_bytes
@@ -221,9 +220,10 @@ class HybridParallelPlugin:
         ``peft`` model of a Hugging Face GPT-2 or Llama in ``HFCausalLM`` trains as our GPT or
         PaLM, its adapters under their own names ([Note: Hugging Face LoRA under tp])."""
         group_map = GroupMap(model, optimizer)  # by name: the sharded model keeps the groups
-        converted = hf_lora_to_ours(model)
-        if converted is not None:
-            model, self._names = converted.model, converted.names
+        what = f"HybridParallelPlugin({self._settings()})"
+        model, self._names, lora = prepare_lora(
+            model, self.combination(), what=what, lazy=self.lazy
+        )
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         cfg = self.mesh_config(world)  # one process: every size must be 1 (dp1)
         layers = getattr(getattr(model, "config", None), "num_layers", None)
@@ -244,9 +244,6 @@ class HybridParallelPlugin:
             )
         self._own_group = init_single_process()  # one process without torchrun: a 1-rank world
         self.mesh = mesh = ProcessMesh(cfg)
-        lora = has_lora(model)
-        if lora:
-            self._check_lora()
         tp_layout = None
         if cfg.tp > 1 and lora:  # adapters sharded beside their base: [Note: LoRA under tp]
             tp_layout = parallelize_lora(model, mesh)
@@ -309,13 +306,6 @@ class HybridParallelPlugin:
         # activations between stages have the compute dtype (after ZeRO's cast to its precision)
         self._boundary_dtype = params[0].dtype if params else torch.float32
         return out, opt
-
-    def _check_lora(self) -> None:
-        """``ConfigError`` for the layouts a ``peft`` model does not train on yet."""
-        what = f"LoRA on HybridParallelPlugin({self._settings()})"
-        check_combination(replace(self.combination(), lora=True), what=what)
-        if self.lazy is not None:
-            raise ConfigError(f"{what}: peft wraps real weights; build the model without lazy_init")
 
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         if self.pp_size > 1:

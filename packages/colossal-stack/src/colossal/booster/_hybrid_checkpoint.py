@@ -28,9 +28,9 @@ every block is a tensor of its size in its file.
 frozen base weights' values (no state). Without them (a LoRA run's checkpoints) the index's
 ``frozen_omitted`` names the base weights left out, as colossal-zero's [Note: omitted frozen
 values]: a load keeps the model's own (rebuilt from its source, checked against the run's base
-fingerprint) and the exports rebuild the base the same way. ``rename`` writes (and reads)
-parameters under other names: a Hugging Face model's adapters trained as our GPT or PaLM keep
-their Hugging Face names ([Note: Hugging Face LoRA under tp]); its base is never written.
+fingerprint) and the exports rebuild it the same way. ``rename`` writes (and reads) parameters
+under other names: a Hugging Face model's adapters trained as our GPT or PaLM keep their
+Hugging Face names ([Note: Hugging Face LoRA under tp]); such a base is never written.
 """
 
 from __future__ import annotations
@@ -129,9 +129,8 @@ def _held(
     frozen: bool = True,
     rename: Mapping[str, str] | None = None,
 ) -> list[_Held]:
-    """What this rank holds of every trainable parameter (and, with ``frozen``, of a ``peft``
-    model's frozen base), named through ``rename`` where it has the name. ``fresh``: create
-    missing Adam state (zeros) so a load can fill it in place."""
+    """What this rank holds of every trainable parameter (with ``frozen``: and of a ``peft``
+    model's base), named through ``rename``. ``fresh``: create missing Adam state (zeros)."""
     base = _base(model)
     lora = is_peft_model(base)  # [Note: LoRA layout checkpoint]
     maps = lora_shard_maps(base, mesh) if lora else None
@@ -242,13 +241,13 @@ def save_layout(
     rename: Mapping[str, str] | None = None,
 ) -> None:
     """Write this rank's blocks into ``directory`` (rank 0 also the index); see [Note: layout
-    checkpoint]. ``frozen_values=False`` or ``rename``: a ``peft`` model's frozen base is left
-    out, and ``rename`` names parameters ([Note: LoRA layout checkpoint]). Collective over the
-    whole world when one exists."""
+    checkpoint]; ``frozen_values`` and ``rename``: [Note: LoRA layout checkpoint]. Collective
+    over the whole world when one exists."""
     rank, world = _world()
     frozen_values = frozen_values and not rename
     held = _held(model, optimizer, mesh, fresh=False, frozen=frozen_values, rename=rename)
-    omitted = [] if frozen_values or not is_peft_model(_base(model)) else _frozen_names(model)
+    lora = not frozen_values and is_peft_model(_base(model))  # the frozen base left out:
+    omitted = sorted(n for n, p in model.named_parameters() if lora and not p.requires_grad)
     mine = [
         (kind, h.smap.name, box, view)
         for h in held
@@ -307,11 +306,6 @@ def save_layout(
         (Path(directory) / LAYOUT_INDEX).write_text(json.dumps(index, indent=1))
 
 
-def _frozen_names(model: nn.Module) -> list[str]:
-    """The names (as the saved module has them) of a ``peft`` model's frozen parameters."""
-    return sorted(n for n, p in model.named_parameters() if not p.requires_grad)
-
-
 def _assign(every: list[dict]) -> list[tuple[int, int, Box]]:
     """(rank, block index, part) to write: each rank writes the parts of its blocks no lower
     rank holds, so the written parts of one tensor are disjoint. The same on every rank."""
@@ -339,9 +333,9 @@ def load_layout(
 ) -> dict[str, Any]:
     """Fill the blocks this rank holds from the checkpoint ``directory`` (any layout, any
     plugin's format: [Note: one reader] in ``_layout_legacy``); ZeRO's parameters are then
-    all-gathered. Returns the index. A checkpoint without frozen values, or ``rename`` (see
-    ``save_layout``), leaves a ``peft`` model's base as it is. ``CheckpointError`` when the
-    model does not match or a file is missing or corrupt."""
+    all-gathered. Returns the index. A checkpoint without frozen values, or ``rename``, leaves
+    a ``peft`` model's base as it is. ``CheckpointError`` when the model does not match or a
+    file is missing or corrupt."""
     index = checkpoint_index(directory)
     frozen = not (rename or index.get("frozen_omitted"))
     held = _held(model, optimizer, mesh, fresh=True, frozen=frozen, rename=rename)
