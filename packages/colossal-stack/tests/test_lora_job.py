@@ -1,6 +1,7 @@
 """LoRA through ``colossal train --lora-rank``: the job equals plain ``peft`` with
 ``torch.optim.AdamW`` on one process (losses and adapters within 1e-6, fp32, 5 steps) under
-ddp, ZeRO-2 and Gemini, on our GPT and a tiny Hugging Face GPT-2; its exports load with
+ddp, ZeRO-2 and Gemini, on our GPT and a tiny Hugging Face GPT-2 (also under the hybrid
+plugin, which trains it as our GPT); its exports load with
 ``peft`` (same logits) and ``transformers``; checkpoints hold the adapters and their optimizer
 state, not the base; a resume is exact, one on other base weights is refused."""
 
@@ -92,6 +93,7 @@ CASES = [  # (id, model, settings)
     ("gpt-gemini", "gpt", {"plugin": "gemini"}),
     ("gpt2-zero2", "hf", {"plugin": "zero", "zero_stage": 2}),
     ("gpt2-gemini", "hf", {"plugin": "gemini"}),
+    ("gpt2-hybrid-zero1", "hf", {"plugin": "hybrid", "zero_stage": 1}),  # trained as our GPT
 ]
 
 
@@ -166,8 +168,13 @@ def _checkpoint_weight_bytes(step) -> int:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(
     "kw",
-    [{"plugin": "zero", "zero_stage": 2}, {"plugin": "gemini"}, {"plugin": "ddp"}],
-    ids=["zero2", "gemini", "ddp"],
+    [
+        {"plugin": "zero", "zero_stage": 2},
+        {"plugin": "gemini"},
+        {"plugin": "ddp"},
+        {"plugin": "hybrid", "zero_stage": 1},
+    ],
+    ids=["zero2", "gemini", "ddp", "hybrid-zero1"],
 )
 def test_lora_resume_exact_and_other_base_refused(tmp_path, corpus, kw):
     """A LoRA checkpoint holds the adapters and their Adam state, not the base (12 bytes per
