@@ -246,11 +246,20 @@ def lora_job_tp2(root: str, corpus: str, model: str = "gpt") -> dict:
         mine = loaded(input_ids=x).logits if hf else loaded(x)
         logits = (mine - ref.eval()(x)).abs().max()
     index = json.loads((out / "checkpoint" / "step-3" / "layout_index.json").read_text())
+    from colossal import generate  # the run's checkpoint: base from its source + adapters
+
+    gen = generate(out, "def ", max_new_tokens=4)
+    ids = list(gen.prompt_ids)
+    with torch.no_grad():  # greedy on the reference
+        for _ in range(4):
+            ids.append(int(ref(torch.tensor([ids]))[0, -1].argmax()))
     return {
         "adapters_only": bool(index.get("frozen_omitted"))
         and all(".lora_" in n for n in index["params"]),
         "loss_err": max(abs(a - b) for a, b in zip(result.losses, want, strict=True)),
         "resume_exact": resumed.losses == result.losses[3:],
+        "generate_same": len(gen.new_ids) > 0  # (it may stop at an end-of-text id)
+        and list(gen.new_ids) == ids[len(gen.prompt_ids) :][: len(gen.new_ids)],
         "same_names": sorted(ours) == sorted(theirs),
         "num_adapters": len(ours),
         "adapter_err": max(float((ours[k] - theirs[k]).abs().max()) for k in theirs),

@@ -85,7 +85,8 @@ def test_lora_job_on_tp2_exports_the_unsharded_adapter(world, tmp_path, model):
     plugin's layout checkpoint, adapters only) holds the unsharded adapters under the peft
     names of the model trained (Hugging Face's for hf:), which ``PeftModel.from_pretrained``
     loads onto the base with the same logits; a resume from its step-3 checkpoint (the base
-    rebuilt from its source) repeats the last two steps exactly."""
+    rebuilt from its source) repeats the last two steps exactly; ``colossal generate`` on the
+    run decodes the reference's greedy tokens."""
     from colossal_models import default_corpus_path
 
     corpus = tmp_path / "corpus.txt"
@@ -105,6 +106,7 @@ def test_lora_job_on_tp2_exports_the_unsharded_adapter(world, tmp_path, model):
     assert r["adapter_err"] <= TOL, r
     assert r["logit_err"] <= 1e-5, r
     assert r["resume_exact"]  # the layout checkpoint of a tp LoRA run resumes bit for bit
+    assert r["generate_same"]  # colossal generate on the run: the reference's greedy tokens
 
 
 def test_lora_layouts_without_a_rule_are_one_line_errors(world):
