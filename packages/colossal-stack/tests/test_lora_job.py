@@ -200,3 +200,25 @@ def test_lora_resume_exact_and_other_base_refused(tmp_path, corpus, kw):
         train(_cfg(cut, corpus, resume=True, seed=1, **{**kw, "steps": 7}))
     assert "\n" not in str(err.value)
     assert sorted(p.name for p in (cut / "checkpoint").iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "saved,resumed",
+    [
+        ({"plugin": "zero", "zero_stage": 2}, {"plugin": "hybrid", "zero_stage": 1}),
+        ({"plugin": "hybrid"}, {"plugin": "zero", "zero_stage": 2}),
+    ],
+    ids=["zero2-to-hybrid", "hybrid-to-zero2"],
+)
+def test_lora_checkpoint_resumes_under_another_plugin(tmp_path, corpus, saved, resumed):
+    """A LoRA checkpoint without its base (Gemini/ZeRO's index or the hybrid plugin's layout
+    index name it ``frozen_omitted``) resumes under another plugin, the base rebuilt from its
+    source, and continues the uninterrupted losses exactly."""
+    import shutil
+
+    kw = dict(checkpoint_every=3, steps=5, export="none")
+    full = train(_cfg(tmp_path / "full", corpus, **saved, **kw))
+    (tmp_path / "full" / "checkpoint" / "latest").write_text("step-3\n")
+    shutil.copytree(tmp_path / "full", tmp_path / "cut")
+    again = train(_cfg(tmp_path / "cut", corpus, resume=True, **resumed, **kw))
+    assert again.losses == full.losses[3:]
