@@ -114,10 +114,16 @@ def test_lora_job_equals_plain_peft(tmp_path, corpus, gpt2_folder, model, kw):
     assert trainer["lora"]["trainable_params"] == sum(v.numel() for v in ref.values())
 
 
-def test_adapter_and_merged_exports_load(tmp_path, corpus, gpt2_folder):
-    """hf: GPT-2 (a saved folder) under ZeRO-2 with --export merged: out/adapter loads with
-    peft onto the base and gives the job's logits; out/hf (merged) loads with transformers and
-    gives them too; generate on the base folder with --adapter equals generate on out/hf."""
+@pytest.mark.parametrize(
+    "kw",
+    [{"plugin": "zero", "zero_stage": 2}, {"plugin": "hybrid"}],
+    ids=["zero2", "hybrid"],  # hybrid: trained as our GPT, adapters under HF names
+)
+def test_adapter_and_merged_exports_load(tmp_path, corpus, gpt2_folder, kw):
+    """hf: GPT-2 (a saved folder) under ZeRO-2 or the hybrid plugin with --export merged:
+    out/adapter loads with peft onto the base and gives the job's logits; out/hf (merged) loads
+    with transformers and gives them too; generate on the base folder with --adapter equals
+    generate on out/hf."""
     import transformers
 
     from colossal import generate
@@ -127,7 +133,7 @@ def test_adapter_and_merged_exports_load(tmp_path, corpus, gpt2_folder):
     transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.from_pretrained(gpt2_folder)
     ).save_pretrained(base_dir)
-    cfg = _cfg(tmp_path / "run", corpus, model=f"hf:{base_dir}", plugin="zero", zero_stage=2)
+    cfg = _cfg(tmp_path / "run", corpus, model=f"hf:{base_dir}", **kw)
     train(TrainConfig(**{**cfg.__dict__, "export": "merged", "steps": 3}))
     _, trained, _ = _reference(TrainConfig(**{**cfg.__dict__, "steps": 3}), GPT2_TARGETS)
     x = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
