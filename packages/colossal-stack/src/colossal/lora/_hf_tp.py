@@ -140,4 +140,5 @@ def hf_lora_to_ours(model: nn.Module) -> ConvertedLora | None:
                 dst.copy_(src)
                 dst.requires_grad_(src.requires_grad)
                 names[ours_name[id(dst)]] = user_name[id(src)]
+    wrapped.train(model.training)
     return ConvertedLora(wrapped, names)
