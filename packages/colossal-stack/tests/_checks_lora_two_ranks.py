@@ -1,7 +1,8 @@
 """Rank-side checks of LoRA (``peft``) through the Booster on 2 ranks (run inside a
 colossal_testing World): our GPT and a tiny Hugging Face GPT-2 under Gemini (a budget that moves
 chunks), ZeRO-2 and the hybrid plugin with 1d tp2 (alone and with ZeRO-1), against plain
-``peft`` with ``torch.optim.AdamW`` on one process over the global batches.
+``peft`` with ``torch.optim.AdamW`` on one process over the global batches; and the
+``colossal train --tp 2 --lora-rank`` job on our GPT and on ``hf:`` GPT-2.
 
 Each rank compares what it holds: its losses (averaged over dp) and every adapter element it
 holds against the reference's, placed by ``colossal.lora.lora_shard_maps`` (the boxes of the

@@ -1,9 +1,12 @@
 """LoRA through ``peft`` on 2 ranks equals plain ``peft`` with ``torch.optim.AdamW`` on one
 process within 1e-6 (fp32, 5 steps): our GPT under Gemini (a budget that moves chunks), ZeRO-2
 and the hybrid plugin with 1d tp2 (alone and with ZeRO-1), and a tiny Hugging Face GPT-2 under
-Gemini and ZeRO-2; GPT and PaLM under tp2 with clipping within 1e-12 in float64. Frozen base weights stay exactly as they were, get no
-gradient or optimizer state, and Gemini never writes their chunks (its written-bytes counter
-reads 0). One shared 2-rank world (checks in ``_checks_lora_two_ranks.py``)."""
+Gemini, ZeRO-2 and the hybrid plugin with tp2 (ZeRO 0, 1, 2: trained as our GPT, adapters under
+their Hugging Face names); GPT, PaLM and GPT-2 under tp2 with clipping within 1e-12 in float64.
+Frozen base weights stay exactly as they were, get no gradient or optimizer state, and Gemini
+never writes their chunks (its written-bytes counter reads 0); the tp checkpoints hold the
+adapters and their Adam state only. One shared 2-rank world (checks in
+``_checks_lora_two_ranks.py`` and ``_checks_lora_hf_tp.py``)."""
 
 from __future__ import annotations
 
