@@ -1,7 +1,8 @@
 """Rank-side checks of LoRA (``peft``) through the Booster on 2 ranks (run inside a
 colossal_testing World): our GPT and a tiny Hugging Face GPT-2 under Gemini (a budget that moves
 chunks), ZeRO-2 and the hybrid plugin with 1d tp2 (alone and with ZeRO-1), against plain
-``peft`` with ``torch.optim.AdamW`` on one process over the global batches.
+``peft`` with ``torch.optim.AdamW`` on one process over the global batches; and the
+``colossal train --tp 2 --lora-rank`` job on our GPT and on ``hf:`` GPT-2.
 
 Each rank compares what it holds: its losses (averaged over dp) and every adapter element it
 holds against the reference's, placed by ``colossal.lora.lora_shard_maps`` (the boxes of the
@@ -176,12 +177,14 @@ def _frozen_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     return sum(p.grad is not None or id(p) in in_groups or p in state for p in frozen)
 
 
-def lora_job_tp2(root: str, corpus: str) -> dict:
-    """``colossal train --tp 2 --lora-rank 4`` (hybrid plugin, our GPT nano) for ``STEPS``
+def lora_job_tp2(root: str, corpus: str, model: str = "gpt") -> dict:
+    """``colossal train --tp 2 --lora-rank 4`` (hybrid plugin, ``model``: our GPT nano, or
+    ``hf:PATH`` a Hugging Face GPT-2 the plugin trains as our GPT) for ``STEPS``
     steps, saving at step 3; on every rank, against plain peft + AdamW with the job's batches
     and schedule: the worst loss error, the worst adapter error in the exported folder
     (``out/adapter``), the worst logit error of ``PeftModel.from_pretrained(base,
     out/adapter)``; and whether a ``--resume`` from step 3 repeats the last steps' losses."""
+    import json
     from pathlib import Path
 
     from peft import PeftModel
@@ -194,7 +197,7 @@ def lora_job_tp2(root: str, corpus: str) -> dict:
 
     out = Path(root) / "run"
     cfg = TrainConfig(
-        model="gpt", preset="nano", steps=STEPS, batch_size=2, seq_len=16, data=Path(corpus),
+        model=model, preset="nano", steps=STEPS, batch_size=2, seq_len=16, data=Path(corpus),
         out=out, lora_rank=4, lora_alpha=8.0, val_fraction=0.0, weight_decay=0.1, tp=2,
         checkpoint_every=3,
     )  # fmt: skip
@@ -206,14 +209,20 @@ def lora_job_tp2(root: str, corpus: str) -> dict:
     resumed = train(TrainConfig(**{**cfg.__dict__, "resume": True, "export": "none"}))
     tokenizer = resolve_tokenizer(cfg)
     loader = open_loader(cfg, open_data(cfg, tokenizer, rank=0))  # collective: every rank
-    spec = resolve_model("gpt", "nano", vocab_size=tokenizer.vocab_size)
+    spec = resolve_model(model, "nano", vocab_size=tokenizer.vocab_size)
+    hf = model.startswith("hf:")
 
     def base() -> torch.nn.Module:
         torch.manual_seed(cfg.seed)
         return spec.build()
 
-    targets = ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"]
-    ref = get_peft_model(base(), LoraConfig(r=4, lora_alpha=8.0, target_modules=targets))
+    targets = MODELS["gpt2" if hf else "gpt"][1]
+    lora = LoraConfig(r=4, lora_alpha=8.0, target_modules=targets)
+    ref = base()
+    if hf:  # peft wraps the Hugging Face model inside HFCausalLM, as the job does
+        ref.hf = part = get_peft_model(ref.hf, lora)
+    else:
+        ref = part = get_peft_model(ref, lora)
     opt = torch.optim.AdamW(
         [p for p in ref.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
         weight_decay=0.1,
@@ -229,16 +238,29 @@ def lora_job_tp2(root: str, corpus: str) -> dict:
         opt.zero_grad()
         want.append(loss.item())
     ref_dir = Path(root) / f"ref-adapter-{dist.get_rank()}"
-    ref.save_pretrained(str(ref_dir))
+    part.save_pretrained(str(ref_dir))
     ours = load_file(str(out / "adapter" / "adapter_model.safetensors"))
     theirs = load_file(str(ref_dir / "adapter_model.safetensors"))
     x = torch.randint(0, tokenizer.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
-    loaded = PeftModel.from_pretrained(base(), str(out / "adapter")).eval()
+    loaded = PeftModel.from_pretrained(base().hf if hf else base(), str(out / "adapter")).eval()
     with torch.no_grad():
-        logits = (loaded(x) - ref.eval()(x)).abs().max()
+        mine = loaded(input_ids=x).logits if hf else loaded(x)
+        logits = (mine - ref.eval()(x)).abs().max()
+    index = json.loads((out / "checkpoint" / "step-3" / "layout_index.json").read_text())
+    from colossal import generate  # the run's checkpoint: base from its source + adapters
+
+    gen = generate(out, "def ", max_new_tokens=4)
+    ids = list(gen.prompt_ids)
+    with torch.no_grad():  # greedy on the reference
+        for _ in range(4):
+            ids.append(int(ref(torch.tensor([ids]))[0, -1].argmax()))
     return {
+        "adapters_only": bool(index.get("frozen_omitted"))
+        and all(".lora_" in n for n in index["params"]),
         "loss_err": max(abs(a - b) for a, b in zip(result.losses, want, strict=True)),
         "resume_exact": resumed.losses == result.losses[3:],
+        "generate_same": len(gen.new_ids) > 0  # (it may stop at an end-of-text id)
+        and list(gen.new_ids) == ids[len(gen.prompt_ids) :][: len(gen.new_ids)],
         "same_names": sorted(ours) == sorted(theirs),
         "num_adapters": len(ours),
         "adapter_err": max(float((ours[k] - theirs[k]).abs().max()) for k in theirs),

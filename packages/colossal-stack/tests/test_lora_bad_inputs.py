@@ -1,8 +1,9 @@
 """LoRA's bad inputs, each one line before training with the run in ``--out`` unchanged (the
 rows of test_bad_inputs' table for ``--lora-*``): targets that match nothing (naming the
 model's linear layers), a rank of 0 or above a layer's width, flags without ``--lora-rank``,
-LoRA on a layout it does not run on yet (pipeline stages, Gemini with tp), LoRA with an optimizer that is not Adam/AdamW (the Python API: the job
-always builds AdamW), and a resume on other base weights."""
+LoRA on a layout it does not run on yet (pipeline stages, Gemini with tp), LoRA with an
+optimizer that is not Adam/AdamW (the Python API: the job always builds AdamW), a Hugging Face
+peft model beyond plain LoRA under the hybrid plugin, and a resume on other base weights."""
 
 from __future__ import annotations
 
@@ -76,3 +77,33 @@ def test_lora_with_sgd_refused():
     sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     with pytest.raises(ConfigError, match=r"LoRA trains with torch\.optim\.Adam or AdamW, got SGD"):
         Booster(DDPPlugin()).boost(model, sgd)
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"use_dora": True}, "c_attn is DoRA, not plain LoRA"),
+        ({"bias": "lora_only"}, "c_attn.base_layer.bias trains and is not a LoRA adapter"),
+        ({"rank_pattern": {"c_fc": 2}}, "has its own rank or alpha"),
+    ],
+    ids=["dora", "trained-bias", "rank-pattern"],
+)
+def test_hf_lora_beyond_plain_adapters_refused_under_hybrid(settings, message):
+    """The hybrid plugin trains a Hugging Face peft model as our GPT only for plain LoRA on
+    linear layers ([Note: Hugging Face LoRA under tp]); anything else is one line, before any
+    process group or copy."""
+    import transformers
+
+    from colossal import HybridParallelPlugin
+    from colossal_models import HFCausalLM
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8)
+    lora = LoraConfig(r=4, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True, **settings)
+    model = HFCausalLM(get_peft_model(transformers.GPT2LMHeadModel(cfg), lora))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    plugin = HybridParallelPlugin()
+    with pytest.raises(ConfigError, match="LoRA on a Hugging Face model under tensor") as err:
+        Booster(plugin).boost(model, opt)
+    plugin.close()
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)

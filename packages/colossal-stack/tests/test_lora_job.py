@@ -1,6 +1,7 @@
 """LoRA through ``colossal train --lora-rank``: the job equals plain ``peft`` with
 ``torch.optim.AdamW`` on one process (losses and adapters within 1e-6, fp32, 5 steps) under
-ddp, ZeRO-2 and Gemini, on our GPT and a tiny Hugging Face GPT-2; its exports load with
+ddp, ZeRO-2 and Gemini, on our GPT and a tiny Hugging Face GPT-2 (also under the hybrid
+plugin, which trains it as our GPT); its exports load with
 ``peft`` (same logits) and ``transformers``; checkpoints hold the adapters and their optimizer
 state, not the base; a resume is exact, one on other base weights is refused."""
 
@@ -92,6 +93,7 @@ CASES = [  # (id, model, settings)
     ("gpt-gemini", "gpt", {"plugin": "gemini"}),
     ("gpt2-zero2", "hf", {"plugin": "zero", "zero_stage": 2}),
     ("gpt2-gemini", "hf", {"plugin": "gemini"}),
+    ("gpt2-hybrid-zero1", "hf", {"plugin": "hybrid", "zero_stage": 1}),  # trained as our GPT
 ]
 
 
@@ -112,10 +114,16 @@ def test_lora_job_equals_plain_peft(tmp_path, corpus, gpt2_folder, model, kw):
     assert trainer["lora"]["trainable_params"] == sum(v.numel() for v in ref.values())
 
 
-def test_adapter_and_merged_exports_load(tmp_path, corpus, gpt2_folder):
-    """hf: GPT-2 (a saved folder) under ZeRO-2 with --export merged: out/adapter loads with
-    peft onto the base and gives the job's logits; out/hf (merged) loads with transformers and
-    gives them too; generate on the base folder with --adapter equals generate on out/hf."""
+@pytest.mark.parametrize(
+    "kw",
+    [{"plugin": "zero", "zero_stage": 2}, {"plugin": "hybrid"}],
+    ids=["zero2", "hybrid"],  # hybrid: trained as our GPT, adapters under HF names
+)
+def test_adapter_and_merged_exports_load(tmp_path, corpus, gpt2_folder, kw):
+    """hf: GPT-2 (a saved folder) under ZeRO-2 or the hybrid plugin with --export merged:
+    out/adapter loads with peft onto the base and gives the job's logits; out/hf (merged) loads
+    with transformers and gives them too; generate on the base folder with --adapter equals
+    generate on out/hf."""
     import transformers
 
     from colossal import generate
@@ -125,7 +133,7 @@ def test_adapter_and_merged_exports_load(tmp_path, corpus, gpt2_folder):
     transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.from_pretrained(gpt2_folder)
     ).save_pretrained(base_dir)
-    cfg = _cfg(tmp_path / "run", corpus, model=f"hf:{base_dir}", plugin="zero", zero_stage=2)
+    cfg = _cfg(tmp_path / "run", corpus, model=f"hf:{base_dir}", **kw)
     train(TrainConfig(**{**cfg.__dict__, "export": "merged", "steps": 3}))
     _, trained, _ = _reference(TrainConfig(**{**cfg.__dict__, "steps": 3}), GPT2_TARGETS)
     x = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
@@ -166,8 +174,13 @@ def _checkpoint_weight_bytes(step) -> int:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(
     "kw",
-    [{"plugin": "zero", "zero_stage": 2}, {"plugin": "gemini"}, {"plugin": "ddp"}],
-    ids=["zero2", "gemini", "ddp"],
+    [
+        {"plugin": "zero", "zero_stage": 2},
+        {"plugin": "gemini"},
+        {"plugin": "ddp"},
+        {"plugin": "hybrid", "zero_stage": 1},
+    ],
+    ids=["zero2", "gemini", "ddp", "hybrid-zero1"],
 )
 def test_lora_resume_exact_and_other_base_refused(tmp_path, corpus, kw):
     """A LoRA checkpoint holds the adapters and their Adam state, not the base (12 bytes per
@@ -193,3 +206,25 @@ def test_lora_resume_exact_and_other_base_refused(tmp_path, corpus, kw):
         train(_cfg(cut, corpus, resume=True, seed=1, **{**kw, "steps": 7}))
     assert "\n" not in str(err.value)
     assert sorted(p.name for p in (cut / "checkpoint").iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "saved,resumed",
+    [
+        ({"plugin": "zero", "zero_stage": 2}, {"plugin": "hybrid", "zero_stage": 1}),
+        ({"plugin": "hybrid"}, {"plugin": "zero", "zero_stage": 2}),
+    ],
+    ids=["zero2-to-hybrid", "hybrid-to-zero2"],
+)
+def test_lora_checkpoint_resumes_under_another_plugin(tmp_path, corpus, saved, resumed):
+    """A LoRA checkpoint without its base (Gemini/ZeRO's index or the hybrid plugin's layout
+    index name it ``frozen_omitted``) resumes under another plugin, the base rebuilt from its
+    source, and continues the uninterrupted losses exactly."""
+    import shutil
+
+    kw = dict(checkpoint_every=3, steps=5, export="none")
+    full = train(_cfg(tmp_path / "full", corpus, **saved, **kw))
+    (tmp_path / "full" / "checkpoint" / "latest").write_text("step-3\n")
+    shutil.copytree(tmp_path / "full", tmp_path / "cut")
+    again = train(_cfg(tmp_path / "cut", corpus, resume=True, **resumed, **kw))
+    assert again.losses == full.losses[3:]

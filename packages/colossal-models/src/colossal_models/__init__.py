@@ -19,6 +19,7 @@ from ._hf_load import (
     hf_lazy_sources,
     hf_max_positions,
     hf_num_params,
+    hf_state_adapter,
     load_hf_causal_lm,
     load_hf_config,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "hf_lazy_sources",
     "hf_max_positions",
     "hf_num_params",
+    "hf_state_adapter",
     "load_corpus",
     "load_hf_causal_lm",
     "load_hf_config",

@@ -55,6 +55,7 @@ __all__ = [
     "hf_lazy_sources",
     "hf_max_positions",
     "hf_num_params",
+    "hf_state_adapter",
     "load_hf_causal_lm",
     "load_hf_config",
 ]
@@ -246,18 +247,25 @@ def hf_adapter_config(config: Any) -> GPTConfig | PaLMConfig:
     )
 
 
+def hf_state_adapter(config: Any) -> GPT2StateDictAdapter | LlamaStateDictAdapter:
+    """The state-dict adapter between the HF ``config``'s model and our GPT or PaLM (see
+    [Note: adapters]); ``ConfigError`` as ``hf_adapter_config``."""
+    ours = hf_adapter_config(config)
+    if isinstance(ours, GPTConfig):
+        return GPT2StateDictAdapter(ours)
+    return LlamaStateDictAdapter(ours)
+
+
 def from_hf(path: str | Path, *, config: Any = None) -> GPT | PaLM:
     """Our ``GPT`` or ``PaLM`` holding the weights ``load_hf_causal_lm(path)`` gives under the
     same seed (see [Note: adapters]); ``ConfigError`` when the architecture has no adapter."""
     config = load_hf_config(path) if config is None else config
-    ours = hf_adapter_config(config)
-    if isinstance(ours, GPTConfig):
-        family, adapter = GPT, GPT2StateDictAdapter(ours)
-    else:
-        family, adapter = PaLM, LlamaStateDictAdapter(ours)
+    adapter = hf_state_adapter(config)
+    ours = adapter.config
+    family: Any = GPT if isinstance(ours, GPTConfig) else PaLM
     if _building_on_meta():
         return family(ours)
-    state = load_hf_causal_lm(path, config=config).hf.state_dict()
+    state = load_hf_causal_lm(path, config=config).hf.state_dict()  # drawn first, as before
     model = family(ours)
     model.load_state_dict(adapter.from_hf(state))
     return model

@@ -66,6 +66,11 @@ class GPT2StateDictAdapter:
                 pairs.append((f"blocks.{i}.{ours}", f"transformer.h.{i}.{hf}", ours in _TRANSPOSED))
         return pairs
 
+    def key_map(self) -> dict[str, str]:
+        """Our state-dict name -> ``GPT2LMHeadModel``'s, for every stored tensor (a Conv1D
+        weight is the transpose of ours; ``lm_head.weight`` is tied to ``wte`` and not named)."""
+        return {ours: hf for ours, hf, _ in self._pairs()}
+
     def from_hf(self, hf_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Our state dict from a ``GPT2LMHeadModel`` (or ``GPT2Model`` with prefix) state dict."""
         pairs = self._pairs()

@@ -66,6 +66,11 @@ class LlamaStateDictAdapter:
             pairs.append(("lm_head.weight", _HEAD))
         return pairs
 
+    def key_map(self) -> dict[str, str]:
+        """Our state-dict name -> ``LlamaForCausalLM``'s, for every stored tensor (same
+        layout: no tensor is transposed or permuted)."""
+        return dict(self._pairs())
+
     def from_hf(self, hf_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Our state dict from a ``LlamaForCausalLM`` state dict."""
         pairs = self._pairs()

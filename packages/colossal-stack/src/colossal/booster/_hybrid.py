@@ -15,7 +15,7 @@ mean over dp).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,11 @@ from colossal_models import (
     parallelize,
     split_into_stages,
 )
-from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
-from colossal_parallel.pipeline import SCHEDULES, PipelineSchedule
-from colossal_zero import LazyInit, LowLevelZeroOptimizer, Precision, ZeroConfig, adam_arguments
+from colossal_parallel import MeshConfig, ProcessMesh
+from colossal_parallel.pipeline import PipelineSchedule
+from colossal_zero import LazyInit, LowLevelZeroOptimizer, Precision, ZeroConfig
 
 from .._capability import (
-    SP_KINDS,
     Combination,
     check_combination,
     long_sequence,
@@ -44,20 +43,19 @@ from .._capability import (
     table_precision,
 )
 from .._dist import init_single_process
-from ..lora._apply import has_lora
 from ..lora._tp import parallelize_lora
 from ._device import move_model, resolve_device, to_device
 from ._groups import GroupMap
 from ._hybrid_checkpoint import load_layout, save_layout
-from ._hybrid_grads import mesh_layout, reduce_and_clip
+from ._hybrid_checks import check_model_and_optimizer, check_settings, describe_mesh
+from ._hybrid_grads import mesh_layout, rank_optimizer
+from ._hybrid_lora import prepare_lora
 from ._hybrid_pipeline import PipelineModule, pipeline_loss, pipeline_step
 from ._lazy_fill import fill_lazy, sharding_lazily
 from ._mesh_stats import axis_comm_bytes
 from ._plugin import Plugin, _item
 
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
-
-_SP_METHODS = (None, *SP_KINDS[1:])  # "ring+megatron": ring over sp, Megatron over tp
 
 
 @dataclass
@@ -86,6 +84,9 @@ class HybridParallelPlugin(Plugin):
     bucket_numel: int = 1 << 22
     name: str = "hybrid"
     sharded_checkpoint: bool = True
+    save_frozen: bool = (
+        True  # a LoRA model's frozen base in checkpoints: [Note: LoRA layout checkpoint]
+    )
     device: torch.device = "auto"  # type: ignore[assignment]  # [Note: plugin device]
     lazy: LazyInit | None = field(default=None, repr=False)  # the model's: [Note: lazy fill]
     mesh: ProcessMesh | None = field(default=None, repr=False)
@@ -94,27 +95,10 @@ class HybridParallelPlugin(Plugin):
     _optimizer: Any = field(default=None, repr=False)
     _boundary_dtype: torch.dtype = field(default=torch.float32, repr=False)
     _own_group: bool = field(default=False, repr=False)  # a one-rank group this plugin made
+    _names: dict[str, str] | None = field(default=None, repr=False)  # HF LoRA: the user's names
 
     def __post_init__(self) -> None:
-        for k in ("tp_size", "tp_depth", "sp_size", "pp_size", "microbatches"):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"HybridParallelPlugin.{k} must be a positive int, got {v!r}")
-        if self.zero_stage == 3:
-            raise ConfigError(
-                "the hybrid plugin shards up to ZeRO stage 2; for ZeRO-3 with tensor parallelism "
-                "use GeminiPlugin(tp_size=...) (--plugin gemini with --tp)"
-            )
-        if self.zero_stage not in (0, 1, 2):
-            raise ConfigError(f"zero_stage must be 0, 1 or 2, got {self.zero_stage!r}")
-        if self.tp_mode not in TP_MODES:
-            raise ConfigError(f"tp_mode must be one of {TP_MODES}, got {self.tp_mode!r}")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.sequence_parallel not in _SP_METHODS:
-            raise ConfigError(
-                f"sequence_parallel must be one of {_SP_METHODS}, got {self.sequence_parallel!r}"
-            )
+        check_settings(self)
         if self.num_virtual == 0:
             self.num_virtual = 2 if self.schedule == "interleaved" else 1
         if self.zero_stage:
@@ -192,16 +176,13 @@ class HybridParallelPlugin(Plugin):
     def describe(self) -> str:
         """The mesh as one line, e.g. ``dp2 x tp2(1d) x pp2(1f1b, m=4)``."""
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        cfg = self.mesh_config(world)
-        parts = [f"dp{cfg.dp}"]
-        if cfg.tp > 1:
-            megatron = ", megatron sp" if megatron_sequence(self.sequence_parallel) else ""
-            parts.append(f"tp{cfg.tp}({cfg.tp_mode}{megatron})")
-        if cfg.pp > 1:
-            parts.append(f"pp{cfg.pp}({self.schedule}, m={self.microbatches})")
-        if self.sp > 1:
-            parts.append(f"sp{self.sp}({long_sequence(self.sequence_parallel)})")
-        return " x ".join(parts) + (f", zero{self.zero_stage}" if self.zero_stage else "")
+        return describe_mesh(
+            self.mesh_config(world),
+            self.sequence_parallel,
+            self.schedule,
+            self.microbatches,
+            self.zero_stage,
+        )
 
     def label(self) -> str:
         return f"{self.name} ({self.describe()})" if self.mesh is not None else self.name
@@ -220,31 +201,25 @@ class HybridParallelPlugin(Plugin):
         self, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Shard ``model`` in place through its plan and rebuild ``optimizer`` (Adam/AdamW) on
-        this rank's parameters, each in the group of its unsharded original (``GroupMap``)."""
+        this rank's parameters, each in the group of its unsharded original (``GroupMap``). A
+        ``peft`` model of a Hugging Face GPT-2 or Llama in ``HFCausalLM`` trains as our GPT or
+        PaLM, its adapters under their own names ([Note: Hugging Face LoRA under tp])."""
+        group_map = GroupMap(model, optimizer)  # by name: the sharded model keeps the groups
+        what = f"HybridParallelPlugin({self._settings()})"
+        model, self._names, lora = prepare_lora(
+            model, self.combination(), what=what, lazy=self.lazy
+        )
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         cfg = self.mesh_config(world)  # one process: every size must be 1 (dp1)
-        layers = getattr(getattr(model, "config", None), "num_layers", None)
-        if layers is None:
-            raise ConfigError(f"the hybrid plugin knows GPT and PaLM, got {type(model).__name__}")
-        if cfg.pp * self.num_virtual > layers:
-            raise ConfigError(
-                f"pp={cfg.pp} x {self.num_virtual} chunk(s) = {cfg.pp * self.num_virtual} stages "
-                f"for a model of {layers} blocks; use at most {layers} stages"
-            )
-        if self.pp_size > 1:
-            PipelineSchedule(self.schedule, self.microbatches, self.num_virtual).validate(cfg.pp)  # type: ignore[arg-type]
-        if self.zero_stage:  # ZeRO's Adam: no amsgrad or maximize (before any group)
-            adam_arguments(optimizer, who=f"the hybrid plugin's ZeRO-{self.zero_stage}")
-        elif not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-            raise ConfigError(
-                f"the hybrid plugin trains with Adam or AdamW, got {type(optimizer).__name__}"
-            )
-        group_map = GroupMap(model, optimizer)  # by name: the sharded model keeps the groups
+        check_model_and_optimizer(
+            model,
+            optimizer,
+            cfg,
+            (self.schedule, self.microbatches, self.num_virtual),
+            zero_stage=self.zero_stage,
+        )
         self._own_group = init_single_process()  # one process without torchrun: a 1-rank world
         self.mesh = mesh = ProcessMesh(cfg)
-        lora = has_lora(model)
-        if lora:
-            self._check_lora()
         tp_layout = None
         if cfg.tp > 1 and lora:  # adapters sharded beside their base: [Note: LoRA under tp]
             tp_layout = parallelize_lora(model, mesh)
@@ -278,43 +253,21 @@ class HybridParallelPlugin(Plugin):
             self._stages.tied = [swap.get(id(q), q) for q in self._stages.tied]
             tied = {id(p) for p in self._stages.tied}
         self.sharding = mesh_layout(out, names, tp_layout, tied, mesh, self.pp_size)
-        keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
-        hyper = {k: v for k, v in optimizer.defaults.items() if k in keep}
-        named_out = [(names[n], p) for n, p in out.named_parameters()]
-        groups = group_map.groups(named_out, keep=("lr", "betas", "eps", "weight_decay"))
-        params = [p for g in groups for p in g["params"]]
-        # the user's optimizer on this rank's (sharded) parameters, same class and settings;
-        # ZeRO converts it as it converts any Adam (amsgrad/maximize refused)
-        opt: torch.optim.Optimizer
-        if self.zero_stage:
-            nonempty = type(optimizer)([g for g in groups if g["params"]], **hyper)
-            opt = LowLevelZeroOptimizer.from_torch(
-                out,
-                nonempty,
-                config=self._zero_config(),
-                group=mesh.group("dp_sp" if self.sp > 1 else "dp"),  # [Note: hybrid gradients]
-                max_grad_norm=self.max_grad_norm,
-                sharding=self.sharding,
-            )
-        else:
-            opt = type(optimizer)(groups, **hyper)
-            named = [(n, p) for n, p in out.named_parameters() if p.requires_grad]
-            opt.register_step_pre_hook(
-                lambda *_: reduce_and_clip(
-                    named, mesh, sp=self.sp, max_grad_norm=self.max_grad_norm, layout=self.sharding
-                )
-            )
+        opt, params = rank_optimizer(
+            out,
+            optimizer,
+            group_map,
+            {n: (self._names or {}).get(names[n], names[n]) for n, _ in out.named_parameters()},
+            mesh,
+            zero=self._zero_config() if self.zero_stage else None,
+            sp=self.sp,
+            max_grad_norm=self.max_grad_norm,
+            sharding=self.sharding,
+        )
         self._optimizer = opt
         # activations between stages have the compute dtype (after ZeRO's cast to its precision)
         self._boundary_dtype = params[0].dtype if params else torch.float32
         return out, opt
-
-    def _check_lora(self) -> None:
-        """``ConfigError`` for the layouts a ``peft`` model does not train on yet."""
-        what = f"LoRA on HybridParallelPlugin({self._settings()})"
-        check_combination(replace(self.combination(), lora=True), what=what)
-        if self.lazy is not None:
-            raise ConfigError(f"{what}: peft wraps real weights; build the model without lazy_init")
 
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         if self.pp_size > 1:
@@ -418,15 +371,22 @@ class HybridParallelPlugin(Plugin):
             out["comm_dp_bytes_total"] = sum(self._optimizer.comm_bytes.values())
         return out
 
+    def choose_checkpoint_contents(self, *, export_full_model: bool, save_frozen: bool) -> None:
+        """``save_frozen`` as given; the layout checkpoint is readable as a full model already."""
+        self.save_frozen = save_frozen
+
     def save_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
         """Every rank writes the blocks it alone holds, in the unsharded model's names and
         shapes ([Note: layout checkpoint]): any layout, or one process, loads it. Collective."""
-        save_layout(model, optimizer, self.mesh, Path(path), layout=self.describe())
+        save_layout(
+            model, optimizer, self.mesh, Path(path), layout=self.describe(),
+            frozen_values=self.save_frozen, rename=self._names,
+        )  # fmt: skip
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path
     ) -> None:
         """Read the blocks this layout holds from a checkpoint of any layout."""
-        load_layout(model, optimizer, self.mesh, Path(path))
+        load_layout(model, optimizer, self.mesh, Path(path), rename=self._names)

@@ -24,9 +24,13 @@ every block is a tensor of its size in its file.
 
 [Note: LoRA layout checkpoint] A ``peft`` model (LoRA under 1d tp, ``colossal.lora``'s
 [Note: LoRA under tp]) is written under the unsharded peft model's names and shapes
-(``lora_shard_maps``): its adapters with their Adam state, and its frozen base weights'
-values (no state), so the exports (``colossal.export``) rebuild the adapter folder from the
-checkpoint alone, as from a DDP or ZeRO one.
+(``lora_shard_maps``): its adapters with their Adam state, and, with ``frozen_values``, its
+frozen base weights' values (no state). Without them (a LoRA run's checkpoints) the index's
+``frozen_omitted`` names the base weights left out, as colossal-zero's [Note: omitted frozen
+values]: a load keeps the model's own (rebuilt from its source, checked against the run's base
+fingerprint) and the exports rebuild it the same way. ``rename`` writes (and reads) parameters
+under other names: a Hugging Face model's adapters trained as our GPT or PaLM keep their
+Hugging Face names ([Note: Hugging Face LoRA under tp]); such a base is never written.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,19 +126,24 @@ def _held(
     mesh: ProcessMesh | None,
     *,
     fresh: bool,
+    frozen: bool = True,
+    rename: Mapping[str, str] | None = None,
 ) -> list[_Held]:
-    """What this rank holds of every trainable parameter. ``fresh``: create missing Adam state
-    (zeros) so a load can fill it in place."""
+    """What this rank holds of every trainable parameter (with ``frozen``: and of a ``peft``
+    model's base), named through ``rename``. ``fresh``: create missing Adam state (zeros)."""
     base = _base(model)
     lora = is_peft_model(base)  # [Note: LoRA layout checkpoint]
     maps = lora_shard_maps(base, mesh) if lora else None
     maps = shard_map(base, mesh) if maps is None and hasattr(base, "config") else maps
     piped = base is not model
+    rename = rename or {}
 
     def smap(name: str, p: torch.Tensor) -> ShardMap:
         if maps is None:
-            return ShardMap.whole(name, tuple(p.shape))
-        return maps[name.split(".", 2)[2] if piped else name]
+            m = ShardMap.whole(name, tuple(p.shape))
+        else:
+            m = maps[name.split(".", 2)[2] if piped else name]
+        return dataclasses.replace(m, name=rename[m.name]) if m.name in rename else m
 
     if isinstance(model, GeminiModule):  # chunk shards: see _layout_gemini
         gopt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
@@ -143,7 +152,7 @@ def _held(
             for g in gemini_shards(model, gopt)
         ]
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    frozen = _held_frozen(model, smap) if lora else []
+    frozen = _held_frozen(model, smap) if lora and frozen else []
     if isinstance(optimizer, LowLevelZeroOptimizer):
         return _held_zero(optimizer, {n: smap(n, p) for n, p in named}) + frozen
     out = []
@@ -228,11 +237,17 @@ def save_layout(
     directory: Path,
     *,
     layout: str,
+    frozen_values: bool = True,
+    rename: Mapping[str, str] | None = None,
 ) -> None:
     """Write this rank's blocks into ``directory`` (rank 0 also the index); see [Note: layout
-    checkpoint]. Collective over the whole world when one exists."""
+    checkpoint]; ``frozen_values`` and ``rename``: [Note: LoRA layout checkpoint]. Collective
+    over the whole world when one exists."""
     rank, world = _world()
-    held = _held(model, optimizer, mesh, fresh=False)
+    frozen_values = frozen_values and not rename
+    held = _held(model, optimizer, mesh, fresh=False, frozen=frozen_values, rename=rename)
+    lora = not frozen_values and is_peft_model(_base(model))  # the frozen base left out:
+    omitted = sorted(n for n, p in model.named_parameters() if lora and not p.requires_grad)
     mine = [
         (kind, h.smap.name, box, view)
         for h in held
@@ -281,12 +296,13 @@ def save_layout(
             "format": LAYOUT_FORMAT,
             "layout": layout,
             "world_size": world,
-            "model": _model_info(model),
+            "model": None if rename else _model_info(model),
             "params": {n: {"shape": shapes[n]} for n in sorted(shapes)},
             "tensors": entries,
             "steps": steps,
             "optimizer": {k: group[k] for k in _HYPER if k in group} if optimizer else None,
             "scaler": scaler.state_dict() if scaler is not None else None,
+            **({"frozen_omitted": omitted} if omitted else {}),
         }
         (Path(directory) / LAYOUT_INDEX).write_text(json.dumps(index, indent=1))
 
@@ -313,13 +329,17 @@ def load_layout(
     optimizer: torch.optim.Optimizer | None,
     mesh: ProcessMesh | None,
     directory: Path,
+    *,
+    rename: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Fill the blocks this rank holds from the checkpoint ``directory`` (any layout, any
     plugin's format: [Note: one reader] in ``_layout_legacy``); ZeRO's parameters are then
-    all-gathered. Returns the index. ``CheckpointError`` when the model does not match or a
+    all-gathered. Returns the index. A checkpoint without frozen values, or ``rename``, leaves
+    a ``peft`` model's base as it is. ``CheckpointError`` when the model does not match or a
     file is missing or corrupt."""
     index = checkpoint_index(directory)
-    held = _held(model, optimizer, mesh, fresh=True)
+    frozen = not (rename or index.get("frozen_omitted"))
+    held = _held(model, optimizer, mesh, fresh=True, frozen=frozen, rename=rename)
     names = [{h.smap.name for h in held}]
     if _world()[1] > 1:
         names = [set()] * _world()[1]

@@ -1,16 +1,20 @@
-"""What the hybrid plugin needs of its gradients beyond ZeRO: each parameter's layout over tp and
-pp (for the mesh-wide norm), and, without ZeRO, the sum over sp, the mean over dp and the clip
-([Note: hybrid gradients] in ``_hybrid.py``)."""
+"""What the hybrid plugin needs of its gradients and optimizer: each parameter's layout over tp
+and pp (for the mesh-wide norm), the user's optimizer rebuilt on this rank's shards (converted to
+ZeRO-1/2, or, without ZeRO, the same class with the sum over sp, the mean over dp and the clip
+before each step: [Note: hybrid gradients] in ``_hybrid.py``)."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from colossal_contracts import ParamSharding, ShardAxis
 from colossal_parallel import ProcessMesh, all_reduce_grads
-from colossal_zero import mesh_grad_norm
+from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 
-__all__ = ["mesh_layout", "reduce_and_clip"]
+from ._groups import GroupMap
+
+__all__ = ["mesh_layout", "rank_optimizer", "reduce_and_clip"]
 
 
 def mesh_layout(
@@ -63,3 +67,43 @@ def reduce_and_clip(
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(coef)
+
+
+def rank_optimizer(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    group_map: GroupMap,
+    user_names: dict[str, str],
+    mesh: ProcessMesh,
+    *,
+    zero: ZeroConfig | None,
+    sp: int,
+    max_grad_norm: float,
+    sharding: dict[str, ParamSharding] | None,
+) -> tuple[torch.optim.Optimizer, list[nn.Parameter]]:
+    """The user's ``optimizer`` (same class and settings) on ``model``'s parameters on this rank,
+    each in the group of its unsharded original (``user_names``: name in ``model`` -> the user's
+    name); with ``zero`` converted as any Adam is (amsgrad/maximize refused), else with the
+    reduction and clip as a step pre-hook. Also the parameters in group order."""
+    keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
+    hyper = {k: v for k, v in optimizer.defaults.items() if k in keep}
+    named_out = [(user_names[n], p) for n, p in model.named_parameters()]
+    groups = group_map.groups(named_out, keep=("lr", "betas", "eps", "weight_decay"))
+    params = [p for g in groups for p in g["params"]]
+    if zero is not None:
+        nonempty = type(optimizer)([g for g in groups if g["params"]], **hyper)
+        opt: torch.optim.Optimizer = LowLevelZeroOptimizer.from_torch(
+            model,
+            nonempty,
+            config=zero,
+            group=mesh.group("dp_sp" if sp > 1 else "dp"),  # [Note: hybrid gradients]
+            max_grad_norm=max_grad_norm,
+            sharding=sharding,
+        )
+        return opt, params
+    opt = type(optimizer)(groups, **hyper)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt.register_step_pre_hook(
+        lambda *_: reduce_and_clip(named, mesh, sp=sp, max_grad_norm=max_grad_norm, layout=sharding)
+    )
+    return opt, params

@@ -65,6 +65,8 @@ def checkpoint_index(directory: Path) -> dict[str, Any]:
     try:
         raw = json.loads(source.read_text())
         index = build(d, raw)
+        if isinstance(raw, dict) and raw.get("frozen_omitted"):  # a LoRA run's: base not saved
+            index["frozen_omitted"] = list(raw["frozen_omitted"])
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, SafetensorError) as err:
         raise CheckpointError(f"checkpoint {d} is unreadable or corrupt: {err}") from err
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:

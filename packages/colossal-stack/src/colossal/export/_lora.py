@@ -29,6 +29,7 @@ from colossal_models import GPT, GPTConfig, HFCausalLM, PaLM, PaLMConfig, load_h
 from colossal_models._hf import import_transformers
 from colossal_zero import INDEX_FILE
 
+from ..booster._hybrid_checkpoint import LAYOUT_INDEX
 from ..lora._apply import ADAPTER, base_fingerprint, import_peft, peft_config_of
 from ._source import CheckpointInfo, iter_checkpoint_state, read_checkpoint
 
@@ -39,7 +40,7 @@ ADAPTER_FOLDER = "adapter"  # under a LoRA run's --out: the final PEFT adapter f
 
 def _omits_base(step: Path) -> bool:
     """Whether the checkpoint ``step`` left the frozen weights out ([Note: LoRA exports])."""
-    for name in (INDEX_FILE, "meta.json"):  # Gemini and ZeRO's index; the DDP plugin's meta
+    for name in (INDEX_FILE, "meta.json", LAYOUT_INDEX):  # Gemini/ZeRO, DDP, hybrid
         try:
             record = json.loads((step / name).read_text())
         except (OSError, ValueError):

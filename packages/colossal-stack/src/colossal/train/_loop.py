@@ -85,7 +85,8 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
         cfg.model,
         cfg.preset,
         vocab_size=tokenizer.vocab_size,
-        parallel=bool(mesh_flags(cfg)),
+        # LoRA on hf: is wrapped as the HF model; the hybrid plugin converts it after the wrap
+        parallel=bool(mesh_flags(cfg)) and not (cfg.lora_rank and cfg.model.startswith("hf:")),
         dropout=cfg.dropout,
     )
     if cfg.seq_len > spec.max_seq_len:

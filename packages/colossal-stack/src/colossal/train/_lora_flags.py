@@ -1,7 +1,7 @@
 """The job's LoRA flags, checked once with the rest of ``TrainConfig`` (no model built yet):
-the settings themselves (``colossal.lora.LoraSpec``), the flags that need ``--lora-rank``, and
-the layouts LoRA does not run on yet (it runs on 1d tp with the hybrid plugin); and, once the model is built, its wrap and the resume
-check."""
+the settings themselves (``colossal.lora.LoraSpec``) and the flags that need ``--lora-rank``
+(the layouts LoRA runs on are rows of the capability table); and, once the model is built, its
+wrap and the resume check."""
 
 from __future__ import annotations
 
@@ -34,8 +34,7 @@ def lora_spec(cfg: TrainConfig) -> LoraSpec | None:
 
 def check_lora_flags(cfg: TrainConfig) -> None:
     """``ConfigError`` (one line) for LoRA settings out of range, LoRA flags without
-    ``--lora-rank``, ``--export merged`` without LoRA, and LoRA on a layout it does not run
-    on yet."""
+    ``--lora-rank`` and ``--export merged`` without LoRA."""
     if cfg.lora_rank is None:
         given = [
             flag
@@ -54,21 +53,8 @@ def check_lora_flags(cfg: TrainConfig) -> None:
                 "(a full fine-tune exports with --export final)"
             )
         return
-    lora_spec(cfg)  # the settings' own ranges
-    _check_lora_mesh(cfg)
-
-
-def _check_lora_mesh(cfg: TrainConfig) -> None:
-    """LoRA's layouts are rows of the capability table (checked with the other flags, see
-    ``colossal._capability``); what is left is a model, not a kind: ``hf:`` with ``--tp`` (the
-    hybrid plugin converts it to our GPT or PaLM, whose adapters would not export under the
-    Hugging Face names)."""
-    if cfg.tp > 1 and cfg.model.startswith("hf:"):
-        raise ConfigError(
-            f"--lora-rank with --model {cfg.model} and --tp {cfg.tp} is not built yet; LoRA on "
-            "a Hugging Face model runs under --plugin gemini, zero or ddp (drop --tp), or use "
-            "--model gpt or palm with --tp"
-        )
+    lora_spec(cfg)  # the settings' own ranges; LoRA's layouts are rows of the capability
+    # table (``colossal._capability``), checked with the other flags
 
 
 def apply_job_lora(
