@@ -17,10 +17,8 @@ the optimizer keeps here (whole, or ZeRO-1/2's flat range over ``dp``) is cut in
 every rank learns every rank's blocks (metadata only), and a rank writes only what lower ranks
 do not hold. The blocks of one tensor in the index are therefore disjoint and cover it. Loading
 intersects each block a rank needs with the saved ones and reads only those slices
-(``safe_open(...).get_slice``), so neither side ever holds an unsharded tensor. Before any value
-reaches the model the index is proved whole ([Note: whole or not at all] in colossal-zero): every
-kind of every tensor is covered by disjoint blocks inside its shape, every element once, and
-every block is a tensor of its size in its file.
+(``safe_open(...).get_slice``), so neither side ever holds an unsharded tensor. The index is
+proved whole before any value is read ([Note: whole or not at all] in colossal-zero).
 
 [Note: LoRA layout checkpoint] A ``peft`` model (LoRA under 1d tp, ``colossal.lora``'s
 [Note: LoRA under tp]) is written under the unsharded peft model's names and shapes
