@@ -234,6 +234,7 @@ def run(quick: bool, out_dir: Path) -> Report:
             <= 1.15 * fastest["measured step s"],
             "profile fp32 matmul GFLOP/s": prof["flops"]["fp32"] / 1e9,
             "profile all-reduce GB/s": (prof["collective_bw"] or 0) / 1e9,
+            "profile collective latency ms per rank": prof.get("collective_latency", 0) * 1e3,
         },
         notes=[
             "Measured peak: live CPU tensor bytes (the accelerator is emulated); for Gemini the "

@@ -2,8 +2,8 @@
 ``plan --hardware-profile`` and ``colossal train --layout auto`` plan with.
 
 [Note: hardware profile] A profile holds what was measured: matmul FLOP/s per dtype at the given
-shape, memory-copy bytes/s, the all-reduce bus bytes/s over the launched world (none in one
-process), disk write and read bytes/s (written with fsync, read after dropping the file's
+shape, memory-copy bytes/s, the all-reduce bus bytes/s and the latency of a one-element all-reduce over the launched
+world (none in one process), disk write and read bytes/s (written with fsync, read after dropping the file's
 cached pages), and the memory sizes seen. ``Hardware`` reads it with the measured matmul rate
 as its peak (so plan with ``--efficiency 1`` or the fraction of it a whole step reaches). Every
 rank of a run must plan from the same file, so a run never measures on its own: ranks measuring
@@ -58,12 +58,15 @@ def calibrate(
     n = (1 << 24) if not quick else (1 << 22)
     src, dst = torch.empty(n, device=dev), torch.empty(n, device=dev)
     copy_bw = 4 * n / _timed(lambda: dst.copy_(src), repeat)
-    coll = None
+    coll, latency = None, 0.0
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if world > 1:
         buf = torch.ones(n // 4, device=dev)
         secs = _timed(lambda: dist.all_reduce(buf), repeat)
         coll = 2 * (world - 1) / world * buf.numel() * 4 / secs  # bus bandwidth
+        one = torch.ones(1, device=dev)
+        # [Note: collective latency]: per step of the ring (world - 1 of them)
+        latency = _timed(lambda: dist.all_reduce(one), 10 * repeat) / (world - 1)
     write_bw, read_bw = _disk(disk_dir, (64 << 20) if not quick else (8 << 20))
     if dev == "cuda":
         memory = torch.cuda.get_device_properties(0).total_memory
@@ -76,6 +79,7 @@ def calibrate(
         "flops": flops,
         "copy_bw": copy_bw,
         "collective_bw": coll,
+        "collective_latency": latency,
         "disk_write_bw": write_bw,
         "disk_read_bw": read_bw,
         "memory": memory,
@@ -148,4 +152,5 @@ def profile_hardware(prof: dict[str, Any], *, precision: str, name: str) -> Hard
         int(prof.get("disk", 0)),
         float(disk_bw),
         2 * float(prof["copy_bw"]),  # a copy reads and writes each byte
+        float(prof.get("collective_latency", 0.0)),  # absent from older profiles
     )

@@ -33,7 +33,14 @@ from colossal_zero import GeminiConfig, gemini_chunk_numel
 from ._layout import Layout
 from ._shape import ModelShape
 
-__all__ = ["GATHERED_IN_FLIGHT", "GeminiBytes", "gemini_bytes", "param_numels", "tier_budget"]
+__all__ = [
+    "GATHERED_IN_FLIGHT",
+    "GeminiBytes",
+    "disk_tier_split",
+    "gemini_bytes",
+    "param_numels",
+    "tier_budget",
+]
 
 GATHERED_IN_FLIGHT = 3  # in use, kept for the next moment, gathered ahead (see the note)
 ROOM = 2.0  # tier budgets over the predicted bytes (chunks round tensors up to whole chunks)
@@ -45,6 +52,14 @@ _ITERATIONS = 8
 def tier_budget(nbytes: float) -> int:
     """The byte budget ``colossal train --layout`` gives a Gemini tier of ``nbytes`` planned."""
     return max(MIN_BUDGET, int(nbytes * ROOM))
+
+
+def disk_tier_split(host: float, optimizer: float) -> tuple[float, float]:
+    """``gemini-disk``'s host and disk bytes: the job's host budget is ``tier_budget`` of the
+    ``host`` bytes that must live there (parameters, gradients, the spare), and Gemini spills
+    optimizer states to disk only once that budget is full, so its room holds them first."""
+    on_host = min(optimizer, max(0.0, tier_budget(host) - host))
+    return host + on_host, optimizer - on_host
 
 
 def _block_tensors(shape: ModelShape, small: float) -> list[float]:

@@ -9,8 +9,8 @@ on the parameters of the busiest pipeline stage (``L/pp`` blocks plus the embedd
 biases). Gemini counts whole chunks as its runtime lays them out ([Note: gemini chunks] in
 ``_gemini``: padding, fp32's gradient twins, the chunks gathered at once, a spare payload on the
 host); its tiers move the optimizer states (``gemini-host``), all model states
-(``gemini-host-all``) or the optimizer states to disk and the parameters to the host
-(``gemini-disk``), the device then holding the gathered chunks.
+(``gemini-host-all``) or the parameters to the host and the optimizer states to disk beyond
+what the host budget holds (``gemini-disk``), the device then holding the gathered chunks.
 
 Activations are the runtime's (``_activation``, fused attention): per layer, times the layers of a
 stage, times the micro-batches a 1F1B first stage holds (``min(pp, m)``), plus one layer's full
@@ -46,7 +46,7 @@ from colossal_contracts import ConfigError
 from colossal_zero import model_state_bytes_per_param
 
 from ._activation import head_activation_bytes, layer_activation_bytes, layer_backward_bytes
-from ._gemini import gemini_bytes
+from ._gemini import disk_tier_split, gemini_bytes
 from ._layout import ZERO_STAGE, Layout
 from ._shape import ModelShape
 
@@ -190,4 +190,5 @@ def device_memory(
         return MemoryBreakdown(p, g, 0.0, act, working, host=o + spare, **kw)
     if lay.method == "gemini-host-all":
         return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g + o + spare, **kw)
-    return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g + spare, disk=o, **kw)
+    host, disk = disk_tier_split(p + g + spare, o)  # gemini-disk
+    return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=host, disk=disk, **kw)

@@ -161,11 +161,9 @@ def _tier_budgets(lay: Layout, plan: Plan | None) -> dict[str, Any]:
     device = _budget(m.device_total)  # the accelerator budget holds activations too
     if lay.method in ("gemini-host", "gemini-host-all"):
         return {"accelerator_budget": device}
-    return {
-        "accelerator_budget": device,
-        "host_budget": _budget(m.host),
-        "disk_budget": _budget(m.disk),
-    }
+    # a host that spills to disk is full: its planned bytes are the budget (disk_tier_split)
+    host = str(int(m.host)) if m.disk else _budget(m.host)
+    return {"accelerator_budget": device, "host_budget": host, "disk_budget": _budget(m.disk)}
 
 
 _MESH_KEYS = ("tp", "tp_mode", "tp_depth", "sp", "sp_size", "pp", "microbatches", "zero")
