@@ -4,8 +4,8 @@ of a small GPT on 4 gloo ranks, planned with a hardware profile measured in the 
 The world first runs ``colossal plan --calibrate``'s measurement (matmul FLOP/s at the job's
 shape, memory copy, all-reduce over the 4 ranks, disk), then builds every layout of ``LAYOUTS``
 through ``colossal train --layout``'s flags (``layout_flags``) and the job's plugins, and trains
-one warmup step plus ``steps`` timed ones, the layouts taking turns (round robin) so the host's
-load drift falls on all of them alike. Measured peak: colossal-memtrace's live-tensor peak of a
+one warmup step plus ``steps`` timed ones, the layouts taking turns (round robin, the order
+reversed every other round) so the host's load drift falls on all of them alike. Measured peak: colossal-memtrace's live-tensor peak of a
 step after the first, each layout alone (as test_plan_peak, [Note: measured peak] there), the
 busiest rank. Measured step: the median over the timed steps of the slowest rank's time. Predicted: the
 planner's ``evaluate`` for the same layout with the measured profile as hardware at
