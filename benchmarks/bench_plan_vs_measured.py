@@ -248,5 +248,14 @@ def run(quick: bool, out_dir: Path) -> Report:
             "turns (the order reversed every other round); 4 ranks share the machine's cores, so "
             "compute and gloo's collectives contend, and other work on the machine adds noise.",
             load_note(before),
+            *(
+                [
+                    "The machine was loaded by other work when this run began (1-minute load "
+                    f"average {before:.1f} on {os.cpu_count()} cores): step times and the "
+                    "calibrated profile move with it; a quiet rerun's figures will differ."
+                ]
+                if before > (os.cpu_count() or 1)
+                else []
+            ),
         ],
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -33,14 +34,19 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _KEYS = ("flops", "copy_bw", "collective_bw", "disk_write_bw", "disk_read_bw", "memory")
 
 
-def _timed(fn: Any, repeat: int) -> float:
+def _timed(fn: Any, repeat: int, inner: int = 1) -> float:
+    """Seconds per call of ``fn``: the median of ``repeat`` timings of ``inner`` calls each, so
+    a burst of other work on a shared machine moves the figure less than a mean would."""
     fn()  # warm
-    t0 = time.perf_counter()
+    times = []
     for _ in range(repeat):
-        fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / repeat
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / inner)
+    return statistics.median(times)
 
 
 def calibrate(
@@ -49,7 +55,7 @@ def calibrate(
     """Measure this machine (and, when torch.distributed is up, the world's all-reduce); see
     [Note: hardware profile]. ``tokens x hidden @ hidden x 4 hidden`` is the matmul shape."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    repeat = 2 if quick else 5
+    repeat = 3 if quick else 7
     flops = {}
     for name, dtype in _DTYPES.items():
         a = torch.randn(tokens, hidden, device=dev).to(dtype)
@@ -66,7 +72,7 @@ def calibrate(
         coll = 2 * (world - 1) / world * buf.numel() * 4 / secs  # bus bandwidth
         one = torch.ones(1, device=dev)
         # [Note: collective latency]: per step of the ring (world - 1 of them)
-        latency = _timed(lambda: dist.all_reduce(one), 10 * repeat) / (world - 1)
+        latency = _timed(lambda: dist.all_reduce(one), repeat, 10) / (world - 1)
     write_bw, read_bw = _disk(disk_dir, (64 << 20) if not quick else (8 << 20))
     if dev == "cuda":
         memory = torch.cuda.get_device_properties(0).total_memory
