@@ -36,3 +36,19 @@ def test_grid_runs_more_collectives_than_megatron():
     grid = collective_calls(SHAPE, Layout(1, 1, 4, "2d", 1, "ddp", 8, 1, "none"))[0]
     megatron = collective_calls(SHAPE, Layout(1, 1, 4, "1d", 1, "ddp", 8, 1, "none"))[0]
     assert grid == SHAPE.layers * (4 * (2 * 2 + 4 * 2 + 2) + 2 * 8) > megatron == 4 * SHAPE.layers
+
+
+def test_oversubscribed_cpu_ranks_pay_no_bubble():
+    # 4 CPU ranks on 2 cores: a rank idle in the 1F1B bubble hands its core to the others, so a
+    # step is m micro-batch slots, not m + pp - 1; a profile says so when ranks outnumber cores
+    from colossal.plan._calibrate import profile_hardware
+
+    lay = Layout(2, 2, 1, "1d", 1, "ddp", 1, 4, "none")
+    prof = {"flops": {"fp32": 1e9}, "collective_bw": 1e8, "copy_bw": 1e9, "memory": 1 << 30}
+    prof.update(disk_write_bw=1e8, disk_read_bw=1e8, device="cpu", world=4)
+    shared = profile_hardware({**prof, "cpu_cores": 2}, precision="fp32", name="p")
+    alone = profile_hardware({**prof, "cpu_cores": 8}, precision="fp32", name="p")
+    assert shared.oversubscribed and not alone.oversubscribed
+    mem = device_memory(SHAPE, lay, 128, precision="fp32")
+    a, b = (step_cost(SHAPE, lay, mem, hw, 128).compute for hw in (shared, alone))
+    assert a / b == pytest.approx(4 / 5)

@@ -3,7 +3,8 @@
 
 [Note: hardware profile] A profile holds what was measured: matmul FLOP/s per dtype at the given
 shape, memory-copy bytes/s, the all-reduce bus bytes/s and the latency of a one-element all-reduce over the launched
-world (none in one process), disk write and read bytes/s (written with fsync, read after dropping the file's
+world (none in one process), the CPU cores this process may use (CPU ranks that outnumber
+them share them: ``Hardware.oversubscribed``), disk write and read bytes/s (written with fsync, read after dropping the file's
 cached pages), and the memory sizes seen. ``Hardware`` reads it with the measured matmul rate
 as its peak (so plan with ``--efficiency 1`` or the fraction of it a whole step reaches). Every
 rank of a run must plan from the same file, so a run never measures on its own: ranks measuring
@@ -90,6 +91,9 @@ def calibrate(
         "disk_read_bw": read_bw,
         "memory": memory,
         "host_memory": psutil.virtual_memory().total,
+        "cpu_cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
         "disk": psutil.disk_usage(str(disk_dir or tempfile.gettempdir())).free,
     }
 
@@ -159,4 +163,6 @@ def profile_hardware(prof: dict[str, Any], *, precision: str, name: str) -> Hard
         float(disk_bw),
         2 * float(prof["copy_bw"]),  # a copy reads and writes each byte
         float(prof.get("collective_latency", 0.0)),  # absent from older profiles
+        prof.get("device") == "cpu"
+        and int(prof.get("world", 1)) > int(prof.get("cpu_cores") or 1e9),
     )

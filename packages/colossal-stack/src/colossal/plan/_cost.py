@@ -4,7 +4,9 @@
 (pp tp sp), plus one more forward under full recomputation: x 4/3 when every weight trains; a
 frozen weight's backward skips its weight-gradient GEMM) at ``efficiency`` x peak, plus its tensor-parallel,
 context-parallel and pipeline messages, which are not overlapped; a step is
-``(m + pp - 1)`` such micro-batch slots (1F1B: the bubble ``(pp-1)/(m+pp-1)``). The data-parallel
+``(m + pp - 1)`` such micro-batch slots (1F1B: the bubble ``(pp-1)/(m+pp-1)``; ``m`` on CPU
+ranks that outnumber the cores, ``Hardware.oversubscribed``, where an idle rank's core runs the
+others). The data-parallel
 gradient traffic overlaps the backward pass (ZeRO-3/Gemini's gathers the whole step), so only
 what exceeds it shows. Offload traffic (PCIe, disk) and the host Adam step are not overlapped.
 Memory-bound work (``memory_bound``) is modelled at the device's ``mem_bw``: each activation the
@@ -168,7 +170,8 @@ def step_cost(
     tp_mb += lat * tp_calls * (tp_group - 1)
     sp_mb += lat * sp_calls * (lay.sp - 1)
     pp_mb += lat * pp_calls
-    slots = lay.num_micro + lay.pp - 1
+    # CPU ranks sharing cores: a rank idle in the bubble hands its core to the others
+    slots = lay.num_micro + (0 if hw.oversubscribed else lay.pp - 1)
     busy = slots * (compute_mb + tp_mb + sp_mb + pp_mb + mem_mb)
     backward = lay.num_micro * compute_mb * (1 - fwd_share)
     n_dev = stage_params(shape, lay.pp) / lay.tp

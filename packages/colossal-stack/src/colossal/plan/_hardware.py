@@ -65,6 +65,8 @@ class Hardware:
         collective_latency: seconds a collective costs beside its bytes per other rank of its
             group (a ``g``-rank one costs ``g - 1`` times it, [Note: collective latency]); 0:
             not modelled.
+        oversubscribed: the devices are CPU ranks that outnumber the cores: a rank waiting in a
+            pipeline bubble hands its core to the others, so the bubble costs no step time.
     """
 
     name: str
@@ -79,6 +81,7 @@ class Hardware:
     disk_bw: float = 3e9
     mem_bw: float = 0.0
     collective_latency: float = 0.0
+    oversubscribed: bool = False
 
     def with_(self, **changes: object) -> Hardware:
         """A copy with fields replaced (CLI overrides)."""
