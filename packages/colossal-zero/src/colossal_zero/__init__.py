@@ -14,7 +14,7 @@ from .gemini._checkpoint import load_sharded, save_sharded
 from .gemini._config import PLACEMENTS, GeminiConfig
 from .gemini._module import GeminiModule, apply_gemini
 from .gemini._optimizer import GeminiOptimizer
-from .gemini._setup import chunk_bytes_per_param, gemini_chunk_numel
+from .gemini._setup import chunk_bytes_per_param, gemini_chunk_numel, gemini_num_chunks
 from .gemini._stream_state import iter_full_state
 from .low_level._checkpoint import load_zero_sharded, save_zero_sharded
 from .low_level._config import ZeroConfig
@@ -48,6 +48,7 @@ __all__ = [
     "consolidate",
     "file_digest",
     "gemini_chunk_numel",
+    "gemini_num_chunks",
     "global_grad_norm",
     "iter_full_state",
     "load_sharded",

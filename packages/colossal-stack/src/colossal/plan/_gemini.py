@@ -27,8 +27,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from colossal_chunk import pack
-from colossal_zero import GeminiConfig, gemini_chunk_numel
+from colossal_zero import GeminiConfig, gemini_chunk_numel, gemini_num_chunks
 
 from ._layout import Layout
 from ._shape import ModelShape
@@ -137,9 +136,9 @@ def _count(numels: tuple[int, ...], c: int, lay: Layout, precision: str, frozen_
     w = 4 if precision == "fp32" else 2
     base, adapters = numels[: len(numels) - frozen_n], numels[len(numels) - frozen_n :]
     if frozen_n:
-        frozen, trainable = len(pack(base, c)), len(pack(adapters, c))
+        frozen, trainable = gemini_num_chunks(base, c), gemini_num_chunks(adapters, c)
     else:
-        frozen, trainable = 0, len(pack(numels, c))
+        frozen, trainable = 0, gemini_num_chunks(numels, c)
     shard = c / lay.dp
     total = frozen + trainable
     gathered = min(GATHERED_IN_FLIGHT, total) * c * w if lay.dp > 1 else 0.0

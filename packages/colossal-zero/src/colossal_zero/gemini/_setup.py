@@ -18,6 +18,7 @@ from colossal_chunk import (
     ChunkManager,
     ManagerHooks,
     StaticPolicy,
+    pack,
     search_chunk_size,
 )
 from colossal_contracts import ConfigError, PlacementPolicy, TierName
@@ -25,7 +26,13 @@ from colossal_contracts import ConfigError, PlacementPolicy, TierName
 from ..optim._precision import Precision
 from ._config import GeminiConfig
 
-__all__ = ["build_manager", "chunk_bytes_per_param", "gemini_chunk_numel", "working_set_bytes"]
+__all__ = [
+    "build_manager",
+    "chunk_bytes_per_param",
+    "gemini_chunk_numel",
+    "gemini_num_chunks",
+    "working_set_bytes",
+]
 
 _MAX_DEFAULT_CHUNK = 1 << 25  # elements per chunk when no budget bounds it (64 MiB in bf16)
 _MIN_CHUNKS = 4  # with no budget, the search stays below total / _MIN_CHUNKS elements per chunk
@@ -118,6 +125,12 @@ def gemini_chunk_numel(numels: Sequence[int], config: GeminiConfig, world_size: 
     if not numels:
         raise ConfigError("gemini_chunk_numel needs the parameters' sizes; got none")
     return _chunk_numel(numels, config, config.precision_spec, world_size)
+
+
+def gemini_num_chunks(numels: Sequence[int], chunk_numel: int) -> int:
+    """Chunks of ``chunk_numel`` elements that parameters of ``numels`` elements (registered
+    together, in this order) fill: colossal-chunk's packing, a tensor never split."""
+    return len(pack(numels, chunk_numel))
 
 
 def _policy(config: GeminiConfig, total_param_bytes: int, working: int) -> PlacementPolicy:
