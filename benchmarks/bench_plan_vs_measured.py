@@ -4,8 +4,8 @@ of a small GPT on 4 gloo ranks, planned with a hardware profile measured in the 
 The world first runs ``colossal plan --calibrate``'s measurement (matmul FLOP/s at the job's
 shape, memory copy, all-reduce over the 4 ranks, disk), then builds every layout of ``LAYOUTS``
 through ``colossal train --layout``'s flags (``layout_flags``) and the job's plugins, and trains
-one warmup step plus ``steps`` timed ones, the layouts taking turns (round robin) so the host's
-load drift falls on all of them alike. Measured peak: colossal-memtrace's live-tensor peak of a
+one warmup step plus ``steps`` timed ones, the layouts taking turns (round robin, the order
+reversed every other round) so the host's load drift falls on all of them alike. Measured peak: colossal-memtrace's live-tensor peak of a
 step after the first, each layout alone (as test_plan_peak, [Note: measured peak] there), the
 busiest rank. Measured step: the median over the timed steps of the slowest rank's time. Predicted: the
 planner's ``evaluate`` for the same layout with the measured profile as hardware at
@@ -96,6 +96,15 @@ def _step(built: tuple[Any, ...]) -> float:
     return time.perf_counter() - t0
 
 
+def _tier_bytes(model: Any) -> dict[str, int]:
+    """Bytes Gemini's host and disk tiers hold at rest after the steps (0 for other plugins)."""
+    runtime = getattr(model, "runtime", None)
+    if runtime is None:
+        return {"host": 0, "disk": 0}
+    tiers = runtime.manager.stats().tiers
+    return {k: tiers[k].used_bytes if k in tiers else 0 for k in ("host", "disk")}
+
+
 def _close(built: tuple[Any, ...]) -> None:
     close = getattr(built[0], "close", None)
     if close is not None:
@@ -120,13 +129,14 @@ def measure(quick: bool, steps: int, seq: int, disk_dir: str) -> dict[str, Any]:
                 peaks.append(tracker.cut()[TierName.ACCELERATOR].total)
                 _step(built)
             peaks.append(tracker.cut()[TierName.ACCELERATOR].total)
+            tiers = _tier_bytes(built[2])
             _close(built)
-        out["rows"][text] = {"peak": min(peaks[2:]), "times": []}
+        out["rows"][text] = {"peak": min(peaks[2:]), "times": [], **tiers}
     every = {text: _build(text, plan, seq, disk_dir) for text, plan in plans.items()}
     for built in every.values():
         _step(built)  # warmup
-    for _ in range(steps):
-        for text, built in every.items():
+    for i in range(steps):  # the order alternates, so no layout always follows the same one
+        for text, built in list(every.items())[:: 1 if i % 2 == 0 else -1]:
             out["rows"][text]["times"].append(_step(built))
     for built in every.values():
         _close(built)
@@ -160,7 +170,7 @@ def _spearman(a: list[float], b: list[float]) -> float:
 
 def run(quick: bool, out_dir: Path) -> Report:
     before = os.getloadavg()[0]
-    steps, seq = (2, 128) if quick else (4, 256)
+    steps, seq = (2, 128) if quick else (5, 256)
     disk = out_dir / "plan-disk"
     disk.mkdir(parents=True, exist_ok=True)
     with World(WORLD, timeout_s=3600) as world:
@@ -174,7 +184,7 @@ def run(quick: bool, out_dir: Path) -> Report:
         step = statistics.median(slowest)
         p = plans[text]
         pred_peak = p.memory.device_total
-        if text.startswith("dp4 gemini-"):  # the emulated accelerator and the host share CPU
+        if "gemini" in text:  # the emulated accelerator and the host are the same memory
             pred_peak += p.memory.host
         rows.append(
             {
@@ -184,6 +194,9 @@ def run(quick: bool, out_dir: Path) -> Report:
                 "peak error": pred_peak / peak - 1,
                 "predicted step s": p.cost.step,
                 "measured step s": step,
+                "predicted disk MiB": p.memory.disk / 2**20,
+                "measured disk MiB": max(r["rows"][text]["disk"] for r in per_rank) / 2**20,
+                "measured host-tier MiB": max(r["rows"][text]["host"] for r in per_rank) / 2**20,
             }
         )
     rho = _spearman([r["predicted step s"] for r in rows], [r["measured step s"] for r in rows])
@@ -203,6 +216,9 @@ def run(quick: bool, out_dir: Path) -> Report:
             "peak error",
             "predicted step s",
             "measured step s",
+            "predicted disk MiB",
+            "measured disk MiB",
+            "measured host-tier MiB",
         ],
         rows=rows,
         summary={
@@ -218,13 +234,28 @@ def run(quick: bool, out_dir: Path) -> Report:
             <= 1.15 * fastest["measured step s"],
             "profile fp32 matmul GFLOP/s": prof["flops"]["fp32"] / 1e9,
             "profile all-reduce GB/s": (prof["collective_bw"] or 0) / 1e9,
+            "profile collective latency ms per rank": prof.get("collective_latency", 0) * 1e3,
         },
         notes=[
-            "Measured peak: live CPU tensor bytes (the accelerator is emulated); for Gemini's "
-            "host and disk tiers the emulated accelerator and the host are the same memory, so "
-            "their rows compare the predicted device + host bytes with it.",
+            "Measured peak: live CPU tensor bytes (the accelerator is emulated); for Gemini the "
+            "emulated accelerator and the host are the same memory, so its rows compare the "
+            "predicted device + host bytes (the host's spare payload, and the states the tiers "
+            "put there) with it. Gemini's tier bytes are its chunk manager's at rest after the "
+            "steps: under the job's budgets (``tier_budget``: twice the planned bytes, at least "
+            "16 MiB) this small model's states fit the host, so gemini-disk writes nothing to "
+            "disk while the planner puts its optimizer states there.",
             "Step time: median over the timed steps of the slowest rank, the layouts stepping in "
-            "turns; 4 ranks share the machine's cores, so compute and gloo's collectives contend.",
+            "turns (the order reversed every other round); 4 ranks share the machine's cores, so "
+            "compute and gloo's collectives contend, and other work on the machine adds noise.",
             load_note(before),
+            *(
+                [
+                    "The machine was loaded by other work when this run began (1-minute load "
+                    f"average {before:.1f} on {os.cpu_count()} cores): step times and the "
+                    "calibrated profile move with it; a quiet rerun's figures will differ."
+                ]
+                if before > (os.cpu_count() or 1)
+                else []
+            ),
         ],
     )

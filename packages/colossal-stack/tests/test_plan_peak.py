@@ -1,5 +1,5 @@
 """Validation of ``colossal plan``'s memory model against measured runs: for DDP, ZeRO-1, ZeRO-2,
-Gemini, 1D and 2D tensor parallelism and a 1F1B pipeline (and DDP of a Llama-shaped model), the
+Gemini, 1D (with Megatron's sequence parallelism too) and 2D tensor parallelism and a 1F1B pipeline (and DDP of a Llama-shaped model), the
 planner's per-rank peak (``device_memory(...).device_total``) against the live-tensor peak of a
 training step after the first on gloo CPU ranks (see [Note: measured peak] in
 ``_checks_plan_peak``), within 5%, at a shape where activations are 80-90% of the peak (GPT: 2
@@ -59,6 +59,13 @@ CASES = {
         {"tp_size": 2, "zero_stage": 1, "precision": "bf16"},
         Layout(1, 1, 2, "1d", 1, "zero1", 4, 1, "none"),
         "bf16",
+        2,
+    ),
+    "tp1d-sp": (
+        "hybrid",
+        {"tp_size": 2, "sequence_parallel": "megatron"},
+        Layout(1, 1, 2, "1d-sp", 1, "ddp", 4, 1, "none"),
+        "fp32",
         2,
     ),
     "pp2-1f1b": (

@@ -16,7 +16,7 @@ from .gemini._checkpoint import load_sharded, save_sharded
 from .gemini._config import PLACEMENTS, GeminiConfig
 from .gemini._module import GeminiModule, apply_gemini
 from .gemini._optimizer import GeminiOptimizer
-from .gemini._setup import chunk_bytes_per_param
+from .gemini._setup import chunk_bytes_per_param, gemini_chunk_numel, gemini_num_chunks
 from .gemini._shards import GeminiShard, finish_gemini_load, gemini_shards
 from .gemini._stream_state import iter_full_state
 from .low_level._checkpoint import load_zero_sharded, save_zero_sharded
@@ -54,6 +54,8 @@ __all__ = [
     "consolidate",
     "file_digest",
     "finish_gemini_load",
+    "gemini_chunk_numel",
+    "gemini_num_chunks",
     "gemini_shards",
     "global_grad_norm",
     "iter_full_state",

@@ -22,7 +22,11 @@ dropout mask is regenerated from the seed) but saves the fp32 log-sum-exp per he
 ``attention="fused"`` count, which the planner uses; ``"math"`` is the paper's. Measured on the
 CPU's fused kernel (dropout 0) at fp32 and bf16, one GPT block saves exactly this. The grid
 modes' LayerNorm is built from autograd operations and saves two tensors (the centred input and
-its normalised form) instead of one: two more split activations per layer.
+its normalised form) instead of one: two more split activations per layer. Under Megatron's
+sequence parallelism the runtime's column-parallel layers all-gather their input and
+``F.linear`` saves it, so the qkv and fc inputs (and the head's) stay whole, where Megatron-LM
+saves the split one and gathers it again in backward: ``4 sbh`` more per layer than the paper's
+``34 sbh / t`` at 16 bits (measured: plan_vs_measured's tp2-sp row was 10% low without it).
 """
 
 from __future__ import annotations
@@ -89,7 +93,11 @@ def layer_activation_bytes(
     f = (ffn or 4 * h) / h
     kv = 1.0 if attention == "fused" else (kv_heads or a) / a
     split = 2 + 2 * kv + (4 if gated else 2) * f
-    per = ((2 + 2 * norm_tensors) * e + masks) * sbh / rep + split * e * sbh / t
+    # the qkv and fc inputs: under the runtime's Megatron SP the column layer's F.linear saves
+    # its all-gathered input, whole ([Note: runtime activations])
+    gathered = megatron_sp and tp_mode == "1d" and attention == "fused"
+    inputs = 2 * e * sbh / (1 if gathered else rep)
+    per = (2 * norm_tensors * e + masks) * sbh / rep + inputs + split * e * sbh / t
     if attention == "math":
         if recompute != "selective":
             per += a * s * s * b * ((2 * e + 1) if dropout else e) / t
@@ -150,6 +158,8 @@ def head_activation_bytes(
     grid = tp_mode != "1d"
     split = tp if (grid or megatron_sp) else 1
     ln = ((1 + norm_tensors) * e * h + 8) * s * b / split
+    if megatron_sp and not grid:  # the head saves its all-gathered input, whole
+        ln += e * h * s * b * (1 - 1 / split)
     logits = 12 * s * b * V / tp
     if grid:
         logits += 2 * e * s * b * V / grid_q + e * V * h / grid_q

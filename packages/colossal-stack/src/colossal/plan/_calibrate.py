@@ -2,8 +2,9 @@
 ``plan --hardware-profile`` and ``colossal train --layout auto`` plan with.
 
 [Note: hardware profile] A profile holds what was measured: matmul FLOP/s per dtype at the given
-shape, memory-copy bytes/s, the all-reduce bus bytes/s over the launched world (none in one
-process), disk write and read bytes/s (written with fsync, read after dropping the file's
+shape, memory-copy bytes/s, the all-reduce bus bytes/s and the latency of a one-element all-reduce over the launched
+world (none in one process), the CPU cores this process may use (CPU ranks that outnumber
+them share them: ``Hardware.oversubscribed``), disk write and read bytes/s (written with fsync, read after dropping the file's
 cached pages), and the memory sizes seen. ``Hardware`` reads it with the measured matmul rate
 as its peak (so plan with ``--efficiency 1`` or the fraction of it a whole step reaches). Every
 rank of a run must plan from the same file, so a run never measures on its own: ranks measuring
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -33,14 +35,19 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _KEYS = ("flops", "copy_bw", "collective_bw", "disk_write_bw", "disk_read_bw", "memory")
 
 
-def _timed(fn: Any, repeat: int) -> float:
+def _timed(fn: Any, repeat: int, inner: int = 1) -> float:
+    """Seconds per call of ``fn``: the median of ``repeat`` timings of ``inner`` calls each, so
+    a burst of other work on a shared machine moves the figure less than a mean would."""
     fn()  # warm
-    t0 = time.perf_counter()
+    times = []
     for _ in range(repeat):
-        fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / repeat
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / inner)
+    return statistics.median(times)
 
 
 def calibrate(
@@ -49,7 +56,7 @@ def calibrate(
     """Measure this machine (and, when torch.distributed is up, the world's all-reduce); see
     [Note: hardware profile]. ``tokens x hidden @ hidden x 4 hidden`` is the matmul shape."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    repeat = 2 if quick else 5
+    repeat = 3 if quick else 7
     flops = {}
     for name, dtype in _DTYPES.items():
         a = torch.randn(tokens, hidden, device=dev).to(dtype)
@@ -58,12 +65,15 @@ def calibrate(
     n = (1 << 24) if not quick else (1 << 22)
     src, dst = torch.empty(n, device=dev), torch.empty(n, device=dev)
     copy_bw = 4 * n / _timed(lambda: dst.copy_(src), repeat)
-    coll = None
+    coll, latency = None, 0.0
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if world > 1:
         buf = torch.ones(n // 4, device=dev)
         secs = _timed(lambda: dist.all_reduce(buf), repeat)
         coll = 2 * (world - 1) / world * buf.numel() * 4 / secs  # bus bandwidth
+        one = torch.ones(1, device=dev)
+        # [Note: collective latency]: per step of the ring (world - 1 of them)
+        latency = _timed(lambda: dist.all_reduce(one), repeat, 10) / (world - 1)
     write_bw, read_bw = _disk(disk_dir, (64 << 20) if not quick else (8 << 20))
     if dev == "cuda":
         memory = torch.cuda.get_device_properties(0).total_memory
@@ -76,10 +86,14 @@ def calibrate(
         "flops": flops,
         "copy_bw": copy_bw,
         "collective_bw": coll,
+        "collective_latency": latency,
         "disk_write_bw": write_bw,
         "disk_read_bw": read_bw,
         "memory": memory,
         "host_memory": psutil.virtual_memory().total,
+        "cpu_cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
         "disk": psutil.disk_usage(str(disk_dir or tempfile.gettempdir())).free,
     }
 
@@ -148,4 +162,7 @@ def profile_hardware(prof: dict[str, Any], *, precision: str, name: str) -> Hard
         int(prof.get("disk", 0)),
         float(disk_bw),
         2 * float(prof["copy_bw"]),  # a copy reads and writes each byte
+        float(prof.get("collective_latency", 0.0)),  # absent from older profiles
+        prof.get("device") == "cpu"
+        and int(prof.get("world", 1)) > int(prof.get("cpu_cores") or 1e9),
     )

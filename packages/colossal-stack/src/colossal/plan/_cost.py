@@ -4,13 +4,16 @@
 (pp tp sp), plus one more forward under full recomputation: x 4/3 when every weight trains; a
 frozen weight's backward skips its weight-gradient GEMM) at ``efficiency`` x peak, plus its tensor-parallel,
 context-parallel and pipeline messages, which are not overlapped; a step is
-``(m + pp - 1)`` such micro-batch slots (1F1B: the bubble ``(pp-1)/(m+pp-1)``). The data-parallel
+``(m + pp - 1)`` such micro-batch slots (1F1B: the bubble ``(pp-1)/(m+pp-1)``; ``m`` on CPU
+ranks that outnumber the cores, ``Hardware.oversubscribed``, where an idle rank's core runs the
+others). The data-parallel
 gradient traffic overlaps the backward pass (ZeRO-3/Gemini's gathers the whole step), so only
 what exceeds it shows. Offload traffic (PCIe, disk) and the host Adam step are not overlapped.
 Memory-bound work (``memory_bound``) is modelled at the device's ``mem_bw``: each activation the
 step saves written in forward, read and its gradient written in backward (three passes over
 the activations of one micro-batch), and a device AdamW step reading and writing 28 bytes per
 parameter it updates.
+Each collective also costs the hardware's ``collective_latency`` ([Note: collective latency]).
 Bytes are colossal-parallel's counted bytes (``block_comm_bytes_1d``, ``linear_comm_bytes``,
 ``ulysses_comm_bytes``, ``ring_attention_comm_bytes``, ``pipeline_p2p_bytes``) turned into wire bytes by the ring factor
 ``(g-1)/g`` per gathered or scattered tensor, and into seconds by the link they cross.
@@ -25,6 +28,7 @@ from colossal_parallel.pipeline import ideal_idle_fraction, pipeline_p2p_bytes
 from colossal_parallel.sequence import ring_attention_comm_bytes, ulysses_comm_bytes
 from colossal_parallel.tp1d import block_comm_bytes_1d
 
+from ._calls import collective_calls
 from ._hardware import Hardware
 from ._layout import Layout
 from ._memory import MemoryBreakdown, stage_params
@@ -122,8 +126,10 @@ def step_cost(
     seq_len: int,
     *,
     efficiency: float = 0.6,
+    num_chunks: int = 0,
 ) -> StepCost:
-    """The step time of ``lay`` (see [Note: cost model])."""
+    """The step time of ``lay`` (see [Note: cost model]); ``num_chunks``: Gemini's parameter
+    chunks, whose collectives cost ``hw.collective_latency`` each."""
     tokens_mb = lay.micro_batch * seq_len
     layers = -(-shape.layers // lay.pp)
     # the forward's share of a step's FLOPs: 1/3 when every weight trains, about 1/2 when
@@ -153,14 +159,21 @@ def step_cost(
     # written in backward, at the device's memory bandwidth
     held = max(1, min(lay.pp, lay.num_micro)) if lay.pp > 1 else 1
     mem_mb = 3 * mem.activations / held / hw.mem_bw if hw.mem_bw else 0.0
-    slots = lay.num_micro + lay.pp - 1
+    tp_calls, sp_calls, pp_calls, dp_calls = collective_calls(shape, lay, num_chunks)
+    lat = hw.collective_latency  # [Note: collective latency]: by kind, beside the bytes
+    tp_group = lay.tp if lay.tp_mode in ("1d", "1d-sp") else lay.grid_q
+    tp_mb += lat * tp_calls * (tp_group - 1)
+    sp_mb += lat * sp_calls * (lay.sp - 1)
+    pp_mb += lat * pp_calls
+    # CPU ranks sharing cores: a rank idle in the bubble hands its core to the others
+    slots = lay.num_micro + (0 if hw.oversubscribed else lay.pp - 1)
     busy = slots * (compute_mb + tp_mb + sp_mb + pp_mb + mem_mb)
     backward = lay.num_micro * compute_mb * (1 - fwd_share)
     n_dev = stage_params(shape, lay.pp) / lay.tp
     dp_bytes = dp_comm_bytes(shape, lay) * (lay.dp - 1) / lay.dp
     dp_time = dp_bytes / _link(hw, lay.tp * lay.sp * lay.dp)
     hidden_by = lay.num_micro * compute_mb if lay.method.startswith("gemini") else backward
-    dp_exposed = max(0.0, dp_time - hidden_by)
+    dp_exposed = max(0.0, dp_time - hidden_by) + lat * dp_calls * (lay.dp - 1)
     offload = 0.0
     shard = n_dev / lay.dp * shape.trainable / shape.params  # Adam updates trainable ones only
     if lay.method in ("gemini-host", "gemini-disk", "gemini-host-all"):
@@ -170,7 +183,7 @@ def step_cost(
     if lay.method == "gemini-host-all":  # params up fwd+bwd, grads down, per micro-batch
         offload += lay.num_micro * (4 * n_dev / lay.dp + 2 * shard) / hw.pcie_bw
     if lay.method == "gemini-disk":
-        offload += 24 * shard / hw.disk_bw  # optimizer states read and written
+        offload += 2 * mem.disk / hw.disk_bw  # the states on disk read and written
     adam = 0.0
     if hw.mem_bw and lay.method in ("ddp", "zero1", "zero2", "gemini"):
         # AdamW on the device: read parameter, gradient and both moments, write three back

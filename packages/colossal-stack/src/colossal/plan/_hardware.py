@@ -62,6 +62,11 @@ class Hardware:
         disk: bytes of NVMe per node; ``disk_bw`` its bytes/s (read or write).
         mem_bw: bytes/s of device memory traffic (reads plus writes), for the steps that are
             bound by it (elementwise ops over activations, the optimizer); 0: not modelled.
+        collective_latency: seconds a collective costs beside its bytes per other rank of its
+            group (a ``g``-rank one costs ``g - 1`` times it, [Note: collective latency]); 0:
+            not modelled.
+        oversubscribed: the devices are CPU ranks that outnumber the cores: a rank waiting in a
+            pipeline bubble hands its core to the others, so the bubble costs no step time.
     """
 
     name: str
@@ -75,6 +80,8 @@ class Hardware:
     disk: int = 0
     disk_bw: float = 3e9
     mem_bw: float = 0.0
+    collective_latency: float = 0.0
+    oversubscribed: bool = False
 
     def with_(self, **changes: object) -> Hardware:
         """A copy with fields replaced (CLI overrides)."""

@@ -6,10 +6,11 @@ activations, buffers, and what it puts on the host and on disk.
 parameters and gradients take 4 bytes and Adam's two states 8, the parameters being the masters)
 on the parameters of the busiest pipeline stage (``L/pp`` blocks plus the embeddings), split by
 ``tp`` except, in the 1D modes, the parameters it replicates (positions, LayerNorms, row-parallel
-biases). Gemini's gradients reuse the 16-bit parameters' chunk slots, so it holds 14/dp; its tiers
-move the 12 optimizer bytes (``gemini-host``), all 16 (``gemini-host-all``) or the 12 to disk and
-the 4 to the host (``gemini-disk``); the device then holds the working set of one block's gathered
-16-bit parameters and gradients (``colossal_zero.zero3_device_bytes``).
+biases). Gemini counts whole chunks as its runtime lays them out ([Note: gemini chunks] in
+``_gemini``: padding, fp32's gradient twins, the chunks gathered at once, a spare payload on the
+host); its tiers move the optimizer states (``gemini-host``), all model states
+(``gemini-host-all``) or the parameters to the host and the optimizer states to disk beyond
+what the host budget holds (``gemini-disk``), the device then holding the gathered chunks.
 
 Activations are the runtime's (``_activation``, fused attention): per layer, times the layers of a
 stage, times the micro-batches a 1F1B first stage holds (``min(pp, m)``), plus one layer's full
@@ -42,9 +43,10 @@ import math
 from dataclasses import asdict, dataclass
 
 from colossal_contracts import ConfigError
-from colossal_zero import model_state_bytes_per_param, zero3_device_bytes
+from colossal_zero import model_state_bytes_per_param
 
 from ._activation import head_activation_bytes, layer_activation_bytes, layer_backward_bytes
+from ._gemini import disk_tier_split, gemini_bytes
 from ._layout import ZERO_STAGE, Layout
 from ._shape import ModelShape
 
@@ -179,12 +181,14 @@ def device_memory(
         if stage == 2 and lay.dp > 1:  # its first bucket opens at the first gradient: all
             overlap = act  # activations are still held (see [Note: memory model])
         return MemoryBreakdown(p, g, o, act, 0.0, transient=bucket, overlap=overlap, frozen=fz)
-    working = zero3_device_bytes(0, shape.layer_params / lay.tp, 1, offload="all") * w / 2
-    kw = dict(transient=0.0, overlap=overlap, frozen=fz)
+    gem = gemini_bytes(shape, lay, precision, max(act, overlap))  # [Note: gemini chunks]
+    p, g, o, working, spare = gem.params, gem.grads, gem.optimizer, gem.gathered, gem.spare
+    kw = dict(transient=0.0, overlap=overlap, frozen=gem.frozen)
     if lay.method == "gemini":
-        return MemoryBreakdown(p, g, o, act, working, **kw)
+        return MemoryBreakdown(p, g, o, act, working, host=spare, **kw)
     if lay.method == "gemini-host":
-        return MemoryBreakdown(p, g, 0.0, act, working, host=o, **kw)
+        return MemoryBreakdown(p, g, 0.0, act, working, host=o + spare, **kw)
     if lay.method == "gemini-host-all":
-        return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g + o, **kw)
-    return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g, disk=o, **kw)  # gemini-disk
+        return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g + o + spare, **kw)
+    host, disk = disk_tier_split(p + g + spare, o)  # gemini-disk
+    return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=host, disk=disk, **kw)

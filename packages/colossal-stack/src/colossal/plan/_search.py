@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from colossal_contracts import ConfigError
 
 from ._cost import StepCost, step_cost
+from ._gemini import gemini_bytes
 from ._hardware import GiB, Hardware
 from ._layout import Layout, enumerate_layouts
 from ._memory import MemoryBreakdown, device_memory
@@ -51,7 +52,12 @@ def evaluate(req: PlanRequest, lay: Layout) -> Plan:
     """Memory and cost of one layout, and whether it fits device, host and disk."""
     hw = req.hardware
     mem = device_memory(req.shape, lay, req.seq_len, precision=req.precision)
-    cost = step_cost(req.shape, lay, mem, hw, req.seq_len, efficiency=req.efficiency)
+    chunks = 0
+    if lay.method.startswith("gemini") and hw.collective_latency:
+        chunks = gemini_bytes(req.shape, lay, req.precision, mem.activations).num_chunks
+    cost = step_cost(
+        req.shape, lay, mem, hw, req.seq_len, efficiency=req.efficiency, num_chunks=chunks
+    )
     per_node = min(hw.devices_per_node, lay.devices)
     why = ""
     if mem.device_total > hw.memory:

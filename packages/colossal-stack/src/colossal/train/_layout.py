@@ -8,7 +8,8 @@ step over every data-parallel rank), which ``auto`` plans for and an explicit la
 memory: ``gemini`` keeps everything on the accelerator (no budget); the tiers budget the
 accelerator for the layout's predicted peak (its device-resident states, working set and
 activations), and ``gemini-disk`` adds a host budget for the 16-bit model states and a disk
-budget for the optimizer states, each with ``_ROOM`` to spare for chunk rounding.
+budget for the optimizer states, each ``tier_budget`` of its planned bytes (the planner
+counts the chunks the runtime picks under that budget: [Note: gemini chunks]).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from colossal_contracts import ConfigError
 from colossal_models import ByteTokenizer, GPTConfig, PaLMConfig
 
 from ..plan import Hardware, Plan, PlanRequest, evaluate, fewest_devices, plan_layouts
+from ..plan._gemini import tier_budget
 from ..plan._layout import Layout, check_layout, parse_layout
 from ..plan._shape import ModelShape, from_gpt_config, from_palm_config, model_shape
 from ._config import TrainConfig
@@ -38,9 +40,6 @@ __all__ = [
     "local_hardware",
     "train_shape",
 ]
-
-_ROOM = 2.0  # budgets over the predicted bytes: chunks round tensors up to whole chunks
-_MIN_BUDGET = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,7 @@ def layout_flags(lay: Layout, plan: Plan | None = None) -> dict[str, Any]:
 
 
 def _budget(nbytes: float) -> str:
-    return str(max(_MIN_BUDGET, int(nbytes * _ROOM)))
+    return str(tier_budget(nbytes))  # the budget the planner counted chunks under
 
 
 def _tier_budgets(lay: Layout, plan: Plan | None) -> dict[str, Any]:
@@ -162,11 +161,9 @@ def _tier_budgets(lay: Layout, plan: Plan | None) -> dict[str, Any]:
     device = _budget(m.device_total)  # the accelerator budget holds activations too
     if lay.method in ("gemini-host", "gemini-host-all"):
         return {"accelerator_budget": device}
-    return {
-        "accelerator_budget": device,
-        "host_budget": _budget(m.host),
-        "disk_budget": _budget(m.disk),
-    }
+    # a host that spills to disk is full: its planned bytes are the budget (disk_tier_split)
+    host = str(int(m.host)) if m.disk else _budget(m.host)
+    return {"accelerator_budget": device, "host_budget": host, "disk_budget": _budget(m.disk)}
 
 
 _MESH_KEYS = ("tp", "tp_mode", "tp_depth", "sp", "sp_size", "pp", "microbatches", "zero")

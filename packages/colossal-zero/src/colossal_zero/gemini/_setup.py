@@ -6,6 +6,7 @@ or precision is a ``ConfigError`` before any training starts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -17,6 +18,7 @@ from colossal_chunk import (
     ChunkManager,
     ManagerHooks,
     StaticPolicy,
+    pack,
     search_chunk_size,
 )
 from colossal_contracts import ConfigError, PlacementPolicy, TierName
@@ -24,7 +26,13 @@ from colossal_contracts import ConfigError, PlacementPolicy, TierName
 from ..optim._precision import Precision
 from ._config import GeminiConfig
 
-__all__ = ["build_manager", "chunk_bytes_per_param", "working_set_bytes"]
+__all__ = [
+    "build_manager",
+    "chunk_bytes_per_param",
+    "gemini_chunk_numel",
+    "gemini_num_chunks",
+    "working_set_bytes",
+]
 
 _MAX_DEFAULT_CHUNK = 1 << 25  # elements per chunk when no budget bounds it (64 MiB in bf16)
 _MIN_CHUNKS = 4  # with no budget, the search stays below total / _MIN_CHUNKS elements per chunk
@@ -97,10 +105,32 @@ def _chunk_numel(
             cap_numel = int(cap // per_elem)
             slack = _SHARDED_SLACK
     limit = max(min(cap_numel, _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
+    return _search(tuple(numels), max(limit, unit), elem, world_size, slack)
+
+
+@functools.lru_cache(maxsize=64)
+def _search(numels: tuple[int, ...], limit: int, elem: int, world_size: int, slack: float) -> int:
+    """``search_chunk_size``'s choice, remembered: a planner asks for the same sizes under
+    many budgets whose limits agree."""
     result = search_chunk_size(
-        numels, max_numel=max(limit, unit), element_size=elem, world_size=world_size, slack=slack
+        numels, max_numel=limit, element_size=elem, world_size=world_size, slack=slack
     )
     return result.chunk_numel
+
+
+def gemini_chunk_numel(numels: Sequence[int], config: GeminiConfig, world_size: int = 1) -> int:
+    """The chunk size ``build_manager`` picks for parameters of ``numels`` elements (in
+    registration order) under ``config`` over ``world_size`` data-parallel ranks: what a planner
+    counts Gemini's chunks with, so that it cannot disagree with the runtime."""
+    if not numels:
+        raise ConfigError("gemini_chunk_numel needs the parameters' sizes; got none")
+    return _chunk_numel(numels, config, config.precision_spec, world_size)
+
+
+def gemini_num_chunks(numels: Sequence[int], chunk_numel: int) -> int:
+    """Chunks of ``chunk_numel`` elements that parameters of ``numels`` elements (registered
+    together, in this order) fill: colossal-chunk's packing, a tensor never split."""
+    return len(pack(numels, chunk_numel))
 
 
 def _policy(config: GeminiConfig, total_param_bytes: int, working: int) -> PlacementPolicy:
