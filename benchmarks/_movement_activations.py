@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from _movement_trace import ITERATIONS, _steady
 
-from colossal_chunk import AutoPolicy, OrderStats, simulate, simulate_policy
+from colossal_chunk import AutoPolicy, OrderStats
+from colossal_chunk.policies import simulate, simulate_policy
 from colossal_contracts import CapacityError
 
 CLEAN = ", unchanged chunks dropped (modelled)"  # [Note: clean evictions] in colossal-chunk

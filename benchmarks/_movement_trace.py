@@ -9,14 +9,8 @@ import dataclasses
 
 import torch
 
-from colossal_chunk import (
-    AutoPolicy,
-    ChunkConfig,
-    ChunkManager,
-    pack,
-    search_chunk_size,
-    trace_order,
-)
+from colossal_chunk import AutoPolicy, ChunkConfig, ChunkManager, pack, search_chunk_size
+from colossal_chunk.policies import trace_order
 from colossal_models import GPT, GPTConfig
 
 ITERATIONS = 8  # steady state = mean of iterations 2..7 (the first is cold, the last has no future)

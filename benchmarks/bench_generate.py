@@ -22,7 +22,8 @@ import transformers
 from colossal.inference import Loaded, TextCodec, build_decoder, generate_ids
 from colossal.inference._generate import _gemini_stats
 from colossal.inference._sampling import SamplingConfig
-from colossal_models import GPT, GPT2StateDictAdapter, GPTConfig, PaLM, PaLMConfig
+from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig
+from colossal_models.hf import GPT2StateDictAdapter
 
 from _report import Report, load_note
 

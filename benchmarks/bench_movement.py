@@ -27,12 +27,11 @@ from _movement_trace import (
     _written,
 )
 
-from colossal_chunk import (
-    AutoPolicy,
+from colossal_chunk import AutoPolicy, StaticPolicy
+from colossal_chunk.policies import (
     ChunkSummary,
     LruPolicy,
     PolicyContext,
-    StaticPolicy,
     simulate,
     simulate_policy,
 )

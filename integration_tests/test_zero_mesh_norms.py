@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from colossal_models import GPT, GPTConfig, describe_sharding, gather_full_state_dict, parallelize
+from colossal_models import GPT, GPTConfig, parallelize
+from colossal_models.sharding import describe_sharding, gather_full_state_dict
 from colossal_parallel import MeshConfig, ProcessMesh
 from colossal_zero import (
     GeminiConfig,

@@ -6,7 +6,8 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from colossal_chunk import AutoPolicy, ChunkConfig, ChunkManager, LruPolicy, StaticPolicy
+from colossal_chunk import AutoPolicy, ChunkConfig, ChunkManager, StaticPolicy
+from colossal_chunk.policies import LruPolicy
 from colossal_contracts import (
     LEGAL_TRANSITIONS,
     CapacityError,

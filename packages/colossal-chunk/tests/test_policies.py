@@ -1,17 +1,9 @@
 import pytest
 import torch
 
-from colossal_chunk import (
-    AutoPolicy,
-    ChunkConfig,
-    ChunkManager,
-    ChunkSummary,
-    OrderStats,
-    PolicyContext,
-    StaticPolicy,
-    trace_order,
-)
+from colossal_chunk import AutoPolicy, ChunkConfig, ChunkManager, OrderStats, StaticPolicy
 from colossal_chunk._order import module_order
+from colossal_chunk.policies import ChunkSummary, PolicyContext, trace_order
 from colossal_chunk.policies._base import SimpleChunkInfo
 from colossal_contracts import CapacityError, ConfigError, MemStatsSource, PlacementPolicy, TierName
 

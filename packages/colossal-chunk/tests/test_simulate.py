@@ -8,16 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from colossal_chunk import (
-    AutoPolicy,
-    ChunkConfig,
-    ChunkManager,
-    LruPolicy,
-    OrderStats,
-    StaticPolicy,
-    simulate,
-    simulate_policy,
-)
+from colossal_chunk import AutoPolicy, ChunkConfig, ChunkManager, OrderStats, StaticPolicy
+from colossal_chunk.policies import LruPolicy, simulate, simulate_policy
 from colossal_contracts import CapacityError, ConfigError
 
 

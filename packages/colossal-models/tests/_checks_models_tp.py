@@ -12,7 +12,8 @@ import copy
 
 import torch
 
-from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig, gather_full_state_dict, parallelize
+from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig, parallelize
+from colossal_models.sharding import gather_full_state_dict
 from colossal_parallel import MeshConfig, ProcessMesh
 
 B, T, STEPS = 4, 16, 5
@@ -212,7 +213,7 @@ def hf_llama_under_tp(sequence_parallel: bool) -> tuple[float, bool]:
     import torch.distributed as dist
     import transformers
 
-    from colossal_models import LlamaStateDictAdapter
+    from colossal_models.hf import LlamaStateDictAdapter
 
     torch.manual_seed(0)
     hf_cfg = transformers.LlamaConfig(

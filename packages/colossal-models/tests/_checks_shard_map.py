@@ -7,7 +7,8 @@ import copy
 import torch
 import torch.distributed as dist
 
-from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig, parallelize, shard_map
+from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig, parallelize
+from colossal_models.sharding import shard_map
 from colossal_parallel import MeshConfig, ProcessMesh
 
 

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from colossal_models import GPT, GPTConfig, describe_sharding, parallelize
+from colossal_models import GPT, GPTConfig, parallelize
+from colossal_models.sharding import describe_sharding
 from colossal_parallel import MeshConfig, ProcessMesh
 
 

@@ -13,11 +13,10 @@ import pytest
 import torch
 
 from colossal_contracts import ConfigError
-from colossal_models import (
-    GPT,
+from colossal_models import GPT, PaLM
+from colossal_models.hf import (
     HF_TP_ADAPTERS,
     HFCausalLM,
-    PaLM,
     from_hf,
     hf_adapter_config,
     hf_max_positions,

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from colossal_models import GPT, Box, GPTConfig, ShardMap, flat_range_boxes, shard_map
+from colossal_models import GPT, GPTConfig
+from colossal_models.sharding import Box, ShardMap, flat_range_boxes, shard_map
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _checks_shard_map as checks

@@ -19,8 +19,9 @@ import torch
 import colossal.booster._full_model as export_mod
 from colossal import Booster, GeminiPlugin
 from colossal.booster import ShardedSafetensorsWriter, load_sharded_safetensors
-from colossal_models import GPT, GPTConfig, gather_full_state_dict
-from colossal_zero import iter_full_state
+from colossal_models import GPT, GPTConfig
+from colossal_models.sharding import gather_full_state_dict
+from colossal_zero.checkpoint import iter_full_state
 
 B, T = 4, 16
 

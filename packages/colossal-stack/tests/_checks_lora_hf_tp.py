@@ -22,7 +22,7 @@ from _checks_lora_two_ranks import CLIP, LR, _batches, _frozen_state, _gpt2
 from colossal import Booster, HybridParallelPlugin
 from colossal.booster import iter_full_tensors
 from colossal.lora import hf_lora_to_ours, lora_shard_maps
-from colossal_models import HFCausalLM
+from colossal_models.hf import HFCausalLM
 
 TARGETS = ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"]
 

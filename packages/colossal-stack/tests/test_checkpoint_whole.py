@@ -17,7 +17,7 @@ from colossal import DDPPlugin, GeminiPlugin
 from colossal.booster import _publish
 from colossal.booster._layout_read import _cover_fault
 from colossal_contracts import CheckpointError
-from colossal_zero import INDEX_FILE, file_digest
+from colossal_zero.checkpoint import INDEX_FILE, file_digest
 
 
 def _reseal(path: Path) -> None:

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from colossal.booster._layout_read import _Reader
-from colossal_models import flat_range_boxes
+from colossal_models.sharding import flat_range_boxes
 
 
 @pytest.mark.parametrize(

@@ -95,7 +95,7 @@ def test_hf_lora_beyond_plain_adapters_refused_under_hybrid(settings, message):
     import transformers
 
     from colossal import HybridParallelPlugin
-    from colossal_models import HFCausalLM
+    from colossal_models.hf import HFCausalLM
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8)

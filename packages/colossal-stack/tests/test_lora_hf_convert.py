@@ -10,7 +10,7 @@ import transformers
 from peft import LoraConfig, get_peft_model
 
 from colossal.lora import hf_lora_to_ours
-from colossal_models import HFCausalLM
+from colossal_models.hf import HFCausalLM
 
 
 def _gpt2() -> torch.nn.Module:

@@ -19,7 +19,8 @@ from colossal.train._data import open_data, open_loader, resolve_tokenizer
 from colossal.train._models import resolve_model
 from colossal.train._schedule import warmup_cosine
 from colossal_contracts import CheckpointError
-from colossal_models import GPT, GPTConfig, HFCausalLM
+from colossal_models import GPT, GPTConfig
+from colossal_models.hf import HFCausalLM
 
 STEPS = 5
 GPT_TARGETS = ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"]

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 from _checks_zero import make, rank_world, train
 
-from colossal_zero import GeminiConfig, iter_full_state, load_sharded, save_sharded
+from colossal_zero import GeminiConfig, load_sharded, save_sharded
+from colossal_zero.checkpoint import iter_full_state
 
 
 def _barrier() -> None:

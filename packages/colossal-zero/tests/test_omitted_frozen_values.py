@@ -13,7 +13,8 @@ from safetensors import safe_open
 from test_gemini_frozen import CASES, FROZEN, _batches, _gemini, _model, _train
 
 from colossal_contracts import CheckpointError
-from colossal_zero import INDEX_FILE, consolidate, load_sharded, save_sharded
+from colossal_zero import consolidate, load_sharded, save_sharded
+from colossal_zero.checkpoint import INDEX_FILE
 
 
 def test_checkpoint_without_frozen_values_resumes_exactly(tmp_path):

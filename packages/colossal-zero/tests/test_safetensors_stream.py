@@ -9,8 +9,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from colossal_contracts import CheckpointError
-from colossal_zero import TensorSpec, file_digest
 from colossal_zero._safetensors_stream import SafetensorsStream
+from colossal_zero.checkpoint import TensorSpec, file_digest
 
 
 def test_streamed_file_reads_back_and_its_digest_is_the_files(tmp_path):

@@ -1,18 +1,17 @@
 """colossal-chunk: Gemini chunks that move between accelerator, host and disk under a byte budget."""
 
+from . import policies
 from ._accounting import ManagerStats
 from ._chunk import Chunk, PendingReduce
 from ._config import ChunkConfig
 from ._hooks import ManagerHooks
 from ._host_memory import host_empty, map_large_host_blocks, trim_host_heap
 from ._manager import ChunkManager
-from ._order import OrderStats, trace_order
+from ._order import OrderStats
 from ._search import pack, search_chunk_size
 from ._tier import UNLIMITED
 from .disk._store import DiskIOStats, check_disk_dir
 from .policies._auto import AutoPolicy
-from .policies._base import ChunkSummary, LruPolicy, PolicyContext
-from .policies._simulate import simulate, simulate_policy
 from .policies._static import StaticPolicy
 
 __version__ = "0.1.0"
@@ -22,22 +21,17 @@ __all__ = [
     "Chunk",
     "ChunkConfig",
     "ChunkManager",
-    "ChunkSummary",
     "DiskIOStats",
-    "LruPolicy",
     "ManagerHooks",
     "ManagerStats",
     "OrderStats",
     "PendingReduce",
-    "PolicyContext",
     "StaticPolicy",
     "check_disk_dir",
     "host_empty",
     "map_large_host_blocks",
     "pack",
+    "policies",
     "search_chunk_size",
-    "simulate",
-    "simulate_policy",
-    "trace_order",
     "trim_host_heap",
 ]

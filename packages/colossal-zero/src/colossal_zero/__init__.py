@@ -8,17 +8,14 @@ sharded checkpoints.
 
 from colossal_chunk import check_disk_dir  # the disk tier's check, before GeminiConfig's use
 
+from . import checkpoint
 from ._lazy import LazyInit
-from ._safetensors_stream import TensorSpec, safetensors_header, tensor_bytes
-from .checkpoint._layout import INDEX_FILE, file_digest
 from .checkpoint._reader import consolidate
 from .gemini._checkpoint import load_sharded, save_sharded
 from .gemini._config import PLACEMENTS, GeminiConfig
 from .gemini._module import GeminiModule, apply_gemini
 from .gemini._optimizer import GeminiOptimizer
 from .gemini._setup import chunk_bytes_per_param, gemini_chunk_numel, gemini_num_chunks
-from .gemini._shards import GeminiShard, finish_gemini_load, gemini_shards
-from .gemini._stream_state import iter_full_state
 from .low_level._checkpoint import load_zero_sharded, save_zero_sharded
 from .low_level._config import ZeroConfig
 from .low_level._formula import model_state_bytes_per_param, zero3_device_bytes
@@ -31,41 +28,33 @@ from .optim._scaler import LossScalerConfig
 
 __version__ = "0.1.0"
 __all__ = [
-    "INDEX_FILE",
     "PLACEMENTS",
     "PRECISIONS",
     "AdamHyper",
     "GeminiConfig",
     "GeminiModule",
     "GeminiOptimizer",
-    "GeminiShard",
     "HybridAdam",
     "LazyInit",
     "LossScalerConfig",
     "LowLevelZeroOptimizer",
     "Precision",
-    "TensorSpec",
     "ZeroConfig",
     "adam_arguments",
     "adamw_update",
     "apply_gemini",
     "check_disk_dir",
+    "checkpoint",
     "chunk_bytes_per_param",
     "consolidate",
-    "file_digest",
-    "finish_gemini_load",
     "gemini_chunk_numel",
     "gemini_num_chunks",
-    "gemini_shards",
     "global_grad_norm",
-    "iter_full_state",
     "load_sharded",
     "load_zero_sharded",
     "mesh_grad_norm",
     "model_state_bytes_per_param",
-    "safetensors_header",
     "save_sharded",
     "save_zero_sharded",
-    "tensor_bytes",
     "zero3_device_bytes",
 ]

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from colossal_contracts import CheckpointError
-from colossal_zero import INDEX_FILE
+from colossal_zero.checkpoint import INDEX_FILE
 
 from ._publish import write_checkpoint_dir
 

@@ -11,9 +11,10 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from colossal_models import ShardMap
+from colossal_models.sharding import ShardMap
 from colossal_parallel import ProcessMesh
-from colossal_zero import GeminiModule, iter_full_state
+from colossal_zero import GeminiModule
+from colossal_zero.checkpoint import iter_full_state
 
 from ._gemini_tp import tp_shard_maps, tp_stream_state
 from ._shard_writer import ShardedSafetensorsWriter

@@ -16,10 +16,10 @@ from torch import nn
 
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_memtrace import MomentRecorder
-from colossal_models import ShardMap, apply_sequence_parallel
+from colossal_models import apply_sequence_parallel
+from colossal_models.sharding import ShardMap
 from colossal_parallel import ProcessMesh
 from colossal_zero import (
-    INDEX_FILE,
     PLACEMENTS,
     PRECISIONS,
     GeminiConfig,
@@ -31,6 +31,7 @@ from colossal_zero import (
     load_sharded,
     save_sharded,
 )
+from colossal_zero.checkpoint import INDEX_FILE
 
 from .._capability import Combination, check_combination, table_precision
 from ._device import resolve_device
@@ -89,7 +90,7 @@ class GeminiPlugin(Plugin):
             checkpoints; ``colossal train`` clears it for LoRA runs, whose base is rebuilt
             from its source on resume and checked against its fingerprint.
         sharded_checkpoint: every rank writes its shard into the checkpoint directory.
-        sharding: parameter name -> tensor-parallel layout (``colossal_models.describe_sharding``)
+        sharding: parameter name -> tensor-parallel layout (``colossal_models.sharding.describe_sharding``)
             so the norm and fp16 overflow agree over the whole mesh; None: data parallelism only.
             Filled by the plugin when ``tp_size > 1``.
         tp_size, tp_mode, tp_depth: tensor parallelism under Gemini (GPT and PaLM): the plugin

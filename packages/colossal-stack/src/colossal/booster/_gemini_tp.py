@@ -37,15 +37,8 @@ import torch.distributed as dist
 from torch import nn
 
 from colossal_contracts import ConfigError, ParamSharding
-from colossal_models import (
-    GPT,
-    PaLM,
-    ShardMap,
-    all_shard_maps,
-    describe_sharding,
-    parallelize,
-    stream_full_state,
-)
+from colossal_models import GPT, PaLM, parallelize
+from colossal_models.sharding import ShardMap, all_shard_maps, describe_sharding, stream_full_state
 from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
 from colossal_zero import LazyInit, adam_arguments
 

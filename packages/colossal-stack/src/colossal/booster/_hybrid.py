@@ -27,10 +27,10 @@ from colossal_contracts import ConfigError, ParamSharding
 from colossal_models import (
     apply_activation_checkpointing,
     apply_sequence_parallel,
-    describe_sharding,
     parallelize,
     split_into_stages,
 )
+from colossal_models.sharding import describe_sharding
 from colossal_parallel import MeshConfig, ProcessMesh
 from colossal_parallel.pipeline import PipelineSchedule
 from colossal_zero import LazyInit, LowLevelZeroOptimizer, Precision, ZeroConfig

@@ -9,7 +9,7 @@ tensor — ``param`` (fp32 values: ZeRO's masters where it keeps them), ``exp_av
 up: ``[file, key, offsets, sizes]`` (offsets and sizes per dim of the unsharded tensor). Adam's
 step counters, hyperparameters (and fp16's loss scale) are in the index itself.
 
-What a rank holds is found in two steps: ``colossal_models.shard_map`` gives the pieces of each
+What a rank holds is found in two steps: ``colossal_models.sharding.shard_map`` gives the pieces of each
 tensor-parallel shard in the unsharded tensor ([Note: shard pieces]), and the part of the shard
 the optimizer keeps here (whole, or ZeRO-1/2's flat range over ``dp``) is cut into boxes
 (``flat_range_boxes``) and intersected with them. Blocks held on several ranks (replicated over
@@ -48,7 +48,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from colossal_contracts import CheckpointError
-from colossal_models import Box, ShardMap, flat_range_boxes, shard_map
+from colossal_models.sharding import Box, ShardMap, flat_range_boxes, shard_map
 from colossal_parallel import ProcessMesh
 from colossal_zero import GeminiModule, GeminiOptimizer, LowLevelZeroOptimizer
 

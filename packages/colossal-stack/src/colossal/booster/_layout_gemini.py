@@ -11,8 +11,8 @@ resumes under Gemini and the other way round. The runs themselves come from colo
 
 from __future__ import annotations
 
-from colossal_models import ShardMap
-from colossal_zero import finish_gemini_load, gemini_shards
+from colossal_models.sharding import ShardMap
+from colossal_zero.checkpoint import finish_gemini_load, gemini_shards
 
 __all__ = ["finish_gemini_load", "gemini_shards", "shard_map_of"]
 

@@ -29,8 +29,8 @@ from typing import Any
 from safetensors import SafetensorError, safe_open
 
 from colossal_contracts import CheckpointError
-from colossal_models import flat_range_boxes
-from colossal_zero import INDEX_FILE
+from colossal_models.sharding import flat_range_boxes
+from colossal_zero.checkpoint import INDEX_FILE
 
 from ._layout_read import (
     KINDS,

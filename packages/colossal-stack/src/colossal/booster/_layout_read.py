@@ -21,8 +21,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from colossal_contracts import CheckpointError
-from colossal_models import Box
-from colossal_zero import file_digest
+from colossal_models.sharding import Box
+from colossal_zero.checkpoint import file_digest
 
 __all__ = [
     "KINDS",

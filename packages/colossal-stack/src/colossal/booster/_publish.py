@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from colossal_contracts import CheckpointError
-from colossal_zero import INDEX_FILE, file_digest
+from colossal_zero.checkpoint import INDEX_FILE, file_digest
 
 __all__ = [
     "LATEST",

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from colossal_contracts import CheckpointError, ConfigError
-from colossal_zero import TensorSpec, safetensors_header, tensor_bytes
+from colossal_zero.checkpoint import TensorSpec, safetensors_header, tensor_bytes
 
 __all__ = ["HF_INDEX", "ShardedSafetensorsWriter", "load_sharded_safetensors"]
 

@@ -13,13 +13,13 @@ from torch import nn
 
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_zero import (
-    INDEX_FILE,
     LazyInit,
     LowLevelZeroOptimizer,
     ZeroConfig,
     load_zero_sharded,
     save_zero_sharded,
 )
+from colossal_zero.checkpoint import INDEX_FILE
 
 from .._capability import Combination, check_combination, table_precision
 from ._device import move_model, resolve_device
@@ -45,7 +45,7 @@ class LowLevelZeroPlugin(Plugin):
         host_budget: host bytes the offloaded optimizer may use ("8GiB"; None: what is free).
         max_grad_norm: clip the global gradient norm (0: no clipping).
         bucket_numel: elements per flat bucket (communication granularity).
-        sharding: parameter name -> tensor-parallel layout (``colossal_models.describe_sharding``)
+        sharding: parameter name -> tensor-parallel layout (``colossal_models.sharding.describe_sharding``)
             so norms and overflow agree over the whole mesh; None: data parallelism only.
         group: the data-parallel process group (None: every rank).
         export_full_model: also write a consolidated fp32 ``model.safetensors`` per checkpoint.

@@ -28,14 +28,9 @@ from typing import Any
 import torch
 
 from colossal_contracts import CheckpointError, ConfigError
-from colossal_models import (
-    GPT2StateDictAdapter,
-    GPTConfig,
-    LlamaStateDictAdapter,
-    PaLMConfig,
-    hf_adapter_config,
-)
+from colossal_models import GPTConfig, PaLMConfig
 from colossal_models._hf import import_transformers
+from colossal_models.hf import GPT2StateDictAdapter, LlamaStateDictAdapter, hf_adapter_config
 
 from ..booster import ShardedSafetensorsWriter, parse_bytes
 from ._lora import ADAPTER_FOLDER, export_adapter, merged_state

@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from colossal_contracts import CheckpointError, ConfigError
-from colossal_models import GPT, GPTConfig, HFCausalLM, PaLM, PaLMConfig, load_hf_causal_lm
+from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig
 from colossal_models._hf import import_transformers
-from colossal_zero import INDEX_FILE
+from colossal_models.hf import HFCausalLM, load_hf_causal_lm
+from colossal_zero.checkpoint import INDEX_FILE
 
 from ..booster._hybrid_checkpoint import LAYOUT_INDEX
 from ..lora._apply import ADAPTER, base_fingerprint, import_peft, peft_config_of

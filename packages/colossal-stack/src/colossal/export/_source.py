@@ -27,7 +27,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from colossal_contracts import CheckpointError
-from colossal_zero import INDEX_FILE, consolidate
+from colossal_zero import consolidate
+from colossal_zero.checkpoint import INDEX_FILE
 
 from ..booster import HF_INDEX, find_checkpoint, iter_full_tensors
 from ..booster._booster import TRAINER_FILE

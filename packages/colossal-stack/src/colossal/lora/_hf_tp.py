@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from colossal_contracts import ConfigError
-from colossal_models import GPT, GPTConfig, HFCausalLM, PaLM, hf_state_adapter
+from colossal_models import GPT, GPTConfig, PaLM
+from colossal_models.hf import HFCausalLM, hf_state_adapter
 
 from ._apply import import_peft
 from ._tp import is_peft_model

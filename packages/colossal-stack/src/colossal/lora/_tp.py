@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from colossal_contracts import ConfigError, ParamSharding
-from colossal_models import Box, Piece, ShardMap, describe_sharding, parallelize, shard_map
+from colossal_models import parallelize
+from colossal_models.sharding import Box, Piece, ShardMap, describe_sharding, shard_map
 from colossal_parallel import ProcessMesh
 from colossal_parallel.tp1d import ColumnParallelLinear, RowParallelLinear
 

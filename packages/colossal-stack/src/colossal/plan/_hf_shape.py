@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from colossal_contracts import ConfigError
-from colossal_models import check_hf_sizes
+from colossal_models.hf import check_hf_sizes
 
 from ._shape import ModelShape
 

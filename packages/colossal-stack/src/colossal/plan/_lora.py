@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from colossal_contracts import ConfigError
-from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig, load_hf_causal_lm
+from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig
+from colossal_models.hf import load_hf_causal_lm
 
 from ..lora import LoraSpec, linear_layers, lora_layers
 from ._shape import ModelShape

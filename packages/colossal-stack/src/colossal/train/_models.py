@@ -22,13 +22,15 @@ from colossal_contracts import ConfigError
 from colossal_models import (
     GPT,
     GPT_PRESETS,
-    HF_TP_ADAPTERS,
     PALM_PRESETS,
     GPTConfig,
-    HFCausalLM,
     PaLM,
     PaLMConfig,
     apply_activation_checkpointing,
+)
+from colossal_models.hf import (
+    HF_TP_ADAPTERS,
+    HFCausalLM,
     from_hf,
     hf_adapter_config,
     hf_lazy_sources,
