@@ -15,10 +15,13 @@ def notes(quick: bool, s: dict) -> list[str]:
         "tokenizer's 256 tokens), --plugin gemini --precision bf16 --batch-size 1, 3 steps.",
         "Capacity trials are killed once their third step record is written, before the final "
         "save: the tier fills the free disk and a checkpoint needs about as much again. The "
-        "checkpoint part picks the largest depth within 85% of (B + H + D) / (16 + 16) bytes "
-        "per parameter, gives the tier D minus 16 bytes per parameter, saves after step 3 (the "
-        "job's own end-of-run save), resumes with --resume --steps 4, and compares all four "
-        "losses with an uninterrupted 4-step run bit for bit.",
+        "checkpoint part picks the largest depth within 85% of (B + H + D) / (16 + 13) bytes "
+        "per parameter, gives the tier D minus 13 bytes per parameter (a checkpoint measures 12: fp32 masters and Adam's two states), runs 4 steps with "
+        "--checkpoint-every 3 (the uninterrupted run: the save after step 3, killed after step 4 "
+        "before its final save; any step-4 checkpoint and metrics record are removed), then "
+        "--resume --steps 4 in the same --out, which trains step 4 from the step-3 checkpoint "
+        "(both runs plan 4 steps: the learning-rate schedule depends on --steps); the four "
+        "losses are compared bit for bit.",
         "Search: the planner's largest depth first (colossal.plan on this machine's --calibrate "
         "profile, device memory = B, host = H, disk = D, Gemini layouts only), then down by 8% "
         "after a failure or halfway up toward the (B + H + D) / 16 bound after a success.",
@@ -45,29 +48,26 @@ def notes(quick: bool, s: dict) -> list[str]:
     return out
 
 
-def full_estimate(row: dict, quick: dict, full: dict) -> str:
+def full_estimate(row: dict, quick: dict, full: dict, bf16_flops: float) -> str:
     """What the full run needs, scaled from a quick trial ``row`` at the ``quick`` settings to
-    the ``full`` ones: per parameter, the trial's disk bytes per step at its plain-file rates,
-    and its step seconds per parameter-token (an upper bound for compute: they include I/O)."""
+    the ``full`` ones: per parameter, the trial's disk bytes per step at its plain-file rates;
+    compute 6 x params x tokens FLOPs at ``bf16_flops`` (the calibrated bf16 matmul rate)."""
     n = 0.85 * (full["h"] + full["d"]) / 16
-    scale = n * full["seq"] / (row["params"] * quick["seq"])
     read = n * row["disk_read_MiB_per_step"] / row["params"]  # MiB per step
     written = n * row["disk_written_MiB_per_step"] / row["params"]
     disk_s = written / row["seq_write_MiB_s"] + read / row["seq_read_MiB_s"]
-    compute_s = row["step_s"] * scale
+    compute_s = 6 * n * full["seq"] / bf16_flops
     setup_s = 16 * n / MiB / row["seq_write_MiB_s"]  # the tier written once, lazily
-    step_lo, step_hi = disk_s, max(disk_s, compute_s)
     # 4 capacity trials of ~n (3 steps), the checkpoint part (2 runs of 4 steps at ~n/2),
     # the emulated claim (1.5B, 3 steps): ~ 12 + 4 + 1.5/n*3 steps of the largest size
-    steps = 12 + 4 + 3 * 1.5e9 / n
-    runs = 7
-    lo, hi = (runs * setup_s + steps * step_lo) / 3600, (runs * setup_s + steps * step_hi) / 3600
+    steps, runs = 12 + 4 + 3 * 1.5e9 / n, 7
+    total_h = (runs * setup_s + steps * (disk_s + compute_s)) / 3600
     return (
         f"{n / 1e9:.2f}B params at 85%; per step {written / 1024:.0f} GiB written and "
-        f"{read / 1024:.0f} GiB read ({disk_s / 60:.0f} min at this run's plain-file rates), "
-        f"compute <= {compute_s / 60:.0f} min (quick's s/step per param-token, I/O included); "
-        f"setup {setup_s / 60:.0f} min per run; about {lo:.0f}-{hi:.0f} h for the whole run "
-        f"(7 runs, ~{steps:.0f} steps of the largest size); RAM {full['b'] / 2**30:.1f} + "
-        f"{full['h'] / 2**30:.1f} GiB budgets + ~1 GiB per process, disk {full['d'] / 2**30:.0f} "
-        "GiB; run it alone on the machine"
+        f"{read / 1024:.0f} GiB read ({disk_s / 60:.0f} min at this run's plain-file rates) and "
+        f"{6 * n * full['seq'] / 1e12:.1f} TFLOP at {bf16_flops / 1e9:.3g} GFLOP/s bf16 "
+        f"({compute_s / 3600:.1f} h); setup {setup_s / 60:.0f} min per run; about "
+        f"{total_h:.0f} h in all (7 runs, ~{steps:.0f} steps of the largest size, no overlap "
+        f"of I/O and compute assumed); RAM {full['b'] / 2**30:.1f} + {full['h'] / 2**30:.1f} "
+        f"GiB budgets + ~1 GiB per process, disk {full['d'] / 2**30:.0f} GiB"
     )
