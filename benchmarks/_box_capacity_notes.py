@@ -40,10 +40,28 @@ def notes(quick: bool, s: dict) -> list[str]:
         "capacity part; the planner's answers for one RTX 3090 (64 GiB host; Colossal-AI says "
         "18B) and one RTX 2060 (16 GiB host; it says 1.5B) are for batch 1 x 1024 with no disk.",
     ]
+    out += [
+        "The plan's memory: its gemini-disk layout puts the 16-bit parameters on the host (2 B "
+        "per parameter) and the fp32 masters and Adam states on disk (12 B), the accelerator "
+        "holding one block's working set; Gemini's tiers instead fill the accelerator and host "
+        "budgets before they spill to disk, so the job's resident memory is about B + H plus "
+        "the process's overhead whatever the model: the plan matches it only when H is near 2 B "
+        "per parameter. tiers_err compares the plan with the tiers' own accelerator + host peaks.",
+        "bf16 on a CPU without AVX512-BF16 (this one): torch's bf16 matmul runs at 0.05-0.5 "
+        "GFLOP/s here against ~25 GFLOP/s in fp32 (the calibrated profile in the summary), so "
+        "a full-size bf16 step is compute-bound for hours; the full run's tokens per step are "
+        "batch 1 x BENCH_BOX_SEQ (default 16) to keep it within days.",
+        "A failed trial's why is the job's own error line: 'fits on no tier' is Gemini finding "
+        "no tier with room for one chunk while the three together still have some "
+        "(fragmentation near (B + H + D) / 16).",
+    ]
     if quick:
         out.append(
             "--quick: fixed small budgets (B 8 MiB, H 32 MiB, D 128 MiB, width 256, seq 16, 2 "
-            "search trials), not the machine's: it checks the flow, not the aims."
+            "search trials), not the machine's: it checks the flow, not the aims. The full run "
+            "(`python benchmarks/run.py box_capacity`, budgets from the machine: RAM minus 5 GiB, "
+            "free disk minus 8 GiB; BENCH_BOX_DIR picks the disk) is estimated in the summary "
+            "from this run's measurements; run it alone on the machine."
         )
     return out
 
