@@ -48,7 +48,8 @@ def notes(quick: bool, s: dict) -> list[str]:
         "the process's overhead whatever the model: the plan matches it only when H is near 2 B "
         "per parameter. tiers_err compares the plan with the tiers' own accelerator + host peaks.",
         "bf16 on a CPU without AVX512-BF16 (this one): torch's bf16 matmul runs at 0.05-0.5 "
-        "GFLOP/s here against ~25 GFLOP/s in fp32 (the calibrated profile in the summary), so "
+        "GFLOP/s here against ~25 GFLOP/s in fp32 (the calibrated profile in the summary; "
+        "the estimate times a matmul of the full run's shape), so "
         "a full-size bf16 step is compute-bound for hours; the full run's tokens per step are "
         "batch 1 x BENCH_BOX_SEQ (default 16) to keep it within days.",
         "A failed trial's why is the job's own error line: 'fits on no tier' is Gemini finding "
@@ -69,7 +70,8 @@ def notes(quick: bool, s: dict) -> list[str]:
 def full_estimate(row: dict, quick: dict, full: dict, bf16_flops: float) -> str:
     """What the full run needs, scaled from a quick trial ``row`` at the ``quick`` settings to
     the ``full`` ones: per parameter, the trial's disk bytes per step at its plain-file rates;
-    compute 6 x params x tokens FLOPs at ``bf16_flops`` (the calibrated bf16 matmul rate)."""
+    compute 6 x params x tokens FLOPs at ``bf16_flops`` (a bf16 matmul of the full run's shape
+    timed on this machine)."""
     n = 0.85 * (full["h"] + full["d"]) / 16
     read = n * row["disk_read_MiB_per_step"] / row["params"]  # MiB per step
     written = n * row["disk_written_MiB_per_step"] / row["params"]

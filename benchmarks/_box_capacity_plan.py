@@ -38,6 +38,21 @@ def box_hardware(
     return replace(hw, memory=accelerator, host_memory=host, disk=disk), prof
 
 
+def bf16_rate(tokens: int, width: int) -> float:
+    """FLOP/s of one bf16 ``tokens x width @ width x width`` matmul on this machine's CPU (one
+    warm-up call on a tenth of the rows first): the full run's block matmuls, for its estimate."""
+    import time
+
+    import torch
+
+    b = torch.randn(width, width).to(torch.bfloat16)
+    torch.randn(max(1, tokens // 10), width).to(torch.bfloat16) @ b
+    a = torch.randn(tokens, width).to(torch.bfloat16)
+    t0 = time.perf_counter()
+    a @ b
+    return 2 * tokens * width * width / (time.perf_counter() - t0)
+
+
 def best_gemini(hw: Hardware, config: Path, *, seq_len: int) -> Any:
     """The planner's fastest fitting Gemini layout of ``config`` on one device at batch 1
     (``None`` when none fits): the run ``colossal train`` makes with tier budgets."""

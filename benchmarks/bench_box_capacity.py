@@ -25,7 +25,14 @@ from pathlib import Path
 import psutil
 from _box_capacity_job import dir_bytes, disk_rates, gpt2_config, gpt2_params, peaks, train
 from _box_capacity_notes import full_estimate, notes
-from _box_capacity_plan import best_gemini, box_hardware, claim, largest_depth, prediction
+from _box_capacity_plan import (
+    best_gemini,
+    bf16_rate,
+    box_hardware,
+    claim,
+    largest_depth,
+    prediction,
+)
 from _capacity_disk_baselines import _sequential
 
 from _report import Report, load_note
@@ -282,7 +289,7 @@ def run(quick: bool, out_dir: Path) -> Report:
         if best and quick:
             full = _settings(False, where)
             report.summary["full run, estimated from this one"] = full_estimate(
-                best, s, full, prof["flops"]["bf16"]
+                best, s, full, bf16_rate(full["seq"], full["width"])
             )
         _checkpoint(s, ctx, report)
         _emulation(s, ctx, report)
