@@ -23,7 +23,8 @@ def notes(quick: bool, s: dict) -> list[str]:
         "(both runs plan 4 steps: the learning-rate schedule depends on --steps); the four "
         "losses are compared bit for bit.",
         "Search: the planner's largest depth first (colossal.plan on this machine's --calibrate "
-        "profile, device memory = B, host = H, disk = D, Gemini layouts only), then down by 8% "
+        "profile, device memory = B, host = H, disk = D, Gemini layouts only; at most 95% of "
+        "(B + H + D) / 16, where chunks fragment the last percent), then down by 8% "
         "after a failure or halfway up toward the (B + H + D) / 16 bound after a success.",
         "peak_rss: the job's VmHWM (kernel high-water mark) read just before it ends; "
         "memory_err = (plan's device + host bytes - peak RSS) / peak RSS; the plan models no "
