@@ -138,3 +138,34 @@ def test_bad_frozen_chunk_numel_is_refused():
     small = GeminiConfig(precision="fp32", device="cpu", frozen_chunk_numel=1024)
     with pytest.raises(ConfigError, match="frozen_chunk_numel=1,024 is smaller than the largest"):
         apply_gemini(_model(), small, group=None)
+
+
+def test_the_warmup_fit_halves_both_kinds_and_training_stays_exact():
+    # frozen chunks of 16384 fp32 elements (64 KiB): a moment and the one before hold two, more
+    # than 140,000 bytes less the measured reserve; halved (8192 frozen, 2048 trainable) they fit
+    from colossal_memtrace import MomentRecorder
+
+    _, want = _train(_model(), None)
+    cfg = GeminiConfig(
+        precision="fp32",
+        device="cpu",
+        accelerator_bytes=140_000,
+        chunk_numel=4096,
+        frozen_chunk_numel=16384,
+        non_model_bytes=20_000,
+    )
+    model = _model()
+    gm = apply_gemini(model, cfg, group=None, recorder=MomentRecorder("cpu"))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = GeminiOptimizer.from_torch(gm, torch.optim.AdamW(trainable, lr=1e-2))
+    losses = []
+    for x, y in _batches():
+        loss = gm(x, y)
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    m = gm.runtime.manager
+    assert (m.chunk_numel, m.frozen_chunk_numel) == (2048, 8192)
+    _check_kinds(m)
+    assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) <= 1e-5
