@@ -262,6 +262,6 @@ def _summarise(report, best, timing, b, h, d, per_param, load_before) -> None:  
         "subprocess; "
         "rss_peak_MiB is that process's peak resident set (it includes the fp32 model built "
         "before Gemini takes it, which the budgets do not count).",
-        timing_note() + " Timed at the largest LoRA fit without disk.",
+        *([timing_note() + " Timed at the largest LoRA fit without disk."] if timing else []),
         load_note(load_before, "the machine is shared with other jobs: step times move with it"),
     ]
