@@ -62,6 +62,7 @@ class Chunk(ChunkLayout):
     tier: TierName | None  # where the shard lives (set by the manager)
     _inflight: PendingReduce | _PendingGather | None  # [Note: one collective in flight]
     _incoming: PendingReduce | None  # a reduce in flight that will overwrite this whole shard
+    bound: object  # what the parameter views were last pointed at ([Note: views bound once])
 
     def __init__(
         self,
@@ -77,6 +78,7 @@ class Chunk(ChunkLayout):
         self.shard, self.full, self.tier = None, None, None
         self._inflight = None
         self._incoming = None
+        self.bound = None
 
     def same_layout(self, chunk_id: int, dtype: torch.dtype, kind: str) -> Chunk:
         """A new empty chunk with this chunk's tensors at the same offsets (a parallel chunk)."""

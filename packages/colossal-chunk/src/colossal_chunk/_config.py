@@ -30,6 +30,10 @@ class ChunkConfig:
         read_ahead_bytes: bytes of ``host_bytes`` kept for disk pages read ahead of use
             ([Note: read-ahead window]); None: up to four fp32 shards, at most a quarter of
             ``host_bytes``. Only with a disk tier and a host budget.
+        frozen_chunk_numel: elements per frozen chunk, rounded up the same way; None: the same
+            as ``chunk_numel``. Frozen tensors are packed apart from trainable ones, so each kind
+            can have the size that wastes least for its own tensors ([Note: chunk size per
+            kind] in ``_register.py``).
     """
 
     chunk_numel: int
@@ -41,12 +45,18 @@ class ChunkConfig:
     home: str = "host"
     pin_memory: bool = True
     read_ahead_bytes: int | None = None
+    frozen_chunk_numel: int | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_numel <= 0:
             raise ConfigError(
                 f"chunk_numel must be positive, got {self.chunk_numel}; "
                 "use search_chunk_size() to choose one from the parameter sizes"
+            )
+        if self.frozen_chunk_numel is not None and self.frozen_chunk_numel <= 0:
+            raise ConfigError(
+                f"frozen_chunk_numel must be positive or None (chunk_numel), got "
+                f"{self.frozen_chunk_numel}"
             )
         for field_name in ("accelerator_bytes", "host_bytes", "disk_bytes", "read_ahead_bytes"):
             value = getattr(self, field_name)

@@ -5,6 +5,14 @@ into the gathered buffer when the chunk is gathered (always, with one rank), els
 Whenever a payload moves or is gathered/released, the views are re-pointed, so code that holds the
 ``nn.Parameter`` object always sees the current storage. Never keep ``param.data`` across an access.
 
+[Note: views bound once] Re-pointing costs a view and a ``.data`` assignment per parameter, and an
+access asks for it after every move and gather, mostly of storage that did not change (a chunk
+already gathered, a frozen chunk read again). So a chunk remembers what its views point at
+(``Chunk.bound``: a weak reference to the gathered buffer, or the device of the empty
+placeholders) and ``_bind`` does nothing while that is still current. A weak reference: a
+buffer freed and another made at the same address is a different object, so it is re-bound.
+Anything that sets ``param.data`` itself must do it before ``register`` (new chunks bind anew).
+
 [Note: access protocol] ``access(params)`` puts every named tensor in COMPUTE, its chunk's shard on
 the compute tier and gathered; ``release(params, state=...)`` moves them on (HOLD after forward,
 READY_FOR_REDUCE once a gradient is collected). A chunk with a tensor in COMPUTE never moves.
@@ -22,6 +30,7 @@ writes in place (read ahead, staged, written, read) in ``_shard_io.py``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 import torch
@@ -120,6 +129,13 @@ class ChunkManager(
     def chunk_numel(self) -> int:
         """Elements per chunk: ``config.chunk_numel`` rounded up to a multiple of the world size."""
         return -(-self.config.chunk_numel // self.world_size) * self.world_size
+
+    @property
+    def frozen_chunk_numel(self) -> int:
+        """Elements per frozen chunk ([Note: chunk size per kind] in ``_register.py``):
+        ``config.frozen_chunk_numel`` (else ``chunk_numel``) rounded up like ``chunk_numel``."""
+        numel = self.config.frozen_chunk_numel or self.config.chunk_numel
+        return -(-numel // self.world_size) * self.world_size
 
     @property
     def compute_device(self) -> torch.device:
@@ -338,18 +354,26 @@ class ChunkManager(
 
     # ----- views and books ----------------------------------------------------------------------
     def _bind(self, chunk: Chunk) -> None:
-        """Re-point the ``.data`` of ``chunk``'s parameters ([Note: parameter views])."""
+        """Re-point the ``.data`` of ``chunk``'s parameters ([Note: parameter views]) unless they
+        already point at its current storage ([Note: views bound once])."""
         if chunk.kind != "param":
             return
+        full, bound = chunk.full, chunk.bound
+        if full is not None:
+            if isinstance(bound, weakref.ref) and bound() is full:
+                return
+            for name in chunk.records:
+                self._params[name].data = chunk.view(name)
+            chunk.bound = weakref.ref(full)
+            return
         shard = chunk.shard
+        if shard is None:
+            raise ChunkStateError(f"chunk {chunk.chunk_id} has no shard storage yet")
+        if bound == shard.device:
+            return
         for name in chunk.records:
-            p = self._params[name]
-            if chunk.is_gathered:
-                p.data = chunk.view(name)
-            elif shard is None:
-                raise ChunkStateError(f"chunk {chunk.chunk_id} has no shard storage yet")
-            else:
-                p.data = torch.empty(0, dtype=chunk.dtype, device=shard.device)
+            self._params[name].data = torch.empty(0, dtype=chunk.dtype, device=shard.device)
+        chunk.bound = shard.device
 
     def _model_budget(self, moment: int) -> int:
         cap = self.tiers[ACC].capacity_bytes

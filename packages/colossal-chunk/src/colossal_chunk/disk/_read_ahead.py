@@ -55,7 +55,9 @@ def window_bytes(config: ChunkConfig, world_size: int) -> int:
                 f"({config.host_bytes:,} bytes) it is taken from; lower it or raise host_bytes"
             )
         return config.read_ahead_bytes
-    shard = -(-config.chunk_numel // world_size) * 4  # an fp32 shard (rounded up, as chunks are)
+    # an fp32 shard of the larger chunk size (rounded up, as chunks are)
+    numel = max(config.chunk_numel, config.frozen_chunk_numel or 0)
+    shard = -(-numel // world_size) * 4
     return min(_WINDOW_SHARDS, config.host_bytes // 4 // shard) * shard
 
 

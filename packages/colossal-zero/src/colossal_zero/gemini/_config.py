@@ -36,6 +36,9 @@ class GeminiConfig:
             (colossal-chunk's [Note: read-ahead window]; 0: no read-ahead, None: the default,
             up to four fp32 chunks and at most a quarter of ``host_bytes``).
         chunk_numel: elements per chunk; None searches for the size with least padding.
+        frozen_chunk_numel: elements per frozen chunk (the ``requires_grad=False`` parameters',
+            packed apart: colossal-chunk's [Note: chunk size per kind]); None: searched for the
+            frozen tensors alone when ``chunk_numel`` is None too, else ``chunk_numel``.
         device: "auto", "cuda" or "cpu" (an emulated accelerator), as ``ChunkConfig.device``.
         non_model_bytes: bytes of the compute tier kept free for activations while nothing is
             measured: in the warmup step, and at every moment when no ``StepRecorder`` is given
@@ -63,6 +66,7 @@ class GeminiConfig:
     disk_dir: str | os.PathLike[str] | None = None
     read_ahead_bytes: int | None = None
     chunk_numel: int | None = None
+    frozen_chunk_numel: int | None = None
     device: str = "auto"
     non_model_bytes: int = 0
     non_model_margin: float = 0.1
@@ -82,13 +86,16 @@ class GeminiConfig:
             "host_bytes",
             "disk_bytes",
             "chunk_numel",
+            "frozen_chunk_numel",
             "read_ahead_bytes",
         ):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0 or None, got {value}")
-        if self.chunk_numel == 0:
-            raise ConfigError("chunk_numel must be positive (or None to search for one)")
+        if self.chunk_numel == 0 or self.frozen_chunk_numel == 0:
+            raise ConfigError(
+                "chunk_numel and frozen_chunk_numel must be positive (or None to search for one)"
+            )
         if self.non_model_bytes < 0 or self.prefetch < 0 or self.non_model_margin < 0:
             raise ConfigError("non_model_bytes, non_model_margin and prefetch must be >= 0")
         if self.states_placement not in STATE_PLACEMENTS:

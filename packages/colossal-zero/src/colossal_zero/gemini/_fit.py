@@ -16,7 +16,9 @@ frozen chunk has none: colossal-chunk's [Note: frozen chunks]). ``kept`` is what
 The warmup itself always finishes: an access that finds no room borrows beyond the budget
 ([Note: warmup loan] in colossal-chunk), so the rule below decides with the whole step measured.
 After the warmup, when the current chunk size breaks the rule, chunks are halved (never below the
-largest tensor) until one size keeps it; the run re-packs to that size before the next step. When
+largest tensor) until one size keeps it (frozen and trainable chunks, each of its own size:
+colossal-chunk's [Note: chunk size per kind], are halved together, each not below its own
+kind's largest tensor); the run re-packs to that size before the next step. When
 none does, the rule (an upper bound: it counts the previous moment's chunks and gradient twins that
 a step may already have let go) does not refuse by itself: the run stops with a ``CapacityError``
 only when even a moment's own chunks do not fit beside its reserve at the smallest size (no
@@ -66,15 +68,15 @@ _Tensor = tuple[int, torch.dtype, bool]  # elements, dtype, frozen
 
 
 def _layout(
-    names: Sequence[str], tensors: Mapping[str, _Tensor], chunk_numel: int
+    names: Sequence[str], tensors: Mapping[str, _Tensor], sizes: tuple[int, int]
 ) -> dict[str, int]:
     """Parameter name -> chunk number, packed as ``register`` packs them (one run per dtype,
-    frozen tensors apart)."""
+    frozen tensors apart); ``sizes``: the trainable and the frozen chunk size."""
     chunk_of: dict[str, int] = {}
     base = 0
     for key in dict.fromkeys(tensors[n][1:] for n in names):
         group = [n for n in names if tensors[n][1:] == key]
-        packed = pack([tensors[n][0] for n in group], chunk_numel)
+        packed = pack([tensors[n][0] for n in group], sizes[key[1]])
         for i, idx in enumerate(packed):
             for j in idx:
                 chunk_of[group[j]] = base + i
@@ -105,15 +107,20 @@ def fit_chunk_size(
     kept = sum(c.shard_bytes for c in manager.chunks.values() if c.chunk_id in placement.kept)
     grad_twin = "grad" in manager._parallel
     reserves = [reserve(m) for m in range(len(order))]
-    largest = max(t[0] for t in tensors.values())
+    numels = (manager.chunk_numel, manager.frozen_chunk_numel)
+    # per kind: the size it may not go below (its largest tensor; a kind without tensors stays)
+    largest = [
+        max((t[0] for t in tensors.values() if t[2] == kind), default=numels[kind])
+        for kind in (False, True)
+    ]
 
-    def budgets(numel: int) -> tuple[int, int]:
+    def budgets(numels: tuple[int, int]) -> tuple[int, int]:
         """The rule's smallest budget, and the floor below which the policy cannot place a
         moment's own chunks beside its reserve at all."""
-        chunk_of = _layout(names, tensors, numel)
+        chunk_of = _layout(names, tensors, numels)
         sizes = {}
         for n, c in chunk_of.items():
-            b = numel * tensors[n][1].itemsize
+            b = numels[tensors[n][2]] * tensors[n][1].itemsize
             sizes[c] = b // ws + (b if ws > 1 else 0)
         frozen = {c for n, c in chunk_of.items() if tensors[n][2]}
         held = moment_need(
@@ -123,21 +130,29 @@ def fit_chunk_size(
         rule = max(r + h for r, h in zip(reserves, held, strict=True)) + kept
         return rule, max(r + h for r, h in zip(reserves, own, strict=True)) + kept
 
-    numel = manager.chunk_numel
-    need, floor = budgets(numel)
+    need, floor = budgets(numels)
     if need <= capacity:
         return False
     while True:
-        smaller = max(-(-(numel // 2) // (1024 * ws)) * 1024 * ws, -(-largest // ws) * ws)
-        if smaller >= numel:
+        smaller = tuple(
+            max(-(-(n // 2) // (1024 * ws)) * 1024 * ws, -(-big // ws) * ws)
+            for n, big in zip(numels, largest, strict=True)
+        )
+        if smaller[0] >= numels[0] and smaller[1] >= numels[1]:
             break
-        numel = smaller
-        need, floor = budgets(numel)
+        numels = (min(smaller[0], numels[0]), min(smaller[1], numels[1]))
+        need, floor = budgets(numels)
         if need <= capacity:
-            manager.config = dataclasses.replace(manager.config, chunk_numel=numel)
+            frozen = any(t[2] for t in tensors.values())
+            manager.config = dataclasses.replace(
+                manager.config,
+                chunk_numel=numels[0],
+                frozen_chunk_numel=numels[1] if frozen else manager.config.frozen_chunk_numel,
+            )
             return True
     if floor <= capacity:  # the rule counts more than may be held: try the chosen size
         return False
+    numel = max(numels[k] for k in {t[2] for t in tensors.values()})  # of the kinds there are
     if ws > 1:  # a gather ahead and a reduction in flight: two whole chunks more than the rule
         need += 2 * numel * max(t[1].itemsize for t in tensors.values())
     raise CapacityError(

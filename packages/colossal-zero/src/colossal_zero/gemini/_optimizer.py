@@ -288,7 +288,10 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         cfg, m = self.rt.config, self.rt.manager
         if cfg.placement != "auto" or cfg.states_placement == "host":
             return None
-        return 2 * working_set_bytes(m.chunk_numel, self.rt.precision, m.world_size)
+        frozen = working_set_bytes(
+            m.frozen_chunk_numel, self.rt.precision, m.world_size, frozen=True
+        )
+        return 2 * max(working_set_bytes(m.chunk_numel, self.rt.precision, m.world_size), frozen)
 
     def _place_states(self) -> None:
         """See [Note: state placement]: measure one step once the compute order is known, then

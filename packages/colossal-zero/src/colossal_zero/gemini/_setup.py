@@ -50,31 +50,45 @@ def chunk_bytes_per_param(precision: str | Precision, *, frozen: bool = False) -
     return value if frozen else value + 3 * state  # fp64: 32 ([Note: fp64 precision])
 
 
-def working_set_bytes(chunk_numel: int, precision: Precision, world_size: int) -> int:
+def working_set_bytes(
+    chunk_numel: int, precision: Precision, world_size: int, *, frozen: bool = False
+) -> int:
     """Compute-tier bytes one chunk needs while in use: its shard and gathered buffer (one
     rank: the shard is the buffer); in fp32 also its gradient chunk's: on one rank a whole
     chunk, sharded only a shard, since gradients go into the gathered buffer ([Note: gradients
-    in chunks] in ``_collect.py``)."""
+    in chunks] in ``_collect.py``). A frozen chunk has no gradient chunk."""
     elem = torch.empty((), dtype=precision.param_dtype).element_size()
     shard = chunk_numel // world_size * elem
     one = chunk_numel * elem + (shard if world_size > 1 else 0)
-    if precision.master:
+    if precision.master or frozen:
         return one
     return one + (shard if world_size > 1 else chunk_numel * elem)
 
 
 def _chunk_numel(
-    numels: Sequence[int], config: GeminiConfig, precision: Precision, world_size: int
+    numels: Sequence[int],
+    config: GeminiConfig,
+    precision: Precision,
+    world_size: int,
+    *,
+    frozen: bool = False,
 ) -> int:
+    """The chunk size for ``numels``, the trainable or (``frozen``) the frozen parameters'
+    sizes: the configured one, else searched ([Note: chunk size per kind] in colossal-chunk)."""
     elem = torch.empty((), dtype=precision.param_dtype).element_size()
     largest = max(numels)
     unit = 1024 * world_size
-    if config.chunk_numel is not None:
-        n = -(-config.chunk_numel // world_size) * world_size
+    given, field = config.chunk_numel, "chunk_numel"
+    if frozen and (config.frozen_chunk_numel is not None or given is not None):
+        given = config.frozen_chunk_numel or given
+        field = "frozen_chunk_numel" if config.frozen_chunk_numel else field
+    if given is not None:
+        n = -(-given // world_size) * world_size
         if n < largest:
             raise ConfigError(
-                f"chunk_numel={config.chunk_numel:,} is smaller than the largest parameter "
-                f"({largest:,} elements); raise chunk_numel or leave it None to search"
+                f"{field}={given:,} is smaller than the largest "
+                f"{'frozen ' if frozen else ''}parameter ({largest:,} elements); raise "
+                f"{field} or leave it None to search"
             )
         return n
     slack = 0.0
@@ -92,7 +106,7 @@ def _chunk_numel(
             # two working sets (an operator may read tensors of two chunks, and the next
             # chunk comes in while one computes) should fit in the budget (smaller chunks, to
             # leave room for states, cost padding when a tensor nearly fills one)
-            cap_numel = cap // (2 * working_set_bytes(1, precision, 1))
+            cap_numel = cap // (2 * working_set_bytes(1, precision, 1, frozen=frozen))
         else:
             # sharded: one chunk in use and the next one's gathered buffer should fit (its
             # shard is gathered straight from the host when there is no room for it, and two
@@ -101,8 +115,8 @@ def _chunk_numel(
             # quarter of its resident bytes, 13 chunks step at 1.05x FSDP2 with CPU offload
             # on 4 ranks, 7 at 0.93 ([Note: fewer chunks] in colossal-chunk). A tied head's
             # chunk takes no third place in backward: [Note: released after backward]
-            per_elem = working_set_bytes(world_size, precision, world_size) / world_size + elem
-            cap_numel = int(cap // per_elem)
+            per_elem = working_set_bytes(world_size, precision, world_size, frozen=frozen)
+            cap_numel = int(cap // (per_elem / world_size + elem))
             slack = _SHARDED_SLACK
     limit = max(min(cap_numel, _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
     return _search(tuple(numels), max(limit, unit), elem, world_size, slack)
@@ -163,25 +177,36 @@ def build_manager(
     numels = [p.numel() for _, p in named]
     if not numels:
         raise ConfigError("the model has no parameters; Gemini has nothing to manage")
-    chunk_numel = _chunk_numel(numels, config, precision, world_size)
-    working = working_set_bytes(chunk_numel, precision, world_size)
+    # [Note: chunk size per kind] in colossal-chunk: each kind its own size (all trainable:
+    # the one search over every parameter, as ever)
+    trained = [p.numel() for _, p in named if p.requires_grad]
+    frozen = [p.numel() for _, p in named if not p.requires_grad]
+    chunk_numel = _chunk_numel(trained or numels, config, precision, world_size)
+    frozen_numel = (
+        _chunk_numel(frozen, config, precision, world_size, frozen=True) if frozen else None
+    )
+    working = working_set_bytes(chunk_numel, precision, world_size) if trained else 0
+    if frozen_numel is not None:
+        working = max(working, working_set_bytes(frozen_numel, precision, world_size, frozen=True))
     cap = config.accelerator_bytes
     usable = None if cap is None else cap - config.non_model_bytes
     if usable is not None and usable < working:
         raise ConfigError(
             f"accelerator budget of {cap:,} bytes (minus {config.non_model_bytes:,} reserved for "
-            f"activations) cannot hold one chunk in use: a chunk of {chunk_numel:,} "
+            f"activations) cannot hold one chunk in use: a chunk of "
+            f"{max(chunk_numel, frozen_numel or 0):,} "
             f"{precision.name} elements needs {working:,} bytes"
             f"{' with its fp32 gradient chunk' if not precision.master else ''}. Raise the "
             "accelerator budget, or lower chunk_numel (not below the largest parameter)"
         )
     elem = torch.empty((), dtype=precision.param_dtype).element_size()
-    frozen = sum(p.numel() for _, p in named if not p.requires_grad)  # no grad twin
-    trained = -(-(sum(numels) - frozen) // chunk_numel) * (1 if precision.master else 2)
-    num_chunks = trained + -(-frozen // chunk_numel)
-    param_bytes = num_chunks * chunk_numel * elem // world_size
+    twins = 1 if precision.master else 2  # a gradient chunk beside each fp32 one
+    param_bytes = -(-sum(trained) // chunk_numel) * twins * chunk_numel * elem // world_size
+    if frozen_numel is not None:
+        param_bytes += -(-sum(frozen) // frozen_numel) * frozen_numel * elem // world_size
     chunk_cfg = ChunkConfig(
         chunk_numel=chunk_numel,
+        frozen_chunk_numel=frozen_numel,
         accelerator_bytes=cap,
         host_bytes=config.host_bytes,
         disk_bytes=config.disk_bytes,
