@@ -54,7 +54,7 @@ def test_frozen_cost_compute_bytes_only(method):
     states = mem.params + mem.grads + mem.optimizer - mem.frozen
     if method == "gemini":  # whole chunks ([Note: gemini chunks]): bf16 values of the frozen
         gem = gemini_bytes(lora, _layout(method), "bf16", mem.activations)  # ones, 14 bytes
-        assert mem.frozen == 2 * gem.chunk_numel * gem.frozen_chunks >= 2 * full.params
+        assert mem.frozen == 2 * gem.frozen_chunk_numel * gem.frozen_chunks >= 2 * full.params
         trained = gem.num_chunks - gem.frozen_chunks
         assert states == 14 * gem.chunk_numel * trained >= 14 * trainable
         return

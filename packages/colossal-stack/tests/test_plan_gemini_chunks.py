@@ -74,3 +74,24 @@ def test_planned_chunks_and_peak_match_runtime(method, precision):
     assert (planned.chunk_numel, planned.num_chunks) == (numel, chunks)
     # the emulated accelerator and the host are the same memory: the tracker sees both
     assert mem.device_total + mem.host == pytest.approx(peak, rel=0.05), (mem, peak)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_planned_frozen_chunk_size_is_the_runtimes(precision):
+    # LoRA: the frozen base and the adapters are searched apart ([Note: chunk size per kind])
+    from dataclasses import replace
+
+    from colossal.lora._apply import LoraSpec, apply_lora
+
+    torch.manual_seed(0)
+    model, _ = apply_lora(GPT(CFG), LoraSpec(rank=4), label="t")
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    base = from_gpt_config(CFG, "t")
+    shape = replace(base, params=base.params + trainable, frozen=base.params)
+    lay = _layout("gemini")
+    mem = device_memory(shape, lay, CFG.max_seq_len, precision=precision)
+    planned = gemini_bytes(shape, lay, precision, mem.activations)
+    manager = apply_gemini(model, GeminiConfig(precision=precision)).runtime.manager
+    frozen = [c for c in manager.param_chunks() if c.frozen]
+    assert planned.frozen_chunk_numel == manager.config.frozen_chunk_numel
+    assert planned.frozen_chunks == len(frozen) > 0

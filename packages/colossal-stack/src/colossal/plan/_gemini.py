@@ -103,9 +103,26 @@ def param_numels(shape: ModelShape, lay: Layout) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=256)
-def _chunk_numel(numels: tuple[int, ...], precision: str, budget: int | None, act: int, dp: int):
+def _chunk_numel(
+    numels: tuple[int, ...], precision: str, budget: int | None, act: int, dp: int, frozen: bool
+) -> int:
     cfg = GeminiConfig(precision=precision, accelerator_bytes=budget, non_model_bytes=act)
-    return gemini_chunk_numel(numels, cfg, dp)
+    return gemini_chunk_numel(numels, cfg, dp, frozen=frozen)
+
+
+def _sizes(
+    numels: tuple[int, ...], frozen_n: int, precision: str, budget: int | None, act: int, dp: int
+) -> tuple[int, int]:
+    """(trainable, frozen) chunk sizes as ``build_manager`` searches them apart ([Note: chunk
+    size per kind] in colossal-chunk); the frozen one 0 without frozen parameters (the
+    ``frozen_n`` adapters at the end of ``numels`` are the trainable ones then)."""
+    if not frozen_n:
+        return _chunk_numel(numels, precision, budget, act, dp, False), 0
+    base, adapters = numels[: len(numels) - frozen_n], numels[len(numels) - frozen_n :]
+    return (
+        _chunk_numel(adapters, precision, budget, act, dp, False),
+        _chunk_numel(base, precision, budget, act, dp, True),
+    )
 
 
 @dataclass(frozen=True)
@@ -113,8 +130,8 @@ class GeminiBytes:
     """One rank's Gemini bytes by kind (see [Note: gemini chunks]).
 
     Attributes:
-        chunk_numel, num_chunks: the runtime's chunk size and parameter chunks (frozen among
-            them: ``frozen_chunks``).
+        chunk_numel, num_chunks: the runtime's (trainable) chunk size and parameter chunks
+            (frozen among them: ``frozen_chunks``, of ``frozen_chunk_numel`` elements each).
         params: parameter shards; grads: fp32's gradient twins (0 in bf16: the masters count as
             ``optimizer``); optimizer: Adam's moments (and bf16's fp32 masters).
         gathered: whole chunks gathered at once; spare: the spare payloads kept on the host.
@@ -124,6 +141,7 @@ class GeminiBytes:
     chunk_numel: int
     num_chunks: int
     frozen_chunks: int
+    frozen_chunk_numel: int
     params: float
     grads: float
     optimizer: float
@@ -132,26 +150,30 @@ class GeminiBytes:
     frozen: float
 
 
-def _count(numels: tuple[int, ...], c: int, lay: Layout, precision: str, frozen_n: int):
+def _count(
+    numels: tuple[int, ...], sizes: tuple[int, int], lay: Layout, precision: str, frozen_n: int
+):
     w = 4 if precision == "fp32" else 2
+    c, cf = sizes
     base, adapters = numels[: len(numels) - frozen_n], numels[len(numels) - frozen_n :]
     if frozen_n:
-        frozen, trainable = gemini_num_chunks(base, c), gemini_num_chunks(adapters, c)
+        frozen, trainable = gemini_num_chunks(base, cf), gemini_num_chunks(adapters, c)
     else:
         frozen, trainable = 0, gemini_num_chunks(numels, c)
-    shard = c / lay.dp
+    shard, frozen_shard = c / lay.dp, cf / lay.dp
     total = frozen + trainable
-    gathered = min(GATHERED_IN_FLIGHT, total) * c * w if lay.dp > 1 else 0.0
+    gathered = min(GATHERED_IN_FLIGHT, total) * max(c, cf) * w if lay.dp > 1 else 0.0
     return GeminiBytes(
         c,
         total,
         frozen,
-        total * shard * w,
+        cf,
+        trainable * shard * w + frozen * frozen_shard * w,
         trainable * shard * 4 if precision == "fp32" else 0.0,
         trainable * shard * (8 if precision == "fp32" else 12),
         gathered,
-        shard * w,
-        frozen * shard * w,
+        max(shard, frozen_shard) * w,
+        frozen * frozen_shard * w,
     )
 
 
@@ -163,14 +185,15 @@ def gemini_bytes(shape: ModelShape, lay: Layout, precision: str, activations: fl
     prec = "fp32" if precision == "fp32" else "bf16"
     act = int(activations)
     if lay.method == "gemini":
-        return _count(numels, _chunk_numel(numels, prec, None, 0, lay.dp), lay, prec, adapters)
-    c = _chunk_numel(numels, prec, _UNBOUNDED, act, lay.dp)
+        sizes = _sizes(numels, adapters, prec, None, 0, lay.dp)
+        return _count(numels, sizes, lay, prec, adapters)
+    sizes = _sizes(numels, adapters, prec, _UNBOUNDED, act, lay.dp)
     for _ in range(_ITERATIONS):
-        b = _count(numels, c, lay, prec, adapters)
+        b = _count(numels, sizes, lay, prec, adapters)
         device = {"gemini-host": b.params + b.grads, "gemini-host-all": 0.0}.get(lay.method, 0.0)
         budget = tier_budget(device + b.gathered + activations)
-        nxt = _chunk_numel(numels, prec, budget, act, lay.dp)
-        if nxt >= c:
+        nxt = _sizes(numels, adapters, prec, budget, act, lay.dp)
+        if nxt[0] >= sizes[0] and nxt[1] >= sizes[1]:
             return b
-        c = nxt
-    return _count(numels, c, lay, prec, adapters)
+        sizes = (min(nxt[0], sizes[0]), min(nxt[1], sizes[1]))
+    return _count(numels, sizes, lay, prec, adapters)

@@ -132,13 +132,16 @@ def _search(numels: tuple[int, ...], limit: int, elem: int, world_size: int, sla
     return result.chunk_numel
 
 
-def gemini_chunk_numel(numels: Sequence[int], config: GeminiConfig, world_size: int = 1) -> int:
+def gemini_chunk_numel(
+    numels: Sequence[int], config: GeminiConfig, world_size: int = 1, *, frozen: bool = False
+) -> int:
     """The chunk size ``build_manager`` picks for parameters of ``numels`` elements (in
-    registration order) under ``config`` over ``world_size`` data-parallel ranks: what a planner
-    counts Gemini's chunks with, so that it cannot disagree with the runtime."""
+    registration order) under ``config`` over ``world_size`` data-parallel ranks, the trainable
+    or (``frozen``) the frozen ones' ([Note: chunk size per kind] in colossal-chunk): what a
+    planner counts Gemini's chunks with, so that it cannot disagree with the runtime."""
     if not numels:
         raise ConfigError("gemini_chunk_numel needs the parameters' sizes; got none")
-    return _chunk_numel(numels, config, config.precision_spec, world_size)
+    return _chunk_numel(numels, config, config.precision_spec, world_size, frozen=frozen)
 
 
 def gemini_num_chunks(numels: Sequence[int], chunk_numel: int) -> int:
