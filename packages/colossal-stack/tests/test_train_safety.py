@@ -120,7 +120,9 @@ def test_capacity_hint_names_a_budget_that_trains(tmp_path, small_corpus):
     with pytest.raises(CapacityError) as err:
         train(_cfg(tmp_path / "a", small_corpus, accelerator_budget="600000", steps=2))
     assert not (tmp_path / "a" / "run" / "metrics.jsonl").exists()  # failed in step 1: no trace
-    hint = re.search(r"Raise accelerator_bytes to ([\d,]+)", str(err.value))
+    # refused right after the warmup (which borrows: [Note: warmup loan]) by the feasibility rule
+    assert "feasibility rule" in str(err.value)
+    hint = re.search(r"Raise the accelerator budget to at least ([\d,]+) bytes", str(err.value))
     assert hint, str(err.value)
     budget = hint.group(1).replace(",", "")
     result = train(_cfg(tmp_path / "b", small_corpus, accelerator_budget=budget, steps=2))
