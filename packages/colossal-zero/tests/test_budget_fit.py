@@ -25,6 +25,14 @@ def test_moment_need_counts_this_and_the_last_moment_and_gradient_twins_in_backw
     assert moment_need(order, 2, chunk_of, size, grad_twin=True) == [10, 110, 200, 120]
 
 
+def _assert_equals_adamw(losses: list[float], weights: dict) -> None:
+    ref_losses, ref_weights = reference(STEPS, BATCH)
+    for a, b in zip(losses, ref_losses, strict=True):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
+    for k, v in ref_weights.items():
+        assert (weights[k] - v).abs().max().item() <= 1e-5 * max(1.0, v.abs().max().item())
+
+
 def _chunk_numel(config: GeminiConfig) -> tuple[list[float], dict, int]:
     model, opt = checks.make(config)
     losses = checks.train(model, opt, STEPS, BATCH)
@@ -41,11 +49,7 @@ def test_chunks_shrink_when_the_chosen_size_leaves_no_room_and_training_stays_ex
     )
     losses, weights, numel = _chunk_numel(cfg)
     assert numel == 8192
-    ref_losses, ref_weights = reference(STEPS, BATCH)
-    for a, b in zip(losses, ref_losses, strict=True):
-        assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
-    for k, v in ref_weights.items():
-        assert (weights[k] - v).abs().max().item() <= 1e-5 * max(1.0, v.abs().max().item())
+    _assert_equals_adamw(losses, weights)
 
 
 def test_a_budget_no_chunk_size_fits_is_refused_after_warmup_and_the_named_budget_trains():
@@ -73,11 +77,7 @@ def test_a_warmup_access_with_no_room_borrows_and_the_chunks_shrink_after_it():
     )
     losses, weights, numel = _chunk_numel(cfg)
     assert numel == 8192
-    ref_losses, ref_weights = reference(STEPS, BATCH)
-    for a, b in zip(losses, ref_losses, strict=True):
-        assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
-    for k, v in ref_weights.items():
-        assert (weights[k] - v).abs().max().item() <= 1e-5 * max(1.0, v.abs().max().item())
+    _assert_equals_adamw(losses, weights)
 
 
 def test_a_budget_the_warmup_cannot_hold_is_refused_once_after_it_and_the_named_budget_trains():
