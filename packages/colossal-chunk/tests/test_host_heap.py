@@ -38,6 +38,7 @@ def test_large_blocks_are_mapped_and_leave_when_freed():
         assert freed <= 0.1 * TOTAL and trimmed >= 0.95 * whole, (size, plain)
         # with it: each block is its own mapping, unmapped when freed; the threshold is fixed
         # (the freed 4 MiB tensor did not raise it) at 32 KiB
-        # (0.8: the rank's other threads allocate meanwhile; 0.897 was seen under a loaded CI)
+        # (0.7: the rank's other threads allocate meanwhile; 0.897 and 0.79 were seen under a
+        # loaded CI; the plain heap gives back at most 0.1)
         freed, _ = mapped[size]
-        assert freed >= 0.8 * TOTAL, (size, mapped)
+        assert freed >= 0.7 * TOTAL, (size, mapped)
