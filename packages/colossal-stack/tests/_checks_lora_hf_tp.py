@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _checks_lora_two_ranks import CLIP, LR, _batches, _frozen_state, _gpt2
+from _checks_lora_two_ranks import CLIP, LR, _batches, _frozen_state, _gpt2, reference_losses
 
 from colossal import Booster, HybridParallelPlugin
 from colossal.booster import iter_full_tensors
@@ -95,17 +95,7 @@ def lora_hf_tp_case(root: str, zero: int, dtype: str = "float32", clip: bool = F
     ref = _reference(dt)
     fresh = [copy.deepcopy(ref), copy.deepcopy(ref)]
     batches = _batches()
-    params = [p for p in ref.parameters() if p.requires_grad]
-    ref_opt = torch.optim.AdamW(params, lr=LR)
-    want = []
-    for x, y in batches:
-        loss = _loss(ref, x, y)
-        loss.backward()
-        if clip:
-            assert float(torch.nn.utils.clip_grad_norm_(params, CLIP)) > CLIP  # it acts
-        ref_opt.step()
-        ref_opt.zero_grad()
-        want.append(loss.item())
+    want = reference_losses(ref, batches, _loss, clip=clip)
 
     rank = dist.get_rank()
     cut, final = Path(root) / "step-3", Path(root) / "step-5"

@@ -97,15 +97,9 @@ def _plugin(kind: str, clip: float) -> object:
     raise ValueError(kind)
 
 
-def lora_case(name: str, kind: str, dtype: str = "float32", clip: bool = False) -> dict:
-    """``STEPS`` Booster steps of LoRA on model ``name`` under plugin ``kind``; the worst loss
-    and adapter error against plain peft + AdamW on one process (both clipped at ``CLIP`` with
-    ``clip``), and what Gemini wrote. ``dtype="float64"`` (plain tp only: ZeRO and Gemini
-    keep fp32) measures exactness."""
-    loss_of = MODELS[name][3]
-    ref = _lora_model(name, getattr(torch, dtype))
-    model = copy.deepcopy(ref)
-    batches = _batches()
+def reference_losses(ref, batches, loss_of, *, clip: bool) -> list[float]:  # type: ignore[no-untyped-def]
+    """Train ``ref`` (plain peft) on ``batches`` with torch AdamW, clipped at ``CLIP`` with
+    ``clip`` (asserting the clip acts); its loss per step."""
     trainable = [p for p in ref.parameters() if p.requires_grad]
     ref_opt = torch.optim.AdamW(trainable, lr=LR)
     want = []
@@ -117,6 +111,19 @@ def lora_case(name: str, kind: str, dtype: str = "float32", clip: bool = False) 
         ref_opt.step()
         ref_opt.zero_grad()
         want.append(loss.item())
+    return want
+
+
+def lora_case(name: str, kind: str, dtype: str = "float32", clip: bool = False) -> dict:
+    """``STEPS`` Booster steps of LoRA on model ``name`` under plugin ``kind``; the worst loss
+    and adapter error against plain peft + AdamW on one process (both clipped at ``CLIP`` with
+    ``clip``), and what Gemini wrote. ``dtype="float64"`` (plain tp only: ZeRO and Gemini
+    keep fp32) measures exactness."""
+    loss_of = MODELS[name][3]
+    ref = _lora_model(name, getattr(torch, dtype))
+    model = copy.deepcopy(ref)
+    batches = _batches()
+    want = reference_losses(ref, batches, loss_of, clip=clip)
 
     plugin = _plugin(kind, CLIP if clip else 0.0)
     booster = Booster(plugin)

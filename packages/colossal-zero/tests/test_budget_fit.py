@@ -33,6 +33,14 @@ def _assert_equals_adamw(losses: list[float], weights: dict) -> None:
         assert (weights[k] - v).abs().max().item() <= 1e-5 * max(1.0, v.abs().max().item())
 
 
+def _recorded(budget: int, steps: int, *, chunk_numel: int) -> list[float]:
+    """Train fp32 under ``budget`` with the warmup measuring activations (memtrace's recorder)."""
+    cfg = GeminiConfig(precision="fp32", accelerator_bytes=budget, chunk_numel=chunk_numel)
+    model = apply_gemini(build(), cfg, recorder=MomentRecorder())
+    opt = GeminiOptimizer(model, lr=1e-2)
+    return checks.train(model, opt, steps, BATCH)
+
+
 def _chunk_numel(config: GeminiConfig) -> tuple[list[float], dict, int]:
     model, opt = checks.make(config)
     losses = checks.train(model, opt, STEPS, BATCH)
@@ -55,17 +63,13 @@ def test_chunks_shrink_when_the_chosen_size_leaves_no_room_and_training_stays_ex
 def test_a_budget_no_chunk_size_fits_is_refused_after_warmup_and_the_named_budget_trains():
     # the warmup measures the activations (memtrace's recorder); they alone exceed the budget,
     # so no chunk size fits and the refusal comes at the end of the warmup step
-    def run(budget: int, steps: int) -> list[float]:
-        cfg = GeminiConfig(precision="fp32", accelerator_bytes=budget, chunk_numel=4096)
-        model = apply_gemini(build(), cfg, recorder=MomentRecorder())
-        opt = GeminiOptimizer(model, lr=1e-2)
-        return checks.train(model, opt, steps, BATCH)
-
     with pytest.raises(CapacityError, match="feasibility rule") as err:
-        run(100_000, 1)
+        _recorded(100_000, 1, chunk_numel=4096)
     named = int(re.search(r"at least ([\d,]+) bytes", str(err.value)).group(1).replace(",", ""))
     assert named > 100_000
-    assert len(run(named, STEPS)) == STEPS  # following the message trains: no CapacityError
+    assert (
+        len(_recorded(named, STEPS, chunk_numel=4096)) == STEPS
+    )  # following the message trains: no CapacityError
 
 
 def test_a_warmup_access_with_no_room_borrows_and_the_chunks_shrink_after_it():
@@ -83,14 +87,8 @@ def test_a_warmup_access_with_no_room_borrows_and_the_chunks_shrink_after_it():
 def test_a_budget_the_warmup_cannot_hold_is_refused_once_after_it_and_the_named_budget_trains():
     # without the loan the warmup itself refused, naming budgets that knew nothing of the step's
     # activations (196,608 for "this access alone", then a third figure after the next warmup)
-    def run(budget: int, steps: int) -> list[float]:
-        cfg = GeminiConfig(precision="fp32", accelerator_bytes=budget, chunk_numel=16384)
-        model = apply_gemini(build(), cfg, recorder=MomentRecorder())
-        opt = GeminiOptimizer(model, lr=1e-2)
-        return checks.train(model, opt, steps, BATCH)
-
     with pytest.raises(CapacityError, match="feasibility rule") as err:
-        run(140_000, 1)
+        _recorded(140_000, 1, chunk_numel=16384)
     named = int(re.search(r"at least ([\d,]+) bytes", str(err.value)).group(1).replace(",", ""))
     assert named > 196_608
-    assert len(run(named, 3)) == 3
+    assert len(_recorded(named, 3, chunk_numel=16384)) == 3
