@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from colossal.booster._publish import verify_manifest
+from colossal.checkpoint._publish import verify_manifest
 from colossal.train._runlock import RunLock
 from colossal_contracts import ColossalError
 

@@ -44,7 +44,7 @@ from rich.console import Console
 
 from colossal import TrainConfig, train
 from colossal.booster import find_checkpoint
-from colossal.booster._publish import LATEST, is_complete
+from colossal.checkpoint._publish import LATEST, is_complete
 from colossal_models import default_corpus_path
 
 from _report import Report

@@ -12,7 +12,8 @@ import torch
 from _one_step import boosted_one_step, weights
 
 from colossal import Booster, DDPPlugin, GeminiPlugin, latest_checkpoint
-from colossal.booster import _publish, find_checkpoint
+from colossal.booster import find_checkpoint
+from colossal.checkpoint import _publish
 from colossal_contracts import CheckpointError
 from colossal_zero import load_sharded
 from colossal_zero.checkpoint import INDEX_FILE

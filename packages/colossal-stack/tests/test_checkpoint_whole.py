@@ -14,8 +14,8 @@ from _one_step import boosted_one_step, weights
 from safetensors.torch import load_file, save_file
 
 from colossal import DDPPlugin, GeminiPlugin
-from colossal.booster import _publish
-from colossal.booster._layout_read import _cover_fault
+from colossal.checkpoint import _publish
+from colossal.checkpoint._layout_read import _cover_fault
 from colossal_contracts import CheckpointError
 from colossal_zero.checkpoint import INDEX_FILE, file_digest
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from colossal.booster._layout_read import _Reader
+from colossal.checkpoint._layout_read import _Reader
 from colossal_models.sharding import flat_range_boxes
 
 

@@ -2,7 +2,7 @@
 plugin continues under another (including one process), with the losses of the run that was
 not interrupted ([Note: layout checkpoint]: the hybrid plugin and Gemini with tp write blocks of
 the unsharded tensors; every plugin reads them, and the DDP, ZeRO and mesh-less Gemini formats
-through the same reader, [Note: one reader] in ``colossal.booster._layout_legacy``).
+through the same reader, [Note: one reader] in ``colossal.checkpoint._layout_legacy``).
 
 Each case trains 4 steps with a checkpoint at step 2, then a copy of the run resumes from
 step 2 under the other layout; both layouts have the same data-parallel size, so they train on

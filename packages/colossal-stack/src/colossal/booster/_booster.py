@@ -26,12 +26,12 @@ from torch import nn
 
 from colossal_contracts import CheckpointError, ConfigError
 
+from ..checkpoint._publish import MANIFEST, latest_checkpoint, verify_manifest, write_checkpoint_dir
+from ..checkpoint._whole import write_checkpoint_dir_all_ranks
 from ..lora import check_lora_optimizer
-from ._checkpoint import write_checkpoint_dir_all_ranks
 from ._ddp import DDPPlugin
 from ._device import to_device
 from ._plugin import Plugin
-from ._publish import MANIFEST, latest_checkpoint, verify_manifest, write_checkpoint_dir
 
 __all__ = ["TRAINER_FILE", "Booster", "read_trainer_file"]
 

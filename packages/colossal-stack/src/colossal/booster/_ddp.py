@@ -12,10 +12,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from colossal_contracts import ConfigError
 
-from ._checkpoint import load_model_and_optimizer, save_model_and_optimizer
+from ..checkpoint._layout_legacy import DDP_META
+from ..checkpoint._layout_load import load_layout
+from ..checkpoint._whole import load_model_and_optimizer, save_model_and_optimizer
 from ._device import move_model, resolve_device
-from ._hybrid_checkpoint import load_layout
-from ._layout_legacy import DDP_META
 from ._plugin import Plugin
 
 __all__ = ["DDPPlugin"]

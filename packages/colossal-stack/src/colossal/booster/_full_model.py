@@ -16,8 +16,8 @@ from colossal_parallel import ProcessMesh
 from colossal_zero import GeminiModule
 from colossal_zero.checkpoint import iter_full_state
 
+from ..checkpoint._shard_writer import ShardedSafetensorsWriter
 from ._gemini_tp import tp_shard_maps, tp_stream_state
-from ._shard_writer import ShardedSafetensorsWriter
 
 __all__ = ["FULL_MODEL_FILE", "export_gemini", "write_full_model"]
 

@@ -34,6 +34,9 @@ from colossal_zero import (
 from colossal_zero.checkpoint import INDEX_FILE
 
 from .._capability import Combination, check_combination, table_precision
+from .._sizes import parse_bytes
+from ..checkpoint._layout import save_layout
+from ..checkpoint._layout_load import load_layout
 from ._device import resolve_device
 from ._full_model import FULL_MODEL_FILE, export_gemini
 from ._gemini_tp import (
@@ -48,10 +51,8 @@ from ._gemini_tp import (
     world_size,
 )
 from ._groups import GroupMap
-from ._hybrid_checkpoint import load_layout, save_layout
 from ._mesh_stats import axis_comm_bytes
 from ._plugin import Plugin
-from ._sizes import parse_bytes
 
 __all__ = ["FULL_MODEL_FILE", "GeminiPlugin", "export_gemini", "parse_bytes"]
 

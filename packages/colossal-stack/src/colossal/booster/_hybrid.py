@@ -43,10 +43,11 @@ from .._capability import (
     table_precision,
 )
 from .._dist import init_single_process
+from ..checkpoint._layout import save_layout
+from ..checkpoint._layout_load import load_layout
 from ..lora._tp import parallelize_lora
 from ._device import move_model, resolve_device, to_device
 from ._groups import GroupMap
-from ._hybrid_checkpoint import load_layout, save_layout
 from ._hybrid_checks import check_model_and_optimizer, check_settings, describe_mesh
 from ._hybrid_grads import mesh_layout, rank_optimizer
 from ._hybrid_lora import prepare_lora

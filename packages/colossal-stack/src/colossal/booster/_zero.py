@@ -22,12 +22,12 @@ from colossal_zero import (
 from colossal_zero.checkpoint import INDEX_FILE
 
 from .._capability import Combination, check_combination, table_precision
+from .._sizes import parse_bytes
+from ..checkpoint._layout_load import load_layout
 from ._device import move_model, resolve_device
 from ._full_model import write_full_model
-from ._hybrid_checkpoint import load_layout
 from ._lazy_fill import fill_lazy
 from ._plugin import Plugin
-from ._sizes import parse_bytes
 
 __all__ = ["LowLevelZeroPlugin"]
 

@@ -30,7 +30,7 @@ from colossal_models._hf import import_transformers
 from colossal_models.hf import HFCausalLM, load_hf_causal_lm
 from colossal_zero.checkpoint import INDEX_FILE
 
-from ..booster._hybrid_checkpoint import LAYOUT_INDEX
+from ..checkpoint._layout import LAYOUT_INDEX
 from ..lora._apply import ADAPTER, base_fingerprint, import_peft, peft_config_of
 from ._source import CheckpointInfo, iter_checkpoint_state, read_checkpoint
 

@@ -32,7 +32,7 @@ from colossal_zero.checkpoint import INDEX_FILE
 
 from ..booster import HF_INDEX, find_checkpoint, iter_full_tensors
 from ..booster._booster import TRAINER_FILE
-from ..booster._hybrid_checkpoint import LAYOUT_INDEX
+from ..checkpoint._layout import LAYOUT_INDEX
 
 __all__ = ["CheckpointInfo", "iter_checkpoint_state", "read_checkpoint"]
 

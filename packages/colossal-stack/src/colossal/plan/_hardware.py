@@ -6,37 +6,23 @@ dense 16-bit tensor peaks and the usual link speeds per direction (see docs/plan
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 from colossal_contracts import ConfigError
 
+from .._sizes import parse_bytes as _parse_size
+
 __all__ = ["HARDWARE", "Hardware", "parse_bandwidth", "parse_bytes"]
 
 GiB = 1 << 30
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-}
 
 
 def parse_bytes(text: str, *, what: str = "size") -> int:
-    """``"80GiB"`` -> bytes; ``ConfigError`` naming ``what`` for anything else."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b?|b)?\s*", text.lower())
-    unit = (m.group(2) or "") if m else ""
-    if unit and not unit.endswith("b"):
-        unit += "b"
-    if m is None or unit not in _UNITS:
-        raise ConfigError(f"{what} {text!r} is not a size; write e.g. 80GiB, 1TiB or 512MB")
-    return int(float(m.group(1)) * _UNITS[unit])
+    """``"80GiB"`` -> bytes (the stack's one size parser); ``ConfigError`` naming ``what``."""
+    size = _parse_size(text, what=what)
+    if size is None:  # only None gives None
+        raise ConfigError(f"{what} is missing; write e.g. 80GiB, 1TiB or 512MB")
+    return size
 
 
 def parse_bandwidth(text: str, *, what: str = "bandwidth") -> float:

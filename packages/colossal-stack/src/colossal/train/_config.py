@@ -277,7 +277,7 @@ class TrainConfig:
         runs or is written."""
         from colossal_zero import check_disk_dir
 
-        from ..booster import parse_bytes
+        from .._sizes import parse_bytes
 
         given = [
             f"--{k.replace('_', '-')} {getattr(self, k)}"

@@ -174,7 +174,7 @@ def local_hardware(world: int, kw: dict[str, Any], profile: Path | None) -> Hard
     """What ``--layout auto`` plans with: the profile's figures (``--hardware-profile``), else
     nominal ones for this machine (the same on every rank: see [Note: hardware profile]); the
     job's budgets, when given, are the device, host and disk room."""
-    from ..booster import parse_bytes
+    from .._sizes import parse_bytes
     from ..plan._calibrate import load_profile, profile_hardware
 
     precision = _plan_precision(kw.get("precision", "fp32"))

@@ -1,7 +1,7 @@
 """The other checkpoint formats as layout indexes, so one reader loads every checkpoint.
 
 [Note: one reader] Every plugin resumes every plugin's checkpoint through ``load_layout``
-([Note: layout checkpoint] in ``_hybrid_checkpoint``). Its index names, per tensor, blocks of
+([Note: layout checkpoint] in ``_layout``). Its index names, per tensor, blocks of
 the unsharded tensor and where each lies in a file; the two formats written without a mesh
 are described by such an index over their own files, built here from their metadata alone:
 

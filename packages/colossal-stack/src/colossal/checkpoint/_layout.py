@@ -37,7 +37,6 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,20 +46,16 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from torch import nn
 
-from colossal_contracts import CheckpointError
 from colossal_models.sharding import Box, ShardMap, flat_range_boxes, shard_map
 from colossal_parallel import ProcessMesh
 from colossal_zero import GeminiModule, GeminiOptimizer, LowLevelZeroOptimizer
 
 from ..lora._tp import is_peft_model, lora_shard_maps
-from ._layout_gemini import finish_gemini_load, gemini_shards, shard_map_of
-from ._layout_legacy import checkpoint_index
+from ._layout_gemini import gemini_shards, shard_map_of
 from ._layout_read import (
     KINDS,
     LAYOUT_FORMAT,
     LAYOUT_INDEX,
-    _fill,
-    _Reader,
     iter_full_tensors,
     read_layout_index,
 )
@@ -69,8 +64,6 @@ __all__ = [
     "LAYOUT_FORMAT",
     "LAYOUT_INDEX",
     "iter_full_tensors",
-    "load_layout",
-    "load_layout_checkpoint",
     "read_layout_index",
     "save_layout",
 ]
@@ -285,11 +278,7 @@ def save_layout(
             shapes.update(m["shapes"])
             steps.update(m["steps"])
         group = optimizer.param_groups[0] if optimizer is not None else {}
-        scaler = (
-            getattr(optimizer, "scaler", None)
-            if isinstance(optimizer, LowLevelZeroOptimizer | GeminiOptimizer)
-            else None
-        )
+        scaler = _scaler(optimizer)
         index = {
             "format": LAYOUT_FORMAT,
             "layout": layout,
@@ -321,79 +310,8 @@ def _assign(every: list[dict]) -> list[tuple[int, int, Box]]:
     return out
 
 
-@torch.no_grad()
-def load_layout(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    mesh: ProcessMesh | None,
-    directory: Path,
-    *,
-    rename: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Fill the blocks this rank holds from the checkpoint ``directory`` (any layout, any
-    plugin's format: [Note: one reader] in ``_layout_legacy``); ZeRO's parameters are then
-    all-gathered. Returns the index. A checkpoint without frozen values, or ``rename``, leaves
-    a ``peft`` model's base as it is. ``CheckpointError`` when the model does not match or a
-    file is missing or corrupt."""
-    index = checkpoint_index(directory)
-    frozen = not (rename or index.get("frozen_omitted"))
-    held = _held(model, optimizer, mesh, fresh=True, frozen=frozen, rename=rename)
-    names = [{h.smap.name for h in held}]
-    if _world()[1] > 1:
-        names = [set()] * _world()[1]
-        dist.all_gather_object(names, {h.smap.name for h in held})
-    extra = sorted(set(index["params"]) - set().union(*names))
-    if extra:
-        raise CheckpointError(
-            f"checkpoint {directory} holds parameters this model lacks ({extra[:3]}, "
-            f"{len(extra)} in all); was it saved from another model or preset?"
-        )
-    with ExitStack() as stack:
-        reader = _Reader(directory, stack, index.get("files"))
-        for h in held:  # every file and block this rank reads, before any value moves
-            for kind in KINDS:
-                blocks = index["tensors"].get(kind, {}).get(h.smap.name, [])
-                for file, key, _, sizes, *start in blocks:
-                    reader.check(file, key, sizes, *start)
-        for h in held:
-            name = h.smap.name
-            saved = index["params"].get(name)
-            if saved is None or list(saved.get("shape", [])) != list(h.smap.shape):
-                raise CheckpointError(
-                    f"parameter {name!r} of shape {list(h.smap.shape)} does not match the "
-                    f"checkpoint {directory} ({saved['shape'] if saved else 'absent'}); was it "
-                    "saved from another model or preset?"
-                )
-            step = index["steps"].get(name)
-            for kind in KINDS:
-                if kind not in h.flats or (kind != "param" and step is None):
-                    continue
-                blocks = index["tensors"].get(kind, {}).get(name, [])
-                for box, view in _regions(h, kind):
-                    _fill(reader, blocks, box, view, f"{kind} of {name!r}")
-            if step is not None:
-                h.set_step(float(step))
-    if optimizer is not None and index.get("optimizer"):
-        saved = {k: v for k, v in index["optimizer"].items() if k != "weight_decay"}
-        for group in optimizer.param_groups:  # each group keeps its own weight decay
-            group.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
-    if isinstance(model, GeminiModule):
-        gopt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
-        finish_gemini_load(model, gopt)
-        if gopt is not None and gopt.scaler is not None and index.get("scaler"):
-            gopt.scaler.load_state_dict(index["scaler"])
-    if isinstance(optimizer, LowLevelZeroOptimizer):
-        if optimizer.scaler is not None and index.get("scaler"):
-            optimizer.scaler.load_state_dict(index["scaler"])
-        optimizer.refresh_params()
-        optimizer.zero_grad()
-    return index
-
-
-def load_layout_checkpoint(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
-) -> dict[str, Any]:
-    """Load a checkpoint of any layout and plugin ([Note: one reader] in ``_layout_legacy``)
-    into a plain, unsharded ``model`` in this process (and Adam/AdamW ``optimizer``'s state:
-    moments, steps, hyperparameters); ``path`` is a ``step-N`` directory. Returns the index."""
-    return load_layout(model, optimizer, None, Path(path))
+def _scaler(optimizer: torch.optim.Optimizer | None) -> Any:
+    """The loss scaler of a sharded optimizer (ZeRO-1/2 or Gemini under fp16); None without."""
+    if isinstance(optimizer, LowLevelZeroOptimizer | GeminiOptimizer):
+        return optimizer.scaler
+    return None

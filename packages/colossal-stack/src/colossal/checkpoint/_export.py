@@ -14,10 +14,10 @@ from pathlib import Path
 
 from colossal_contracts import ConfigError
 
-from ._hybrid_checkpoint import LAYOUT_INDEX, iter_full_tensors, read_layout_index
+from .._sizes import parse_bytes
+from ._layout import LAYOUT_INDEX, iter_full_tensors, read_layout_index
 from ._publish import latest_checkpoint
 from ._shard_writer import HF_INDEX, ShardedSafetensorsWriter
-from ._sizes import parse_bytes
 
 __all__ = ["export_checkpoint"]
 

@@ -1,5 +1,5 @@
 """Reading the layout-independent checkpoint ([Note: layout checkpoint] in
-``_hybrid_checkpoint``): its index, slices of its safetensors files, and the unsharded tensors
+``_layout``): its index, slices of its safetensors files, and the unsharded tensors
 one at a time.
 
 A block is ``[file, key, offsets, sizes]`` (``key`` is a tensor of shape ``sizes``) or, for
