@@ -40,6 +40,7 @@ import psutil
 import torch
 
 from colossal import Booster, GeminiPlugin, lazy_init
+from colossal.booster import GeminiConfig
 from colossal_chunk import trim_host_heap
 from colossal_models import GPT, GPTConfig
 
@@ -111,14 +112,14 @@ def _cfg(layers: int, width: int) -> GPTConfig:
 
 def _boost(model, lazy, b: int, h: int, disk: Path, window: int | None = None):  # type: ignore[no-untyped-def]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    plugin = GeminiPlugin(
-        accelerator_budget=b,
-        host_budget=h,
-        disk_budget="8GiB",
+    config = GeminiConfig(
+        accelerator_bytes=b,
+        host_bytes=h,
+        disk_bytes=8 << 30,
         disk_dir=disk,
-        read_ahead_budget=window,
-        lazy=lazy,
+        read_ahead_bytes=window,
     )
+    plugin = GeminiPlugin(config=config, lazy=lazy)
     booster = Booster(plugin)
     gm, gopt = booster.boost(model, opt)
     return plugin, booster, gm, gopt

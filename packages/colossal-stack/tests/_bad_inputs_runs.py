@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from colossal import Booster, DDPPlugin, GeminiPlugin, TrainConfig
+from colossal.booster import GeminiConfig, parse_bytes
 from colossal.train._guard import FiniteGuard, NonFiniteError
 from colossal_contracts import CheckpointError, ConfigError
 from colossal_models import GPT, GPTConfig
@@ -128,7 +129,7 @@ API_CASES = [
     ("config-corpus-empty", lambda f: TrainConfig(corpus=""), ConfigError, "--corpus is empty"),
     (
         "gemini-budget-nan",
-        lambda f: GeminiPlugin(accelerator_budget=float("nan")),
+        lambda f: GeminiPlugin(config=GeminiConfig(accelerator_bytes=parse_bytes(float("nan")))),
         ConfigError,
         "an int of bytes or a size",
     ),

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from peft import LoraConfig, get_peft_model
 
 from colossal import Booster, GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin
+from colossal.booster import GeminiConfig, parse_bytes
 from colossal.lora import lora_shard_maps
 from colossal_models import GPT, GPTConfig, PaLM, PaLMConfig
 
@@ -85,9 +86,8 @@ def _plugin(kind: str, clip: float) -> object:
     """With ``clip`` (always active here) the norm must count a replicated adapter once and a
     split one over its shards."""
     if kind == "gemini":  # a budget below the chunks (504 KiB): chunks move every step
-        return GeminiPlugin(
-            placement="static", accelerator_budget=GEMINI_BUDGET, max_grad_norm=clip
-        )
+        config = GeminiConfig(placement="static", accelerator_bytes=parse_bytes(GEMINI_BUDGET))
+        return GeminiPlugin(config=config, max_grad_norm=clip)
     if kind == "zero2":
         return LowLevelZeroPlugin(stage=2, max_grad_norm=clip)
     if kind == "tp2":

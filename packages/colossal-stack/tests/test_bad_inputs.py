@@ -20,6 +20,7 @@ import torch
 
 from colossal import Booster, DDPPlugin, GeminiPlugin, TrainConfig, build_plugin, latest_checkpoint
 from colossal import train as train_fn
+from colossal.booster import GeminiConfig, parse_bytes
 from colossal.cli import main
 from colossal_contracts import CheckpointError, ConfigError
 from colossal_memtrace._cli import main as memtrace_main
@@ -262,7 +263,11 @@ def _gpt(precision: str = "fp32"):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("nano"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    plugin = DDPPlugin() if precision == "ddp" else GeminiPlugin(precision=precision)
+    plugin = (
+        DDPPlugin()
+        if precision == "ddp"
+        else GeminiPlugin(config=GeminiConfig(precision=precision))
+    )
     return Booster(plugin).boost(model, opt)
 
 
@@ -286,10 +291,10 @@ API_CASES = [
     ("config-batch-float", lambda f: TrainConfig(batch_size=2.5), ConfigError, "must be int"),
     ("config-decay-negative", lambda f: TrainConfig(weight_decay=-1.0), ConfigError, "decay"),
     ("plugin-unknown", lambda f: build_plugin("zero9"), ConfigError, "unknown --plugin"),
-    ("gemini-precision", lambda f: GeminiPlugin(precision="fp8"), ConfigError, "precision"),
-    ("gemini-budget-text", lambda f: GeminiPlugin(accelerator_budget="x"), ConfigError, "size"),
-    ("gemini-budget-neg", lambda f: GeminiPlugin(accelerator_budget=-1), ConfigError, ">= 0"),
-    ("gemini-placement", lambda f: GeminiPlugin(placement="lru"), ConfigError, "placement"),
+    ("gemini-precision", lambda f: GeminiConfig(precision="fp8"), ConfigError, "precision"),
+    ("gemini-budget-text", lambda f: parse_bytes("x"), ConfigError, "size"),
+    ("gemini-budget-neg", lambda f: GeminiConfig(accelerator_bytes=-1), ConfigError, ">= 0"),
+    ("gemini-placement", lambda f: GeminiConfig(placement="lru"), ConfigError, "placement"),
     ("boost-not-a-model", lambda f: Booster().boost("gpt", None), ConfigError, "nn.Module"),
     (
         "boost-not-an-optimizer",

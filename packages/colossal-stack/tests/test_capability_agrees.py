@@ -24,6 +24,7 @@ from colossal._capability import (
     long_sequence,
     nearest,
 )
+from colossal.booster import GeminiConfig
 from colossal.plan import model_shape
 from colossal.plan._layout import enumerate_layouts
 from colossal.train._layout import layout_flags
@@ -62,7 +63,8 @@ def _plugin_accepts(c: Combination) -> bool | None:
             sequence_parallel=None if c.sp == "none" else c.sp,
             sp_size=2 if long_sequence(c.sp) else 1,
         )
-        return _accepts(lambda: GeminiPlugin(precision=c.precision, lazy=lazy, **kw))
+        config = lambda: GeminiConfig(precision=c.precision)  # noqa: E731
+        return _accepts(lambda: GeminiPlugin(config=config(), lazy=lazy, **kw))
     lazy = lazy_init() if c.lazy else None  # ZeRO and hybrid fill a lazy model: [Note: lazy fill]
     kw = dict(
         tp_size=tp,

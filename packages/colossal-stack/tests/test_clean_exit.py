@@ -10,8 +10,16 @@ import torch
 
 from colossal import Booster, GeminiPlugin
 from colossal._peers import PeerWatch
+from colossal.booster import GeminiConfig
 from colossal_contracts import ConfigError
 from colossal_models import GPT, GPTConfig
+
+
+def _disk_tier(root):  # type: ignore[no-untyped-def]
+    """Budgets small enough that chunks reach the disk tier (its reader and writer threads)."""
+    return GeminiConfig(
+        accelerator_bytes=2 << 20, host_bytes=1 << 20, disk_bytes=64 << 20, disk_dir=root
+    )
 
 
 def _ours() -> list[str]:
@@ -31,11 +39,7 @@ def _train_steps(booster: Booster, steps: int = 2):  # type: ignore[no-untyped-d
 
 
 def test_close_joins_the_disk_and_prefetch_threads(tmp_path):
-    booster = Booster(
-        GeminiPlugin(
-            accelerator_budget="2MiB", host_budget="1MiB", disk_budget="64MiB", disk_dir=tmp_path
-        )
-    )
+    booster = Booster(GeminiPlugin(config=_disk_tier(tmp_path)))
     _train_steps(booster)
     assert _ours(), "this configuration should run background threads"
     booster.close()
@@ -73,11 +77,7 @@ def test_heartbeat_thread_is_joined_on_stop():
 
 
 def test_exit_hook_closes_a_booster_left_open_locally(tmp_path):
-    booster = Booster(
-        GeminiPlugin(
-            accelerator_budget="2MiB", host_budget="1MiB", disk_budget="64MiB", disk_dir=tmp_path
-        )
-    )
+    booster = Booster(GeminiPlugin(config=_disk_tier(tmp_path)))
     _train_steps(booster)
     assert _ours()
     hook = booster._at_exit  # what atexit runs for a Booster never closed

@@ -10,6 +10,7 @@ import torch
 from _checks_hybrid import CLIP, LR, _model, _reference, _rel, batches, train_case
 
 from colossal import Booster, GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin
+from colossal.booster import GeminiConfig
 from colossal_contracts import ConfigError
 
 TOL = 1e-12
@@ -24,8 +25,8 @@ def test_hybrid_fp64_casts_an_fp32_model_and_equals_float64_adamw(stage):
 
 
 def test_gemini_fp64_casts_an_fp32_model_and_equals_float64_adamw():
-    settings = {"placement": "static", "accelerator_budget": "320KiB", "max_grad_norm": CLIP}
-    plugin = GeminiPlugin(precision="fp64", **settings)
+    config = GeminiConfig(placement="static", precision="fp64", accelerator_bytes=320 << 10)
+    plugin = GeminiPlugin(config=config, max_grad_norm=CLIP)
     model = _model(2)  # fp32
     booster = Booster(plugin)
     model, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=LR))
@@ -48,7 +49,7 @@ def test_fp64_is_a_precision_of_each_sharding_plugin():
     for plugin in (
         HybridParallelPlugin(precision="fp64"),
         LowLevelZeroPlugin(stage=2, precision="fp64"),
-        GeminiPlugin(precision="fp64"),
+        GeminiPlugin(config=GeminiConfig(precision="fp64")),
     ):
         assert plugin.combination().precision == "fp32"  # composes as fp32 does
     with pytest.raises(ConfigError, match=r"unknown precision 'fp8'; choose one of: .*fp64"):

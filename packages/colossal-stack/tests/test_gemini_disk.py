@@ -13,6 +13,7 @@ import torch
 from _stack_reference import adamw_losses
 
 from colossal import Booster, GeminiPlugin
+from colossal.booster import GeminiConfig
 from colossal.cli import main
 from colossal.train._display import memory_summary
 from colossal_contracts import ConfigError
@@ -41,9 +42,10 @@ def test_disk_tier_trains_like_adamw(tmp_path):
     # most of the accelerator budget is the activation reserve: the room left makes parameter
     # chunks leave within forward and backward (with 1 MiB, since the tied head's chunk is no
     # longer pinned through backward, none does)
-    plugin = GeminiPlugin(
-        accelerator_budget="976KiB", host_budget="300KiB", disk_budget="64MiB", disk_dir=tmp_path
+    config = GeminiConfig(
+        accelerator_bytes=976 << 10, host_bytes=300 << 10, disk_bytes=64 << 20, disk_dir=tmp_path
     )
+    plugin = GeminiPlugin(config=config)
     booster = Booster(plugin)
     gm, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     losses, read, faulted, written, unwritten = [], 0, 0, 0, 0
@@ -98,7 +100,7 @@ def test_summary_shows_disk_bytes_read_ahead_and_faulted_in():
 
 def test_plugin_refuses_a_missing_disk_dir(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        GeminiPlugin(disk_budget="1GiB", disk_dir=tmp_path / "missing")
+        GeminiPlugin(config=GeminiConfig(disk_bytes=1 << 30, disk_dir=tmp_path / "missing"))
 
 
 def _snapshot(root: Path) -> dict[str, str]:

@@ -9,13 +9,17 @@ from _boosted import boost_nano, boosted_losses
 from safetensors.torch import load_file
 
 from colossal import GeminiPlugin
-from colossal.booster import load_sharded_safetensors, parse_bytes
+from colossal.booster import GeminiConfig, load_sharded_safetensors, parse_bytes
 from colossal_contracts import ConfigError
 from colossal_models import GPT, GPTConfig
 
+BF16_2_5MIB = GeminiConfig(precision="bf16", accelerator_bytes=parse_bytes("2.5MiB"))
+
 
 def test_trains_under_a_budget_and_reports_tiers_and_moves():
-    booster, model, opt = boost_nano(GeminiPlugin(accelerator_budget="2.5MiB", precision="fp32"))
+    booster, model, opt = boost_nano(
+        GeminiPlugin(config=GeminiConfig(accelerator_bytes=parse_bytes("2.5MiB")))
+    )
     losses = boosted_losses(booster, model, opt, 8)
     stats = booster.memory_stats()
     assert losses[-1] < losses[0]
@@ -25,14 +29,14 @@ def test_trains_under_a_budget_and_reports_tiers_and_moves():
 
 
 def test_checkpoint_resume_is_exact_and_full_model_loads_in_plain_torch(tmp_path):
-    plugin = GeminiPlugin(accelerator_budget="2.5MiB", precision="bf16", export_shard_bytes="96KiB")
+    plugin = GeminiPlugin(config=BF16_2_5MIB, export_shard_bytes="96KiB")
     booster, model, opt = boost_nano(plugin)
     boosted_losses(booster, model, opt, 3)
     path = booster.save(model, opt, tmp_path, step=3)
     want = model.full_state_dict()
     after = boosted_losses(booster, model, opt, 3, start=3)
 
-    b2, m2, o2 = boost_nano(GeminiPlugin(accelerator_budget="2.5MiB", precision="bf16"), seed=5)
+    b2, m2, o2 = boost_nano(GeminiPlugin(config=BF16_2_5MIB), seed=5)
     info = b2.load(m2, o2, tmp_path)
     assert info["step"] == 3
     assert boosted_losses(b2, m2, o2, 3, start=3) == after
@@ -59,21 +63,21 @@ def test_parse_bytes(text, value):
 
 
 @pytest.mark.parametrize(
-    ("kw", "match"),
+    ("make", "match"),
     [
-        ({"placement": "greedy"}, "unknown placement 'greedy'"),
-        ({"precision": "fp8"}, "unknown precision 'fp8'"),
-        ({"accelerator_budget": "lots"}, "cannot read 'lots'"),
+        (lambda: GeminiConfig(placement="greedy"), "unknown placement 'greedy'"),
+        (lambda: GeminiConfig(precision="fp8"), "unknown precision 'fp8'"),
+        (lambda: GeminiConfig(accelerator_bytes=parse_bytes("lots")), "cannot read 'lots'"),
     ],
 )
-def test_bad_settings_are_clear_errors(kw, match):
+def test_bad_settings_are_clear_errors(make, match):
     with pytest.raises(ConfigError, match=match):
-        GeminiPlugin(**kw)
+        GeminiPlugin(config=make())
 
 
 def test_budget_below_one_chunk_fails_before_training():
     with pytest.raises(ConfigError, match="cannot hold one chunk"):
-        boost_nano(GeminiPlugin(accelerator_budget="16KiB"))
+        boost_nano(GeminiPlugin(config=GeminiConfig(accelerator_bytes=16 << 10)))
 
 
 def test_train_job_with_gemini_flags_logs_tiers_and_moves(tmp_path, small_corpus):

@@ -13,10 +13,12 @@ from __future__ import annotations
 import pytest
 from _checks_gemini_tp_export import streamed_export_case
 
+from colossal_zero import GeminiConfig
+
 SLACK = 16 << 10
 CASES = {
-    "1d-dp2-tp2": {"tp_size": 2, "placement": "static"},
-    "2d-tp4": {"tp_size": 4, "tp_mode": "2d", "placement": "static"},
+    "1d-dp2-tp2": {"tp_size": 2, "config": GeminiConfig(placement="static")},
+    "2d-tp4": {"tp_size": 4, "tp_mode": "2d", "config": GeminiConfig(placement="static")},
 }
 
 

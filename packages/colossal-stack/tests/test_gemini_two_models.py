@@ -11,6 +11,7 @@ import torch
 from _stack_reference import adamw_losses
 
 from colossal import Booster, GeminiPlugin
+from colossal.booster import GeminiConfig, parse_bytes
 from colossal_models import GPT, GPTConfig
 
 CFG = GPTConfig(vocab_size=256, max_seq_len=16, num_layers=2, num_heads=2, hidden_size=32)
@@ -27,13 +28,14 @@ def test_two_gemini_models_step_alternately_like_adamw(tmp_path):
     for window in (None, 0):  # the default read-ahead window, and none
         torch.manual_seed(0)
         model = GPT(CFG)
-        plugin = GeminiPlugin(
-            accelerator_budget="512KiB",
-            host_budget="128KiB",
-            disk_budget="64MiB",
+        config = GeminiConfig(
+            accelerator_bytes=512 << 10,
+            host_bytes=128 << 10,
+            disk_bytes=64 << 20,
             disk_dir=tmp_path,
-            read_ahead_budget=window,
+            read_ahead_bytes=parse_bytes(window),
         )
+        plugin = GeminiPlugin(config=config)
         booster = Booster(plugin)
         gm, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
         runs.append((plugin, booster, gm, opt, []))

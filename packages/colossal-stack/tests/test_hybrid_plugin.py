@@ -28,6 +28,8 @@ from _checks_hybrid import (
     train_case,
 )
 
+from colossal_zero import GeminiConfig
+
 STEPS = 10
 STEPS_64 = 3  # the float64 runs show exactness; a few steps do (each adds rounding in fp32 only)
 LOSS_TOL = 1e-5
@@ -126,10 +128,12 @@ FLOAT64_CASES += ("ring-sp2-dp4", "ring-sp2-tp2-dp2", "ulysses-sp2-pp2-dp2-1f1b"
 FLOAT64_CASES += ("ring-sp2-pp2-tp2-ac", "2d-tp4-pp2-interleaved")
 FLOAT64_CASES += ("ring-megatron-sp2-tp2-pp2",)
 
-GEMINI_TP2 = {"tp_size": 2, "placement": "static", "accelerator_budget": "160KiB"}
+STATIC_160K = GeminiConfig(placement="static", accelerator_bytes=160 << 10)
+# float64 chunks: twice the fp32 cases' budget
+STATIC_320K_FP64 = GeminiConfig(placement="static", precision="fp64", accelerator_bytes=320 << 10)
+GEMINI_TP2 = {"tp_size": 2, "config": STATIC_160K}
 # ZeRO-3 over dp with ring sequence parallelism: chunks sharded over dp x sp
-GEMINI_SP2 = {"sequence_parallel": "ring", "sp_size": 2, "placement": "static"}
-GEMINI_SP2 |= {"accelerator_budget": "160KiB"}
+GEMINI_SP2 = {"sequence_parallel": "ring", "sp_size": 2, "config": STATIC_160K}
 # ... and with 1D tp too: the chunks of each tp shard sharded over dp x sp
 GEMINI_SP2_TP2 = GEMINI_SP2 | {"tp_size": 2}
 
@@ -181,7 +185,7 @@ def test_eight_rank_zero2_pp2_tp2_is_exact_in_fp64(world):
 
 # Gemini (ZeRO-3) with ring sp2 beside tp2 on 8 ranks: dp2 x tp2 x sp2, chunks in float64,
 # sharded over dp x sp; the budget (twice the fp32 cases') still moves chunks
-GEMINI_SP2_TP2_FP64 = GEMINI_SP2_TP2 | {"precision": "fp64", "accelerator_budget": "320KiB"}
+GEMINI_SP2_TP2_FP64 = GEMINI_SP2_TP2 | {"config": STATIC_320K_FP64}
 
 
 def test_eight_rank_gemini_ring_sp2_tp2_dp2_is_exact_in_fp64(world, tmp_path):
@@ -305,7 +309,7 @@ def test_gemini_tp2_dp2_moves_chunks_matches_adamw_and_resumes(world, tmp_path):
 @pytest.mark.parametrize("precision", ["fp32", "fp64"])
 def test_gemini_ring_sp2_dp2_matches_adamw_and_resumes(world, tmp_path, precision):
     if precision == "fp64":  # float64 chunks: twice the budget; exact, so 1e-12 throughout
-        settings = GEMINI_SP2 | {"precision": "fp64", "accelerator_budget": "320KiB"}
+        settings = GEMINI_SP2 | {"config": STATIC_320K_FP64}
         out = world(4).run(gemini_case, settings, STEPS_64 + 1, str(tmp_path), 2, "float64")
         _check(out, FLOAT64_TOL, FLOAT64_TOL)
         assert out[0]["resume_err"] <= FLOAT64_TOL and out[0]["export_err"] <= FLOAT64_TOL

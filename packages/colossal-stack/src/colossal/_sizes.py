@@ -1,6 +1,16 @@
 """Byte sizes as the command line, ``TrainConfig``, the plugins and ``colossal plan`` take them:
 ``512MiB``, ``2GB``, ``1.5 TB``, ``4096``. The one parser of sizes in the stack: each setting is
-parsed (and so validated) once, where it enters, and travels as an int of bytes from there."""
+parsed (and so validated) once, where it enters, and travels as an int of bytes from there.
+
+[Note: budgets] A tier's byte budget has one name from the job down: ``accelerator_bytes``,
+``host_bytes`` and ``disk_bytes`` in ``TrainConfig.memory``, colossal-zero's ``GeminiConfig``
+and colossal-chunk's ``ChunkConfig`` (the command line's ``--accelerator-budget`` and friends
+are parsed into them). None and 0 mean the same in every layer: None is no limit (the whole
+device for the accelerator), 0 is none of that tier, so ``disk_bytes=0`` (the default of the
+job and of Gemini) is no disk tier and ``disk_bytes=None`` a disk tier without a limit. The
+training job refuses ``disk_bytes=None``: it checks the disk directory's free space and the
+tiers' room against a number before anything runs.
+"""
 
 from __future__ import annotations
 

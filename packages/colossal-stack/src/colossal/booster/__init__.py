@@ -1,5 +1,6 @@
 """Booster and plugins (and the checkpoint functions users call, from ``colossal.checkpoint``)."""
 
+from .._sizes import parse_bytes
 from ..checkpoint import (
     HF_INDEX,
     ShardedSafetensorsWriter,
@@ -14,7 +15,7 @@ from ..checkpoint import (
 )
 from ._booster import Booster
 from ._ddp import DDPPlugin
-from ._gemini import GeminiPlugin, export_gemini, parse_bytes
+from ._gemini import GeminiConfig, GeminiPlugin, export_gemini
 from ._hybrid import HybridParallelPlugin, PipelineModule
 from ._plugin import Plugin
 from ._zero import LowLevelZeroPlugin
@@ -23,6 +24,7 @@ __all__ = [
     "HF_INDEX",
     "Booster",
     "DDPPlugin",
+    "GeminiConfig",
     "GeminiPlugin",
     "HybridParallelPlugin",
     "LowLevelZeroPlugin",

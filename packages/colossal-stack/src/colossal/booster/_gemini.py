@@ -6,7 +6,7 @@ import math
 import os
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,6 @@ from colossal_models import apply_sequence_parallel
 from colossal_models.sharding import ShardMap
 from colossal_parallel import ProcessMesh
 from colossal_zero import (
-    PLACEMENTS,
-    PRECISIONS,
     GeminiConfig,
     GeminiModule,
     GeminiOptimizer,
@@ -54,39 +52,31 @@ from ._groups import GroupMap
 from ._mesh_stats import axis_comm_bytes
 from ._plugin import Plugin
 
-__all__ = ["FULL_MODEL_FILE", "GeminiPlugin", "export_gemini", "parse_bytes"]
+__all__ = ["FULL_MODEL_FILE", "GeminiConfig", "GeminiPlugin", "export_gemini"]
 
 
 @dataclass
 class GeminiPlugin(Plugin):
     """Gemini: parameters, gradients and Adam states in chunks that move between the accelerator
-    (within ``accelerator_budget``) and the host, sharded across data-parallel ranks.
+    (within ``config.accelerator_bytes``), the host and the disk, sharded across data-parallel
+    ranks.
 
     Attributes:
-        placement: "auto" (traced, Belady eviction) or "static" (fixed resident share).
-        accelerator_budget: bytes of chunks on the accelerator ("512MiB", an int, or None: all).
-        precision: "fp32", "bf16" or "fp16" (fp32 masters and, for fp16, loss scaling).
-        host_budget: bytes of chunks in host memory (None: no limit).
-        disk_budget: bytes of chunks on disk, used when the host budget is full: fp32 masters,
-            Adam states and cold parameter chunks, read ahead and written behind in the
-            background (None: no disk tier). Checked before training: ``disk_dir`` must exist,
-            be writable and have this much free space.
-        disk_dir: directory of the disk tier's files (None: the system's temporary directory).
-        read_ahead_budget: bytes of ``host_budget`` kept for disk pages read ahead of their use
-            (0: no read-ahead; None: up to four fp32 chunks, at most a quarter of the host
-            budget); with a host budget, the host's payloads and these pages fit in it together.
+        config: how Gemini places, shards and computes the model: precision, placement and the
+            budgets of each tier (colossal-zero's ``GeminiConfig``, ints of bytes: sizes such
+            as "512MiB" go through ``parse_bytes`` first). Its ``disk_bytes`` follows [Note:
+            budgets]: 0 (the default) is no disk tier, None a disk tier without a limit; a disk
+            tier is checked at construction (``disk_dir`` must exist, be writable and have
+            ``disk_bytes`` free) and keeps its files in a folder of its own under ``disk_dir``.
         lazy: the ``colossal.lazy_init()`` context the model was built in: its meta parameters
             are materialized chunk by chunk straight into their tier (bit-identical to eager).
         max_grad_norm: clip the global gradient norm (0: no clipping).
-        non_model_bytes: accelerator bytes kept free for activations during the warmup step
-            (afterwards the auto policy plans each moment against the non-model bytes the
-            warmup measured, through memtrace's ``MomentRecorder``); ``colossal train`` fills it
-            from memtrace's static estimate of one step when a budget is given. None: 0.
         export_full_model: also write the consolidated fp32 model beside the shards of each
             checkpoint, loadable by plain PyTorch and Hugging Face (``model-0000i-of-0000N
             .safetensors`` and ``model.safetensors.index.json``, streamed one chunk at a time:
             see ``save_checkpoint``). ``colossal train`` sets it per save (``--export``).
-        export_shard_bytes: the largest shard of that export ("2GiB", or bytes).
+        export_shard_bytes: the largest shard of that export ("2GiB", or bytes; an int after
+            construction).
         save_frozen: write the values of frozen (``requires_grad=False``) parameters into
             checkpoints; ``colossal train`` clears it for LoRA runs, whose base is rebuilt
             from its source on resume and checked against its fingerprint.
@@ -103,21 +93,14 @@ class GeminiPlugin(Plugin):
             shards its chunks over dp and sp together ([Note: Gemini with sp]).
     """
 
-    placement: str = "auto"
-    accelerator_budget: int | str | None = None
-    precision: str = "fp32"
-    host_budget: int | str | None = None
+    config: GeminiConfig = field(default_factory=GeminiConfig)
     max_grad_norm: float = 0.0
-    non_model_bytes: int | str | None = None
     export_full_model: bool = True
     save_frozen: bool = True
     export_shard_bytes: int | str = "2GiB"
     name: str = "gemini"
     sharded_checkpoint: bool = True
     sharding: Mapping[str, ParamSharding] | None = field(default=None, repr=False)
-    disk_budget: int | str | None = None
-    disk_dir: str | Path | None = None
-    read_ahead_budget: int | str | None = None
     lazy: LazyInit | None = field(default=None, repr=False)
     tp_size: int = 1
     tp_mode: str = "1d"
@@ -133,13 +116,11 @@ class GeminiPlugin(Plugin):
     _unwritten: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
-        if self.placement not in PLACEMENTS:
+        if not isinstance(self.config, GeminiConfig):
             raise ConfigError(
-                f"unknown placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}"
-            )
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                f"unknown precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}"
+                f"GeminiPlugin(config=...) takes a colossal_zero.GeminiConfig, got "
+                f"{type(self.config).__name__}; e.g. GeminiPlugin(config=GeminiConfig("
+                "precision='bf16', accelerator_bytes=parse_bytes('512MiB')))"
             )
         if not (
             isinstance(self.max_grad_norm, int | float)
@@ -149,17 +130,18 @@ class GeminiPlugin(Plugin):
             raise ConfigError(
                 f"max_grad_norm must be a finite number >= 0 (0 is off), got {self.max_grad_norm!r}"
             )
-        self.gemini_config()  # validates the budgets
-        if not parse_bytes(self.export_shard_bytes):
+        shard = parse_bytes(self.export_shard_bytes, what="export_shard_bytes")
+        if not shard:
             raise ConfigError(
                 f"export_shard_bytes must be a positive size such as '2GiB', got "
                 f"{self.export_shard_bytes!r}"
             )
+        self.export_shard_bytes = shard  # parsed once
         check_tp(self.tp_size, self.tp_mode, self.tp_depth)
         check_sp(self.sequence_parallel, self.sp_size)
         self._check_combination()
-        if self.disk_budget is not None:
-            check_disk_dir(self.disk_dir, parse_bytes(self.disk_budget))
+        if self.config.disk_bytes != 0:  # [Note: budgets]: 0 is no disk tier
+            check_disk_dir(self.config.disk_dir, self.config.disk_bytes)
 
     def combination(self) -> Combination:
         """The kinds these settings compose ([Note: capability table])."""
@@ -167,37 +149,29 @@ class GeminiPlugin(Plugin):
             tp=self.tp_mode if self.tp_size > 1 else "none",
             sp=self.sequence_parallel or "none",
             sharding="gemini",
-            precision=table_precision(self.precision),  # fp64 composes as fp32
+            precision=table_precision(self.config.precision),  # fp64 composes as fp32
             lazy=self.lazy is not None,
         )
 
     def _check_combination(self) -> None:
         what = f"GeminiPlugin(tp_size={self.tp_size}, tp_mode={self.tp_mode!r}"
         what += f", sequence_parallel={self.sequence_parallel!r}"
-        what += (
-            f", precision={self.precision!r}, lazy={'a lazily built model' if self.lazy else None})"
-        )
+        what += f", precision={self.config.precision!r}"
+        what += f", lazy={'a lazily built model' if self.lazy else None})"
         check_combination(self.combination(), what=what)
 
-    def gemini_config(self) -> GeminiConfig:
-        """The ``GeminiConfig`` these settings stand for."""
-        return GeminiConfig(
-            precision=self.precision,
-            placement=self.placement,
-            accelerator_bytes=parse_bytes(self.accelerator_budget),
-            host_bytes=parse_bytes(self.host_budget),
-            disk_bytes=0 if self.disk_budget is None else parse_bytes(self.disk_budget),
-            disk_dir=_disk_subdir(self.disk_dir) if self.disk_budget is not None else None,
-            read_ahead_bytes=parse_bytes(self.read_ahead_budget),
-            non_model_bytes=parse_bytes(self.non_model_bytes) or 0,
-        )
+    def _runtime_config(self) -> GeminiConfig:
+        """``config`` with the disk tier's files in a folder of this model's own."""
+        if self.config.disk_bytes == 0:
+            return self.config
+        return replace(self.config, disk_dir=_disk_subdir(self.config.disk_dir))
 
     def configure(
         self, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Apply Gemini to ``model`` and turn ``optimizer`` (Adam/AdamW, built on the plain
         model's parameters) into a ``GeminiOptimizer`` with the same groups."""
-        cfg = self.gemini_config()
+        cfg = self._runtime_config()
         group: Any = "default"
         self._check_combination()  # ``lazy`` may have been set after construction
         lazy = self.lazy
@@ -253,7 +227,7 @@ class GeminiPlugin(Plugin):
             out[f"{name}_bytes"] = t.used_bytes
             out[f"{name}_peak_bytes"] = t.peak_bytes
         out["accelerator_emulated"] = stats.tiers["accelerator"].emulated
-        out["non_model_reserved_bytes"] = parse_bytes(self.non_model_bytes) or 0
+        out["non_model_reserved_bytes"] = self.config.non_model_bytes
         total = stats.bytes_moved
         out["bytes_moved"], self._moved = total - self._moved, total
         out["bytes_moved_total"] = total
@@ -283,7 +257,7 @@ class GeminiPlugin(Plugin):
         Gemini moves each batch there itself."""
         if self._model is not None:
             return self._model.compute_device
-        cuda = self.gemini_config().device != "cpu" and torch.cuda.is_available()
+        cuda = self.config.device != "cpu" and torch.cuda.is_available()
         return resolve_device("auto") if cuda else torch.device("cpu")
 
     def describe(self) -> str:
@@ -298,17 +272,18 @@ class GeminiPlugin(Plugin):
         """The mesh (with ``--tp``/``--sp``), else placement, precision and budget."""
         if self.mesh is not None:
             return f"{self.name} ({self.describe()})"
-        budget = self.accelerator_budget or "whole accelerator"
-        label = f"{self.name} ({self.placement}, {self.precision}, budget {budget}"
-        if self.non_model_bytes:
-            label += f", {int(self.non_model_bytes) / 2**20:,.1f} MiB kept for activations"
+        c = self.config
+        budget = "whole accelerator" if c.accelerator_bytes is None else _mib(c.accelerator_bytes)
+        label = f"{self.name} ({c.placement}, {c.precision}, budget {budget}"
+        if c.non_model_bytes:
+            label += f", {_mib(c.non_model_bytes)} kept for activations"
         return label + ")"
 
     def reserve_activations(self, estimate: Callable[[], int]) -> None:
-        """Under an ``accelerator_budget``: ``non_model_bytes = estimate()`` (the warmup keeps
-        that much free of chunks; see ``non_model_bytes``)."""
-        if self.accelerator_budget is not None:
-            self.non_model_bytes = estimate()
+        """Under an accelerator budget: ``config.non_model_bytes = estimate()`` (the warmup
+        keeps that much free of chunks; see ``GeminiConfig.non_model_bytes``)."""
+        if self.config.accelerator_bytes is not None:
+            self.config = replace(self.config, non_model_bytes=estimate())
 
     def choose_checkpoint_contents(self, *, export_full_model: bool, save_frozen: bool) -> None:
         self.export_full_model = export_full_model
@@ -342,7 +317,7 @@ class GeminiPlugin(Plugin):
         else:
             save_sharded(gm, opt, Path(path), frozen_values=self.save_frozen)
         if self.export_full_model:
-            limit = parse_bytes(self.export_shard_bytes)
+            limit = int(self.export_shard_bytes)
             tp_mesh = self.mesh if self.tp_size > 1 else None
             export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=tp_mesh, maps=self._tp_maps)  # type: ignore[arg-type]
 
@@ -369,6 +344,10 @@ class GeminiPlugin(Plugin):
 
     def _shard_folder(self, path: Path) -> Path:
         return Path(path) if self.mesh is None else tp_folder(path, self.mesh)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
 
 
 def _disk_subdir(disk_dir: str | Path | None) -> Path | None:

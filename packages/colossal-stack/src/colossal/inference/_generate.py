@@ -1,7 +1,7 @@
 """``generate``: text from a checkpoint or a Hugging Face folder, token by token.
 
 [Note: offloaded inference] With ``accelerator_budget`` the model's weights go into Gemini's
-chunks (``GeminiPlugin(...).gemini_config()`` and ``apply_gemini``, no optimizer, not
+chunks (a static ``GeminiConfig`` and ``apply_gemini``, no optimizer, not
 sharded) and each forward runs through the ``GeminiModule`` under ``torch.no_grad``: a chunk
 is brought onto the accelerator when an operator reads one of its parameters and evicted when
 the budget needs the room, so a model larger than the budget streams through it layer by layer,
@@ -12,16 +12,16 @@ as DeepSpeed's ZeRO-Inference does. On a machine without a GPU the accelerator i
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from colossal_zero import GeminiModule, apply_gemini
+from colossal_zero import GeminiConfig, GeminiModule, apply_gemini
 
-from ..booster import GeminiPlugin, parse_bytes
+from .._sizes import parse_bytes
 from ._decoders import Decoder, HFDecoder, NativeDecoder, check_length
 from ._load import Loaded, load_for_generation
 from ._sampling import SamplingConfig, next_token
@@ -54,13 +54,13 @@ class GenerationResult:
         return len(self.new_ids) / self.seconds if self.seconds > 0 else 0.0
 
 
-def offload(model: nn.Module, accelerator_budget: int | str) -> GeminiModule:
-    """``model`` in Gemini chunks under ``accelerator_budget`` for inference ([Note: offloaded
+def offload(model: nn.Module, accelerator_bytes: int) -> GeminiModule:
+    """``model`` in Gemini chunks under ``accelerator_bytes`` for inference ([Note: offloaded
     inference]); call the returned module instead of ``model``."""
-    cfg = GeminiPlugin(placement="static", accelerator_budget=accelerator_budget).gemini_config()
     # the smallest chunks Gemini allows (one largest parameter each), so the smallest budget fits
     largest = max(p.numel() for p in model.parameters())
-    return apply_gemini(model, replace(cfg, chunk_numel=largest), group=None)
+    cfg = GeminiConfig(placement="static", accelerator_bytes=accelerator_bytes, chunk_numel=largest)
+    return apply_gemini(model, cfg, group=None)
 
 
 def _gemini_stats(call: nn.Module) -> dict[str, Any]:
@@ -104,9 +104,9 @@ def build_decoder(
     """A decoder of ``loaded`` (offloaded under ``accelerator_budget``) and the module it
     calls (the ``GeminiModule`` when offloaded)."""
     call: nn.Module = loaded.model
-    if accelerator_budget is not None:
-        parse_bytes(accelerator_budget)  # a clear error for a bad size before any work
-        call = offload(loaded.model, accelerator_budget)
+    accelerator_bytes = parse_bytes(accelerator_budget)  # a bad size: an error before any work
+    if accelerator_bytes is not None:
+        call = offload(loaded.model, accelerator_bytes)
     if loaded.kind == "native":
         return NativeDecoder(call, loaded.model, use_cache=use_cache, budget=max_len), call
     return HFDecoder(call, loaded.model, use_cache=use_cache), call

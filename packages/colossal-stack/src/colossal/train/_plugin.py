@@ -9,7 +9,8 @@ import torch
 from colossal_contracts import ConfigError
 from colossal_memtrace import estimate_step
 
-from ..booster import DDPPlugin, GeminiPlugin, LowLevelZeroPlugin, Plugin
+from .._sizes import parse_bytes
+from ..booster import DDPPlugin, GeminiConfig, GeminiPlugin, LowLevelZeroPlugin, Plugin
 from ._config import TrainConfig
 from ._mesh import PLUGINS, hybrid_plugin
 from ._models import ModelSpec
@@ -38,14 +39,17 @@ def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
 
 def _gemini_plugin(cfg: TrainConfig) -> Plugin:
     """Gemini, with tensor parallelism inside its chunks for ``--tp N`` (ZeRO-3 with TP)."""
-    return GeminiPlugin(
-        placement=cfg.placement,
-        accelerator_budget=cfg.accelerator_budget,
+    config = GeminiConfig(
         precision=cfg.precision,
-        max_grad_norm=cfg.max_grad_norm,
-        host_budget=cfg.host_budget,
-        disk_budget=cfg.disk_budget,
+        placement=cfg.placement,
+        accelerator_bytes=parse_bytes(cfg.accelerator_budget),
+        host_bytes=parse_bytes(cfg.host_budget),
+        disk_bytes=0 if cfg.disk_budget is None else parse_bytes(cfg.disk_budget),
         disk_dir=cfg.disk_dir,
+    )
+    return GeminiPlugin(
+        config=config,
+        max_grad_norm=cfg.max_grad_norm,
         tp_size=cfg.tp,
         tp_mode=cfg.tp_mode,
         tp_depth=cfg.tp_depth,

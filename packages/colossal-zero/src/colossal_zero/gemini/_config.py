@@ -90,6 +90,11 @@ class GeminiConfig:
             "read_ahead_bytes",
         ):
             value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(
+                    f"{name} must be an int (bytes or elements) or None, got "
+                    f"{type(value).__name__} {value!r}"
+                )
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0 or None, got {value}")
         if self.chunk_numel == 0 or self.frozen_chunk_numel == 0:
