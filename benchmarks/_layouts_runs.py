@@ -87,9 +87,9 @@ def _one_step(text: str, base: dict[str, Any]) -> float:
     lay = parse_layout(text)
     req = PlanRequest(shape, local_hardware(world, base, None), world, GLOBAL_BATCH,
                       base["seq_len"], precision="fp32")  # fmt: skip
-    cfg = TrainConfig(**{**base, **layout_flags(lay, evaluate(req, lay))})
-    spec = resolve_model(cfg.model, cfg.preset, vocab_size=ByteTokenizer.vocab_size)
-    plugin = build_plugin(cfg.plugin, cfg)
+    cfg = TrainConfig.from_flags(**{**base, **layout_flags(lay, evaluate(req, lay))})
+    spec = resolve_model(cfg.model.name, cfg.model.preset, vocab_size=ByteTokenizer.vocab_size)
+    plugin = build_plugin(cfg.parallel.plugin, cfg)
     try:
         torch.manual_seed(0)
         model = spec.build()
@@ -97,7 +97,9 @@ def _one_step(text: str, base: dict[str, Any]) -> float:
         booster = Booster(plugin)
         model, opt = booster.boost(model, opt)
         g = torch.Generator().manual_seed(1)
-        x = torch.randint(0, ByteTokenizer.vocab_size, (cfg.batch_size, cfg.seq_len), generator=g)
+        x = torch.randint(
+            0, ByteTokenizer.vocab_size, (cfg.data.batch_size, cfg.data.seq_len), generator=g
+        )
         loss = float(booster.execute_pipeline(x, x, model, opt))  # any layout
         opt.step()
     finally:

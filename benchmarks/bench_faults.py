@@ -143,7 +143,7 @@ def _finished_run(root: Path, corpus: Path) -> Path:
 
 def _config(corpus: Path, out: Path, **kw: object) -> TrainConfig:
     base = dict(preset="nano", batch_size=2, seq_len=32, lr=1e-3, corpus=corpus, out=out)
-    return TrainConfig(**{**base, **kw})  # type: ignore[arg-type]
+    return TrainConfig.from_flags(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def save_kill_trial(root: Path, corpus: Path, rng: random.Random, *, resave: bool) -> dict:

@@ -105,7 +105,7 @@ def _setup(plugin: str, method: str, preset: str, out: dict) -> None:
         if plugin == "gemini":
             b, h = _BUDGETS.get(preset, (8 * MiB, 16 * MiB))
             budgets = dict(accelerator_budget=b, host_budget=h, disk_budget="4GiB", disk_dir=tmp)
-        cfg = TrainConfig(
+        cfg = TrainConfig.from_flags(
             preset=preset,
             steps=1,
             batch_size=1,

@@ -75,14 +75,14 @@ def _build(text: str, plan: Any, seq: int, disk_dir: str) -> tuple[Any, ...]:
     flags = layout_flags(parse_layout(text), plan)
     if flags.get("disk_budget") is not None:
         flags["disk_dir"] = disk_dir
-    cfg = TrainConfig(model="gpt", preset="nano", seq_len=seq, **flags)
+    cfg = TrainConfig.from_flags(model="gpt", preset="nano", seq_len=seq, **flags)
     torch.manual_seed(0)
-    plugin = build_plugin(cfg.plugin, cfg)
+    plugin = build_plugin(cfg.parallel.plugin, cfg)
     booster = Booster(plugin)
     model = GPT(CFG)
     model, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     g = torch.Generator().manual_seed(dist.get_rank())
-    x, y = torch.randint(0, CFG.vocab_size, (2, cfg.batch_size, seq), generator=g)
+    x, y = torch.randint(0, CFG.vocab_size, (2, cfg.data.batch_size, seq), generator=g)
     return plugin, booster, model, opt, x, y
 
 

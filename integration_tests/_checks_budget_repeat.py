@@ -17,7 +17,7 @@ def _job(root: Path, name: str, budget: str) -> TrainConfig:
     if dist.get_rank() == 0 and not corpus.exists():
         corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
     dist.barrier()
-    return TrainConfig(
+    return TrainConfig.from_flags(
         preset="nano",
         steps=2,  # the warmup step, then one planned under the budget
         batch_size=1,

@@ -53,14 +53,14 @@ def _no_adapter_spec() -> ModelSpec:
 API_CASES = [
     (
         "tp-model-without-adapter",
-        lambda f: check_mesh(TrainConfig(tp=2), _no_adapter_spec(), None, 2),
+        lambda f: check_mesh(TrainConfig.from_flags(tp=2), _no_adapter_spec(), None, 2),
         ConfigError,
         "hf:some-model has no tensor/pipeline-parallel adapter, so --tp 2 cannot shard it",
     ),
     (
         "gemini-tp-times-sp-not-dividing",
         lambda f: check_mesh(
-            TrainConfig(plugin="gemini", tp=2, sp="ring", sp_size=4, seq_len=32),
+            TrainConfig.from_flags(plugin="gemini", tp=2, sp="ring", sp_size=4, seq_len=32),
             ModelSpec("gpt-nano", lambda: GPT(GPTConfig.preset("nano")), 1, 64, 2, True),
             None,
             4,

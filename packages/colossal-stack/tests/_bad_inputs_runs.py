@@ -125,8 +125,13 @@ def _clip_a_non_finite_gradient() -> None:
 
 
 API_CASES = [
-    ("config-out-empty", lambda f: TrainConfig(out=""), ConfigError, "--out is empty"),
-    ("config-corpus-empty", lambda f: TrainConfig(corpus=""), ConfigError, "--corpus is empty"),
+    ("config-out-empty", lambda f: TrainConfig.from_flags(out=""), ConfigError, "--out is empty"),
+    (
+        "config-corpus-empty",
+        lambda f: TrainConfig.from_flags(corpus=""),
+        ConfigError,
+        "--corpus is empty",
+    ),
     (
         "gemini-budget-nan",
         lambda f: GeminiPlugin(config=GeminiConfig(accelerator_bytes=parse_bytes(float("nan")))),

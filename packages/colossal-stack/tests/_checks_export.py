@@ -68,11 +68,11 @@ def write_gpt2_folder(folder: Path, corpus_text: str) -> Path:
 
 
 def train_runs(runs: list[dict[str, Any]]) -> list[str | None]:
-    """``train(TrainConfig(**kw))`` for each of ``runs`` in turn on this rank; rank 0's
+    """``train(TrainConfig.from_flags(**kw))`` for each of ``runs`` in turn on this rank; rank 0's
     checkpoint paths (None on the other ranks)."""
     out = []
     for kw in runs:
-        result = train(TrainConfig(**kw))
+        result = train(TrainConfig.from_flags(**kw))
         out.append(str(result.checkpoint) if result.checkpoint else None)
     return out
 

@@ -41,7 +41,7 @@ def run_job(settings: dict[str, Any], root: str, *, lazy: bool) -> dict[str, Any
     corpus = Path(root) / "corpus.txt"
     if not corpus.exists():
         corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         preset="nano",
         steps=2,
         batch_size=2,

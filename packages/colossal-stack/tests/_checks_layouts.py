@@ -16,5 +16,5 @@ def train_auto(kw: dict[str, Any]) -> dict[str, Any]:
     """``colossal train --layout auto`` on this world (as the CLI does it)."""
     os.environ["WORLD_SIZE"] = str(torch.distributed.get_world_size())
     os.environ["RANK"] = str(torch.distributed.get_rank())
-    result = train(TrainConfig(**apply_layout("auto", kw)))
+    result = train(TrainConfig.from_flags(**apply_layout("auto", kw)))
     return {"losses": result.losses}

@@ -203,7 +203,7 @@ def lora_job_tp2(root: str, corpus: str, model: str = "gpt") -> dict:
     from colossal.train._schedule import warmup_cosine
 
     out = Path(root) / "run"
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         model=model, preset="nano", steps=STEPS, batch_size=2, seq_len=16, data=Path(corpus),
         out=out, lora_rank=4, lora_alpha=8.0, val_fraction=0.0, weight_decay=0.1, tp=2,
         checkpoint_every=3,
@@ -213,14 +213,14 @@ def lora_job_tp2(root: str, corpus: str, model: str = "gpt") -> dict:
     if dist.get_rank() == 0:  # resume the layout checkpoint of step 3: adapters, Adam, base
         (out / "checkpoint" / "latest").write_text("step-3\n")
     dist.barrier()
-    resumed = train(TrainConfig(**{**cfg.__dict__, "resume": True, "export": "none"}))
+    resumed = train(cfg.replace(resume=True, export="none"))
     tokenizer = resolve_tokenizer(cfg)
     loader = open_loader(cfg, open_data(cfg, tokenizer, rank=0))  # collective: every rank
     spec = resolve_model(model, "nano", vocab_size=tokenizer.vocab_size)
     hf = model.startswith("hf:")
 
     def base() -> torch.nn.Module:
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.training.seed)
         return spec.build()
 
     targets = MODELS["gpt2" if hf else "gpt"][1]
@@ -231,13 +231,13 @@ def lora_job_tp2(root: str, corpus: str, model: str = "gpt") -> dict:
     else:
         ref = part = get_peft_model(ref, lora)
     opt = torch.optim.AdamW(
-        [p for p in ref.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
+        [p for p in ref.parameters() if p.requires_grad], lr=cfg.training.lr, betas=(0.9, 0.95),
         weight_decay=0.1,
     )  # fmt: skip
     want = []
     for step in range(STEPS):
         for g in opt.param_groups:
-            g["lr"] = cfg.lr * warmup_cosine(step, STEPS)
+            g["lr"] = cfg.training.lr * warmup_cosine(step, STEPS)
         x, y = loader.next_batch()
         loss = ref(x, y)
         loss.backward()

@@ -18,11 +18,11 @@ def final_weights(out: Any) -> dict[str, torch.Tensor]:
 
 
 def run_all(runs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """Each ``TrainConfig(**kw)`` in turn; on rank 0 their losses, validation losses and
+    """Each ``TrainConfig.from_flags(**kw)`` in turn; on rank 0 their losses, validation losses and
     final weights (None on the other ranks)."""
     out = []
     for kw in runs:
-        result = train(TrainConfig(**kw))
+        result = train(TrainConfig.from_flags(**kw))
         out.append({"losses": result.losses, "val_loss": result.val_loss})
     if dist.is_initialized() and dist.get_rank() != 0:
         return None

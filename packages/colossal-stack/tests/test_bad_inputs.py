@@ -37,7 +37,7 @@ def files(tmp_path_factory):  # type: ignore[no-untyped-def]
     corpus.write_bytes((default_corpus_path() / "argparse.py").read_bytes())
     run = root / "run"
     base = dict(preset="nano", steps=2, batch_size=2, seq_len=16, corpus=corpus, out=run)
-    train_fn(TrainConfig(**base))  # type: ignore[arg-type]
+    train_fn(TrainConfig.from_flags(**base))  # type: ignore[arg-type]
     (root / "binary.bin").write_bytes(bytes(range(256)) * 64)
     (root / "empty").mkdir()
     (root / "a-file").write_text("not a directory")
@@ -284,12 +284,22 @@ def _ids(*shape: int, hi: int = 256, dtype: torch.dtype = torch.long) -> torch.T
 
 
 API_CASES = [
-    ("config-steps-str", lambda f: TrainConfig(steps="3"), ConfigError, "must be int"),
-    ("config-resume-int", lambda f: TrainConfig(resume=1), ConfigError, "must be bool"),
-    ("config-out-int", lambda f: TrainConfig(out=3), ConfigError, "TrainConfig.out"),
-    ("config-lr-nan", lambda f: TrainConfig(lr=float("nan")), ConfigError, "--lr"),
-    ("config-batch-float", lambda f: TrainConfig(batch_size=2.5), ConfigError, "must be int"),
-    ("config-decay-negative", lambda f: TrainConfig(weight_decay=-1.0), ConfigError, "decay"),
+    ("config-steps-str", lambda f: TrainConfig.from_flags(steps="3"), ConfigError, "must be int"),
+    ("config-resume-int", lambda f: TrainConfig.from_flags(resume=1), ConfigError, "must be bool"),
+    ("config-out-int", lambda f: TrainConfig.from_flags(out=3), ConfigError, "TrainConfig.out"),
+    ("config-lr-nan", lambda f: TrainConfig.from_flags(lr=float("nan")), ConfigError, "--lr"),
+    (
+        "config-batch-float",
+        lambda f: TrainConfig.from_flags(batch_size=2.5),
+        ConfigError,
+        "must be int",
+    ),
+    (
+        "config-decay-negative",
+        lambda f: TrainConfig.from_flags(weight_decay=-1.0),
+        ConfigError,
+        "decay",
+    ),
     ("plugin-unknown", lambda f: build_plugin("zero9"), ConfigError, "unknown --plugin"),
     ("gemini-precision", lambda f: GeminiConfig(precision="fp8"), ConfigError, "precision"),
     ("gemini-budget-text", lambda f: parse_bytes("x"), ConfigError, "size"),

@@ -109,7 +109,7 @@ def _job_accepts(c: Combination) -> bool:
         seq_len=32,
         lora_rank=4 if c.lora else None,
     )
-    return _accepts(lambda: TrainConfig(**kw))
+    return _accepts(lambda: TrainConfig.from_flags(**kw))
 
 
 def test_the_table_covers_every_kind_and_refuses_some():
@@ -178,5 +178,5 @@ def test_the_planner_lists_only_what_the_job_builds(precision):
         if flags is None:
             assert (lay in listed) == builds(lay.combination(precision))
             continue
-        ok = _accepts(lambda: TrainConfig(**flags, precision=job_precision, seq_len=32))  # noqa: B023
+        ok = _accepts(lambda: TrainConfig.from_flags(**flags, precision=job_precision, seq_len=32))  # noqa: B023
         assert ok == (lay in listed), lay.describe()

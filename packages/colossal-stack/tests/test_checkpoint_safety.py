@@ -119,10 +119,10 @@ def test_swapped_ddp_file_is_named(tmp_path):
 
 
 def test_swapped_gemini_shard_is_named_by_the_index(tmp_path):
-    plugin = GeminiPlugin(precision="fp32")
+    plugin = GeminiPlugin()
     paths = []
     for seed, name in ((0, "a"), (1, "b")):
-        booster, model, opt = boosted_one_step(GeminiPlugin(precision="fp32"), seed=seed)
+        booster, model, opt = boosted_one_step(GeminiPlugin(), seed=seed)
         paths.append(booster.save(model, opt, tmp_path / name, step=1))
     shard = next(paths[0].glob("gemini-rank*.safetensors"))
     shutil.copy(paths[1] / shard.name, shard)

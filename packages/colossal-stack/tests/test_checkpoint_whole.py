@@ -42,12 +42,12 @@ def _refused_unchanged(plugin_factory, path: Path, match: str) -> None:  # type:
 
 
 def _gemini_ckpt(tmp_path: Path) -> Path:
-    booster, model, opt = boosted_one_step(GeminiPlugin(precision="fp32"))
+    booster, model, opt = boosted_one_step(GeminiPlugin())
     return booster.save(model, opt, tmp_path, step=1)
 
 
 # the loading plugin: Gemini reads its own format; DDP reads it through [Note: one reader]
-LOADERS = {"gemini": lambda: GeminiPlugin(precision="fp32"), "ddp": DDPPlugin}
+LOADERS = {"gemini": GeminiPlugin, "ddp": DDPPlugin}
 
 
 @pytest.mark.parametrize("loader", list(LOADERS))

@@ -85,7 +85,7 @@ def test_train_job_with_gemini_flags_logs_tiers_and_moves(tmp_path, small_corpus
 
     from colossal import TrainConfig, train
 
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         preset="nano",
         steps=6,
         batch_size=4,
@@ -117,7 +117,7 @@ def test_train_config_rejects_unknown_gemini_settings(kw, match):
     from colossal import TrainConfig
 
     with pytest.raises(ConfigError, match=match):
-        TrainConfig(**kw)
+        TrainConfig.from_flags(**kw)
 
 
 def test_budgeted_run_keeps_memtraces_activation_estimate_free(tmp_path, small_corpus):
@@ -125,7 +125,7 @@ def test_budgeted_run_keeps_memtraces_activation_estimate_free(tmp_path, small_c
 
     from colossal import TrainConfig, train
 
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         preset="nano",
         steps=2,
         batch_size=4,
@@ -146,7 +146,7 @@ def test_budgeted_run_keeps_memtraces_activation_estimate_free(tmp_path, small_c
 def test_budget_below_the_activations_is_a_clear_error(tmp_path, small_corpus):
     from colossal import TrainConfig, train
 
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         preset="nano", steps=1, batch_size=4, seq_len=32, corpus=small_corpus,
         out=tmp_path / "run", accelerator_budget="64KiB",
     )  # fmt: skip

@@ -76,7 +76,7 @@ def test_each_plugin_trains_on_one_gpu_as_adamw_on_the_cpu(tmp_path, small_corpu
     base = {"preset": "nano", "steps": STEPS, "batch_size": B, "seq_len": T}
     kw = {**base, **ONE_DEVICE[name], "corpus": small_corpus, "out": tmp_path / name}
     torch.cuda.reset_peak_memory_stats()
-    result = train(TrainConfig(**kw))
+    result = train(TrainConfig.from_flags(**kw))
     assert torch.cuda.max_memory_allocated() > 0  # the step ran on the GPU
     _close(result.losses, reference_losses({k: v for k, v in kw.items() if k != "out"}, 1))
 

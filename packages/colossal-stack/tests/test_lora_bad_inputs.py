@@ -48,7 +48,7 @@ def lora_run(tmp_path_factory):  # type: ignore[no-untyped-def]
     corpus.write_bytes((default_corpus_path() / "textwrap.py").read_bytes())
     run = root / "run"
     kw = dict(preset="nano", steps=2, batch_size=2, seq_len=16, data=corpus, out=run)
-    train(TrainConfig(**kw, plugin="ddp", lora_rank=4, export="none"))  # type: ignore[arg-type]
+    train(TrainConfig.from_flags(**kw, plugin="ddp", lora_rank=4, export="none"))  # type: ignore[arg-type]
     return run, corpus
 
 

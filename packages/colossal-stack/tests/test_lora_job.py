@@ -53,15 +53,15 @@ def _cfg(out, corpus, model="gpt", **kw):  # type: ignore[no-untyped-def]
         model=model, preset="nano", steps=STEPS, batch_size=2, seq_len=16, data=corpus,
         out=out, lora_rank=4, lora_alpha=8.0, val_fraction=0.0, weight_decay=0.1,
     )  # fmt: skip
-    return TrainConfig(**{**base, **kw})  # type: ignore[arg-type]
+    return TrainConfig.from_flags(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def _reference(cfg: TrainConfig, targets: list[str]):  # type: ignore[no-untyped-def]
     """Plain peft on the job's model and batches, torch AdamW with the job's schedule."""
     tokenizer = resolve_tokenizer(cfg)
     loader = open_loader(cfg, open_data(cfg, tokenizer, rank=0))
-    spec = resolve_model(cfg.model, cfg.preset, vocab_size=tokenizer.vocab_size)
-    torch.manual_seed(cfg.seed)
+    spec = resolve_model(cfg.model.name, cfg.model.preset, vocab_size=tokenizer.vocab_size)
+    torch.manual_seed(cfg.training.seed)
     model = spec.build()
     lora = LoraConfig(r=4, lora_alpha=8.0, target_modules=targets, lora_dropout=0.0)
     if isinstance(model, HFCausalLM):
@@ -70,11 +70,11 @@ def _reference(cfg: TrainConfig, targets: list[str]):  # type: ignore[no-untyped
     else:
         model = peft_part = get_peft_model(model, lora)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = torch.optim.AdamW(params, lr=cfg.training.lr, betas=(0.9, 0.95), weight_decay=0.1)
     losses = []
-    for step in range(cfg.steps):
+    for step in range(cfg.training.steps):
         for g in opt.param_groups:
-            g["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
+            g["lr"] = cfg.training.lr * warmup_cosine(step, cfg.training.steps)
         x, y = loader.next_batch()
         loss = model(x, y)
         loss.backward()
@@ -135,8 +135,8 @@ def test_adapter_and_merged_exports_load(tmp_path, corpus, gpt2_folder, kw):
         transformers.AutoConfig.from_pretrained(gpt2_folder)
     ).save_pretrained(base_dir)
     cfg = _cfg(tmp_path / "run", corpus, model=f"hf:{base_dir}", **kw)
-    train(TrainConfig(**{**cfg.__dict__, "export": "merged", "steps": 3}))
-    _, trained, _ = _reference(TrainConfig(**{**cfg.__dict__, "steps": 3}), GPT2_TARGETS)
+    train(cfg.replace(export="merged", steps=3))
+    _, trained, _ = _reference(cfg.replace(steps=3), GPT2_TARGETS)
     x = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
     want = trained.eval()(x).detach()
     base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
@@ -158,7 +158,7 @@ def test_native_gpt_adapter_and_generate(tmp_path, corpus):
     cfg = _cfg(tmp_path / "run", corpus, plugin="ddp", steps=3)
     train(cfg)
     _, trained, _ = _reference(cfg, GPT_TARGETS)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.training.seed)
     base = GPT(GPTConfig.preset("nano").with_vocab(256))
     loaded = PeftModel.from_pretrained(base, str(tmp_path / "run" / "adapter")).eval()
     x = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))

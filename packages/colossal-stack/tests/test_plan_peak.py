@@ -13,6 +13,7 @@ import pytest
 
 from colossal.plan import Layout, device_memory, from_gpt_config, from_palm_config
 from colossal_models import GPTConfig, PaLMConfig
+from colossal_zero import GeminiConfig
 
 CFG = GPTConfig(vocab_size=256, max_seq_len=256, num_layers=2, num_heads=4, hidden_size=64)
 # Llama-shaped: sequential block, RMSNorm, SwiGLU, grouped-query attention, untied head
@@ -48,7 +49,7 @@ CASES = {
     ),
     "gemini": (
         "gemini",
-        {"precision": "bf16"},
+        {"config": GeminiConfig(precision="bf16")},
         Layout(2, 1, 1, "1d", 1, "gemini", 4, 1, "none"),
         "bf16",
         2,

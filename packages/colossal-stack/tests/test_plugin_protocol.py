@@ -107,7 +107,7 @@ def test_the_job_asks_a_protocol_only_plugin_and_gets_the_defaults(tmp_path):
     assert plugin.mesh is None and not plugin.sharded_checkpoint and plugin.lazy is None
     assert plugin.label() == "plain" and plugin.num_stages == 1 and plugin.memory_stats() == {}
     plugin.reserve_activations(lambda: pytest.fail("no budget: nothing to estimate"))
-    cfg = TrainConfig(plugin="ddp", steps=1, out=tmp_path / "run")
+    cfg = TrainConfig.from_flags(plugin="ddp", steps=1, out=tmp_path / "run")
     _choose_export(plugin, cfg, 1)  # nothing to choose: no error
     spec = resolve_model("gpt", "nano", vocab_size=256, parallel=False, dropout=None)
     check_mesh(cfg, spec, plugin, world=3)  # data parallelism fits any world

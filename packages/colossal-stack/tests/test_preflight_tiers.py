@@ -111,7 +111,7 @@ def test_a_model_four_times_the_host_budget_trains_with_a_disk_tier(tmp_path):
     host = gemini_state_bytes(num_params, precision="fp32", world=1, local=1) // 4
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         preset="nano",
         steps=1,
         batch_size=2,

@@ -81,7 +81,7 @@ CASES = {
 
 def _run(world, ranks: int, kw: dict) -> list[float]:
     if ranks == 1:
-        return train(TrainConfig(**kw)).losses
+        return train(TrainConfig.from_flags(**kw)).losses
     return world(ranks).run(train_on_mesh, kw)[0]["losses"]
 
 

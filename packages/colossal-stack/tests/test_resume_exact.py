@@ -37,7 +37,7 @@ def _cfg(out, corpus, **kw):  # type: ignore[no-untyped-def]
         checkpoint_every=3,
         export="none",
     )
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.from_flags(**{**base, **kw})
 
 
 def _weights(run) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]

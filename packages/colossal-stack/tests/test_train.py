@@ -18,7 +18,7 @@ def _cfg(tmp_path, corpus, **kw):
         out=tmp_path / "run",
         lr=3e-3,
     )
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.from_flags(**{**base, **kw})
 
 
 def test_loss_falls_and_outputs_are_written(tmp_path, small_corpus):
@@ -54,7 +54,7 @@ def test_resume_continues_with_the_same_losses(tmp_path, small_corpus):
 )
 def test_bad_config_is_a_clear_error(tmp_path, kw, match):
     with pytest.raises(ConfigError, match=match):
-        TrainConfig(**kw)
+        TrainConfig.from_flags(**kw)
 
 
 def test_sequence_longer_than_context_is_rejected_before_training(tmp_path, small_corpus):

@@ -48,12 +48,12 @@ def test_cli_trains_on_a_prepared_folder_with_its_tokenizer(data, tmp_path):
 
 def test_raw_data_trains_exactly_as_its_prepared_folder(data, tmp_path):
     base = dict(preset="nano", steps=3, batch_size=2, seq_len=16)
-    raw = train(TrainConfig(**base, data=data["jsonl"], text_field="body",  # type: ignore[arg-type]
+    raw = train(TrainConfig.from_flags(**base, data=data["jsonl"], text_field="body",  # type: ignore[arg-type]
                             tokenizer=f"hf:{data['tok']}", out=tmp_path / "raw"))  # fmt: skip
-    prep = train(TrainConfig(**base, data=data["prepared"], out=tmp_path / "prep"))  # type: ignore[arg-type]
+    prep = train(TrainConfig.from_flags(**base, data=data["prepared"], out=tmp_path / "prep"))  # type: ignore[arg-type]
     assert raw.losses == prep.losses and raw.val_loss == prep.val_loss
     with pytest.raises(ConfigError, match="was prepared with the tokenizer"):
-        train(TrainConfig(**base, data=data["prepared"], tokenizer="bytes",  # type: ignore[arg-type]
+        train(TrainConfig.from_flags(**base, data=data["prepared"], tokenizer="bytes",  # type: ignore[arg-type]
                           out=tmp_path / "other"))  # fmt: skip
     assert not (tmp_path / "other").exists()
 

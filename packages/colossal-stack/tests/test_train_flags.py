@@ -20,7 +20,7 @@ from _checks_train_mesh import reference_run
 
 from colossal import TrainConfig, train
 from colossal.cli import main
-from colossal.train._loop import _param_groups
+from colossal.train._step import _param_groups
 from colossal_models import GPT, GPTConfig
 
 BASE = {"preset": "nano", "steps": 3, "seq_len": 16}
@@ -46,8 +46,8 @@ def _close(a: dict, b: dict, tol: float) -> None:
 )
 def test_grad_accum_equals_the_n_times_batch_on_one_rank(tmp_path, small_corpus, plugin):
     kw = {**BASE, **plugin, "corpus": small_corpus}
-    whole = train(TrainConfig(**kw, batch_size=4, out=tmp_path / "whole"))
-    accum = train(TrainConfig(**kw, batch_size=2, grad_accum=2, out=tmp_path / "accum"))
+    whole = train(TrainConfig.from_flags(**kw, batch_size=4, out=tmp_path / "whole"))
+    accum = train(TrainConfig.from_flags(**kw, batch_size=2, grad_accum=2, out=tmp_path / "accum"))
     for a, b in zip(whole.losses, accum.losses, strict=True):
         assert abs(a - b) <= 1e-6, (whole.losses, accum.losses)
     _close(final_weights(tmp_path / "whole"), final_weights(tmp_path / "accum"), 1e-5)
@@ -88,7 +88,7 @@ def _val_loss(model: torch.nn.Module, kw: dict) -> float:
     """The loop's held-out batches (the loader's first four) through ``model``, forward only."""
     from colossal.train._data import open_data, open_loader, resolve_tokenizer
 
-    cfg = TrainConfig(**{k: v for k, v in kw.items() if k != "eval_every"})
+    cfg = TrainConfig.from_flags(**{k: v for k, v in kw.items() if k != "eval_every"})
     tokenizer = resolve_tokenizer(cfg)
     batches = open_loader(cfg, open_data(cfg, tokenizer, rank=0)).val_batches(4)
     with torch.no_grad():
@@ -113,8 +113,10 @@ def test_activation_checkpointing_under_gemini_keeps_the_losses(tmp_path, small_
     folder = write_gpt2_folder(tmp_path / "gpt2", "def f(x):\n    return x\n" * 50)
     for model in ("gpt", f"hf:{folder}"):
         kw = {**BASE, "model": model, "batch_size": 2, "corpus": small_corpus}
-        plain = train(TrainConfig(**kw, out=tmp_path / f"plain-{len(model)}"))
-        ckpt = TrainConfig(**kw, activation_checkpointing=True, out=tmp_path / f"ac-{len(model)}")
+        plain = train(TrainConfig.from_flags(**kw, out=tmp_path / f"plain-{len(model)}"))
+        ckpt = TrainConfig.from_flags(
+            **kw, activation_checkpointing=True, out=tmp_path / f"ac-{len(model)}"
+        )
         again = train(ckpt)
         for a, b in zip(plain.losses, again.losses, strict=True):
             assert abs(a - b) <= 1e-6, (model, plain.losses, again.losses)

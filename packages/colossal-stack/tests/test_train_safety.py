@@ -22,7 +22,7 @@ from colossal_zero import consolidate
 
 def _cfg(tmp_path, corpus, **kw):  # type: ignore[no-untyped-def]
     base = dict(preset="nano", steps=4, batch_size=2, seq_len=16, corpus=corpus, lr=3e-3)
-    return TrainConfig(**{"out": tmp_path / "run", **base, **kw})
+    return TrainConfig.from_flags(**{"out": tmp_path / "run", **base, **kw})
 
 
 def _snapshot(root):  # type: ignore[no-untyped-def]

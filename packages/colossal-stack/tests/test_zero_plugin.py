@@ -4,8 +4,6 @@ exactly, and rejects bad settings with one-line errors."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from _boosted import LR, boost_nano, boosted_losses, fixed_batches
@@ -64,14 +62,14 @@ def test_offload_without_host_room_is_refused_at_boost():
 
 
 def test_train_job_with_zero_stage_2(tmp_path, small_corpus):
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         preset="nano", steps=6, batch_size=4, seq_len=32, corpus=small_corpus,
         out=tmp_path / "run", plugin="zero", zero_stage=2, lr=3e-3,
     )  # fmt: skip
     result = train(cfg)
     assert len(result.losses) == 6 and result.losses[-1] < result.losses[0]
     assert (result.checkpoint / "model.safetensors").is_file()
-    resumed = train(dataclasses.replace(cfg, steps=8, resume=True))
+    resumed = train(cfg.replace(steps=8, resume=True))
     assert len(resumed.losses) == 2
 
 

@@ -9,6 +9,7 @@ from colossal_contracts import ConfigError
 
 from ..train import TrainConfig, train
 from ..train._layout import apply_layout
+from ..train._sections import flag_defaults
 
 __all__ = ["add_train_parser"]
 
@@ -21,28 +22,31 @@ def _path(text: str) -> Path:
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
-    d = TrainConfig()
+    d = flag_defaults()  # the sections' defaults, by flag
     p = sub.add_parser("train", help="train a model on a text corpus (default: Python's stdlib)")
     p.add_argument(
         "--model",
-        default=d.model,
+        default=d["model"],
         help="gpt, palm, or hf:PATH (a local Hugging Face config.json or saved folder; "
         "no download) (default: %(default)s)",
     )
-    p.add_argument("--preset", default=d.preset, help="model size preset (default: %(default)s)")
+    p.add_argument("--preset", default=d["preset"], help="model size preset (default: %(default)s)")
     p.add_argument(
-        "--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)"
+        "--steps", type=int, default=d["steps"], help="optimizer steps (default: %(default)s)"
     )
     p.add_argument(
         "--batch-size",
         type=int,
-        default=d.batch_size,
+        default=d["batch_size"],
         help="sequences per step per rank (default: %(default)s)",
     )
     p.add_argument(
-        "--seq-len", type=int, default=d.seq_len, help="tokens per sequence (default: %(default)s)"
+        "--seq-len",
+        type=int,
+        default=d["seq_len"],
+        help="tokens per sequence (default: %(default)s)",
     )
-    p.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=d["seed"], help="random seed (default: %(default)s)")
     data = p.add_argument_group("data", "text in (see docs/data.md)")
     data.add_argument(
         "--data",
@@ -62,13 +66,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     data.add_argument(
         "--text-field",
-        default=d.text_field,
+        default=d["text_field"],
         help="jsonl key or parquet/dataset column of the text (default: %(default)s)",
     )
     data.add_argument(
         "--val-fraction",
         type=float,
-        default=d.val_fraction,
+        default=d["val_fraction"],
         help="documents held out for validation, the last ones (default: %(default)s)",
     )
     data.add_argument(
@@ -78,7 +82,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="dropout of --model gpt (default: the preset's, 0); resumes stay exact",
     )
     p.add_argument(
-        "--out", type=_path, default=d.out, help="output directory (default: %(default)s)"
+        "--out", type=_path, default=d["out"], help="output directory (default: %(default)s)"
     )
     p.add_argument(
         "--plugin",
@@ -98,7 +102,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--zero-stage",
         type=int,
-        default=d.zero_stage,
+        default=d["zero_stage"],
         help="with --plugin zero: the older spelling of --zero 1|2 (default: %(default)s)",
     )
     mesh = p.add_argument_group(
@@ -107,16 +111,16 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "N; dp = N / (tp * pp * sp-size); --batch-size is per dp rank)",
     )
     mesh.add_argument(
-        "--tp", type=int, default=d.tp, help="tensor-parallel ranks (default: %(default)s)"
+        "--tp", type=int, default=d["tp"], help="tensor-parallel ranks (default: %(default)s)"
     )
     mesh.add_argument(
         "--tp-mode",
-        default=d.tp_mode,
+        default=d["tp_mode"],
         help="1d (Megatron), 2d (tp = q*q), 2.5d (tp = q*q*depth) or 3d (tp = q*q*q) "
         "(default: %(default)s)",
     )
     mesh.add_argument(
-        "--tp-depth", type=int, default=d.tp_depth, help="depth of 2.5d (default: %(default)s)"
+        "--tp-depth", type=int, default=d["tp_depth"], help="depth of 2.5d (default: %(default)s)"
     )
     mesh.add_argument(
         "--sp",
@@ -127,19 +131,21 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     mesh.add_argument(
         "--sp-size",
         type=int,
-        default=d.sp_size,
+        default=d["sp_size"],
         help="ranks per sequence for ring/ulysses (default: %(default)s)",
     )
-    mesh.add_argument("--pp", type=int, default=d.pp, help="pipeline stages (default: %(default)s)")
+    mesh.add_argument(
+        "--pp", type=int, default=d["pp"], help="pipeline stages (default: %(default)s)"
+    )
     mesh.add_argument(
         "--microbatches",
         type=int,
-        default=d.microbatches,
+        default=d["microbatches"],
         help="pipeline micro-batches per step, dividing --batch-size (default: %(default)s)",
     )
     mesh.add_argument(
         "--schedule",
-        default=d.schedule,
+        default=d["schedule"],
         help="pipeline schedule: 1f1b, interleaved (2 chunks per rank) or gpipe (default: "
         "%(default)s)",
     )
@@ -151,78 +157,78 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-grad-norm",
         type=float,
-        default=d.max_grad_norm,
+        default=d["max_grad_norm"],
         help="clip the global gradient norm over the whole mesh; 0 is off (default: %(default)s)",
     )
     p.add_argument(
         "--placement",
-        default=d.placement,
+        default=d["placement"],
         help="gemini chunk placement: auto or static (default: %(default)s)",
     )
     p.add_argument(
         "--accelerator-budget",
-        default=d.accelerator_budget,
+        default=d["accelerator_budget"],
         help="gemini byte budget on the accelerator, e.g. 512MiB (default: all of it)",
     )
     p.add_argument(
         "--host-budget",
-        default=d.host_budget,
+        default=d["host_budget"],
         help="gemini byte budget of chunks in host memory, e.g. 8GiB (default: no limit)",
     )
     p.add_argument(
         "--disk-budget",
-        default=d.disk_budget,
+        default=d["disk_budget"],
         help="gemini byte budget of chunks on disk when host room ends, e.g. 64GiB "
         "(default: no disk tier)",
     )
     p.add_argument(
         "--disk-dir",
         type=_path,
-        default=d.disk_dir,
+        default=d["disk_dir"],
         help="folder of the disk tier: must exist, be writable, have --disk-budget free "
         "(default: the system's temporary directory)",
     )
     p.add_argument(
         "--precision",
-        default=d.precision,
+        default=d["precision"],
         help="gemini precision: fp32, bf16 or fp16 (default: %(default)s)",
     )
     p.add_argument(
-        "--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)"
+        "--lr", type=float, default=d["lr"], help="peak learning rate (default: %(default)s)"
     )
     p.add_argument(
         "--weight-decay",
         type=float,
-        default=d.weight_decay,
+        default=d["weight_decay"],
         help="AdamW decay of matrices; biases and norm weights get none (default: %(default)s)",
     )
     p.add_argument(
         "--grad-accum",
         type=int,
-        default=d.grad_accum,
+        default=d["grad_accum"],
         help="micro-batches of --batch-size per optimizer step (default: %(default)s)",
     )
     p.add_argument(
         "--eval-every",
         type=int,
-        default=d.eval_every,
+        default=d["eval_every"],
         help="validation loss every N steps; 0 only at the end (default: %(default)s)",
     )
     p.add_argument(
         "--log",
-        default=d.log,
+        default=d["log"],
         metavar="tensorboard",
         help="also write TensorBoard scalars under --out/tensorboard (pip install tensorboard)",
     )
     p.add_argument(
         "--checkpoint-every",
         type=int,
-        default=d.checkpoint_every,
+        default=d["checkpoint_every"],
         help="save every N steps; 0 saves only at the end (default: %(default)s)",
     )
     p.add_argument(
         "--export",
-        default=d.export,
+        default=d["export"],
         metavar="{final,every,none,merged}",
         help="which checkpoints also hold the consolidated fp32 model (safetensors shards + "
         "model.safetensors.index.json) beside the sharded state: final (the last step's), "
@@ -233,24 +239,24 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     lora.add_argument(
         "--lora-rank",
         type=int,
-        default=d.lora_rank,
+        default=d["lora_rank"],
         help="train LoRA adapters of this rank, the base frozen (default: full fine-tuning)",
     )
     lora.add_argument(
         "--lora-alpha",
         type=float,
-        default=d.lora_alpha,
+        default=d["lora_alpha"],
         help="LoRA scaling numerator, updates scaled by alpha / rank (default: the rank)",
     )
     lora.add_argument(
         "--lora-targets",
-        default=d.lora_targets,
+        default=d["lora_targets"],
         help="comma list of attn, mlp and linear module names (default: %(default)s)",
     )
     lora.add_argument(
         "--lora-dropout",
         type=float,
-        default=d.lora_dropout,
+        default=d["lora_dropout"],
         help="dropout on the adapters' input (default: %(default)s)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
@@ -281,7 +287,7 @@ def _run(args: argparse.Namespace) -> int:
         kw = apply_layout(args.layout, kw, profile=args.hardware_profile)
     elif args.hardware_profile is not None:
         raise ConfigError("--hardware-profile plans --layout auto; add --layout auto or drop it")
-    train(TrainConfig(**kw))
+    train(TrainConfig.from_flags(**kw))
     return 0
 
 

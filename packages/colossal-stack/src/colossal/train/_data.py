@@ -35,13 +35,13 @@ __all__ = ["describe_data", "open_data", "open_loader", "resolve_tokenizer"]
 
 def resolve_tokenizer(cfg: TrainConfig) -> TextTokenizer:
     """The run's tokenizer (see the module's docstring for the order of choice)."""
-    if cfg.tokenizer is not None:
-        return load_tokenizer(cfg.tokenizer)
-    if is_prepared(cfg.data):
-        folder = Path(cfg.data).expanduser()  # type: ignore[arg-type]
+    if cfg.data.tokenizer is not None:
+        return load_tokenizer(cfg.data.tokenizer)
+    if is_prepared(cfg.data.path):
+        folder = Path(cfg.data.path).expanduser()  # type: ignore[arg-type]
         return load_tokenizer(f"hf:{folder}" if has_tokenizer(folder) else BYTES)
-    if cfg.model.startswith(HF_PREFIX):
-        path = Path(cfg.model[len(HF_PREFIX) :]).expanduser()
+    if cfg.model.name.startswith(HF_PREFIX):
+        path = Path(cfg.model.name[len(HF_PREFIX) :]).expanduser()
         folder = path if path.is_dir() else path.parent
         if has_tokenizer(folder):
             return load_tokenizer(f"hf:{folder}")
@@ -49,19 +49,19 @@ def resolve_tokenizer(cfg: TrainConfig) -> TextTokenizer:
 
 
 def open_data(cfg: TrainConfig, tokenizer: TextTokenizer, *, rank: int) -> TokenShards:
-    """The prepared shards of ``cfg.data`` (raw data: prepared into the cache now, rank 0 first);
+    """The prepared shards of ``cfg.data.path`` (raw data: prepared into the cache now, rank 0 first);
     ``ConfigError`` on every rank for bad data, or a prepared folder of another tokenizer."""
-    if is_prepared(cfg.data):
-        shards = TokenShards.open(Path(cfg.data).expanduser())  # type: ignore[arg-type]
+    if is_prepared(cfg.data.path):
+        shards = TokenShards.open(Path(cfg.data.path).expanduser())  # type: ignore[arg-type]
         made_by = shards.index["tokenizer"]
         if made_by["fingerprint"] != tokenizer.fingerprint:
             raise ConfigError(
-                f"--data {cfg.data} was prepared with the tokenizer {made_by['spec']}, not "
+                f"--data {cfg.data.path} was prepared with the tokenizer {made_by['spec']}, not "
                 f"{tokenizer.spec}; drop --tokenizer (the folder's own is used) or prepare the "
                 "data again with this one"
             )
         return shards
-    source = open_source(cfg.data, text_field=cfg.text_field)
+    source = open_source(cfg.data.path, text_field=cfg.data.text_field)
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if not distributed:
         return cached_data(source, tokenizer)
@@ -86,12 +86,12 @@ def open_loader(
     is shorter than one sequence (training or held out)."""
     return TokenLoader(
         shards,
-        seq_len=cfg.seq_len,
-        batch_size=cfg.batch_size * cfg.grad_accum,
+        seq_len=cfg.data.seq_len,
+        batch_size=cfg.data.batch_size * cfg.training.grad_accum,
         dp_rank=dp_rank,
         dp_size=dp_size,
-        seed=cfg.seed,
-        val_fraction=cfg.val_fraction,
+        seed=cfg.training.seed,
+        val_fraction=cfg.data.val_fraction,
     )
 
 

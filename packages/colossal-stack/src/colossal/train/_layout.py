@@ -30,7 +30,7 @@ from ..plan import Hardware, Plan, PlanRequest, evaluate, fewest_devices, plan_l
 from ..plan._gemini import tier_budget
 from ..plan._layout import Layout, check_layout, parse_layout
 from ..plan._shape import ModelShape, from_gpt_config, from_palm_config, model_shape
-from ._config import TrainConfig
+from ._sections import flag_defaults
 
 __all__ = [
     "LayoutChoice",
@@ -202,8 +202,8 @@ def local_hardware(world: int, kw: dict[str, Any], profile: Path | None) -> Hard
 def apply_layout(text: str, kw: dict[str, Any], *, profile: Path | None = None) -> dict[str, Any]:
     """``kw`` (``TrainConfig`` settings) with ``--layout text``'s flags; on rank 0 prints the
     pick (and with ``auto`` the runner-up) with its predicted memory and step time."""
-    defaults = TrainConfig.__dataclass_fields__
-    given = [k for k in _MESH_KEYS if kw.get(k, defaults[k].default) != defaults[k].default]
+    defaults = flag_defaults()
+    given = [k for k in _MESH_KEYS if kw.get(k, defaults[k]) != defaults[k]]
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ConfigError(f"{flags} comes from --layout {text!r}; drop it")
@@ -215,8 +215,8 @@ def apply_layout(text: str, kw: dict[str, Any], *, profile: Path | None = None) 
         shape=shape,
         hardware=local_hardware(world, kw, profile),
         world=world,
-        global_batch=kw.get("batch_size", defaults["batch_size"].default),
-        seq_len=kw.get("seq_len", defaults["seq_len"].default),
+        global_batch=kw.get("batch_size", defaults["batch_size"]),
+        seq_len=kw.get("seq_len", defaults["seq_len"]),
         precision=kw.get("precision", "fp32"),
     )
     if int(os.environ.get("RANK", "0")) == 0:

@@ -1,27 +1,27 @@
-"""The training loop behind ``colossal train``."""
+"""The training loop behind ``colossal train``: set up (``_setup``), resume, the steps, the
+final save, export and summary, each a function of its own."""
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
-import torch
 import torch.distributed as dist
 from rich.console import Console
 
 from colossal_contracts import ColossalError, ConfigError
+from colossal_models.data import TextTokenizer
 
 from .._dist import init_from_env, rank_and_world
 from .._lifeline import stop_on_signals
 from .._peers import PeerWatch, watch_peers
-from ..booster import Booster, parse_bytes
 from ..export import export_after_training
 from ._config import TrainConfig
-from ._data import describe_data, open_data, open_loader, resolve_tokenizer
+from ._data import describe_data, resolve_tokenizer
 from ._display import (
     TrainDisplay,
     comm_summary,
@@ -30,23 +30,21 @@ from ._display import (
     summary_table,
 )
 from ._guard import FiniteGuard
-from ._lora_flags import apply_job_lora
-from ._mesh import check_mesh, mesh_flags, state_shards
-from ._models import build_model, enable_activation_checkpointing, resolve_model
 from ._outdir import METRICS, Claim, claim_out_on_rank0, trim_metrics
-from ._plugin import _activation_bytes, _choose_export, build_plugin
-from ._preflight import check_fits, check_tiers, gemini_host_bytes
+from ._plugin import _choose_export, build_plugin
 from ._result import TrainResult, _summary
 from ._resume import restore_position, save_with_state
 from ._schedule import warmup_cosine
-from ._step import _checked_loss, _evaluate, _param_groups
+from ._setup import Run, set_up
+from ._step import _checked_loss, _evaluate
 from ._tensorboard import TensorBoardLog
 
 __all__ = ["TrainResult", "build_plugin", "train"]
 
 
 def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
-    """Train ``cfg.model`` on the corpus; write ``metrics.jsonl`` and a checkpoint under ``cfg.out``.
+    """Train ``cfg.model`` on ``cfg.data``; write ``metrics.jsonl`` and a checkpoint under
+    ``cfg.checkpoint.out``.
 
     In a multi-rank run a rank that dies makes the others raise ``RankFailedError`` naming it
     (see [Note: peer heartbeats]); nan/inf stops the run with ``NonFiniteError`` before saving.
@@ -57,7 +55,11 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
     with watch_peers() as watch, stop_on_signals(rank, world):
         try:
             claim = claim_out_on_rank0(
-                cfg.out, cfg.resume, cfg.restart, rank=rank, world=world
+                cfg.checkpoint.out,
+                cfg.checkpoint.resume,
+                cfg.checkpoint.restart,
+                rank=rank,
+                world=world,
             )  # [Note: run lock]: held until the run ends
             try:
                 result = _train(cfg, console or Console(stderr=True), claim, watch)
@@ -77,142 +79,126 @@ def train(cfg: TrainConfig, *, console: Console | None = None) -> TrainResult:
 def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -> TrainResult:
     rank, world = rank_and_world()
     main = rank == 0
-    resume_from = claim.resume_from
     if main and claim.moved_aside is not None:
-        console.print(f"--restart: moved the old run in {cfg.out} to {claim.moved_aside}")
+        console.print(
+            f"--restart: moved the old run in {cfg.checkpoint.out} to {claim.moved_aside}"
+        )
     tokenizer = resolve_tokenizer(cfg)
-    spec = resolve_model(
-        cfg.model,
-        cfg.preset,
-        vocab_size=tokenizer.vocab_size,
-        # LoRA on hf: is wrapped as the HF model; the hybrid plugin converts it after the wrap
-        parallel=bool(mesh_flags(cfg)) and not (cfg.lora_rank and cfg.model.startswith("hf:")),
-        dropout=cfg.dropout,
-    )
-    if cfg.seq_len > spec.max_seq_len:
-        raise ConfigError(
-            f"--seq-len {cfg.seq_len} exceeds {spec.label}'s context of "
-            f"{spec.max_seq_len}; use a smaller --seq-len"
-        )
-    plugin = build_plugin(cfg.plugin, cfg)  # its checks of the settings: before any group
-    check_mesh(cfg, spec, plugin, world)
-    held = None  # host bytes of the model states; None: check_fits' 16 per parameter
-    if cfg.plugin == "gemini":  # [Note: tier room]: host, disk and accelerator budgets
-        budgets = parse_bytes(cfg.disk_budget), parse_bytes(cfg.accelerator_budget)
-        states = check_tiers(
-            num_params=spec.num_params,
-            label=spec.label,
-            precision=cfg.precision,
-            world=state_shards(cfg, world),
-            host_budget=parse_bytes(cfg.host_budget),
-            disk_budget=budgets[0],
-            accelerator_budget=budgets[1],
-        )
-        held = gemini_host_bytes(states, disk_budget=budgets[0], accelerator_budget=budgets[1])
-    check_fits(
-        build=spec.build,
-        num_params=spec.num_params,
-        label=spec.label,
-        presets=spec.presets,
-        batch_size=cfg.batch_size,
-        seq_len=cfg.seq_len,
-        sharded=cfg.plugin in ("gemini", "hybrid"),
-        world=state_shards(cfg, world),
-        states=held,
-    )
-    shards = open_data(cfg, tokenizer, rank=rank)  # bad data: an error before any write
-    open_loader(cfg, shards)  # data shorter than one sequence: an error here too
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    # LoRA fingerprints the base's values and wraps it eagerly (peft builds real adapters)
-    model, lazy = build_model(spec, cfg.plugin, lazy=cfg.lora_rank is None)  # [Note: lazy job]
-    if cfg.activation_checkpointing and cfg.plugin != "hybrid":  # the hybrid plugin's own
-        enable_activation_checkpointing(model)
-    model, lora = apply_job_lora(cfg, spec.label, model, resume_from)  # before any state
-    optimizer = torch.optim.AdamW(  # every plugin keeps the groups (sharding ones by name)
-        _param_groups(model, cfg.weight_decay),
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-        weight_decay=cfg.weight_decay,
-    )
-    plugin.reserve_activations(lambda: _activation_bytes(spec, cfg))  # under a budget
-    if lazy is not None:
-        plugin.lazy = lazy  # materialized where it lives ([Note: lazy job])
-    booster = Booster(plugin)
-    model, optimizer = booster.boost(model, optimizer)
-    # [Note: mesh data]: one batch per data-parallel coordinate, losses averaged over dp
-    mesh = plugin.mesh
-    data_rank, dp = (mesh.coord("dp"), mesh.size("dp")) if mesh else (rank, world)
-    dp_group = mesh.group("dp") if mesh else None
-    loader = open_loader(cfg, shards, dp_rank=data_rank, dp_size=dp)
-
-    out = cfg.out
-    ckpt_root = out / "checkpoint"
+    run = set_up(cfg, tokenizer, claim.resume_from, rank=rank, world=world)
     start = 0
-    if resume_from is not None:
-        info = booster.load(model, optimizer, resume_from)
-        start = info["step"]
-        restore_position(loader, info, rank, console if main else None)
-        if start > cfg.steps:
-            raise ConfigError(
-                f"--resume: the checkpoint {info['path']} is at step {start}, past --steps "
-                f"{cfg.steps}; pass --steps above {start} to train on (the schedule follows "
-                "--steps), or a fresh --out to start over"
-            )
-        if main:
-            console.print(f"resumed from {info['path']} at step {start}")
-        if start == cfg.steps:
+    if claim.resume_from is not None:
+        start, path = _resume(cfg, run, claim.resume_from, rank, console)
+        if start == cfg.training.steps:
             if main:
-                console.print(f"nothing to do: the run in {out} already reached step {start}")
-            booster.close()  # [Note: clean exit]
-            return TrainResult([], float("nan"), 0.0, spec.num_params, info["path"], out)
+                console.print(
+                    f"nothing to do: the run in {cfg.checkpoint.out} already reached step {start}"
+                )
+            run.booster.close()  # [Note: clean exit]
+            nan = float("nan")
+            return TrainResult([], nan, 0.0, run.spec.num_params, path, cfg.checkpoint.out)
     extra = {
-        "train_config": {k: str(v) for k, v in asdict(cfg).items()},
-        "model_config": spec.config,
+        "train_config": {k: str(v) for k, v in cfg.flags().items()},
+        "model_config": run.spec.config,
         "tokenizer": tokenizer.spec,
-        **({"lora": lora} if lora else {}),
+        **({"lora": run.lora} if run.lora else {}),
     }
     if main:
-        out.mkdir(parents=True, exist_ok=True)
-        console.print(
-            f"[bold]colossal train[/]: {spec.label} ({spec.num_params:,} params), "
-            f"{world} rank(s), plugin {plugin.label()}, "
-            f"{describe_data(shards, tokenizer)}"
+        _announce(cfg, run, tokenizer, world, console)
+    if main and cfg.checkpoint.resume:
+        trim_metrics(cfg.checkpoint.out, start)
+    steps = _run_steps(cfg, run, start, extra, watch, console, main)
+    return _finish(cfg, run, steps, extra, watch, console, main=main, world=world)
+
+
+def _resume(
+    cfg: TrainConfig, run: Run, resume_from: Path, rank: int, console: Console
+) -> tuple[int, Path]:
+    """Load the checkpoint under ``resume_from`` and the data position; its step and path."""
+    info = run.booster.load(run.model, run.optimizer, resume_from)
+    start = info["step"]
+    restore_position(run.loader, info, rank, console if rank == 0 else None)
+    if start > cfg.training.steps:
+        raise ConfigError(
+            f"--resume: the checkpoint {info['path']} is at step {start}, past --steps "
+            f"{cfg.training.steps}; pass --steps above {start} to train on (the schedule follows "
+            "--steps), or a fresh --out to start over"
         )
-        if lora:
-            console.print(
-                f"LoRA r{lora['rank']} on {', '.join(lora['target_modules'])}: "
-                f"{lora['trainable_params']:,} trainable parameters, the base frozen"
-            )
-    if main and cfg.resume:
-        trim_metrics(out, start)
+    if rank == 0:
+        console.print(f"resumed from {info['path']} at step {start}")
+    return start, info["path"]
+
+
+def _announce(
+    cfg: TrainConfig, run: Run, tokenizer: TextTokenizer, world: int, console: Console
+) -> None:
+    """Rank 0's banner: model, ranks, plugin, data (and LoRA); creates ``out``."""
+    cfg.checkpoint.out.mkdir(parents=True, exist_ok=True)
+    spec, lora = run.spec, run.lora
+    console.print(
+        f"[bold]colossal train[/]: {spec.label} ({spec.num_params:,} params), "
+        f"{world} rank(s), plugin {run.plugin.label()}, "
+        f"{describe_data(run.shards, tokenizer)}"
+    )
+    if lora:
+        console.print(
+            f"LoRA r{lora['rank']} on {', '.join(lora['target_modules'])}: "
+            f"{lora['trainable_params']:,} trainable parameters, the base frozen"
+        )
+
+
+@dataclass
+class _Steps:
+    """What the step loop leaves: losses, step records, the last checkpoint, the held-out
+    batches, the seconds it ran and the tokens of one step (global)."""
+
+    losses: list[float]
+    records: list[dict[str, Any]]
+    checkpoint: Path | None
+    held_out: list[Any]
+    elapsed: float
+    tokens_per_step: int
+
+
+def _run_steps(
+    cfg: TrainConfig,
+    run: Run,
+    start: int,
+    extra: dict[str, Any],
+    watch: PeerWatch,
+    console: Console,
+    main: bool,
+) -> _Steps:
+    """Steps ``start + 1 .. steps``: one record each in metrics.jsonl, the periodic saves."""
+    t, out, booster, optimizer = cfg.training, cfg.checkpoint.out, run.booster, run.optimizer
     metrics = None  # opened with the first record: a run failing in step 1 leaves no trace
-    guard = FiniteGuard(precision=cfg.precision, lr=cfg.lr)
+    guard = FiniteGuard(precision=cfg.memory.precision, lr=t.lr)
     proc = psutil.Process()
     losses: list[float] = []
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len * dp  # global, once
-    held_out = loader.val_batches(4)  # the same on resume: not drawn from the training order
-    tensorboard = TensorBoardLog(out) if main and cfg.log == "tensorboard" else None
+    tokens_per_step = cfg.data.batch_size * t.grad_accum * cfg.data.seq_len * run.dp  # global
+    held_out = run.loader.val_batches(4)  # the same on resume: not drawn from the training order
+    tensorboard = TensorBoardLog(out) if main and cfg.logging.log == "tensorboard" else None
     checkpoint: Path | None = None
     records: list[dict[str, Any]] = []
+    every, log_every = cfg.checkpoint.every, cfg.logging.log_every
     run_start = time.perf_counter()
-    with TrainDisplay(cfg.steps - start, enabled=main, console=console) as display:
-        for step in range(start, cfg.steps):
+    with TrainDisplay(t.steps - start, enabled=main, console=console) as display:
+        for step in range(start, t.steps):
             t0 = time.perf_counter()
             for group in optimizer.param_groups:
-                group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps)
-            x, y = loader.next_batch()  # [Note: data order]; batch_size * grad_accum rows
+                group["lr"] = t.lr * warmup_cosine(step, t.steps)
+            x, y = run.loader.next_batch()  # [Note: data order]; batch_size * grad_accum rows
             x, y = booster.to_device((x, y))  # [Note: plugin device]
             # grad_accum micro-batches (a pipeline's are in its schedule), each loss averaged
             # over dp and checked before its backward
             loss_value = booster.train_step(
                 x,
                 y,
-                model,
+                run.model,
                 optimizer,
-                microbatches=cfg.grad_accum,
-                on_loss=lambda loss, s=step + 1: _checked_loss(guard, s, loss, dp_group),
+                microbatches=t.grad_accum,
+                on_loss=lambda loss, s=step + 1: _checked_loss(guard, s, loss, run.dp_group),
             )
-            guard.check_grads(step + 1, model, optimizer)
+            guard.check_grads(step + 1, run.model, optimizer)
             optimizer.step()
             guard.after_step(step + 1, optimizer)
             optimizer.zero_grad(set_to_none=True)
@@ -228,65 +214,90 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
                 "host_rss_bytes": proc.memory_info().rss,
                 **booster.memory_stats(),
             }
-            if cfg.layout is not None:
-                record["layout"] = cfg.layout
-            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and held_out:
-                record["val_loss"] = _evaluate(booster, model, held_out, dp_group)
+            if cfg.parallel.layout is not None:
+                record["layout"] = cfg.parallel.layout
+            eval_every = cfg.logging.eval_every
+            if eval_every and (step + 1) % eval_every == 0 and held_out:
+                record["val_loss"] = _evaluate(booster, run.model, held_out, run.dp_group)
             records.append(record)
             if tensorboard is not None:
                 tensorboard.add(record)
             if main:
                 if metrics is None:
-                    metrics = (out / METRICS).open("a" if cfg.resume else "w")
+                    metrics = (out / METRICS).open("a" if cfg.checkpoint.resume else "w")
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-                display.update(
-                    record, advance=cfg.log_every if (step + 1) % cfg.log_every == 0 else 1
-                )
-            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-                _choose_export(plugin, cfg, step + 1)
-                with watch.paused():
-                    checkpoint = save_with_state(
-                        booster, model, optimizer, ckpt_root, step + 1, extra, loader
-                    )
+            if (step + 1) % log_every == 0 or step + 1 == t.steps:
+                display.update(record, advance=log_every if (step + 1) % log_every == 0 else 1)
+            if every and (step + 1) % every == 0:
+                checkpoint = _save(cfg, run, step + 1, extra, watch)
     elapsed = time.perf_counter() - run_start
     watch.training_over()  # [Note: watchdog]: saves and the end are not watched for stalls
     if metrics is not None:
         metrics.close()
     if tensorboard is not None:
         tensorboard.close()
-    if not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every:
-        _choose_export(plugin, cfg, cfg.steps)
-        with watch.paused():
-            checkpoint = save_with_state(
-                booster, model, optimizer, ckpt_root, cfg.steps, extra, loader
-            )
+    return _Steps(losses, records, checkpoint, held_out, elapsed, tokens_per_step)
+
+
+def _save(
+    cfg: TrainConfig, run: Run, step: int, extra: dict[str, Any], watch: PeerWatch
+) -> Path | None:
+    """The checkpoint after ``step`` (with what ``--export`` puts into it), unwatched."""
+    _choose_export(run.plugin, cfg, step)
+    root = cfg.checkpoint.out / "checkpoint"
     with watch.paused():
-        val = _evaluate(booster, model, held_out, dp_group) if held_out else float("nan")
+        return save_with_state(run.booster, run.model, run.optimizer, root, step, extra, run.loader)
+
+
+def _finish(
+    cfg: TrainConfig,
+    run: Run,
+    done: _Steps,
+    extra: dict[str, Any],
+    watch: PeerWatch,
+    console: Console,
+    *,
+    main: bool,
+    world: int,
+) -> TrainResult:
+    """The final save (unless the last step saved), the validation loss, the export, rank 0's
+    summary; then the Booster closes."""
+    steps, every, out = cfg.training.steps, cfg.checkpoint.every, cfg.checkpoint.out
+    checkpoint = done.checkpoint
+    if not every or steps % every:
+        checkpoint = _save(cfg, run, steps, extra, watch)
+    with watch.paused():
+        held_out = done.held_out
+        val = (
+            _evaluate(run.booster, run.model, held_out, run.dp_group) if held_out else float("nan")
+        )
     hf_folder = (
-        export_after_training(cfg.model, cfg.export, checkpoint, out, lora=lora is not None)
+        export_after_training(
+            cfg.model.name, cfg.checkpoint.export, checkpoint, out, lora=run.lora is not None
+        )
         if main
         else None
     )
+    losses = done.losses
     result = TrainResult(
         losses=losses,
         val_loss=val,
-        tokens_per_s=tokens_per_step * len(losses) / elapsed if losses else 0.0,
-        num_params=spec.num_params,
+        tokens_per_s=done.tokens_per_step * len(losses) / done.elapsed if losses else 0.0,
+        num_params=run.spec.num_params,
         checkpoint=checkpoint,
         out=out,
     )
     if main:
         summary = {
-            **_summary(result, cfg, spec.label, (world, dp), proc),
-            **memory_summary(records),
-            **comm_summary(records),
+            **_summary(result, cfg, run.spec.label, (world, run.dp), psutil.Process()),
+            **memory_summary(done.records),
+            **comm_summary(done.records),
         }
         if hf_folder is not None:
             summary["hugging face export" if hf_folder.name == "hf" else "export"] = str(hf_folder)
-        if records and "bytes_moved" in records[-1]:
-            summary["memory timeline"] = str(plot_memory_timeline(records, out))
+        if done.records and "bytes_moved" in done.records[-1]:
+            summary["memory timeline"] = str(plot_memory_timeline(done.records, out))
         console.print(summary_table(summary))
-    booster.close()  # every background thread joined, the plugin's groups destroyed
+    run.booster.close()  # every background thread joined, the plugin's groups destroyed
     return result

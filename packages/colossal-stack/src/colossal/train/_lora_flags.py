@@ -22,32 +22,32 @@ __all__ = ["apply_job_lora", "check_lora_flags", "lora_spec"]
 
 def lora_spec(cfg: TrainConfig) -> LoraSpec | None:
     """The run's LoRA settings; None for full fine-tuning."""
-    if cfg.lora_rank is None:
+    if cfg.model.lora_rank is None:
         return None
     return LoraSpec(
-        rank=cfg.lora_rank,
-        alpha=None if cfg.lora_alpha is None else float(cfg.lora_alpha),
-        targets=tuple(cfg.lora_targets.split(",")),
-        dropout=float(cfg.lora_dropout),
+        rank=cfg.model.lora_rank,
+        alpha=None if cfg.model.lora_alpha is None else float(cfg.model.lora_alpha),
+        targets=tuple(cfg.model.lora_targets.split(",")),
+        dropout=float(cfg.model.lora_dropout),
     )
 
 
 def check_lora_flags(cfg: TrainConfig) -> None:
     """``ConfigError`` (one line) for LoRA settings out of range, LoRA flags without
     ``--lora-rank`` and ``--export merged`` without LoRA."""
-    if cfg.lora_rank is None:
+    if cfg.model.lora_rank is None:
         given = [
             flag
             for flag, changed in (
-                ("--lora-alpha", cfg.lora_alpha is not None),
-                ("--lora-targets", cfg.lora_targets != "attn,mlp"),
-                ("--lora-dropout", cfg.lora_dropout != 0.0),
+                ("--lora-alpha", cfg.model.lora_alpha is not None),
+                ("--lora-targets", cfg.model.lora_targets != "attn,mlp"),
+                ("--lora-dropout", cfg.model.lora_dropout != 0.0),
             )
             if changed
         ]
         if given:
             raise ConfigError(f"{', '.join(given)} needs --lora-rank R (say, --lora-rank 8)")
-        if cfg.export == "merged":
+        if cfg.checkpoint.export == "merged":
             raise ConfigError(
                 "--export merged merges LoRA adapters into the base; it needs --lora-rank R "
                 "(a full fine-tune exports with --export final)"

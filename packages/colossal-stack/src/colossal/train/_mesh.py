@@ -53,12 +53,12 @@ _BY_STAGE = {0: "ddp", 1: "zero", 2: "zero", 3: "gemini"}
 def mesh_flags(cfg: TrainConfig) -> list[str]:
     """The flags of ``cfg`` that need a mesh (``--tp 2``, ``--pp 2``, ``--sp ring``)."""
     out = []
-    if cfg.tp > 1:
-        out.append(f"--tp {cfg.tp}")
-    if cfg.pp > 1:
-        out.append(f"--pp {cfg.pp}")
-    if cfg.sp is not None:
-        out.append(f"--sp {cfg.sp}")
+    if cfg.parallel.tp > 1:
+        out.append(f"--tp {cfg.parallel.tp}")
+    if cfg.parallel.pp > 1:
+        out.append(f"--pp {cfg.parallel.pp}")
+    if cfg.parallel.sp is not None:
+        out.append(f"--sp {cfg.parallel.sp}")
     return out
 
 
@@ -67,14 +67,14 @@ def resolve_plugin(cfg: TrainConfig) -> tuple[str, int]:
     ``ConfigError`` for flags that do not combine."""
     _check_flag_pairs(cfg)
     flags = mesh_flags(cfg)
-    long_seq = long_sequence(cfg.sp) is not None
-    plugin, zero = cfg.plugin, cfg.zero
+    long_seq = long_sequence(cfg.parallel.sp) is not None
+    plugin, zero = cfg.parallel.plugin, cfg.parallel.zero
     if zero is not None and zero not in _BY_STAGE:
         raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {zero}")
     if plugin is None:
         # activation checkpointing runs on the hybrid plugin: --zero 0-2 with it goes there
-        ckpt = cfg.activation_checkpointing and zero in (0, 1, 2)
-        mesh = cfg.tp > 1 or cfg.pp > 1 or long_seq
+        ckpt = cfg.model.activation_checkpointing and zero in (0, 1, 2)
+        mesh = cfg.parallel.tp > 1 or cfg.parallel.pp > 1 or long_seq
         plugin = "hybrid" if mesh or ckpt else _BY_STAGE.get(zero, "gemini")
     if plugin not in PLUGINS:
         raise ConfigError(f"unknown --plugin {plugin!r}; choose one of: {', '.join(PLUGINS)}")
@@ -105,25 +105,28 @@ def resolve_plugin(cfg: TrainConfig) -> tuple[str, int]:
     if plugin == "zero" and zero is not None:
         if zero not in (1, 2):
             raise ConfigError(f"--plugin zero runs --zero 1 or 2, got --zero {zero}")
-        if cfg.zero_stage not in (1, zero):
+        if cfg.parallel.zero_stage not in (1, zero):
             raise ConfigError(
-                f"--zero {zero} and --zero-stage {cfg.zero_stage} disagree; give one (--zero-stage "
+                f"--zero {zero} and --zero-stage {cfg.parallel.zero_stage} disagree; give one (--zero-stage "
                 "is the older spelling)"
             )
         return plugin, zero
-    return plugin, cfg.zero_stage  # zero: its stage is checked with the rest of --plugin zero
+    return (
+        plugin,
+        cfg.parallel.zero_stage,
+    )  # zero: its stage is checked with the rest of --plugin zero
 
 
 def combination_of(cfg: TrainConfig, zero: int) -> Combination:
     """The kinds ``cfg``'s flags compose at ZeRO stage ``zero`` (3: Gemini)."""
     return Combination(
-        tp=cfg.tp_mode if cfg.tp > 1 else "none",
-        sp=cfg.sp or "none",
-        pp=cfg.schedule if cfg.pp > 1 else "none",
+        tp=cfg.parallel.tp_mode if cfg.parallel.tp > 1 else "none",
+        sp=cfg.parallel.sp or "none",
+        pp=cfg.parallel.schedule if cfg.parallel.pp > 1 else "none",
         sharding="gemini" if zero == 3 else f"zero{zero}",
-        precision=cfg.precision,
-        checkpointing=cfg.activation_checkpointing,
-        lora=cfg.lora_rank is not None,
+        precision=cfg.memory.precision,
+        checkpointing=cfg.model.activation_checkpointing,
+        lora=cfg.model.lora_rank is not None,
     )
 
 
@@ -138,46 +141,75 @@ def check_flags(cfg: TrainConfig, zero: int) -> None:
 
 def _flags_text(cfg: TrainConfig, zero: int) -> str:
     flags = [*mesh_flags(cfg), f"--zero {zero}" if zero < 3 else "--plugin gemini"]
-    if cfg.precision != "fp32":
-        flags.append(f"--precision {cfg.precision}")
-    if cfg.activation_checkpointing:
+    if cfg.memory.precision != "fp32":
+        flags.append(f"--precision {cfg.memory.precision}")
+    if cfg.model.activation_checkpointing:
         flags.append("--activation-checkpointing")
-    if cfg.lora_rank is not None:
-        flags.append(f"--lora-rank {cfg.lora_rank}")
+    if cfg.model.lora_rank is not None:
+        flags.append(f"--lora-rank {cfg.model.lora_rank}")
     return " ".join(flags)
 
 
 def _check_flag_pairs(cfg: TrainConfig) -> None:
     """Flags that only mean something next to another flag."""
-    if cfg.sp is not None and cfg.sp not in SP_METHODS:
-        raise ConfigError(f"unknown --sp {cfg.sp!r}; choose one of: {', '.join(SP_METHODS)}")
+    if cfg.parallel.sp is not None and cfg.parallel.sp not in SP_METHODS:
+        raise ConfigError(
+            f"unknown --sp {cfg.parallel.sp!r}; choose one of: {', '.join(SP_METHODS)}"
+        )
     needs = [
-        (cfg.microbatches != 1, f"--microbatches {cfg.microbatches}", cfg.pp > 1, "--pp N"),
-        (cfg.schedule != "1f1b", f"--schedule {cfg.schedule}", cfg.pp > 1, "--pp N"),
-        (cfg.tp_mode != "1d", f"--tp-mode {cfg.tp_mode}", cfg.tp > 1, "--tp N"),
-        (cfg.tp_depth != 1, f"--tp-depth {cfg.tp_depth}", cfg.tp_mode == "2.5d", "--tp-mode 2.5d"),
         (
-            cfg.sp_size != 1,
-            f"--sp-size {cfg.sp_size}",
-            long_sequence(cfg.sp) is not None,
+            cfg.parallel.microbatches != 1,
+            f"--microbatches {cfg.parallel.microbatches}",
+            cfg.parallel.pp > 1,
+            "--pp N",
+        ),
+        (
+            cfg.parallel.schedule != "1f1b",
+            f"--schedule {cfg.parallel.schedule}",
+            cfg.parallel.pp > 1,
+            "--pp N",
+        ),
+        (
+            cfg.parallel.tp_mode != "1d",
+            f"--tp-mode {cfg.parallel.tp_mode}",
+            cfg.parallel.tp > 1,
+            "--tp N",
+        ),
+        (
+            cfg.parallel.tp_depth != 1,
+            f"--tp-depth {cfg.parallel.tp_depth}",
+            cfg.parallel.tp_mode == "2.5d",
+            "--tp-mode 2.5d",
+        ),
+        (
+            cfg.parallel.sp_size != 1,
+            f"--sp-size {cfg.parallel.sp_size}",
+            long_sequence(cfg.parallel.sp) is not None,
             "--sp ring or --sp ulysses (megatron uses the tp ranks)",
         ),
-        (megatron_sequence(cfg.sp), f"--sp {cfg.sp}", cfg.tp > 1, "--tp N (1d)"),
+        (
+            megatron_sequence(cfg.parallel.sp),
+            f"--sp {cfg.parallel.sp}",
+            cfg.parallel.tp > 1,
+            "--tp N (1d)",
+        ),
     ]
     for given, flag, ok, want in needs:
         if given and not ok:
             raise ConfigError(f"{flag} needs {want}; add it or drop {flag.split()[0]}")
-    if long_sequence(cfg.sp) is not None and cfg.sp_size < 2:
-        raise ConfigError(f"--sp {cfg.sp} needs --sp-size N of 2 or more ranks per sequence")
-    if cfg.pp > 1 and cfg.batch_size % cfg.microbatches:
+    if long_sequence(cfg.parallel.sp) is not None and cfg.parallel.sp_size < 2:
         raise ConfigError(
-            f"--batch-size {cfg.batch_size} cannot be split into --microbatches "
-            f"{cfg.microbatches}; use a batch size that is a multiple of it"
+            f"--sp {cfg.parallel.sp} needs --sp-size N of 2 or more ranks per sequence"
+        )
+    if cfg.parallel.pp > 1 and cfg.data.batch_size % cfg.parallel.microbatches:
+        raise ConfigError(
+            f"--batch-size {cfg.data.batch_size} cannot be split into --microbatches "
+            f"{cfg.parallel.microbatches}; use a batch size that is a multiple of it"
         )
     parts = _sequence_parts(cfg)
-    if parts and cfg.seq_len % parts:
+    if parts and cfg.data.seq_len % parts:
         raise ConfigError(
-            f"--sp {cfg.sp} splits each sequence into {parts} parts; use a --seq-len that is a "
+            f"--sp {cfg.parallel.sp} splits each sequence into {parts} parts; use a --seq-len that is a "
             f"multiple of {parts}"
         )
 
@@ -185,28 +217,29 @@ def _check_flag_pairs(cfg: TrainConfig) -> None:
 def _sequence_parts(cfg: TrainConfig) -> int:
     """Equal parts ``--sp`` cuts each sequence into (0: none): ring's zigzag 2 per sp rank,
     Ulysses 1; Megatron's split of each such part over the tp ranks."""
-    long, megatron = long_sequence(cfg.sp), megatron_sequence(cfg.sp)
-    parts = {"ring": 2 * cfg.sp_size, "ulysses": cfg.sp_size}.get(long or "", 1)
+    long, megatron = long_sequence(cfg.parallel.sp), megatron_sequence(cfg.parallel.sp)
+    parts = {"ring": 2 * cfg.parallel.sp_size, "ulysses": cfg.parallel.sp_size}.get(long or "", 1)
     if megatron:  # a ring rank's two zigzag chunks are one slice: T / sp splits over tp
-        parts = math.lcm(parts, (cfg.sp_size if long else 1) * cfg.tp)
+        parts = math.lcm(parts, (cfg.parallel.sp_size if long else 1) * cfg.parallel.tp)
     return parts if long or megatron else 0
 
 
 def hybrid_plugin(cfg: TrainConfig) -> HybridParallelPlugin:
     """The hybrid plugin ``cfg`` describes (its own checks run here, before any group)."""
     return HybridParallelPlugin(
-        tp_size=cfg.tp,
-        tp_mode=cfg.tp_mode,
-        tp_depth=cfg.tp_depth,
-        sequence_parallel=cfg.sp,
-        sp_size=cfg.sp_size,
-        pp_size=cfg.pp,
-        microbatches=cfg.microbatches * (cfg.grad_accum if cfg.pp > 1 else 1),  # accumulated
-        schedule=cfg.schedule,
-        zero_stage=cfg.zero,
-        precision=cfg.precision,
-        activation_checkpointing=cfg.activation_checkpointing,
-        max_grad_norm=cfg.max_grad_norm,
+        tp_size=cfg.parallel.tp,
+        tp_mode=cfg.parallel.tp_mode,
+        tp_depth=cfg.parallel.tp_depth,
+        sequence_parallel=cfg.parallel.sp,
+        sp_size=cfg.parallel.sp_size,
+        pp_size=cfg.parallel.pp,
+        microbatches=cfg.parallel.microbatches
+        * (cfg.training.grad_accum if cfg.parallel.pp > 1 else 1),  # accumulated
+        schedule=cfg.parallel.schedule,
+        zero_stage=cfg.parallel.zero,
+        precision=cfg.memory.precision,
+        activation_checkpointing=cfg.model.activation_checkpointing,
+        max_grad_norm=cfg.training.max_grad_norm,
     )
 
 
@@ -223,29 +256,29 @@ def check_mesh(cfg: TrainConfig, spec: ModelSpec, plugin: Plugin | None, world: 
         )
     stages = 1 if plugin is None else plugin.num_stages  # pp x chunks per rank
     if stages > spec.num_layers:
-        virtual = stages // cfg.pp
+        virtual = stages // cfg.parallel.pp
         most = max(1, spec.num_layers // virtual)
         raise ConfigError(
-            f"--pp {cfg.pp} x {virtual} chunk(s) per rank = {stages} stages, and "
+            f"--pp {cfg.parallel.pp} x {virtual} chunk(s) per rank = {stages} stages, and "
             f"{spec.label} has {spec.num_layers} blocks; use --pp {most} or fewer (or a "
             "deeper --preset)"
         )
     if plugin is not None:  # the hybrid plugin: tp*pp*sp must divide the world (which
         plugin.check_world(world)  # makes the checks below hold for it)
-    if long_sequence(cfg.sp) and world % cfg.sp_size:
+    if long_sequence(cfg.parallel.sp) and world % cfg.parallel.sp_size:
         raise ConfigError(
-            f"--sp-size {cfg.sp_size} does not divide the world size {world}; launch a multiple "
-            f"of {cfg.sp_size} ranks (colossal run --nproc-per-node N) or change --sp-size"
+            f"--sp-size {cfg.parallel.sp_size} does not divide the world size {world}; launch a multiple "
+            f"of {cfg.parallel.sp_size} ranks (colossal run --nproc-per-node N) or change --sp-size"
         )
-    elif cfg.tp > 1 and world % cfg.tp:
+    elif cfg.parallel.tp > 1 and world % cfg.parallel.tp:
         raise ConfigError(
-            f"--tp {cfg.tp} does not divide the world size {world}; launch a multiple of "
-            f"{cfg.tp} ranks (colossal run --nproc-per-node N) or change --tp"
+            f"--tp {cfg.parallel.tp} does not divide the world size {world}; launch a multiple of "
+            f"{cfg.parallel.tp} ranks (colossal run --nproc-per-node N) or change --tp"
         )
-    elif long_sequence(cfg.sp) and world % (cfg.tp * cfg.sp_size):
+    elif long_sequence(cfg.parallel.sp) and world % (cfg.parallel.tp * cfg.parallel.sp_size):
         raise ConfigError(
-            f"--tp {cfg.tp} x --sp-size {cfg.sp_size} does not divide the world size {world}; "
-            f"launch a multiple of {cfg.tp * cfg.sp_size} ranks or change the sizes"
+            f"--tp {cfg.parallel.tp} x --sp-size {cfg.parallel.sp_size} does not divide the world size {world}; "
+            f"launch a multiple of {cfg.parallel.tp * cfg.parallel.sp_size} ranks or change the sizes"
         )
 
 
@@ -253,8 +286,10 @@ def state_shards(cfg: TrainConfig, world: int) -> int:
     """Ranks one model's weights, gradients and Adam states are split over, for the pre-flight
     estimate: every rank under Gemini; tp * pp under the hybrid plugin, times dp with ZeRO (which
     shards the larger part of them, the fp32 states)."""
-    if cfg.plugin != "hybrid":
+    if cfg.parallel.plugin != "hybrid":
         return world
-    sp = cfg.sp_size if long_sequence(cfg.sp) else 1
-    dp = max(1, world // (cfg.tp * cfg.pp * sp))
-    return cfg.tp * cfg.pp * (dp * sp if cfg.zero else 1)  # ZeRO shards over dp x sp
+    sp = cfg.parallel.sp_size if long_sequence(cfg.parallel.sp) else 1
+    dp = max(1, world // (cfg.parallel.tp * cfg.parallel.pp * sp))
+    return (
+        cfg.parallel.tp * cfg.parallel.pp * (dp * sp if cfg.parallel.zero else 1)
+    )  # ZeRO shards over dp x sp

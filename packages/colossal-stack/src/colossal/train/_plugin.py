@@ -9,7 +9,6 @@ import torch
 from colossal_contracts import ConfigError
 from colossal_memtrace import estimate_step
 
-from .._sizes import parse_bytes
 from ..booster import DDPPlugin, GeminiConfig, GeminiPlugin, LowLevelZeroPlugin, Plugin
 from ._config import TrainConfig
 from ._mesh import PLUGINS, hybrid_plugin
@@ -25,14 +24,16 @@ def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
     if name == "ddp":
         return DDPPlugin()
     if name == "hybrid":
-        return hybrid_plugin(cfg or TrainConfig(plugin="hybrid"))
+        return hybrid_plugin(cfg or TrainConfig.from_flags(plugin="hybrid"))
     if name == "gemini":
-        cfg = cfg or TrainConfig()
+        cfg = cfg or TrainConfig.from_flags()
         return _gemini_plugin(cfg)
     if name == "zero":
-        cfg = cfg or TrainConfig(plugin="zero")
+        cfg = cfg or TrainConfig.from_flags(plugin="zero")
         return LowLevelZeroPlugin(
-            stage=cfg.zero_stage, precision=cfg.precision, max_grad_norm=cfg.max_grad_norm
+            stage=cfg.parallel.zero_stage,
+            precision=cfg.memory.precision,
+            max_grad_norm=cfg.training.max_grad_norm,
         )
     raise ConfigError(f"unknown --plugin {name!r}; choose one of: {', '.join(PLUGINS)}")
 
@@ -40,21 +41,21 @@ def build_plugin(name: str, cfg: TrainConfig | None = None) -> Plugin:
 def _gemini_plugin(cfg: TrainConfig) -> Plugin:
     """Gemini, with tensor parallelism inside its chunks for ``--tp N`` (ZeRO-3 with TP)."""
     config = GeminiConfig(
-        precision=cfg.precision,
-        placement=cfg.placement,
-        accelerator_bytes=parse_bytes(cfg.accelerator_budget),
-        host_bytes=parse_bytes(cfg.host_budget),
-        disk_bytes=0 if cfg.disk_budget is None else parse_bytes(cfg.disk_budget),
-        disk_dir=cfg.disk_dir,
+        precision=cfg.memory.precision,
+        placement=cfg.memory.placement,
+        accelerator_bytes=cfg.memory.accelerator_bytes,
+        host_bytes=cfg.memory.host_bytes,
+        disk_bytes=cfg.memory.disk_bytes,
+        disk_dir=cfg.memory.disk_dir,
     )
     return GeminiPlugin(
         config=config,
-        max_grad_norm=cfg.max_grad_norm,
-        tp_size=cfg.tp,
-        tp_mode=cfg.tp_mode,
-        tp_depth=cfg.tp_depth,
-        sequence_parallel=cfg.sp if cfg.sp in ("ring", "ulysses") else None,
-        sp_size=cfg.sp_size if cfg.sp in ("ring", "ulysses") else 1,
+        max_grad_norm=cfg.training.max_grad_norm,
+        tp_size=cfg.parallel.tp,
+        tp_mode=cfg.parallel.tp_mode,
+        tp_depth=cfg.parallel.tp_depth,
+        sequence_parallel=cfg.parallel.sp if cfg.parallel.sp in ("ring", "ulysses") else None,
+        sp_size=cfg.parallel.sp_size if cfg.parallel.sp in ("ring", "ulysses") else 1,
     )
 
 
@@ -63,7 +64,7 @@ def _choose_export(plugin: Plugin, cfg: TrainConfig, step: int) -> None:
     consolidated model into this checkpoint too (``--export``); a LoRA run's checkpoints hold
     the adapters and their optimizer state, not the frozen base (rebuilt from its source on
     resume and checked against the fingerprint in ``trainer.json``)."""
-    lora = cfg.lora_rank is not None
+    lora = cfg.model.lora_rank is not None
     plugin.choose_checkpoint_contents(
         export_full_model=cfg.exports_at(step) and not lora, save_frozen=not lora
     )
@@ -72,7 +73,7 @@ def _choose_export(plugin: Plugin, cfg: TrainConfig, step: int) -> None:
 def _activation_bytes(spec: ModelSpec, cfg: TrainConfig) -> int:
     """Peak non-model (activation) bytes of one step on the accelerator, from memtrace's static
     estimate on the meta device: what Gemini keeps free of chunks under ``--accelerator-budget``."""
-    shape = (cfg.batch_size, cfg.seq_len)
+    shape = (cfg.data.batch_size, cfg.data.seq_len)
     try:
         stats = estimate_step(
             spec.build,

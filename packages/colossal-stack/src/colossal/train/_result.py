@@ -32,9 +32,9 @@ def _summary(
     proc: psutil.Process,
 ) -> dict:
     first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"),) * 2
-    (world, dp), shape = ranks, f"{cfg.batch_size} x {cfg.seq_len}"
+    (world, dp), shape = ranks, f"{cfg.data.batch_size} x {cfg.data.seq_len}"
     global_batch = {} if dp == world else {"global batch (dp x batch x seq)": f"{dp} x {shape}"}
-    layout = {} if cfg.layout is None else {"layout": cfg.layout}
+    layout = {} if cfg.parallel.layout is None else {"layout": cfg.parallel.layout}
     return {
         "model": f"{label} ({result.num_params:,} params)",
         **layout,
@@ -47,5 +47,5 @@ def _summary(
         "tokens/s": result.tokens_per_s,
         "host RSS": f"{proc.memory_info().rss / 2**20:,.0f} MiB",
         "checkpoint": str(result.checkpoint) if result.checkpoint else "-",
-        "metrics": str(cfg.out / "metrics.jsonl"),
+        "metrics": str(cfg.checkpoint.out / "metrics.jsonl"),
     }
