@@ -28,7 +28,7 @@ BIG = 1 << 50  # free host memory and RAM, larger than anything asked here
 
 def _tiers(num_params: int, **kw: object) -> int:
     args = dict(num_params=num_params, label="gpt-x", precision="fp32", world=1)
-    args.update(host_budget=HOST, disk_budget=None, available=BIG, total=BIG)
+    args.update(host_bytes=HOST, disk_bytes=0, available=BIG, total=BIG)
     args.update(kw)
     return check_tiers(**args)  # type: ignore[arg-type]
 
@@ -36,11 +36,11 @@ def _tiers(num_params: int, **kw: object) -> int:
 def test_a_model_four_times_the_host_budget_fits_when_the_disk_budget_holds_it():
     num_params = 4 * HOST // 16  # fp32 Gemini: 16 bytes per parameter
     assert gemini_state_bytes(num_params, precision="fp32", world=1, local=1) == 4 * HOST
-    assert _tiers(num_params, disk_budget=3 * HOST) == 4 * HOST
+    assert _tiers(num_params, disk_bytes=3 * HOST) == 4 * HOST
     with pytest.raises(ConfigError, match=r"give the disk tier room: --disk-budget 201,326,592"):
         _tiers(num_params)
     with pytest.raises(ConfigError, match="give the disk tier room"):
-        _tiers(num_params, disk_budget=3 * HOST - 1)
+        _tiers(num_params, disk_bytes=3 * HOST - 1)
 
 
 def test_bf16_states_take_fourteen_bytes_per_parameter_sharded_over_ranks():
@@ -50,7 +50,7 @@ def test_bf16_states_take_fourteen_bytes_per_parameter_sharded_over_ranks():
 
 def test_a_host_budget_above_the_ram_is_refused():
     with pytest.raises(ConfigError, match="larger than this machine's RAM"):
-        _tiers(10, host_budget=2 * HOST, total=HOST)
+        _tiers(10, host_bytes=2 * HOST, total=HOST)
 
 
 def _cli(tmp_path, capsys, extra: list[str]) -> str:
@@ -100,10 +100,10 @@ def test_the_host_share_of_a_model_larger_than_the_ram_passes_check_fits():
     fits.update(num_params=num_params, sharded=True, world=1, available=free)
     with pytest.raises(ConfigError, match="of host memory for weights"):
         check_fits(**fits)  # the 16 bytes per parameter on the host: refused
-    assert gemini_host_bytes(states, disk_budget=3 * free) == free
-    held = gemini_host_bytes(states, disk_budget=4 * free - free // 8)
+    assert gemini_host_bytes(states, disk_bytes=3 * free) == free
+    held = gemini_host_bytes(states, disk_bytes=4 * free - free // 8)
     assert held == free // 8 and check_fits(**fits, states=held) == held  # the disk has the rest
-    assert gemini_host_bytes(states, disk_budget=5 * free) == 0
+    assert gemini_host_bytes(states, disk_bytes=5 * free) == 0
 
 
 def test_a_model_four_times_the_host_budget_trains_with_a_disk_tier(tmp_path):

@@ -68,15 +68,13 @@ def gemini_state_bytes(num_params: int, *, precision: str, world: int, local: in
     return int(per_param * num_params) * local
 
 
-def gemini_host_bytes(
-    states: int, *, disk_budget: int | None, accelerator_budget: int | None = None
-) -> int:
+def gemini_host_bytes(states: int, *, disk_bytes: int, accelerator_bytes: int | None = None) -> int:
     """This machine's share of Gemini's ``states`` (``gemini_state_bytes``) left in host memory
     once the disk tier and a real accelerator hold what their budgets take ([Note: tier room];
     an emulated accelerator is host memory)."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    acc = (accelerator_budget or 0) * local if torch.cuda.is_available() else 0
-    return max(0, states - (disk_budget or 0) * local - acc)
+    acc = (accelerator_bytes or 0) * local if torch.cuda.is_available() else 0
+    return max(0, states - disk_bytes * local - acc)
 
 
 def check_tiers(
@@ -85,26 +83,26 @@ def check_tiers(
     label: str,
     precision: str,
     world: int,
-    host_budget: int | None,
-    disk_budget: int | None,
-    accelerator_budget: int | None = None,
+    host_bytes: int | None,
+    disk_bytes: int,
+    accelerator_bytes: int | None = None,
     available: int | None = None,
     total: int | None = None,
 ) -> int:
     """[Note: tier room]: Gemini's state bytes on this machine; ``ConfigError`` (one line) when
-    ``host_budget`` exceeds the RAM or no tier room holds the states."""
+    ``host_bytes`` exceeds the RAM or no tier room holds the states."""
     total = int(psutil.virtual_memory().total) if total is None else total
-    if host_budget is not None and host_budget > total:
+    if host_bytes is not None and host_bytes > total:
         raise ConfigError(
-            f"--host-budget {host_budget:,} bytes is larger than this machine's RAM "
+            f"--host-budget {host_bytes:,} bytes is larger than this machine's RAM "
             f"({total:,} bytes); lower it to at most {total:,} (leave room for the process)"
         )
     available = host_bytes_available() if available is None else available
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     states = gemini_state_bytes(num_params, precision=precision, world=world, local=local)
-    host = available if host_budget is None else min(host_budget * local, available)
-    disk = (disk_budget or 0) * local
-    acc = (accelerator_budget or 0) * local if torch.cuda.is_available() else 0
+    host = available if host_bytes is None else min(host_bytes * local, available)
+    disk = disk_bytes * local  # 0: no disk tier; the job refuses None ([Note: budgets])
+    acc = (accelerator_bytes or 0) * local if torch.cuda.is_available() else 0
     if states > host + disk + acc:
         more = states - host - acc
         raise ConfigError(

@@ -79,12 +79,12 @@ def check_run(cfg: TrainConfig, tokenizer: TextTokenizer, world: int) -> tuple[M
             label=spec.label,
             precision=m.precision,
             world=state_shards(cfg, world),
-            host_budget=m.host_bytes,
-            disk_budget=m.disk_bytes,
-            accelerator_budget=m.accelerator_bytes,
+            host_bytes=m.host_bytes,
+            disk_bytes=m.disk_bytes,
+            accelerator_bytes=m.accelerator_bytes,
         )
         held = gemini_host_bytes(
-            states, disk_budget=m.disk_bytes, accelerator_budget=m.accelerator_bytes
+            states, disk_bytes=m.disk_bytes, accelerator_bytes=m.accelerator_bytes
         )
     check_fits(
         build=spec.build,
