@@ -194,7 +194,7 @@ def local_hardware(world: int, kw: dict[str, Any], profile: Path | None) -> Hard
         changes["memory"] = parse_bytes(kw["accelerator_budget"])
     if kw.get("host_budget") is not None:
         changes["host_memory"] = parse_bytes(kw["host_budget"]) * world
-    if kw.get("disk_budget") is not None:
+    if kw.get("disk_budget"):  # 0, the default, is no disk tier: the hardware's own disk
         changes["disk"] = parse_bytes(kw["disk_budget"]) * world
     return replace(hw, **changes)
 
