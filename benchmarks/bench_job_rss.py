@@ -65,7 +65,7 @@ def _setup(plugin: str, method: str, preset: str, out: dict) -> None:
     from colossal.booster import Booster
     from colossal.train import TrainConfig, train
 
-    loop = importlib.import_module("colossal.train._loop")
+    loop = importlib.import_module("colossal.train._setup")  # where the job builds
     models = importlib.import_module("colossal.train._models")
     proc = psutil.Process()
     peak, stop = [0], threading.Event()
@@ -77,7 +77,7 @@ def _setup(plugin: str, method: str, preset: str, out: dict) -> None:
 
     build, boost = loop.build_model, Booster.boost
 
-    def measured_build(spec, name):  # type: ignore[no-untyped-def]
+    def measured_build(spec, name, **kw):  # type: ignore[no-untyped-def]
         out.update(base=proc.memory_info().rss, t0=time.perf_counter(), params=spec.num_params)
         peak[0] = out["base"]
         threading.Thread(target=sample, daemon=True).start()
@@ -85,7 +85,7 @@ def _setup(plugin: str, method: str, preset: str, out: dict) -> None:
         if method == "eager":
             models.LAZY_PLUGINS = ()
         try:
-            return build(spec, name)
+            return build(spec, name, **kw)
         finally:
             models.LAZY_PLUGINS = kept
 
