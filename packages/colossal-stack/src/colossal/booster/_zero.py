@@ -42,7 +42,8 @@ class LowLevelZeroPlugin(Plugin):
         precision: "fp32", "bf16" or "fp16" (fp32 masters; fp16 adds dynamic loss scaling), or
             "fp64" (float64 throughout).
         offload_optimizer: masters and Adam states in host memory, updated by the CPU kernel.
-        host_budget: host bytes the offloaded optimizer may use ("8GiB"; None: what is free).
+        host_budget: host bytes the offloaded optimizer may use ("8GiB"; None: what is free);
+            an int of bytes after construction.
         max_grad_norm: clip the global gradient norm (0: no clipping).
         bucket_numel: elements per flat bucket (communication granularity).
         sharding: parameter name -> tensor-parallel layout (``colossal_models.sharding.describe_sharding``)
@@ -76,6 +77,7 @@ class LowLevelZeroPlugin(Plugin):
     _optimizer: LowLevelZeroOptimizer | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        self.host_budget = parse_bytes(self.host_budget, what="host_budget")  # parsed once
         self.zero_config()  # validates stage, precision, budget
         self.device = resolve_device(self.device)
         check_combination(self.combination(), what=f"LowLevelZeroPlugin(stage={self.stage})")
@@ -94,7 +96,7 @@ class LowLevelZeroPlugin(Plugin):
             stage=self.stage,
             precision=self.precision,
             offload_optimizer=self.offload_optimizer,
-            host_bytes=parse_bytes(self.host_budget),
+            host_bytes=parse_bytes(self.host_budget),  # an int already: __post_init__ parsed it
             bucket_numel=self.bucket_numel,
         )
 
