@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from colossal import TrainConfig, build_plugin
+from colossal import GeminiPlugin, TrainConfig, build_plugin
 from colossal.train._sections import FLAGS, SECTIONS, flag_defaults
 from colossal_contracts import ConfigError
 
@@ -88,8 +88,9 @@ def test_the_disk_budget_means_the_same_in_the_job_and_in_gemini(tmp_path):
     """0: no disk tier (the default of both); a size: that many bytes, the same in the plugin
     the job builds."""
     plain = build_plugin("gemini", TrainConfig.from_flags())
-    assert plain.config.disk_bytes == 0  # type: ignore[attr-defined]
+    assert isinstance(plain, GeminiPlugin) and plain.config.disk_bytes == 0
     cfg = TrainConfig.from_flags(disk_budget="1MiB", disk_dir=tmp_path, host_budget="1MiB")
     plugin = build_plugin("gemini", cfg)
-    assert plugin.config.disk_bytes == cfg.memory.disk_bytes == 1 << 20  # type: ignore[attr-defined]
-    assert plugin.config.host_bytes == 1 << 20  # type: ignore[attr-defined]
+    assert isinstance(plugin, GeminiPlugin)
+    assert plugin.config.disk_bytes == cfg.memory.disk_bytes == 1 << 20
+    assert plugin.config.host_bytes == 1 << 20
