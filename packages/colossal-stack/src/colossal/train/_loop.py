@@ -178,6 +178,8 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             f"{world} rank(s), plugin {plugin.label()}, "
             f"{describe_data(shards, tokenizer)}"
         )
+        if booster.matmul_note is not None:
+            console.print(booster.matmul_note)
         if lora:
             console.print(
                 f"LoRA r{lora['rank']} on {', '.join(lora['target_modules'])}: "
@@ -204,14 +206,15 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             x, y = booster.to_device((x, y))  # [Note: plugin device]
             # grad_accum micro-batches (a pipeline's are in its schedule), each loss averaged
             # over dp and checked before its backward
-            loss_value = booster.train_step(
-                x,
-                y,
-                model,
-                optimizer,
-                microbatches=cfg.grad_accum,
-                on_loss=lambda loss, s=step + 1: _checked_loss(guard, s, loss, dp_group),
-            )
+            with booster.compute():  # [Note: cpu matmul] in colossal_zero
+                loss_value = booster.train_step(
+                    x,
+                    y,
+                    model,
+                    optimizer,
+                    microbatches=cfg.grad_accum,
+                    on_loss=lambda loss, s=step + 1: _checked_loss(guard, s, loss, dp_group),
+                )
             guard.check_grads(step + 1, model, optimizer)
             optimizer.step()
             guard.after_step(step + 1, optimizer)
@@ -231,7 +234,8 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             if cfg.layout is not None:
                 record["layout"] = cfg.layout
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and held_out:
-                record["val_loss"] = _evaluate(booster, model, held_out, dp_group)
+                with booster.compute():
+                    record["val_loss"] = _evaluate(booster, model, held_out, dp_group)
             records.append(record)
             if tensorboard is not None:
                 tensorboard.add(record)
@@ -262,7 +266,7 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
             checkpoint = save_with_state(
                 booster, model, optimizer, ckpt_root, cfg.steps, extra, loader
             )
-    with watch.paused():
+    with watch.paused(), booster.compute():
         val = _evaluate(booster, model, held_out, dp_group) if held_out else float("nan")
     hf_folder = (
         export_after_training(cfg.model, cfg.export, checkpoint, out, lora=lora is not None)
