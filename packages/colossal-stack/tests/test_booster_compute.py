@@ -11,6 +11,7 @@ from rich.console import Console
 
 from colossal import TrainConfig, train
 from colossal.booster import Booster, DDPPlugin, GeminiPlugin
+from colossal.plan._calibrate import calibrate
 from colossal_zero import MATMUL_ENV, Fp32Matmul
 
 NOTE = "bf16 matmuls computed in fp32 on this CPU"
@@ -78,3 +79,20 @@ def test_train_computes_bf16_in_fp32_when_asked(tmp_path, small_corpus, monkeypa
     # both accumulate in fp32 and round once: the same training within bf16 rounding
     assert all(torch.isfinite(torch.tensor(fp32)))
     assert fp32 == pytest.approx(native, rel=2e-2)
+
+
+@pytest.mark.parametrize("setting", ["fp32", "native"])
+def test_calibrate_times_bf16_as_training_computes_it(tmp_path, monkeypatch, setting):
+    monkeypatch.setenv(MATMUL_ENV, setting)
+    calls: list[str] = []
+    original = Fp32Matmul.__torch_dispatch__
+
+    def counted(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        calls.append(str(args[0].dtype))
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(Fp32Matmul, "__torch_dispatch__", counted)
+    prof = calibrate(tokens=16, hidden=32, disk_dir=tmp_path, quick=True)
+    assert prof["matmul_mode"] == {"fp32": "native", "bf16": setting, "fp16": setting}
+    expected = {"torch.bfloat16", "torch.float16"} if setting == "fp32" else set()
+    assert set(calls) == expected and all(v > 0 for v in prof["flops"].values())
