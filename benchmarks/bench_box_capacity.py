@@ -306,7 +306,10 @@ def run(quick: bool, out_dir: Path) -> Report:
                 f"batch 1 x 1024)"
             )
         report.summary["calibrated profile"] = json.dumps(
-            {k: prof[k] for k in ("flops", "copy_bw", "disk_write_bw", "disk_read_bw")}
+            {
+                k: prof[k]
+                for k in ("flops", "matmul_mode", "copy_bw", "disk_write_bw", "disk_read_bw")
+            }
         )
     finally:
         shutil.rmtree(where, ignore_errors=True)
