@@ -117,6 +117,7 @@ def _trial(part: str, depth: int, s: dict, b: int, h: int, d: int, ctx: dict) ->
     out = where / f"run-{part.split(':')[0].replace(' ', '-')}-{depth}"
     (where / "tier").mkdir(exist_ok=True)
     args = ["--model", f"hf:{cfg}", *_common(s, where, ctx["corpus"]), *_budgets(b, h, d)]
+    args.append("--no-final-save")  # killed after step 3 anyway: no save if it outruns the kill
     job = train(
         args, out, steps=3, stop_after=True, timeout_s=s["timeout"], log=where / f"{out.name}.log"
     )

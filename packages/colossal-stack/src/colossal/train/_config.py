@@ -82,6 +82,8 @@ class TrainConfig:
         log: also log scalars to TensorBoard under ``out/tensorboard`` ("tensorboard", the
             optional extra ``tensorboard``); None: ``metrics.jsonl`` only.
         checkpoint_every: save every N steps (0: only at the end).
+        save_final: save a checkpoint when the run ends; False (``--no-final-save``): only the
+            ``checkpoint_every`` saves (a run whose disk tier fills the disk); export not final.
         export: which checkpoints also carry the consolidated fp32 model (bounded safetensors
             shards with a Hugging Face ``model.safetensors.index.json``) beside the sharded
             training state, for the gemini and zero plugins: "final" (the last step's only:
@@ -127,6 +129,7 @@ class TrainConfig:
     lr: float = 2e-3
     weight_decay: float = 0.1
     checkpoint_every: int = 0
+    save_final: bool = True
     export: str = "final"
     resume: bool = False
     restart: bool = False
@@ -217,6 +220,11 @@ class TrainConfig:
                 f"--export every applies to the gemini and zero plugins, not {plugin} (ddp "
                 "checkpoints are the full model; hybrid ones export with colossal.export_checkpoint"
                 "); drop it"
+            )
+        if not self.save_final and self.export in ("final", "merged"):
+            raise ConfigError(
+                f"--no-final-save leaves no final checkpoint for --export {self.export}; add "
+                "--export none (or drop --no-final-save)"
             )
         if self.max_grad_norm and plugin == "ddp":
             raise ConfigError(
@@ -345,6 +353,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "lr": (float, int),
     "weight_decay": (float, int),
     "checkpoint_every": int,
+    "save_final": bool,
     "export": str,
     "resume": bool,
     "restart": bool,

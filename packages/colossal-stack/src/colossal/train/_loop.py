@@ -260,7 +260,8 @@ def _train(cfg: TrainConfig, console: Console, claim: Claim, watch: PeerWatch) -
         metrics.close()
     if tensorboard is not None:
         tensorboard.close()
-    if not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every:
+    final = cfg.save_final and (not cfg.checkpoint_every or cfg.steps % cfg.checkpoint_every)
+    if final:
         _choose_export(plugin, cfg, cfg.steps)
         with watch.paused():
             checkpoint = save_with_state(
