@@ -181,3 +181,14 @@ def test_a_mode_entered_inside_outlives_it():
     finally:
         inner.__exit__(None, None, None)
     assert outer not in _get_current_dispatch_mode_stack()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_pass_through():
+    a = torch.randn(64, 32, device="cuda").bfloat16()
+    b = torch.randn(32, 16, device="cuda").bfloat16()
+    seen = _Seen()
+    with seen, Fp32Matmul():
+        out = a @ b
+    assert out.dtype == torch.bfloat16 and seen.dtypes_of("mm") == [(torch.bfloat16,) * 2]
+    assert Precision.parse("bf16").matmul_mode(out.device, setting="fp32") == "native"
