@@ -53,9 +53,9 @@ class Precision:
         return PRECISIONS[name]
 
     def matmul_mode(self, device: torch.device | str, *, setting: str | None = None) -> str:
-        """ "fp32" when this precision's matmuls on ``device`` are computed in fp32 and cast
-        back (a CPU without fast bf16/fp16 kernels, or ``COLOSSAL_CPU_MATMUL=fp32``; see
-        [Note: cpu matmul]), else "native". ``setting`` overrides the environment."""
+        """How this precision's matmuls on ``device`` run: "fp32" (computed in fp32 and cast
+        back: a CPU without fast bf16/fp16 kernels, or ``COLOSSAL_CPU_MATMUL=fp32``; see
+        [Note: cpu matmul]) or "native". ``setting`` overrides the environment."""
         fp32 = use_fp32_matmul(self.param_dtype, device, setting=setting)
         return "fp32" if fp32 else "native"
 
