@@ -48,11 +48,13 @@ def notes(quick: bool, s: dict) -> list[str]:
         "budgets before they spill to disk, so the job's resident memory is about B + H plus "
         "the process's overhead whatever the model: the plan matches it only when H is near 2 B "
         "per parameter. tiers_err compares the plan with the tiers' own accelerator + host peaks.",
-        "bf16 on a CPU without AVX512-BF16 (this one): torch's bf16 matmul runs at 0.05-0.5 "
-        "GFLOP/s here against ~25 GFLOP/s in fp32 (the calibrated profile in the summary; "
-        "the estimate times a matmul of the full run's shape), so "
-        "a full-size bf16 step is compute-bound for hours; the full run's tokens per step are "
-        "batch 1 x BENCH_BOX_SEQ (default 16) to keep it within days.",
+        "bf16 matmuls: colossal train computes them natively where the CPU has bf16 kernels "
+        "(AVX512-BF16 or AMX) and otherwise in fp32 through colossal_zero.Fp32Matmul (the job "
+        "prints 'bf16 matmuls computed in fp32 on this CPU'; COLOSSAL_CPU_MATMUL=auto|fp32|"
+        "native overrides); --calibrate and the full-run estimate time them the same way "
+        "(matmul_mode in the calibrated profile). On a CPU without either, torch's own bf16 "
+        "matmul ran at 0.05-5 GFLOP/s against ~300 in fp32. The full run's tokens per step are "
+        "batch 1 x BENCH_BOX_SEQ (default 16).",
         "A failed trial's why is the job's own error line: 'fits on no tier' is Gemini finding "
         "no tier with room for one chunk while the three together still have some "
         "(fragmentation near (B + H + D) / 16).",

@@ -40,17 +40,25 @@ def box_hardware(
 
 def bf16_rate(tokens: int, width: int) -> float:
     """FLOP/s of one bf16 ``tokens x width @ width x width`` matmul on this machine's CPU (one
-    warm-up call on a tenth of the rows first): the full run's block matmuls, for its estimate."""
+    warm-up call on a tenth of the rows first): the full run's block matmuls, for its estimate.
+    Computed as ``colossal train`` computes them (through ``Fp32Matmul`` on a CPU without bf16
+    kernels, or as ``COLOSSAL_CPU_MATMUL`` says)."""
     import time
 
     import torch
 
+    from colossal_zero import Precision
+
+    bf16 = Precision.parse("bf16")
     b = torch.randn(width, width).to(torch.bfloat16)
-    torch.randn(max(1, tokens // 10), width).to(torch.bfloat16) @ b
+    with bf16.compute("cpu"):
+        torch.randn(max(1, tokens // 10), width).to(torch.bfloat16) @ b
     a = torch.randn(tokens, width).to(torch.bfloat16)
-    t0 = time.perf_counter()
-    a @ b
-    return 2 * tokens * width * width / (time.perf_counter() - t0)
+    with bf16.compute("cpu"):
+        t0 = time.perf_counter()
+        a @ b
+        secs = time.perf_counter() - t0
+    return 2 * tokens * width * width / secs
 
 
 def best_gemini(hw: Hardware, config: Path, *, seq_len: int) -> Any:

@@ -117,6 +117,7 @@ def _trial(part: str, depth: int, s: dict, b: int, h: int, d: int, ctx: dict) ->
     out = where / f"run-{part.split(':')[0].replace(' ', '-')}-{depth}"
     (where / "tier").mkdir(exist_ok=True)
     args = ["--model", f"hf:{cfg}", *_common(s, where, ctx["corpus"]), *_budgets(b, h, d)]
+    args.append("--no-final-save")  # killed after step 3 anyway: no save if it outruns the kill
     job = train(
         args, out, steps=3, stop_after=True, timeout_s=s["timeout"], log=where / f"{out.name}.log"
     )
@@ -306,7 +307,10 @@ def run(quick: bool, out_dir: Path) -> Report:
                 f"batch 1 x 1024)"
             )
         report.summary["calibrated profile"] = json.dumps(
-            {k: prof[k] for k in ("flops", "copy_bw", "disk_write_bw", "disk_read_bw")}
+            {
+                k: prof[k]
+                for k in ("flops", "matmul_mode", "copy_bw", "disk_write_bw", "disk_read_bw")
+            }
         )
     finally:
         shutil.rmtree(where, ignore_errors=True)

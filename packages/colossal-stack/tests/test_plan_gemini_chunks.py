@@ -95,3 +95,19 @@ def test_planned_frozen_chunk_size_is_the_runtimes(precision):
     frozen = [c for c in manager.param_chunks() if c.frozen]
     assert planned.frozen_chunk_numel == manager.config.frozen_chunk_numel
     assert planned.frozen_chunks == len(frozen) > 0
+
+
+def test_disk_tier_fills_the_given_host_memory_not_more():
+    # a run given --host-budget H keeps on the host what H holds and spills the rest of the
+    # optimizer states to disk: the plan fits whenever the bytes that must live on the host do
+    cfg = GPTConfig(vocab_size=256, max_seq_len=64, num_layers=4, num_heads=8, hidden_size=512)
+    shape, lay, seq = from_gpt_config(cfg, "t"), _layout("gemini-disk"), cfg.max_seq_len
+    free = device_memory(shape, lay, seq)  # the job's own host budget: twice the need
+    gem = gemini_bytes(shape, lay, "bf16", max(free.activations, free.overlap))
+    need = gem.params + gem.grads + gem.spare
+    assert free.host == tier_budget(need) and free.disk > 0
+    tight = device_memory(shape, lay, seq, host_memory=need * 1.25)
+    assert tight.host == pytest.approx(need * 1.25)
+    assert tight.host + tight.disk == pytest.approx(free.host + free.disk)
+    short = device_memory(shape, lay, seq, host_memory=need / 2)
+    assert short.host == need  # what must live there: the search then refuses the layout

@@ -47,3 +47,17 @@ def test_sharded_takes_fewer_chunks_within_the_slack(budget):
     assert _waste(numels, n) <= least.waste + _SHARDED_SLACK
     if budget is not None:  # a chunk in use and the next one's gathered buffer fit
         assert working_set_bytes(n, cfg.precision_spec, 4) + n * 4 <= budget
+
+
+@pytest.mark.parametrize("budget", [None, 40 << 30])
+def test_tensors_past_the_default_bound_still_pack_tightly(budget):
+    # [Note: wide tensors]: a GPT of width 5120 in module order (its MLP matrices 104.9M
+    # elements, past the 2^25 default bound); the size must not be pinned at the largest tensor
+    h, ffn = 5120, 4 * 5120
+    block = [h, h, 3 * h * h, 3 * h, h * h, h, h, h, h * ffn, ffn, ffn * h, h]
+    numels = [256 * h, 1024 * h, *block * 4, h, h]
+    cfg = GeminiConfig("bf16", accelerator_bytes=budget)
+    size = _chunk_numel(numels, cfg, cfg.precision_spec, 1)
+    assert size > max(numels)
+    assert _waste(numels, size) < 0.1  # measured 0.054; at the largest tensor's size 0.3+
+    assert _waste(numels, max(numels)) > 0.3

@@ -21,6 +21,7 @@ from .low_level._config import ZeroConfig
 from .low_level._formula import model_state_bytes_per_param, zero3_device_bytes
 from .low_level._optimizer import LowLevelZeroOptimizer
 from .optim._adam import AdamHyper, HybridAdam, adamw_update, global_grad_norm
+from .optim._cpu_matmul import MATMUL_ENV, Fp32Matmul, cpu_has_fast_matmul
 from .optim._from_torch import adam_arguments
 from .optim._mesh_norm import mesh_grad_norm
 from .optim._precision import PRECISIONS, Precision
@@ -28,9 +29,11 @@ from .optim._scaler import LossScalerConfig
 
 __version__ = "0.1.0"
 __all__ = [
+    "MATMUL_ENV",
     "PLACEMENTS",
     "PRECISIONS",
     "AdamHyper",
+    "Fp32Matmul",
     "GeminiConfig",
     "GeminiModule",
     "GeminiOptimizer",
@@ -47,6 +50,7 @@ __all__ = [
     "checkpoint",
     "chunk_bytes_per_param",
     "consolidate",
+    "cpu_has_fast_matmul",
     "gemini_chunk_numel",
     "gemini_num_chunks",
     "global_grad_norm",

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from colossal_contracts import CheckpointError, ConfigError
+from colossal_zero import Precision
 
 from ..checkpoint._publish import MANIFEST, latest_checkpoint, verify_manifest, write_checkpoint_dir
 from ..checkpoint._whole import write_checkpoint_dir_all_ranks
@@ -50,6 +51,9 @@ class Booster:
                 f"got {type(plugin).__name__} {plugin!r}; build_plugin(name) makes one by name"
             )
         self.plugin: Plugin = plugin or DDPPlugin()
+        # [Note: cpu matmul] in colossal_zero: decided once, from the CPU and COLOSSAL_CPU_MATMUL
+        self._precision = Precision.parse(self.plugin.precision)
+        self.matmul_note: str | None = self._precision.matmul_note(self.plugin.device)
         self._at_exit: _CloseAtExit | None = _CloseAtExit(self.plugin)  # [Note: clean exit]
         atexit.register(self._at_exit)
 
@@ -85,6 +89,15 @@ class Booster:
         for m in (model, boosted):
             m.__dict__[_BOOSTED] = self.plugin.name
         return boosted, opt
+
+    def compute(self) -> contextlib.AbstractContextManager[object]:
+        """The context to run forward and backward in: bf16/fp16 matmuls computed in fp32
+        where this CPU lacks fast kernels for them (``matmul_note`` says so; [Note: cpu
+        matmul] in colossal_zero), else one that does nothing. ``with booster.compute():
+        loss = booster.train_step(x, y, model, optimizer)``."""
+        if self.matmul_note is None:
+            return contextlib.nullcontext()
+        return self._precision.compute(self.plugin.device, setting="fp32")
 
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         self.plugin.backward(loss, optimizer)

@@ -160,6 +160,15 @@ class GeminiPlugin(Plugin):
         what += f", lazy={'a lazily built model' if self.lazy else None})"
         check_combination(self.combination(), what=what)
 
+    @property
+    def precision(self) -> str:
+        """The precision the chunks compute in: ``config.precision`` (``Booster.compute()``)."""
+        return self.config.precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        self.config = replace(self.config, precision=value)
+
     def _runtime_config(self) -> GeminiConfig:
         """``config`` with the disk tier's files in a folder of this model's own."""
         if self.config.disk_bytes == 0:

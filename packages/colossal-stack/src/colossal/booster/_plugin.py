@@ -49,6 +49,9 @@ class Plugin(Protocol):
         lazy: the ``colossal.lazy_init()`` context the model was built in, which ``configure``
             materializes where the model lives ([Note: lazy fill]); None: built eagerly (the
             job builds eagerly for DDP, which replicates the whole model anyway).
+        precision: the precision the model computes in ("fp32", "bf16", "fp16", "fp64");
+            ``Booster.compute()`` reads it ([Note: cpu matmul] in colossal_zero). Plugins that
+            compute in the model's own dtype keep "fp32".
     """
 
     name: str
@@ -56,6 +59,7 @@ class Plugin(Protocol):
     mesh: ProcessMesh | None = None
     sharded_checkpoint: bool = False
     lazy: LazyInit | None = None
+    precision: str = "fp32"
 
     def configure(
         self, model: nn.Module, optimizer: torch.optim.Optimizer

@@ -227,6 +227,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="save every N steps; 0 saves only at the end (default: %(default)s)",
     )
     p.add_argument(
+        "--no-final-save",
+        dest="save_final",
+        action="store_false",
+        help="no checkpoint after the last step (no disk for it; needs --export none)",
+    )
+    p.add_argument(
         "--export",
         default=d["export"],
         metavar="{final,every,none,merged}",
@@ -330,6 +336,7 @@ def _flags(args: argparse.Namespace) -> dict:
         eval_every=args.eval_every,
         log=args.log,
         checkpoint_every=args.checkpoint_every,
+        save_final=args.save_final,
         export=args.export,
         resume=args.resume,
         restart=args.restart,

@@ -2,7 +2,8 @@
 ``plan --hardware-profile`` and ``colossal train --layout auto`` plan with.
 
 [Note: hardware profile] A profile holds what was measured: matmul FLOP/s per dtype at the given
-shape, memory-copy bytes/s, the all-reduce bus bytes/s and the latency of a one-element all-reduce over the launched
+shape (computed as training computes them: a bf16 matmul on a CPU without bf16 kernels through
+``Fp32Matmul``, ``matmul_mode`` "fp32"; see [Note: cpu matmul] in colossal_zero), memory-copy bytes/s, the all-reduce bus bytes/s and the latency of a one-element all-reduce over the launched
 world (none in one process), the CPU cores this process may use (CPU ranks that outnumber
 them share them: ``Hardware.oversubscribed``), disk write and read bytes/s (written with fsync, read after dropping the file's
 cached pages), and the memory sizes seen. ``Hardware`` reads it with the measured matmul rate
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from colossal_contracts import ConfigError
+from colossal_zero import Precision
 
 from ._hardware import Hardware
 
@@ -57,11 +59,18 @@ def calibrate(
     [Note: hardware profile]. ``tokens x hidden @ hidden x 4 hidden`` is the matmul shape."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     repeat = 3 if quick else 7
-    flops = {}
+    flops, matmul_modes = {}, {}
     for name, dtype in _DTYPES.items():
         a = torch.randn(tokens, hidden, device=dev).to(dtype)
         b = torch.randn(hidden, 4 * hidden, device=dev).to(dtype)
-        flops[name] = 2 * tokens * hidden * 4 * hidden / _timed(lambda a=a, b=b: a @ b, repeat)
+        spec = Precision.parse(name)  # timed as training computes it ([Note: cpu matmul])
+        matmul_modes[name] = spec.matmul_mode(dev)
+
+        def mm(a: torch.Tensor = a, b: torch.Tensor = b, spec: Precision = spec) -> None:
+            with spec.compute(dev):
+                a @ b
+
+        flops[name] = 2 * tokens * hidden * 4 * hidden / _timed(mm, repeat)
     n = (1 << 24) if not quick else (1 << 22)
     src, dst = torch.empty(n, device=dev), torch.empty(n, device=dev)
     copy_bw = 4 * n / _timed(lambda: dst.copy_(src), repeat)
@@ -84,6 +93,7 @@ def calibrate(
         "world": world,
         "matmul_shape": [tokens, hidden, 4 * hidden],
         "flops": flops,
+        "matmul_mode": matmul_modes,
         "copy_bw": copy_bw,
         "collective_bw": coll,
         "collective_latency": latency,

@@ -53,11 +53,18 @@ def tier_budget(nbytes: float) -> int:
     return max(MIN_BUDGET, int(nbytes * ROOM))
 
 
-def disk_tier_split(host: float, optimizer: float) -> tuple[float, float]:
+def disk_tier_split(
+    host: float, optimizer: float, *, host_memory: float | None = None
+) -> tuple[float, float]:
     """``gemini-disk``'s host and disk bytes: the job's host budget is ``tier_budget`` of the
-    ``host`` bytes that must live there (parameters, gradients, the spare), and Gemini spills
-    optimizer states to disk only once that budget is full, so its room holds them first."""
-    on_host = min(optimizer, max(0.0, tier_budget(host) - host))
+    ``host`` bytes that must live there (parameters, gradients, the spare), capped at the
+    ``host_memory`` one device's job may use (a run given ``--host-budget``: that budget), and
+    Gemini spills optimizer states to disk only once that budget is full, so its room holds
+    them first; what it cannot hold goes to disk."""
+    budget = tier_budget(host)
+    if host_memory is not None:
+        budget = min(budget, max(host, host_memory))
+    on_host = min(optimizer, max(0.0, budget - host))
     return host + on_host, optimizer - on_host
 
 

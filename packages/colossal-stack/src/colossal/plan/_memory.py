@@ -156,10 +156,17 @@ def activation_bytes(
 
 
 def device_memory(
-    shape: ModelShape, lay: Layout, seq_len: int, *, precision: str = "bf16"
+    shape: ModelShape,
+    lay: Layout,
+    seq_len: int,
+    *,
+    precision: str = "bf16",
+    host_memory: float | None = None,
 ) -> MemoryBreakdown:
     """The peak memory of one device of the busiest stage under ``lay`` (see [Note: memory
-    model]); ``precision`` ``bf16`` is mixed precision (16-bit activations), ``fp32`` all fp32."""
+    model]); ``precision`` ``bf16`` is mixed precision (16-bit activations), ``fp32`` all fp32.
+    ``host_memory``: the host bytes one device's job may use, which bounds what ``gemini-disk``
+    keeps on the host before it spills to disk (None: no bound)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     n = device_params(shape, lay)
@@ -190,5 +197,5 @@ def device_memory(
         return MemoryBreakdown(p, g, 0.0, act, working, host=o + spare, **kw)
     if lay.method == "gemini-host-all":
         return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g + o + spare, **kw)
-    host, disk = disk_tier_split(p + g + spare, o)  # gemini-disk
+    host, disk = disk_tier_split(p + g + spare, o, host_memory=host_memory)  # gemini-disk
     return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=host, disk=disk, **kw)

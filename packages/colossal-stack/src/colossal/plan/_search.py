@@ -51,14 +51,16 @@ class Plan:
 def evaluate(req: PlanRequest, lay: Layout) -> Plan:
     """Memory and cost of one layout, and whether it fits device, host and disk."""
     hw = req.hardware
-    mem = device_memory(req.shape, lay, req.seq_len, precision=req.precision)
+    per_node = min(hw.devices_per_node, lay.devices)
+    mem = device_memory(
+        req.shape, lay, req.seq_len, precision=req.precision, host_memory=hw.host_memory / per_node
+    )
     chunks = 0
     if lay.method.startswith("gemini") and hw.collective_latency:
         chunks = gemini_bytes(req.shape, lay, req.precision, mem.activations).num_chunks
     cost = step_cost(
         req.shape, lay, mem, hw, req.seq_len, efficiency=req.efficiency, num_chunks=chunks
     )
-    per_node = min(hw.devices_per_node, lay.devices)
     why = ""
     if mem.device_total > hw.memory:
         why = f"device {mem.device_total / GiB:.1f} GiB > {hw.memory / GiB:.1f} GiB"

@@ -125,6 +125,11 @@ class TrainConfig:
                 "checkpoints are the full model; hybrid ones export with colossal.export_checkpoint"
                 "); drop it"
             )
+        if not self.checkpoint.save_final and self.checkpoint.export in ("final", "merged"):
+            raise ConfigError(
+                f"--no-final-save leaves no final checkpoint for --export "
+                f"{self.checkpoint.export}; add --export none (or drop --no-final-save)"
+            )
         if self.training.max_grad_norm and plugin == "ddp":
             raise ConfigError(
                 "--max-grad-norm is not built for --plugin ddp; use --zero 1 or drop it"

@@ -139,6 +139,8 @@ def _announce(
         f"{world} rank(s), plugin {run.plugin.label()}, "
         f"{describe_data(run.shards, tokenizer)}"
     )
+    if run.booster.matmul_note is not None:
+        console.print(run.booster.matmul_note)
     if lora:
         console.print(
             f"LoRA r{lora['rank']} on {', '.join(lora['target_modules'])}: "
@@ -190,14 +192,15 @@ def _run_steps(
             x, y = booster.to_device((x, y))  # [Note: plugin device]
             # grad_accum micro-batches (a pipeline's are in its schedule), each loss averaged
             # over dp and checked before its backward
-            loss_value = booster.train_step(
-                x,
-                y,
-                run.model,
-                optimizer,
-                microbatches=t.grad_accum,
-                on_loss=lambda loss, s=step + 1: _checked_loss(guard, s, loss, run.dp_group),
-            )
+            with booster.compute():  # [Note: cpu matmul] in colossal_zero
+                loss_value = booster.train_step(
+                    x,
+                    y,
+                    run.model,
+                    optimizer,
+                    microbatches=t.grad_accum,
+                    on_loss=lambda loss, s=step + 1: _checked_loss(guard, s, loss, run.dp_group),
+                )
             guard.check_grads(step + 1, run.model, optimizer)
             optimizer.step()
             guard.after_step(step + 1, optimizer)
@@ -218,7 +221,8 @@ def _run_steps(
                 record["layout"] = cfg.parallel.layout
             eval_every = cfg.logging.eval_every
             if eval_every and (step + 1) % eval_every == 0 and held_out:
-                record["val_loss"] = _evaluate(booster, run.model, held_out, run.dp_group)
+                with booster.compute():
+                    record["val_loss"] = _evaluate(booster, run.model, held_out, run.dp_group)
             records.append(record)
             if tensorboard is not None:
                 tensorboard.add(record)
@@ -265,9 +269,9 @@ def _finish(
     summary; then the Booster closes."""
     steps, every, out = cfg.training.steps, cfg.checkpoint.every, cfg.checkpoint.out
     checkpoint = done.checkpoint
-    if not every or steps % every:
+    if cfg.checkpoint.save_final and (not every or steps % every):
         checkpoint = _save(cfg, run, steps, extra, watch)
-    with watch.paused():
+    with watch.paused(), run.booster.compute():
         held_out = done.held_out
         val = (
             _evaluate(run.booster, run.model, held_out, run.dp_group) if held_out else float("nan")

@@ -74,6 +74,7 @@ _CHECKS: dict[str, tuple[tuple[type, ...], tuple[int, int] | None]] = {
     "disk_dir": ((Path, str, _NONE), None),
     "out": ((Path, str), None),
     "checkpoint_every": ((int,), (0, 2**24 - 1)),
+    "save_final": ((bool,), None),
     "export": ((str,), None),
     "resume": ((bool,), None),
     "restart": ((bool,), None),
@@ -270,6 +271,8 @@ class CheckpointSection(_Section):
     Attributes:
         out: directory for metrics.jsonl, the checkpoint and plots.
         every: save every N steps (0: only at the end). ``--checkpoint-every``.
+        save_final: save a checkpoint when the run ends; False (``--no-final-save``): only the
+            ``every`` saves (a run whose disk tier fills the disk); export not final.
         export: which checkpoints also carry the consolidated fp32 model (bounded safetensors
             shards with a Hugging Face ``model.safetensors.index.json``) beside the sharded
             training state, for the gemini and zero plugins: "final" (the last step's only),
@@ -282,6 +285,7 @@ class CheckpointSection(_Section):
     _SECTION = "checkpoint"
     out: Path = Path("runs/latest")
     every: int = 0
+    save_final: bool = True
     export: str = "final"
     resume: bool = False
     restart: bool = False

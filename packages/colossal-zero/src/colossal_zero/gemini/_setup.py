@@ -2,6 +2,14 @@
 
 Everything here runs before the first step, so a budget that cannot work, an unknown placement
 or precision is a ``ConfigError`` before any training starts.
+
+[Note: wide tensors] The chunk-size search tries sizes from the largest tensor up to a bound
+(the budget's, at most 2^25 elements). A model whose largest tensor is past that bound (a GPT of
+width 5120: its MLP matrices have 104.9M elements) would get the largest tensor's size as its
+only candidate, and greedy packing in module order then leaves chunks up to 2/3 empty (a block's
+qkv and proj fill one chunk, each MLP matrix one more, with the next block's qkv spilling on).
+The bound is raised to twice the largest tensor, within the budget's, so the search can find a
+size a few thousand elements larger that packs a block into three full chunks.
 """
 
 from __future__ import annotations
@@ -118,7 +126,10 @@ def _chunk_numel(
             per_elem = working_set_bytes(world_size, precision, world_size, frozen=frozen)
             cap_numel = int(cap // (per_elem / world_size + elem))
             slack = _SHARDED_SLACK
-    limit = max(min(cap_numel, _MAX_DEFAULT_CHUNK), -(-largest // unit) * unit)
+    # a tensor above the default bound: up to twice it, or the search has one candidate (the
+    # tensor's own size) and wastes up to 2/3 of a wide GPT's chunks ([Note: wide tensors])
+    ceiling = max(_MAX_DEFAULT_CHUNK, 2 * largest)
+    limit = max(min(cap_numel, ceiling), -(-largest // unit) * unit)
     return _search(tuple(numels), max(limit, unit), elem, world_size, slack)
 
 

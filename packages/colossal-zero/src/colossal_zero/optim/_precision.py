@@ -11,11 +11,14 @@ other precision keeps its optimizer values in fp32 (``state_dtype`` float32), as
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from colossal_contracts import ConfigError
+
+from ._cpu_matmul import Fp32Matmul, use_fp32_matmul
 
 __all__ = ["PRECISIONS", "Precision"]
 
@@ -48,6 +51,29 @@ class Precision:
         if name not in PRECISIONS:
             raise ConfigError(f"unknown precision {name!r}; choose one of: {', '.join(PRECISIONS)}")
         return PRECISIONS[name]
+
+    def matmul_mode(self, device: torch.device | str, *, setting: str | None = None) -> str:
+        """How this precision's matmuls on ``device`` run: "fp32" (computed in fp32 and cast
+        back: a CPU without fast bf16/fp16 kernels, or ``COLOSSAL_CPU_MATMUL=fp32``; see
+        [Note: cpu matmul]) or "native". ``setting`` overrides the environment."""
+        fp32 = use_fp32_matmul(self.param_dtype, device, setting=setting)
+        return "fp32" if fp32 else "native"
+
+    def matmul_note(self, device: torch.device | str, *, setting: str | None = None) -> str | None:
+        """One line saying that this precision's matmuls are computed in fp32 on this CPU;
+        None where they run natively."""
+        if self.matmul_mode(device, setting=setting) == "native":
+            return None
+        return f"{self.name} matmuls computed in fp32 on this CPU"
+
+    def compute(
+        self, device: torch.device | str, *, setting: str | None = None
+    ) -> contextlib.AbstractContextManager[object]:
+        """The context forward and backward run in: ``Fp32Matmul`` where ``matmul_mode`` is
+        "fp32", else one that does nothing."""
+        if self.matmul_mode(device, setting=setting) == "native":
+            return contextlib.nullcontext()
+        return Fp32Matmul((self.param_dtype,))
 
     def check_device(self, device: torch.device | str) -> None:
         """``ConfigError`` when ``device`` cannot hold this precision's tensors (float64 on a
