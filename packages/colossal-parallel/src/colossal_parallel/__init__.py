@@ -15,6 +15,7 @@ from ._comm import CountedComm
 from ._config import TP_MODES, MeshConfig, TpMode, divide
 from ._counter import COMM_OPS, CommCounter, CommStat
 from ._grads import all_reduce_grads
+from ._group_cache import GroupStats, release_shared_groups, shared_group_stats
 from ._launch import LaunchInfo, launch_from_torch, seed_everything
 from ._mesh import ProcessMesh
 from ._p2p import exchange
@@ -27,6 +28,7 @@ __all__ = [
     "CommCounter",
     "CommStat",
     "CountedComm",
+    "GroupStats",
     "LaunchInfo",
     "MeshConfig",
     "PendingSwitch",
@@ -43,8 +45,10 @@ __all__ = [
     "pipeline",
     "reduce_from_axis",
     "reduce_scatter_along",
+    "release_shared_groups",
     "seed_everything",
     "sequence",
+    "shared_group_stats",
     "split_along",
     "switch_shard_dim",
     "switch_shard_dim_async",
