@@ -19,6 +19,7 @@ from ._group_cache import GroupStats, release_shared_groups, shared_group_stats
 from ._launch import LaunchInfo, launch_from_torch, seed_everything
 from ._mesh import ProcessMesh
 from ._p2p import exchange
+from ._torch_op import torch_function_op
 
 __version__ = "0.1.0"
 
@@ -52,5 +53,6 @@ __all__ = [
     "split_along",
     "switch_shard_dim",
     "switch_shard_dim_async",
+    "torch_function_op",
     "tp1d",
 ]
