@@ -363,7 +363,9 @@ def test_gemini_tp_trains_a_lazily_built_model_as_an_eager_one(world, ranks, set
 GEMINI_DP2_TP4_2D = GEMINI_TP2 | {"tp_size": 4, "tp_mode": "2d", "precision": "fp64"}
 
 
-def test_gemini_dp2_with_2d_tp4_is_exact_in_fp64(world):
+@pytest.mark.slow
+@pytest.mark.outside_ci  # about a minute on two cores: nox -s layouts; CI trains this layout a
+def test_gemini_dp2_with_2d_tp4_is_exact_in_fp64(world):  # step in test_layouts_build
     out = world(8).run(gemini_case, GEMINI_DP2_TP4_2D, STEPS_64, None, 2, "float64")
     _check(out, FLOAT64_TOL, FLOAT64_TOL)
     for r in out:
