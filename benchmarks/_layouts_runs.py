@@ -1,6 +1,7 @@
 """Layouts that ``colossal plan`` lists for a tiny GPT, and the rank-side run that builds each
 through the training job's flags and plugin and trains one step; shared by ``bench_layouts``
-(every listed layout, 4 and 8 ranks) and the stack's ``test_layouts_build`` (a sample)."""
+(every listed layout, 4 and 8 ranks) and the stack's ``test_layouts_build`` (every listed
+layout outside CI; in CI ``covering_sample``: one layout per kind composed)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,41 @@ def sample(texts: list[str], per_method: int = 2, ckpt_every: int = 4) -> list[s
                 used[method] += 1
                 on_mesh[mesh] += 1
                 picks.append(by_mesh[mesh][method])
+    listed = set(texts)
+    return [
+        f"{t} ckpt" if i % ckpt_every == ckpt_every - 1 and f"{t} ckpt" in listed else t
+        for i, t in enumerate(picks)
+    ]
+
+
+def axis_key(text: str) -> tuple[str, str, str, str]:
+    """What a layout composes, by kind: tp mode, sequence parallelism, pipeline schedule and
+    sharding (``gemini`` for every Gemini placement), as the capability table names them."""
+    c = parse_layout(text).combination("fp32")
+    return c.tp, c.sp, c.pp, c.sharding
+
+
+def covering_sample(
+    texts: list[str], skip: frozenset[tuple[str, str, str, str]] = frozenset(), ckpt_every: int = 4
+) -> list[str]:
+    """One layout of ``texts`` per ``axis_key`` not in ``skip``, deterministic: keys in sorted
+    order; within a key the method used least so far (so Gemini's placements take turns), then
+    the mesh used least so far, then the first in sorted order; every ``ckpt_every``-th pick
+    with activation checkpointing (its ``ckpt`` variant, where listed)."""
+    by_key: dict[tuple[str, str, str, str], list[str]] = {}
+    for text in sorted(t for t in texts if not t.endswith(" ckpt")):
+        by_key.setdefault(axis_key(text), []).append(text)
+    methods: Counter[str] = Counter()
+    meshes: Counter[str] = Counter()
+    picks: list[str] = []
+    for key in sorted(k for k in by_key if k not in skip):
+        pick = min(
+            by_key[key],
+            key=lambda t: (methods[parse_layout(t).method], meshes[mesh_of(t)], t),
+        )
+        methods[parse_layout(pick).method] += 1
+        meshes[mesh_of(pick)] += 1
+        picks.append(pick)
     listed = set(texts)
     return [
         f"{t} ckpt" if i % ckpt_every == ckpt_every - 1 and f"{t} ckpt" in listed else t

@@ -6,7 +6,7 @@ lists for GPT-nano (fp32, sequence 32, global batch 4), of those that differ onl
 step's samples are cut into pipeline micro-batches the one with the most, and builds each
 through ``colossal train --layout``'s flags (``layout_flags``) and the job's plugin, then trains
 one step on a fixed batch (``one_step_each`` in ``_layouts_runs.py``, which the stack's
-``test_layouts_build`` runs on a sample of the 4-rank list). Per layout: whether it built and
+``test_layouts_build`` runs on every listed layout, and in CI on a covering sample). Per layout: whether it built and
 trained (a finite loss), the error's first line where not, rank 0's loss, and the slowest
 rank's seconds for build plus step. A layout that fails on some ranks only (the others then
 wait in a collective) ends its world; the next layout starts a fresh one.
@@ -103,8 +103,9 @@ def run(quick: bool, out_dir: Path) -> Report:
         "rank's build plus step, including the plugin's one-off set-up (process groups, chunk "
         "managers, disk tiers): a build-cost figure, not a step time; a world's first layout also "
         "pays the ranks' first imports and first use of every kernel.",
-        "The stack's test_layouts_build runs a sample of the 4-rank list in CI (every mesh "
-        "once, each memory method on two meshes or more, activation checkpointing on a few).",
+        "The stack's test_layouts_build runs every listed layout on 4 and 8 ranks (`nox -s "
+        "layouts`), and in CI a covering sample: one layout per kind composed (tp mode x "
+        "sequence parallelism x pipeline schedule x ZeRO stage or Gemini).",
         load_note(before),
     ]
     return report

@@ -13,6 +13,8 @@ from colossal_parallel import (
     gather_along,
     reduce_from_axis,
     reduce_scatter_along,
+    release_shared_groups,
+    shared_group_stats,
     split_along,
 )
 
@@ -113,3 +115,33 @@ def bad_config_then_collective(cfg: MeshConfig) -> str:
 
 def stat_type() -> str:
     return CommStat.__name__
+
+
+def shared_groups_across_meshes() -> dict:
+    """Two meshes asking for the same rank sets share their groups; a closed mesh's groups
+    still carry a collective; ``release_shared_groups`` destroys them and starts the counts
+    again. (Starts from a released cache: other checks of the world built meshes before.)"""
+    release_shared_groups()
+    a = ProcessMesh(MeshConfig(dp=2, tp=2))
+    after_a = shared_group_stats()
+    b = ProcessMesh(MeshConfig(dp=2, pp=2))
+    after_b = shared_group_stats()
+    shared = a.group("dp") is b.group("pp") and a.group("tp") is b.group("dp")
+    a.close()
+    total = b.comm.all_reduce(torch.tensor([1.0]), "pp")  # a's close left a's dp group alive
+    b.close()
+    destroyed = release_shared_groups()
+    c = ProcessMesh(MeshConfig(dp=2, tp=2))  # created afresh after the release
+    after_c = shared_group_stats()
+    summed = c.comm.all_reduce(torch.tensor([float(c.rank)]), "tp")
+    c.close()
+    release_shared_groups()
+    return {
+        "after_a": after_a,
+        "after_b": after_b,
+        "shared": shared,
+        "pp_sum": float(total[0]),
+        "destroyed": destroyed,
+        "after_c": after_c,
+        "tp_sum": float(summed[0]),
+    }

@@ -176,3 +176,19 @@ def test_bad_size_raises_before_any_collective(world, cfg):
         count, msg = res.split("|", 1)
         assert count == "2"  # the world's next collective still completes on every rank
         assert msg, "ProcessMesh accepted an invalid config"
+
+
+def test_meshes_of_one_world_share_their_groups(world):
+    """[Note: shared groups] on 4 ranks. ``dp2 tp2`` asks for 12 groups: pp and sp, the four
+    singletons each; dp {0, 2}, {1, 3}; tp {0, 1}, {2, 3}: 8 rank sets created, 4 reused.
+    ``dp2 pp2`` then asks for pp {0, 2}, {1, 3}, dp {0, 1}, {2, 3} and the singletons for sp
+    and tp: all 12 reused, none created."""
+    for rank, res in enumerate(world(4).run(checks.shared_groups_across_meshes)):
+        a, b, c = res["after_a"], res["after_b"], res["after_c"]
+        assert (a.created, a.reused, a.live) == (8, 4, 8)
+        assert (b.created, b.reused, b.live) == (8, 16, 8)
+        assert res["shared"]  # the same group objects, not equal copies
+        assert res["pp_sum"] == 2.0  # a closed, its groups still work for b
+        assert res["destroyed"] == 3  # this rank's singleton and its two pairs
+        assert (c.created, c.reused, c.live) == (8, 4, 8)  # counted afresh after the release
+        assert res["tp_sum"] == (1.0 if rank < 2 else 5.0)

@@ -172,20 +172,25 @@ def low_precision_case(settings: dict, steps: int, layers: int = 2) -> dict:
 
 
 def gemini_case(
-    settings: dict, steps: int, root: str, layers: int = 2, dtype: str = "float32"
+    settings: dict,
+    steps: int,
+    root: str | None,
+    layers: int = 2,
+    dtype: str = "float32",
 ) -> dict:
     """``GeminiPlugin(**settings)`` (tensor parallel) for ``steps`` steps against the reference,
     saving a checkpoint half way; then a fresh plugin of the same layout loads it and redoes
     the second half (``resume_err``: its losses against the uninterrupted run's), and the
     consolidated export (safetensors shards and their index) is checked against the reference
-    at that step. ``dtype="float64"`` with ``precision="fp64"``: all of it in float64."""
+    at that step. ``dtype="float64"`` with ``precision="fp64"``: all of it in float64. With
+    ``root`` None: the training run alone (no checkpoint, no resume, no export)."""
     half = steps // 2
     plugin = GeminiPlugin(max_grad_norm=CLIP, **settings)
     booster, model, opt = _gemini_boost(plugin, layers, dtype)
     mesh = plugin.mesh
     assert mesh is not None
     losses = _gemini_steps(booster, model, opt, mesh, batches(steps)[:half])
-    saved = booster.save(model, opt, Path(root), step=half)
+    saved = booster.save(model, opt, Path(root), step=half) if root is not None else None
     losses += _gemini_steps(booster, model, opt, mesh, batches(steps)[half:])
     stats = booster.memory_stats()
     ref_losses, ref = _reference(layers, steps, 1, dtype)
@@ -197,6 +202,8 @@ def gemini_case(
     out["dtypes"] = sorted({str(v.dtype) for v in full.values()})
     out["stats"] = stats
     plugin.close()
+    if root is None:
+        return out
 
     again = GeminiPlugin(max_grad_norm=CLIP, **settings)
     booster, model, opt = _gemini_boost(again, layers, dtype)

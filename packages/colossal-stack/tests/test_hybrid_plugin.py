@@ -356,3 +356,22 @@ def test_gemini_tp_trains_a_lazily_built_model_as_an_eager_one(world, ranks, set
     out = world(ranks).run(gemini_lazy_case, settings, 3)
     for r in out:
         assert r["lazy"] == r["eager"]  # lazy init replays construction bit for bit
+
+
+# Gemini over dp2 with 2d tp4 on 8 ranks: every grid operator hands its parameter to a custom
+# autograd Function, which Gemini's operator hooks see only through colossal-parallel's
+# torch_function_op ([Note: operators a mode sees]); before, the first backward failed (the
+# tied head's gather recorded the weight at rest, an empty tensor on its dp-sharded chunk).
+# Training only: its checkpoint's layout index misses the 2d vector parameters' blocks
+# (load refuses it, naming blocks.0.ln1.bias), a gap of the sharded format left open here
+GEMINI_DP2_TP4_2D = GEMINI_TP2 | {"tp_size": 4, "tp_mode": "2d", "precision": "fp64"}
+
+
+@pytest.mark.slow
+@pytest.mark.outside_ci  # about a minute on two cores: nox -s layouts; CI trains this layout a
+def test_gemini_dp2_with_2d_tp4_is_exact_in_fp64(world):  # step in test_layouts_build
+    out = world(8).run(gemini_case, GEMINI_DP2_TP4_2D, STEPS_64, None, 2, "float64")
+    _check(out, FLOAT64_TOL, FLOAT64_TOL)
+    for r in out:
+        assert r["stats"]["mesh"] == "dp2 x tp4(2d), gemini"
+        assert r["stats"]["bytes_moved_total"] > 0  # the budget forced chunk moves

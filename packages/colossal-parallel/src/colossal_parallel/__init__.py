@@ -15,9 +15,11 @@ from ._comm import CountedComm
 from ._config import TP_MODES, MeshConfig, TpMode, divide
 from ._counter import COMM_OPS, CommCounter, CommStat
 from ._grads import all_reduce_grads
+from ._group_cache import GroupStats, release_shared_groups, shared_group_stats
 from ._launch import LaunchInfo, launch_from_torch, seed_everything
 from ._mesh import ProcessMesh
 from ._p2p import exchange
+from ._torch_op import torch_function_op
 
 __version__ = "0.1.0"
 
@@ -27,6 +29,7 @@ __all__ = [
     "CommCounter",
     "CommStat",
     "CountedComm",
+    "GroupStats",
     "LaunchInfo",
     "MeshConfig",
     "PendingSwitch",
@@ -43,10 +46,13 @@ __all__ = [
     "pipeline",
     "reduce_from_axis",
     "reduce_scatter_along",
+    "release_shared_groups",
     "seed_everything",
     "sequence",
+    "shared_group_stats",
     "split_along",
     "switch_shard_dim",
     "switch_shard_dim_async",
+    "torch_function_op",
     "tp1d",
 ]

@@ -16,6 +16,7 @@ from colossal_contracts import ConfigError, DistributedError
 
 from ._comm import CountedComm
 from ._config import MeshConfig
+from ._group_cache import shared_group
 
 __all__ = ["ProcessMesh"]
 
@@ -93,7 +94,8 @@ class ProcessMesh:
         dims = self._axis_dims(axis)
         shape = self._layout_shape
         others = [d for d in range(len(shape)) if d not in dims]
-        # Every rank creates every group of this axis, in the same order (creation is collective).
+        # Every rank asks for every group of this axis, in the same order (creation is collective;
+        # a rank set another mesh of this world already has is reused: [Note: shared groups]).
         for fixed in itertools.product(*(range(shape[d]) for d in others)):
             members = []
             for varying in itertools.product(*(range(shape[d]) for d in dims)):
@@ -103,7 +105,7 @@ class ProcessMesh:
                 for d, c in zip(dims, varying):
                     coords[d] = c
                 members.append(_ravel(tuple(coords), shape))
-            group = dist.new_group(members)
+            group = shared_group(members)
             if self.rank in members:
                 self._groups[axis] = group
                 self._ranks[axis] = members
@@ -141,12 +143,9 @@ class ProcessMesh:
         return members[coord]
 
     def close(self) -> None:
-        """Destroy this mesh's process groups (collective: every rank must call it)."""
-        seen: set[int] = set()
-        for group in self._groups.values():
-            if id(group) not in seen:
-                seen.add(id(group))
-                dist.destroy_process_group(group)
+        """Let go of this mesh's process groups. They are the world's shared groups and stay
+        alive for the next mesh ([Note: shared groups]); ``release_shared_groups()`` destroys
+        them. The mesh answers no ``group()`` after."""
         self._groups.clear()
 
     def __repr__(self) -> str:

@@ -23,7 +23,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from colossal_contracts import ConfigError
-from colossal_parallel import ProcessMesh, copy_to_axis, gather_along, reduce_scatter_along
+from colossal_parallel import (
+    ProcessMesh,
+    copy_to_axis,
+    gather_along,
+    reduce_scatter_along,
+    torch_function_op,
+)
 from colossal_parallel.grid import (
     LAYOUT_2D,
     LAYOUT_2P5D,
@@ -109,6 +115,7 @@ _KITS: dict[str, _Kit] = {
 }
 
 
+@torch_function_op  # one operator over the tied weight (colossal-parallel's [Note: operators a mode sees])
 def grid_tied_logits(
     h: torch.Tensor, weight: torch.Tensor, mesh: ProcessMesh, layout: TpLayout
 ) -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .._comm import CountedComm
+from .._torch_op import torch_function_op
 from ._layout import TpLayout
 from ._linear import GridLinear
 
@@ -63,6 +64,7 @@ class _Cube(torch.autograd.Function):
         return gx, gw, None, None, None
 
 
+@torch_function_op
 def cube_matmul(
     x: torch.Tensor, w: torch.Tensor, comm: CountedComm, layout: TpLayout
 ) -> torch.Tensor:

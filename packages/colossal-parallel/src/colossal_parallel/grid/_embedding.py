@@ -20,6 +20,7 @@ from colossal_contracts import ConfigError
 from .._autograd import copy_to_axis, reduce_scatter_along
 from .._config import divide, require_plain_embedding
 from .._mesh import ProcessMesh
+from .._torch_op import torch_function_op
 from ._common import block_generator
 from ._layout import TpLayout, materialize_vector, vector_chunk
 from ._mode import ModeLayer
@@ -123,12 +124,18 @@ class GridVocabEmbedding(_GridTable):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         _check_ids(ids, type(self).__name__)
-        comm, axis = self.mesh.comm, self.layout.chunk_axis
-        w = self.weight
-        for a in self.layout.replica_axes:
-            w = copy_to_axis(w, comm, a)
-        all_ids = comm.all_gather(ids, axis, dim=0)  # ids of every chunk along `axis`
-        local = all_ids - self.vocab_start
-        inside = (local >= 0) & (local < w.shape[0])
-        part = F.embedding(local.clamp(0, w.shape[0] - 1), w) * inside.unsqueeze(-1).to(w.dtype)
-        return reduce_scatter_along(part, comm, axis, 0)
+        return _vocab_lookup(ids, self.weight, self.mesh, self.layout, self.vocab_start)
+
+
+@torch_function_op  # one operator over the parameter ([Note: operators a mode sees])
+def _vocab_lookup(
+    ids: torch.Tensor, w: torch.Tensor, mesh: ProcessMesh, layout: TpLayout, vocab_start: int
+) -> torch.Tensor:
+    comm, axis = mesh.comm, layout.chunk_axis
+    for a in layout.replica_axes:
+        w = copy_to_axis(w, comm, a)
+    all_ids = comm.all_gather(ids, axis, dim=0)  # ids of every chunk along `axis`
+    local = all_ids - vocab_start
+    inside = (local >= 0) & (local < w.shape[0])
+    part = F.embedding(local.clamp(0, w.shape[0] - 1), w) * inside.unsqueeze(-1).to(w.dtype)
+    return reduce_scatter_along(part, comm, axis, 0)

@@ -26,6 +26,7 @@ from colossal_contracts import ConfigError
 
 from .._autograd import copy_to_axis, gather_along, local_chunk, split_along
 from .._mesh import ProcessMesh
+from .._torch_op import torch_function_op
 
 __all__ = [
     "TpLayout",
@@ -123,6 +124,7 @@ def gather_from_layout(
     return x
 
 
+@torch_function_op
 def materialize_vector(
     p: torch.Tensor, mesh: ProcessMesh, layout: TpLayout, dim: int = -1
 ) -> torch.Tensor:

@@ -27,6 +27,7 @@ from torch import nn
 
 from .._autograd import copy_to_axis
 from .._comm import CountedComm
+from .._torch_op import torch_function_op
 from ._linear import GridLinear
 
 __all__ = ["COL_PEERS", "ROW_PEERS", "SummaLinear", "summa_matmul"]
@@ -70,6 +71,7 @@ class _Summa(torch.autograd.Function):
         return gx, gw, None
 
 
+@torch_function_op
 def summa_matmul(x: torch.Tensor, w: torch.Tensor, comm: CountedComm) -> torch.Tensor:
     """``Y[i, j]`` from ``X[i, j]`` (R, K/q) and ``W[i, j]`` (K/q, N/q); see [Note: SUMMA blocks]."""
     return _Summa.apply(x, w, comm)
@@ -98,7 +100,13 @@ class SummaLinear(GridLinear):
         return w.chunk(q, 0)[i].chunk(q, 1)[j]
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        for a in self.layout.replica_axes:  # 2.5D: the same block on every depth layer
-            w = copy_to_axis(w, self.mesh.comm, a)
-        return summa_matmul(x, w, self.mesh.comm)
+        return _replicated_summa(x, self.weight, self.mesh.comm, self.layout.replica_axes)
+
+
+@torch_function_op  # one operator over the parameter ([Note: operators a mode sees])
+def _replicated_summa(
+    x: torch.Tensor, w: torch.Tensor, comm: CountedComm, replica_axes: tuple[str, ...]
+) -> torch.Tensor:
+    for a in replica_axes:  # 2.5D: the same block on every depth layer
+        w = copy_to_axis(w, comm, a)
+    return summa_matmul(x, w, comm)
