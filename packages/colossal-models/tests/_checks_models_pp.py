@@ -63,43 +63,16 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
-def _expected(values: torch.nn.Module, mesh: ProcessMesh, opts: dict) -> dict:
-    """``values`` (reference weights, or a copy holding its gradients), sharded like the
-    pipelined model, by name."""
-    src = copy.deepcopy(values)
+def _expected(ref: torch.nn.Module, mesh: ProcessMesh, *, grads: bool, opts: dict) -> dict:
+    """Reference weights (or gradients), sharded like the pipelined model, by name."""
+    src = copy.deepcopy(ref)
+    if grads:
+        with torch.no_grad():
+            for q, r in zip(src.parameters(), ref.parameters()):
+                q.copy_(r.grad)
     if mesh.size("tp") > 1:
         parallelize(src, mesh, **opts)
     return {k: v.detach() for k, v in src.named_parameters()}
-
-
-_REFERENCES: dict[tuple[str, int, int], dict] = {}
-
-
-def _reference(model: str, dp: int, m: int, data: torch.Tensor) -> dict:
-    """The unsharded model's half of ``run_case``: its initial weights, the losses of ``STEPS``
-    AdamW steps on ``data`` in ``dp * m`` micro-batches, a copy holding the first step's
-    gradients in place of the weights, and the final weights. It depends on ``(model, dp, m)``
-    alone (seeded weights, seeded data), so a rank of a long-lived World computes it once for
-    every case that shares them."""
-    key = (model, dp, m)
-    if key not in _REFERENCES:
-        torch.manual_seed(0)
-        ref = MODELS[model]()
-        initial = copy.deepcopy(ref)
-        opt = torch.optim.AdamW(ref.parameters(), lr=LR)
-        x, y = data[:, :-1], data[:, 1:]
-        losses, grads = [], None
-        for _ in range(STEPS):
-            opt.zero_grad()
-            losses.append(_accumulate(ref, x, y, dp * m))
-            if grads is None:
-                grads = copy.deepcopy(ref)
-                with torch.no_grad():
-                    for q, r in zip(grads.parameters(), ref.parameters()):
-                        q.copy_(r.grad)
-            opt.step()
-        _REFERENCES[key] = {"initial": initial, "losses": losses, "grads": grads, "final": ref}
-    return _REFERENCES[key]
 
 
 def _accumulate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, n: int) -> float:
@@ -127,26 +100,30 @@ def run_case(
     mesh = ProcessMesh(MeshConfig(pp=pp, dp=dp, tp=tp))
     opts = {"sequence_parallel": sp}
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(1)
-    data = torch.randint(0, 256, (dp * B, T + 1), generator=g)  # trained on: the loss must fall
-    ref = _reference(model, dp, m, data)
-    par = copy.deepcopy(ref["initial"])
+    ref = MODELS[model]()
+    par = copy.deepcopy(ref)
     tp_only = None
     if tp > 1:
         parallelize(par, mesh, **opts)
         # the same tensor-parallel model without a pipeline, on the same micro-batches: what the
         # pipeline adds to tensor parallelism's own rounding ([Note: pipeline vs tp])
         tp_mesh = ProcessMesh(MeshConfig(dp=dist.get_world_size() // tp, tp=tp))
-        tp_only = parallelize(copy.deepcopy(ref["initial"]), tp_mesh, **opts)
+        tp_only = parallelize(copy.deepcopy(ref), tp_mesh, **opts)
         opt_tp = torch.optim.AdamW(tp_only.parameters(), lr=LR)
     stages = split_into_stages(par, mesh, num_virtual=v)
     schedule = PipelineSchedule(kind, m, v)
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 256, (dp * B, T + 1), generator=g)  # trained on: the loss must fall
     mine = slice(mesh.coord("dp") * B, (mesh.coord("dp") + 1) * B)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=LR)
     opt_par = torch.optim.AdamW(stages.parameters(), lr=LR)
-    losses: dict[str, list[float]] = {"ref": list(ref["losses"]), "par": []}
+    losses: dict[str, list[float]] = {"ref": [], "par": []}
     grad_err = 0.0
     for step in range(STEPS):
         x, y = data[:, :-1], data[:, 1:]
+        opt_ref.zero_grad()
+        loss = _accumulate(ref, x, y, dp * m)
+        losses["ref"].append(loss)
         if tp_only is not None:
             opt_tp.zero_grad()
             _accumulate(tp_only, x, y, dp * m)
@@ -164,11 +141,12 @@ def run_case(
         all_reduce_grads(stages.parameters(), mesh.comm, "dp", average=True)
         losses["par"].append(mesh.comm.all_reduce(res.loss, "dp").item() / dp)
         if step == 0:
-            want = _expected(ref["grads"], mesh, opts)
+            want = _expected(ref, mesh, grads=True, opts=opts)
             for name, q in _named(stages).items():
                 grad_err = max(grad_err, _rel(q.grad, want[name]))
+        opt_ref.step()
         opt_par.step()
-    want = _expected(ref["final"], mesh, opts)
+    want = _expected(ref, mesh, grads=False, opts=opts)
     named = _named(stages)
     weight_err = max(_rel(q.detach(), want[name]) for name, q in named.items())
     worst = max(named, key=lambda k: _rel(named[k].detach(), want[k]))

@@ -68,50 +68,6 @@ def _shard_of_grads(ref: torch.nn.Module, mesh: ProcessMesh, opts: dict) -> dict
     return dict(grads.named_parameters())
 
 
-_REFERENCES: dict[str, dict] = {}
-
-
-def _reference(model: str, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor) -> dict:
-    """The unsharded model's half of ``run_case``: its initial weights, logits on ``x``, loss
-    on ``(x, y)``, a copy holding its gradients in place of the weights, and the losses of
-    ``STEPS`` AdamW steps on ``batch``. It depends on the model alone (seeded weights, fixed
-    batches), so a rank of a long-lived World computes it once per model for every case."""
-    if model not in _REFERENCES:
-        torch.manual_seed(0)
-        ref = MODELS[model]()
-        initial = copy.deepcopy(ref)
-        with torch.no_grad():
-            logits = ref.eval()(x)
-        ref.train()
-        loss = ref(x, y)
-        loss.backward()
-        grads = copy.deepcopy(ref)
-        with torch.no_grad():
-            for p, g in zip(grads.parameters(), ref.parameters()):
-                p.copy_(g.grad)
-        _REFERENCES[model] = {
-            "initial": initial,
-            "logits": logits,
-            "loss": loss.item(),
-            "grads": grads,
-            "losses": _train(ref, batch),
-        }
-    return _REFERENCES[model]
-
-
-def _train(m: torch.nn.Module, batch: torch.Tensor) -> list[float]:
-    m.zero_grad(set_to_none=True)
-    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=3e-3)
-    out = []
-    for _ in range(STEPS):
-        loss = m(batch[:, :-1], batch[:, 1:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        out.append(loss.item())
-    return out
-
-
 def run_case(model: str, mode: str, sp: bool = False, ac: bool = False) -> dict:
     """Loss, logits, gradients and 5 AdamW steps of the sharded model vs the unsharded one."""
     import torch.distributed as dist
@@ -119,24 +75,23 @@ def run_case(model: str, mode: str, sp: bool = False, ac: bool = False) -> dict:
     mesh = _mesh(mode, dist.get_world_size())
     opts = {"mode": mode, "sequence_parallel": sp, "activation_checkpointing": ac}
     torch.manual_seed(0)
+    ref = MODELS[model]()
+    par = parallelize(copy.deepcopy(ref), mesh, **opts)
+    gathered = gather_full_state_dict(par, mesh)
+    gather_exact = gathered.keys() == ref.state_dict().keys() and all(
+        torch.equal(gathered[k], v) for k, v in ref.state_dict().items()
+    )
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 256, (2, B, T), generator=g)
     batch = torch.randint(0, 256, (B, T + 1), generator=g)  # trained on: the loss must fall
-    ref = _reference(model, x, y, batch)
-    par = parallelize(copy.deepcopy(ref["initial"]), mesh, **opts)
-    gathered = gather_full_state_dict(par, mesh)
-    initial = ref["initial"].state_dict()
-    gather_exact = gathered.keys() == initial.keys() and all(
-        torch.equal(gathered[k], v) for k, v in initial.items()
-    )
 
     with torch.no_grad():
-        logits_err = (par.eval()(x) - ref["logits"]).abs().max().item()
-    par.train()
-    loss_par = par(x, y)
+        logits_err = (par.eval()(x) - ref.eval()(x)).abs().max().item()
+    par.train(), ref.train()
+    loss_ref, loss_par = ref(x, y), par(x, y)
+    loss_ref.backward()
     loss_par.backward()
-    # [Note: sharded reference gradients]
-    expected = dict(parallelize(copy.deepcopy(ref["grads"]), mesh, **opts).named_parameters())
+    expected = _shard_of_grads(ref, mesh, opts)
     grad_err, checked = 0.0, 0
     for name, p in par.named_parameters():
         if not p.requires_grad:
@@ -145,7 +100,18 @@ def run_case(model: str, mode: str, sp: bool = False, ac: bool = False) -> dict:
         grad_err = max(grad_err, ((p.grad - e).abs().max() / e.abs().max().clamp(min=1e-12)).item())
         checked += 1
 
-    losses = {"ref": list(ref["losses"]), "par": _train(par, batch)}
+    losses = {}
+    for tag, m in (("ref", ref), ("par", par)):
+        m.zero_grad(set_to_none=True)
+        opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=3e-3)
+        out = []
+        for _ in range(STEPS):
+            loss = m(batch[:, :-1], batch[:, 1:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        losses[tag] = out
     # the trained shards put back together make an unsharded model computing the same loss
     full = gather_full_state_dict(par, mesh)
     merged = MODELS[model]()
@@ -160,10 +126,10 @@ def run_case(model: str, mode: str, sp: bool = False, ac: bool = False) -> dict:
             bool(getattr(m, "activation_checkpointing", False)) for m in par.modules()
         ),
         "numel": (
-            sum(p.numel() for p in ref["initial"].parameters()),
+            sum(p.numel() for p in ref.parameters()),
             sum(p.numel() for p in par.parameters()),
         ),
-        "loss": (ref["loss"], loss_par.item()),
+        "loss": (loss_ref.item(), loss_par.item()),
         "logits_err": logits_err,
         "grad_err": grad_err,
         "gather_exact": gather_exact,

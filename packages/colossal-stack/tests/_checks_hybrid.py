@@ -48,21 +48,11 @@ def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-_REFERENCES: dict[tuple[int, int, int, str], tuple[list[float], GPT]] = {}
-
-
 def _reference(layers: int, steps: int, m: int, dtype: str = "float32") -> tuple[list[float], GPT]:
     """Single-process AdamW on the global batch (gradients of ``m`` equal micro-batches summed,
-    as the pipeline sums them), clipped at ``CLIP``: the losses and a copy of the trained model.
-
-    A reference depends on its arguments alone (seeded model and batches), so a rank of a
-    long-lived World trains each once and hands out copies to every case that asks again."""
-    key = (layers, steps, m, dtype)
-    if key not in _REFERENCES:
-        ref = _model(layers, dtype)
-        _REFERENCES[key] = adamw_losses(ref, batches(steps), LR, clip=CLIP, microbatches=m), ref
-    losses, ref = _REFERENCES[key]
-    return list(losses), copy.deepcopy(ref)
+    as the pipeline sums them), clipped at ``CLIP``."""
+    ref = _model(layers, dtype)
+    return adamw_losses(ref, batches(steps), LR, clip=CLIP, microbatches=m), ref
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
