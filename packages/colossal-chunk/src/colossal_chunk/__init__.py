@@ -4,6 +4,7 @@ from . import policies
 from ._accounting import ManagerStats
 from ._chunk import Chunk, PendingReduce
 from ._config import ChunkConfig
+from ._group import ChunkGroup, ChunkKind, GradPhase, Lifecycle
 from ._hooks import ManagerHooks
 from ._host_memory import host_empty, map_large_host_blocks, trim_host_heap
 from ._manager import ChunkManager
@@ -20,8 +21,12 @@ __all__ = [
     "AutoPolicy",
     "Chunk",
     "ChunkConfig",
+    "ChunkGroup",
+    "ChunkKind",
     "ChunkManager",
     "DiskIOStats",
+    "GradPhase",
+    "Lifecycle",
     "ManagerHooks",
     "ManagerStats",
     "OrderStats",

@@ -67,7 +67,7 @@ class ManagerBooks:
                     f"chunk {chunk.chunk_id} is on {chunk.tier}; move it to the compute tier "
                     "before keeping it there"
                 )
-            (self._placement.kept.add if keep else self._placement.kept.discard)(chunk.chunk_id)
+            chunk.kept = keep
 
     def count_copy(self, src: TierName | str, dst: TierName | str, nbytes: int) -> None:
         """Count ``nbytes`` copied from tier ``src`` to ``dst`` outside the manager (a staging

@@ -48,6 +48,7 @@ from ._books import ManagerBooks
 from ._chunk import Chunk
 from ._collectives import ManagerCollectives
 from ._config import ChunkConfig
+from ._group import ChunkGroup, ChunkKind
 from ._hooks import ManagerHooks
 from ._pending import InFlight
 from ._placement import Placement, build_tiers
@@ -82,6 +83,7 @@ class ChunkManager(
     config: ChunkConfig
     policy: PlacementPolicy
     chunks: dict[int, Chunk]  # every chunk by id, parameter chunks first
+    groups: dict[int, ChunkGroup]  # parameter chunk id -> its record ([Note: one record per chunk])
     hooks: ManagerHooks  # told before collectives, asked whether to keep chunks gathered
     in_flight: InFlight  # [Note: collectives in flight]
 
@@ -108,8 +110,8 @@ class ChunkManager(
         self._params: dict[str, torch.nn.Parameter] = {}
         self._name_of: dict[int, str] = {}  # id(param) -> name
         self._chunk_of: dict[str, int] = {}  # param name -> param chunk id
-        self._parallel: dict[str, dict[int, int]] = {}  # kind -> param chunk id -> twin id
-        self._spill: dict[str, int | None] = {}  # kind -> its add_parallel spill_reserve
+        self.groups = {}
+        self._spill: dict[str, int | None] = {}  # twin kind (in the order added) -> spill_reserve
         self._moment = 0
         self._num_moments = 0  # moments of the longest step seen (set_moment), for the room check
         self._steady = False  # fully_resident() said yes and nothing changed since
@@ -146,10 +148,23 @@ class ChunkManager(
         """The parameter chunk holding ``item`` (a registered parameter or its name)."""
         return self.chunks[self._chunk_of[self._name(item)]]
 
-    def parallel_chunk(self, kind: str, chunk: Chunk | int) -> Chunk:
-        """The ``kind`` twin of parameter chunk ``chunk``."""
+    def group_of(self, chunk: Chunk | int) -> ChunkGroup:
+        """The record of parameter chunk ``chunk`` ([Note: one record per chunk] in
+        ``_group.py``): its twins and its gradients' state."""
         cid = chunk.chunk_id if isinstance(chunk, Chunk) else chunk
-        return self.chunks[self._parallel[kind][cid]]
+        group = self.groups.get(cid)
+        if group is None:
+            raise ConfigError(f"chunk {cid} is not a parameter chunk of this manager")
+        return group
+
+    def parallel_chunk(self, kind: ChunkKind | str, chunk: Chunk | int) -> Chunk:
+        """The ``kind`` twin of parameter chunk ``chunk``."""
+        return self.group_of(chunk).twin(kind)
+
+    @property
+    def twin_kinds(self) -> tuple[str, ...]:
+        """The kinds of twins ``add_parallel`` made, in the order it made them."""
+        return tuple(self._spill)
 
     def param_chunks(self) -> list[Chunk]:
         return [c for c in self.chunks.values() if c.kind == "param"]

@@ -36,6 +36,7 @@ from colossal_contracts import ConfigError, PlacementPolicy, TierName
 
 from ._chunk import Chunk
 from ._config import ChunkConfig
+from ._group import ChunkGroup
 from ._host_memory import host_empty
 from ._placement import Placement
 from ._tier import Tier
@@ -60,8 +61,8 @@ class ManagerRegistry:
     _params: dict[str, torch.nn.Parameter]  # the manager's: name -> parameter
     _name_of: dict[int, str]  # the manager's: id(param) -> name
     _chunk_of: dict[str, int]  # the manager's: param name -> param chunk id
-    _parallel: dict[str, dict[int, int]]  # the manager's: kind -> param chunk id -> twin id
-    _spill: dict[str, int | None]  # the manager's: kind -> its add_parallel spill_reserve
+    groups: dict[int, ChunkGroup]  # the manager's: param chunk id -> its record
+    _spill: dict[str, int | None]  # the manager's: twin kind -> its add_parallel spill_reserve
     _steady: bool  # [Note: resident fast path]: the manager's
     _bind: Callable[[Chunk], None]  # the manager's: re-points a chunk's parameter views
 
@@ -106,6 +107,7 @@ class ManagerRegistry:
                 numel = self.frozen_chunk_numel if key[1] else self.chunk_numel
                 c = Chunk(self._next_id(), numel, p.dtype, group=self.group, frozen=key[1])
                 self.chunks[c.chunk_id] = c
+                self.groups[c.chunk_id] = ChunkGroup(c)
                 open_chunk[key] = c
                 new.append(c)
             c.add(name, p.shape)
@@ -137,10 +139,10 @@ class ManagerRegistry:
         host, then disk; with ``spill_reserve``, then to the compute tier while that many bytes
         of its room stay free, kept there: [Note: kept chunks]). Frozen chunks get none ([Note:
         frozen chunks])."""
-        if kind == "param" or kind in self._parallel:
+        if kind == "param" or kind in self._spill:
             raise ConfigError(f"parallel chunk kind {kind!r} is taken; pick another name")
         self._steady = False
-        twins = {}
+        twins = []
         for cid in [c.chunk_id for c in self.chunks.values() if c.kind == "param" and not c.frozen]:
             src = self.chunks[cid]
             twin = src.same_layout(self._next_id(), dtype, kind)
@@ -155,11 +157,11 @@ class ManagerRegistry:
                 vals = {n: host_empty(r.numel, dtype).view(r.shape) for n, r in src.records.items()}
             twin.fill_shard(storage, vals)
             self._placement.written(twin)
-            twins[cid] = twin.chunk_id
-        self._parallel[kind] = twins
+            self.groups[cid].twins[kind] = twin
+            twins.append(twin)
         self._spill[kind] = spill_reserve
         self._bind_policy()
-        return [self.chunks[i] for i in twins.values()]
+        return twins
 
     def _full_value(self, chunk: Chunk, name: str) -> torch.Tensor:
         # Only this rank's slice is needed by fill_shard; others are zero-filled placeholders.

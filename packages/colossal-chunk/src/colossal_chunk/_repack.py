@@ -18,6 +18,7 @@ import torch.distributed as dist
 from colossal_contracts import ChunkStateError, StateTransitionError
 
 from ._chunk import Chunk, _all_gather
+from ._group import ChunkGroup
 from ._placement import Placement
 
 __all__ = ["ManagerRepack"]
@@ -33,8 +34,8 @@ class ManagerRepack:
     _params: dict[str, torch.nn.Parameter]  # the manager's
     _name_of: dict[int, str]  # the manager's
     _chunk_of: dict[str, int]  # the manager's
-    _parallel: dict[str, dict[int, int]]  # the manager's
-    _spill: dict[str, int | None]  # the manager's
+    groups: dict[int, ChunkGroup]  # the manager's
+    _spill: dict[str, int | None]  # the manager's: twin kind -> spill_reserve
 
     def registration_order(self) -> list[str]:
         """Parameter names in the order they sit in chunks."""
@@ -58,17 +59,17 @@ class ManagerRepack:
             for name, rec in c.records.items():
                 kind[name] = full[rec.offset : rec.end].view(rec.shape)
             self._placement.forget(c)
-        params, kinds = dict(self._params), list(self._parallel)
+        params, kinds = dict(self._params), dict(self._spill)
         frozen = [
             n for c in self.chunks.values() if c.kind == "param" and c.frozen for n in c.records
         ]
         self.chunks, self._params, self._name_of, self._chunk_of = {}, {}, {}, {}
-        self._parallel = {}
+        self.groups, self._spill = {}, {}
         for name, p in params.items():
             p.data = values["param"][name]
         new = self.register(params.items(), order=order, frozen=frozen)
         for kind in kinds:
-            for twin in self.add_parallel(kind, dtypes[kind], spill_reserve=self._spill[kind]):
+            for twin in self.add_parallel(kind, dtypes[kind], spill_reserve=kinds[kind]):
                 for name in twin.records:
                     part = twin.shard_view(name)
                     if part is not None:

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from colossal_chunk import Chunk, ChunkManager
+from colossal_chunk import Chunk, ChunkManager, GradPhase
 from colossal_contracts import StepRecorder, TensorState
 
 from .._lazy import LazyInit
@@ -54,13 +54,14 @@ from ._config import GeminiConfig
 from ._fit import fit_chunk_size
 from ._hooks import AccessMode, label
 from ._place import place_module
-from ._state import ChunkGrads, TrainingState
+from ._state import TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree
 
 __all__ = ["GeminiRuntime"]
 
 _S = TensorState
 _T = TrainingState
+_G = GradPhase
 _OPS = ("all-gather", "reduce-scatter")
 
 
@@ -105,7 +106,6 @@ class GeminiRuntime(GradientCollection):
         self.state = _T.IDLE  # [Note: training state]
         one_fp32 = not self.precision.master and self.manager.world_size == 1
         self._read_only_kinds = ("param",) if one_fp32 else ()  # see _to
-        self._chunks: dict[int, ChunkGrads] = {}  # param chunk id -> its gradients' record
         self._grad_done: set[str] = set()  # names whose gradient this backward collected
         self.got_grad: set[str] = set()  # names with a gradient since the last step/zero_grad
         self._used: set[str] = set()  # names an operator read since the forward began
@@ -117,7 +117,6 @@ class GeminiRuntime(GradientCollection):
         self.forwards = (
             0  # forwards begun: tells a reader whether gradients are still the last step's
         )
-        self._kept_now: set[int] = set()  # chunk ids that kept a gradient in this backward
         self._on_forward: list[weakref.WeakMethod] = []  # see on_forward
         self._host_reader = None  # see read_gradients_on_host
         self._kept_bytes = sum(  # what kept gradients hold at most: one per trainable parameter
@@ -154,7 +153,7 @@ class GeminiRuntime(GradientCollection):
     def begin_forward(self) -> None:
         if self.state is _T.BACKWARD:  # the previous backward raised: forget its partial state
             self._grad_done.clear()
-            self._kept_now.clear()
+            self._finish_kept()
         self._to(_T.FORWARD)
         self.forwards += 1
         self._moment = 0
@@ -173,7 +172,7 @@ class GeminiRuntime(GradientCollection):
                 self._probe.start(self.manager.model_data_bytes, self.manager.model_tensors())
             else:
                 self._probe = None
-        busy = any(r.open or r.pending or r.accumulated for r in self._chunks.values())
+        busy = any(g.holds_gradients for g in self.manager.groups.values())
         repacked = self._repack_due and not busy
         if repacked:
             self._repack_due = False
@@ -217,7 +216,7 @@ class GeminiRuntime(GradientCollection):
             ids = tuple(dict.fromkeys(self.manager.chunk_of(n).chunk_id for n in names))
             self._op_chunks[names] = ids
         for cid in ids:
-            if self._chunks[cid].pending:
+            if self.manager.groups[cid].grads is _G.REDUCED:
                 self.stash(cid)
 
     def pre_op(self, names: tuple[str, ...]) -> None:
@@ -259,7 +258,8 @@ class GeminiRuntime(GradientCollection):
         with label("Gemini::gather_ahead"):
             ahead = self._comm.ahead(self._moment - 1)
             if self.state is _T.BACKWARD:  # chunks reduced in this backward: done
-                ahead = tuple(i for i in ahead if not self._chunks[i].pending)
+                groups = self.manager.groups
+                ahead = tuple(i for i in ahead if groups[i].grads is not _G.REDUCED)
             if not ahead:
                 return
             for cid in ahead:  # [Note: accumulation] before the shard is gathered
@@ -294,7 +294,7 @@ class GeminiRuntime(GradientCollection):
         self._advance(names)
         todo = [n for n in names if n not in self._grad_done]
         for cid in {self.manager.chunk_of(n).chunk_id for n in todo}:
-            if not self._chunks[cid].open:
+            if self.manager.groups[cid].grads is not _G.FILLING:
                 self.stash(cid)
         if todo:
             self._access(todo)
@@ -333,10 +333,10 @@ class GeminiRuntime(GradientCollection):
         for c in m.param_chunks():
             if c.pinned:
                 m.release([n for n, r in c.records.items() if r.state is _S.COMPUTE])
+        self._finish_kept()
         self._reduce_partial()
         m.settle()  # the optimizer writes shards next: no copy of one may be in flight
         self._grad_done.clear()
-        self._kept_now.clear()
         self._to(_T.IDLE)
         if self._recording:
             self._recording = False
@@ -373,19 +373,15 @@ class GeminiRuntime(GradientCollection):
         self._probe, self._probing = recorder, None
 
     def _index_chunks(self) -> None:
-        """A record per parameter chunk (kept where it exists: after warmup chunks may hold
-        gradients; a re-pack makes new ids and happens only when none does), with the trainable
-        parameters warmup never read."""
-        old, self._chunks = self._chunks, {}
+        """Name -> chunk id, and on each chunk's record (the manager's ``ChunkGroup``) the
+        trainable parameters warmup never read."""
         self._op_chunks = {}
         self._cid_of = {n: c.chunk_id for c in self.manager.param_chunks() for n in c.records}
         for c in self.manager.param_chunks():
-            rec = old.get(c.chunk_id) or ChunkGrads()
             unused = frozenset(n for n in c.records if n in self._never_read)
-            rec.unused = (
+            self.manager.groups[c.chunk_id].unused = (
                 unused if all(self.params[n].requires_grad for n in unused) else frozenset()
             )
-            self._chunks[c.chunk_id] = rec
         if self._comm is not None:
             self._comm.reindex()
 
