@@ -5,7 +5,7 @@ from ._accounting import ManagerStats
 from ._chunk import Chunk, PendingReduce
 from ._config import ChunkConfig
 from ._group import ChunkGroup, ChunkKind, GradPhase, Lifecycle
-from ._hooks import ManagerHooks
+from ._hooks import ManagerHooks, NoHooks
 from ._host_memory import host_empty, map_large_host_blocks, trim_host_heap
 from ._manager import ChunkManager
 from ._order import OrderStats
@@ -29,6 +29,7 @@ __all__ = [
     "Lifecycle",
     "ManagerHooks",
     "ManagerStats",
+    "NoHooks",
     "OrderStats",
     "PendingReduce",
     "StaticPolicy",

@@ -49,7 +49,7 @@ from colossal_contracts import (
 
 from ._group import Lifecycle
 from ._layout import ChunkLayout
-from ._pending import PendingReduce, _PendingGather
+from ._pending import InFlightCount, PendingReduce, _PendingGather
 from ._records import FREE, HOLD, READY, TensorRecord
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class Chunk(ChunkLayout):
     )  # a copy to the compute tier in flight, and its source
     kept: bool  # stays on the compute tier ([Note: kept chunks])
     read_ahead_bytes: int  # of its disk shard, read ahead within the window
+    flights: InFlightCount | None  # its manager's count of collectives in flight
     _inflight: PendingReduce | _PendingGather | None  # [Note: one collective in flight]
     _incoming: PendingReduce | None  # a reduce in flight that will overwrite this whole shard
     bound: object  # what the parameter views were last pointed at ([Note: views bound once])
@@ -99,6 +100,7 @@ class Chunk(ChunkLayout):
         self.shard, self.full, self.tier = None, None, None
         self.lifecycle = Lifecycle.SHARDED
         self.prefetch, self.kept, self.read_ahead_bytes = None, False, 0
+        self.flights = None
         self._inflight = None
         self._incoming = None
         self.bound = None
@@ -106,9 +108,18 @@ class Chunk(ChunkLayout):
     def same_layout(self, chunk_id: int, dtype: torch.dtype, kind: str) -> Chunk:
         """A new empty chunk with this chunk's tensors at the same offsets (a parallel chunk)."""
         twin = Chunk(chunk_id, self.capacity, dtype, kind=kind, group=self.group)
+        twin.flights = self.flights
         for rec in self.records.values():
             twin.add(rec.name, rec.shape)
         return twin
+
+    def _move(self, new: Lifecycle) -> None:
+        """Every lifecycle move after ``fill_shard`` set the first state: checked against its
+        table, and counted in the manager's collectives in flight ([Note: collectives in flight] in ``_pending.py``)."""
+        old = self.lifecycle
+        self.lifecycle = old.to(new, self.chunk_id)
+        if self.flights is not None and old.in_flight != new.in_flight:
+            self.flights.moved(started=new.in_flight)
 
     # ----- storage ------------------------------------------------------------------------------
     @property
@@ -200,7 +211,7 @@ class Chunk(ChunkLayout):
             src.copy_(self.shard, non_blocking=True)
         work = _all_gather(full, src, group=self.group, async_op=True)
         self.full = full
-        self.lifecycle = self.lifecycle.to(Lifecycle.GATHERING, self.chunk_id)
+        self._move(Lifecycle.GATHERING)
         self._inflight = _PendingGather(work)
         for rec in self.records.values():
             self._set(rec, HOLD)
@@ -218,7 +229,7 @@ class Chunk(ChunkLayout):
             return None
         if isinstance(pending, _PendingGather):
             pending.wait()
-            self.lifecycle = self.lifecycle.to(Lifecycle.GATHERED, self.chunk_id)
+            self._move(Lifecycle.GATHERED)
             return None
         return pending.wait()
 
@@ -233,7 +244,7 @@ class Chunk(ChunkLayout):
             raise ChunkStateError(f"chunk {self.chunk_id} is already gathered")
         full.zero_()
         self.full = full
-        self.lifecycle = self.lifecycle.to(Lifecycle.GATHERED, self.chunk_id)
+        self._move(Lifecycle.GATHERED)
         for rec in self.records.values():
             self._set(rec, HOLD)
 
@@ -261,7 +272,7 @@ class Chunk(ChunkLayout):
             lo = self.rank * self.shard_numel
             self.shard.copy_(self.full[lo : lo + self.shard_numel])
         old, self.full = self.full, None
-        self.lifecycle = self.lifecycle.to(Lifecycle.SHARDED, self.chunk_id)
+        self._move(Lifecycle.SHARDED)
         for rec in self.records.values():
             self._set(rec, FREE)
         return old
@@ -306,7 +317,7 @@ class Chunk(ChunkLayout):
         work = _reduce_scatter(out, self.full, group=self.group, async_op=True)
         pending = PendingReduce(self, out, work, average=average, accumulate=accumulate, into=into)
         self._inflight = pending
-        self.lifecycle = self.lifecycle.to(Lifecycle.REDUCING, self.chunk_id)
+        self._move(Lifecycle.REDUCING)
         if into is not None and not accumulate:
             into._incoming = pending
         return pending
@@ -333,7 +344,7 @@ class Chunk(ChunkLayout):
         else:
             dst.copy_(out)
         old, self.full = self.full, None
-        self.lifecycle = self.lifecycle.to(Lifecycle.SHARDED, self.chunk_id)
+        self._move(Lifecycle.SHARDED)
         for rec in self.records.values():
             self._set(rec, FREE)
         return old

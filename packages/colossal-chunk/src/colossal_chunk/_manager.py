@@ -31,7 +31,7 @@ writes in place (read ahead, staged, written, read) in ``_shard_io.py``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -49,8 +49,8 @@ from ._chunk import Chunk
 from ._collectives import ManagerCollectives
 from ._config import ChunkConfig
 from ._group import ChunkGroup, ChunkKind
-from ._hooks import ManagerHooks
-from ._pending import InFlight
+from ._hooks import ManagerHooks, NoHooks
+from ._pending import InFlightCount
 from ._placement import Placement, build_tiers
 from ._register import ManagerRegistry
 from ._repack import ManagerRepack
@@ -64,6 +64,10 @@ __all__ = ["ChunkManager"]
 ACC = TierName.ACCELERATOR
 _DISK_AHEAD = 4  # moments ahead whose chunks on disk are read into memory early
 Tensorish = torch.Tensor | str
+
+
+def _never(chunk: Chunk) -> bool:
+    return False
 
 
 class ChunkManager(
@@ -85,7 +89,7 @@ class ChunkManager(
     chunks: dict[int, Chunk]  # every chunk by id, parameter chunks first
     groups: dict[int, ChunkGroup]  # parameter chunk id -> its record ([Note: one record per chunk])
     hooks: ManagerHooks  # told before collectives, asked whether to keep chunks gathered
-    in_flight: InFlight  # [Note: collectives in flight]
+    in_flight: InFlightCount  # [Note: collectives in flight]
 
     def __init__(
         self,
@@ -96,7 +100,12 @@ class ChunkManager(
         hooks: ManagerHooks | None = None,
     ):
         self.config = config
-        self.hooks = hooks if hooks is not None else ManagerHooks()
+        self.hooks = hooks if hooks is not None else NoHooks()
+        if not isinstance(self.hooks, ManagerHooks):
+            raise ConfigError(
+                f"{type(self.hooks).__name__} is not ManagerHooks: give an object with "
+                "before_collective(kind, chunk) and keep_gathered(chunk)"
+            )
         self.policy = policy if policy is not None else LruPolicy()
         if not isinstance(self.policy, PlacementPolicy):
             raise ConfigError(
@@ -124,7 +133,7 @@ class ChunkManager(
             rebind=self._bind,
             read_ahead_bytes=window_bytes(config, self.world_size),
         )
-        self.in_flight = InFlight(self._placement.drop_gathered, self._bind)
+        self.in_flight = InFlightCount()
 
     # ----- setup --------------------------------------------------------------------------------
     @property
@@ -214,9 +223,9 @@ class ChunkManager(
         for item in items:
             name = self._name(item)
             by_chunk.setdefault(self._chunk_of[name], []).append(name)
-        if self.in_flight.chunks:
+        if self.in_flight.now:
             for cid in by_chunk:
-                self.in_flight.finish(self.chunks[cid])
+                self._finish(self.chunks[cid])
         if self._resident(by_chunk):  # fast path ([Note: access protocol])
             self._access_resident(by_chunk)
             return
@@ -234,7 +243,7 @@ class ChunkManager(
         for c in chunks:
             chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
             by_chunk[chunk.chunk_id] = list(chunk.records)
-        if not zero and not self.in_flight.chunks and self._resident(by_chunk):
+        if not zero and not self.in_flight.now and self._resident(by_chunk):
             self._access_resident(by_chunk)  # the fast path of ``access``
             return
         self._access(by_chunk, zero=zero, discard=discard)
@@ -244,7 +253,7 @@ class ChunkManager(
         chunks = [self.chunks[i] for i in by_chunk]
         pl = self._placement
         for c in chunks:
-            self.in_flight.finish(c)
+            self._finish(c)
             pl.settle(c)
         staged = set() if zero else {c.chunk_id for c in chunks if pl.from_host(c, self._moment)}
         needed = sum(
@@ -308,8 +317,25 @@ class ChunkManager(
             done.append(chunk)
         self._after_release(done, reshard)
 
-    def _after_release(self, chunks: list[Chunk], reshard: bool) -> None:
-        evict_after, keep = self.policy.evict_after_use, self.hooks.keep_gathered
+    def reshard(self, chunks: Iterable[Chunk | int]) -> None:
+        """Drop the gathered buffers of ``chunks`` (whose tensors must all be HOLD or FREE) even
+        where ``hooks.keep_gathered`` would keep them: their owner writes the shards next,
+        outside the access protocol, so a gathered copy would go stale. A collective in flight
+        is finished first; a chunk is then evicted as a release would evict it."""
+        done = []
+        for item in chunks:
+            c = self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
+            self._finish(c)
+            for name in c.records:
+                c.set_state(name, TensorState.HOLD)
+            done.append(c)
+        self._after_release(done, True, keep=_never)
+
+    def _after_release(
+        self, chunks: list[Chunk], reshard: bool, *, keep: Callable[[Chunk], bool] | None = None
+    ) -> None:
+        evict_after = self.policy.evict_after_use
+        keep = self.hooks.keep_gathered if keep is None else keep
         for c in chunks:
             moved = False
             if reshard and c.world_size > 1 and c.all_in(TensorState.HOLD) and not keep(c):
@@ -334,7 +360,7 @@ class ChunkManager(
         c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
         tier = TierName(tier)
         self._steady = False
-        self.in_flight.finish(c)
+        self._finish(c)
         if tier is not ACC and c.world_size > 1 and c.is_gathered:
             self._placement.release_gathered(c)
         if tier is ACC:

@@ -38,6 +38,7 @@ from ._chunk import Chunk
 from ._config import ChunkConfig
 from ._group import ChunkGroup
 from ._host_memory import host_empty
+from ._pending import InFlightCount
 from ._placement import Placement
 from ._tier import Tier
 from .policies._base import ChunkSummary, PolicyContext
@@ -63,6 +64,7 @@ class ManagerRegistry:
     _chunk_of: dict[str, int]  # the manager's: param name -> param chunk id
     groups: dict[int, ChunkGroup]  # the manager's: param chunk id -> its record
     _spill: dict[str, int | None]  # the manager's: twin kind -> its add_parallel spill_reserve
+    in_flight: InFlightCount  # the manager's: its chunks count their collectives there
     _steady: bool  # [Note: resident fast path]: the manager's
     _bind: Callable[[Chunk], None]  # the manager's: re-points a chunk's parameter views
 
@@ -106,6 +108,7 @@ class ManagerRegistry:
             if c is None or not c.fits(p.numel()):
                 numel = self.frozen_chunk_numel if key[1] else self.chunk_numel
                 c = Chunk(self._next_id(), numel, p.dtype, group=self.group, frozen=key[1])
+                c.flights = self.in_flight
                 self.chunks[c.chunk_id] = c
                 self.groups[c.chunk_id] = ChunkGroup(c)
                 open_chunk[key] = c

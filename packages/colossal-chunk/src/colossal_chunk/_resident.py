@@ -21,7 +21,7 @@ from collections.abc import Callable
 from colossal_contracts import PlacementPolicy, TensorState, TierName
 
 from ._chunk import Chunk
-from ._pending import InFlight
+from ._pending import InFlightCount
 from ._placement import Placement
 from ._tier import UNLIMITED, Tier
 
@@ -37,7 +37,7 @@ class ManagerResident:
     policy: PlacementPolicy  # the manager's
     chunks: dict[int, Chunk]  # every chunk by id (the manager's)
     tiers: dict[TierName, Tier]  # the manager's (a property there)
-    in_flight: InFlight  # the manager's
+    in_flight: InFlightCount  # the manager's
     _placement: Placement  # the manager's
     _moment: int  # the manager's
     _num_moments: int  # the manager's: moments of the longest step seen
@@ -69,7 +69,7 @@ class ManagerResident:
         return self._steady
 
     def _fully_resident(self, headroom: int) -> bool:
-        if self.world_size > 1 or self._demand is not None or self.in_flight.chunks:
+        if self.world_size > 1 or self._demand is not None or self.in_flight.now:
             return False
         policy = self.policy
         for c in self.chunks.values():

@@ -24,7 +24,6 @@ from colossal_chunk import Chunk, ChunkManager, GradPhase
 from colossal_contracts import TensorState
 
 from ..optim._precision import Precision
-from ._comm import GeminiHooks
 from ._roles import ChunkRoles
 
 __all__ = ["StepGradients"]
@@ -34,7 +33,6 @@ class StepGradients:
     """The runtime's gradient books after backward; ``GeminiRuntime`` is one."""
 
     manager: ChunkManager
-    _hooks: GeminiHooks  # the manager's ([Note: overlap] keeps chunks gathered)
     precision: Precision
     got_grad: set[str]  # names with a gradient since the last step/zero_grad
 
@@ -152,10 +150,4 @@ class StepGradients:
         is given up (its slice equals the shard: nothing wrote the gathered buffer)."""
         if c.world_size == 1 or not c.is_gathered or not c.all_in(TensorState.HOLD):
             return
-        m = self.manager
-        m.in_flight.finish(c)
-        keep, self._hooks.keep = self._hooks.keep, None
-        try:
-            m.release_chunks([c])
-        finally:
-            self._hooks.keep = keep
+        self.manager.reshard([c])

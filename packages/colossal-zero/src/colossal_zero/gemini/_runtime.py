@@ -87,8 +87,9 @@ class GeminiRuntime(GradientCollection):
         self.aliases = {n: ids[id(p)] for n, p in module.named_parameters(remove_duplicate=False)}
         self.params = dict(named)
         self.names = {id(p): n for n, p in named}
-        self._hooks = GeminiHooks()  # the manager's hooks: [Note: warmup], [Note: overlap]
-        self.manager = place_module(module, named, config, group, self._hooks, lazy)
+        self.agreeing = False  # [Note: rank agreement]: the warmup checks each collective
+        self.comm: CommSchedule | None = None  # [Note: overlap]: the schedule, after warmup
+        self.manager = place_module(module, named, config, group, GeminiHooks(self), lazy)
         dtype = self.precision.param_dtype
         for n, p in named:
             if p.requires_grad:
@@ -111,7 +112,6 @@ class GeminiRuntime(GradientCollection):
         self._used: set[str] = set()  # names an operator read since the forward began
         # [Note: overlap]: collectives ahead of use and without waiting, once the order is known
         self._overlap = config.overlap_comm and self.manager.world_size > 1
-        self._comm: CommSchedule | None = None
         self.resident = False  # [Note: resident steps]: decided as each forward begins
         self.keeping = False  # [Note: kept gradients] in _grads.py: decided with resident
         self.forwards = (
@@ -162,7 +162,7 @@ class GeminiRuntime(GradientCollection):
         if self._recording:
             self._warmup.start(self.manager.model_data_bytes, self.manager.model_tensors())
             if self.group is not None:
-                self._hooks.agree = self._agree_collective
+                self.agreeing = True
             return
         self._warmup.close()  # outside backward: removes what the warmup installed
         if self._probe is not None:
@@ -179,7 +179,7 @@ class GeminiRuntime(GradientCollection):
             self.manager.repack(self._warmup.first_use())
             self._index_chunks()
         m = self.manager
-        resident = not self._probing and self._comm is None
+        resident = not self._probing and self.comm is None
         headroom = self._lazy_headroom()
         self.keeping = (  # room for autograd's gradients beside the chunks: keep them
             resident
@@ -253,10 +253,10 @@ class GeminiRuntime(GradientCollection):
         """[Note: overlap]: start the next moment's all-gathers once this moment's chunks are
         accessed (their room comes first). Sharded gradients need no room of their own in
         backward ([Note: gradients in chunks] in ``_collect.py``)."""
-        if self._comm is None or self._recording:
+        if self.comm is None or self._recording:
             return
         with label("Gemini::gather_ahead"):
-            ahead = self._comm.ahead(self._moment - 1)
+            ahead = self.comm.ahead(self._moment - 1)
             if self.state is _T.BACKWARD:  # chunks reduced in this backward: done
                 groups = self.manager.groups
                 ahead = tuple(i for i in ahead if groups[i].grads is not _G.REDUCED)
@@ -266,7 +266,7 @@ class GeminiRuntime(GradientCollection):
                 self.stash(cid)
             self.manager.gather_ahead(ahead)
 
-    def _agree_collective(self, op: str, chunk: Chunk) -> None:
+    def agree_collective(self, op: str, chunk: Chunk) -> None:
         """See [Note: rank agreement]: before each collective of the warmup step."""
 
         def describe(key: list[int]) -> str:
@@ -340,13 +340,12 @@ class GeminiRuntime(GradientCollection):
         self._to(_T.IDLE)
         if self._recording:
             self._recording = False
-            self._hooks.agree = None
+            self.agreeing = False
             stats = self._warmup.finish()
             if self.group is not None and m.world_size > 1 and self._warmup.order:
                 stats = RankMaxStats(stats, self.group)  # the same room on every rank
             if self._overlap and self._warmup.order:
-                self._comm = CommSchedule(m, self._warmup.order)
-                self._hooks.keep = self._comm.keep
+                self.comm = CommSchedule(m, self._warmup.order)
             self._never_read = {n for n in self.params if n not in self.got_grad}
             self._index_chunks()
             if self._warmup.order:
@@ -382,8 +381,8 @@ class GeminiRuntime(GradientCollection):
             self.manager.groups[c.chunk_id].unused = (
                 unused if all(self.params[n].requires_grad for n in unused) else frozenset()
             )
-        if self._comm is not None:
-            self._comm.reindex()
+        if self.comm is not None:
+            self.comm.reindex()
 
 
 def _digest_words(key: list[int]) -> str:
