@@ -82,7 +82,7 @@ def test_a_frozen_chunk_leaves_the_compute_tier_without_a_copy(tmp_path):
     assert f.tier is HOST and torch.equal(f.shard, before) and host.used_bytes == used
     p = mgr._params[next(iter(f.records))]
     assert p.data.data_ptr() == f.shard.data_ptr()  # the views follow the payload
-    mgr.written([f])  # a write in place (a checkpoint loaded) is counted
+    mgr.shard_io.written([f])  # a write in place (a checkpoint loaded) is counted
     assert mgr.stats().frozen_written_bytes == SHARD
 
 
@@ -101,7 +101,7 @@ def test_frozen_chunks_on_disk_are_read_and_never_written(tmp_path):
             mgr.release([name])
             mgr._placement.offload(c)
             assert c.tier is DISK
-    mgr.keep_disk_copies()  # the owner's window ends: frozen chunks' copies stay
+    mgr.shard_io.keep_disk_copies()  # the owner's window ends: frozen chunks' copies stay
     mgr.move(frozen[0], ACC)
     mgr._placement.offload(frozen[0])
     store.drain()

@@ -55,7 +55,7 @@ from ._placement import Placement, build_tiers
 from ._register import ManagerRegistry
 from ._repack import ManagerRepack
 from ._resident import ManagerResident
-from ._shard_io import ManagerShardIO
+from ._shard_io import ShardIO
 from .disk._read_ahead import window_bytes
 from .policies._base import LruPolicy
 
@@ -76,7 +76,6 @@ class ChunkManager(
     ManagerBooks,
     ManagerCollectives,
     ManagerRepack,
-    ManagerShardIO,
 ):
     """Chunks of parameters (and parallel chunks of gradients / master weights) under tier budgets.
 
@@ -90,6 +89,7 @@ class ChunkManager(
     groups: dict[int, ChunkGroup]  # parameter chunk id -> its record ([Note: one record per chunk])
     hooks: ManagerHooks  # told before collectives, asked whether to keep chunks gathered
     in_flight: InFlightCount  # [Note: collectives in flight]
+    shard_io: ShardIO  # what an owner says about shards it reads or writes in place
 
     def __init__(
         self,
@@ -134,6 +134,7 @@ class ChunkManager(
             read_ahead_bytes=window_bytes(config, self.world_size),
         )
         self.in_flight = InFlightCount()
+        self.shard_io = ShardIO(self._placement, self._chunk)
 
     # ----- setup --------------------------------------------------------------------------------
     @property
@@ -183,6 +184,10 @@ class ChunkManager(
         chunks] in ``_register.py``)."""
         return [c for c in self.chunks.values() if c.kind == "param" and not c.frozen]
 
+    def _chunk(self, item: Chunk | int) -> Chunk:
+        """The manager's chunk of ``item``'s id (a re-pack replaces chunks: the current one)."""
+        return self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
+
     def _name(self, item: Tensorish) -> str:
         if isinstance(item, str):
             if item not in self._params:
@@ -215,7 +220,7 @@ class ChunkManager(
             # read-ahead window through the optimizer step ([Note: read-ahead window])
             ahead = min(_DISK_AHEAD, self._num_moments - 1 - moment)
             if ahead > 0:
-                self.read_ahead(self.policy.upcoming(moment, ahead))
+                self.shard_io.read_ahead(self.policy.upcoming(moment, ahead))
 
     def access(self, items: Iterable[Tensorish]) -> None:
         """Make parameters ready for compute (on the compute tier, gathered, COMPUTE)."""

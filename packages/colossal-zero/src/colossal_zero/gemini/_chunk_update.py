@@ -97,7 +97,7 @@ class ChunkUpdates:
         copies, written back into their payloads after (colossal-chunk's [Note: staged
         updates])."""
         rt = self.rt
-        with rt.manager.staged(dict.fromkeys((rt.roles.fp32(c), *self._states_of(c)))):
+        with rt.manager.shard_io.staged(dict.fromkeys((rt.roles.fp32(c), *self._states_of(c)))):
             self._update_here(c, names, grad_scale)
 
     def _update_here(self, c: Chunk, names: list[str], grad_scale: float) -> None:
@@ -164,10 +164,10 @@ class ChunkUpdates:
         m, grads, wrote = self.rt.manager, self.rt.gradients(c), self._updated_by(c)
         if all(w is not grads for w in wrote):  # with masters the gradients are c's own slots
             if grad_scale == 1.0:
-                m.read_done([grads])
+                m.shard_io.read_done([grads])
             else:
                 wrote.append(grads)  # divided in place
-        m.written(wrote)
+        m.shard_io.written(wrote)
 
     def _states_of(self, c: Chunk) -> list[Chunk]:
         """The chunks that live where ``c``'s Adam states live (the masters with them)."""

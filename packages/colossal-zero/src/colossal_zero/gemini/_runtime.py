@@ -148,7 +148,7 @@ class GeminiRuntime(GradientCollection):
         # [Note: disk copies] in colossal-chunk: within a forward or a backward nothing writes
         # fp32 parameter shards on one rank (gradients go to their own chunks)
         reads_only = new is _T.FORWARD or new is _T.BACKWARD
-        self.manager.keep_disk_copies(self._read_only_kinds if reads_only else ())
+        self.manager.shard_io.keep_disk_copies(self._read_only_kinds if reads_only else ())
 
     def begin_forward(self) -> None:
         if self.state is _T.BACKWARD:  # the previous backward raised: forget its partial state

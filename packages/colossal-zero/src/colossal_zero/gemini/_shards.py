@@ -78,5 +78,5 @@ def finish_gemini_load(model: GeminiModule, optimizer: GeminiOptimizer | None) -
             rt.restore_params(c)
         with_states = optimizer is not None and not c.frozen
         states = [m.parallel_chunk(k, c) for k in _STATES] if with_states else []
-        m.written(dict.fromkeys([c, rt.roles.fp32(c), *states]))
+        m.shard_io.written(dict.fromkeys([c, rt.roles.fp32(c), *states]))
     rt.clear_grads()
