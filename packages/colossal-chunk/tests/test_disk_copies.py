@@ -60,7 +60,7 @@ def test_a_kept_payload_goes_back_to_disk_without_a_write(tmp_path):
     assert _written(mgr) == base  # nothing written
     assert mgr.stats().disk_unwritten_bytes == SHARD
     assert c.tier is DISK and torch.equal(c.shard, before)
-    p = mgr._params[next(iter(c.records))]
+    p = mgr._views.params[next(iter(c.records))]
     assert p.data.data_ptr() == c.shard.data_ptr()  # the views follow the mapping
     # the window over: nothing kept; a chunk copied off disk now frees its payload there
     mgr.shard_io.keep_disk_copies()

@@ -42,8 +42,8 @@ def test_frozen_parameters_get_chunks_of_their_own_and_no_twins(tmp_path):
     frozen = [c for c in mgr.param_chunks() if c.frozen]
     trained = mgr.trainable_chunks()
     assert len(frozen) == 2 and len(trained) == 2
-    assert all(not mgr._params[n].requires_grad for c in frozen for n in c.records)
-    assert all(mgr._params[n].requires_grad for c in trained for n in c.records)
+    assert all(not mgr._views.params[n].requires_grad for c in frozen for n in c.records)
+    assert all(mgr._views.params[n].requires_grad for c in trained for n in c.records)
     masters = mgr.add_parallel("master", torch.float32, copy_params=True)
     mgr.add_parallel("grad", torch.float32)
     assert {m.chunk_id for m in masters} == {
@@ -59,7 +59,7 @@ def test_frozen_parameters_get_chunks_of_their_own_and_no_twins(tmp_path):
     new = mgr.repack([f"p{i}" for i in reversed(range(8))])
     assert sum(c.frozen for c in new) == 2 and len(mgr.trainable_chunks()) == 2
     for c in new:
-        assert all(mgr._params[n].requires_grad != c.frozen for n in c.records)
+        assert all(mgr._views.params[n].requires_grad != c.frozen for n in c.records)
 
 
 def test_a_frozen_chunk_leaves_the_compute_tier_without_a_copy(tmp_path):
@@ -80,7 +80,7 @@ def test_a_frozen_chunk_leaves_the_compute_tier_without_a_copy(tmp_path):
     assert stats.moved("accelerator", "host").num_bytes == SHARD  # only the trainable chunk
     assert stats.host_unwritten_bytes == SHARD and stats.frozen_written_bytes == 0
     assert f.tier is HOST and torch.equal(f.shard, before) and host.used_bytes == used
-    p = mgr._params[next(iter(f.records))]
+    p = mgr._views.params[next(iter(f.records))]
     assert p.data.data_ptr() == f.shard.data_ptr()  # the views follow the payload
     mgr.shard_io.written([f])  # a write in place (a checkpoint loaded) is counted
     assert mgr.stats().frozen_written_bytes == SHARD

@@ -1,17 +1,6 @@
 """The chunk manager: registers tensors into chunks, makes them ready for compute, keeps the books.
 
-[Note: parameter views] After ``register``, every parameter's ``.data`` is a view into its chunk:
-into the gathered buffer when the chunk is gathered (always, with one rank), else an empty tensor.
-Whenever a payload moves or is gathered/released, the views are re-pointed, so code that holds the
-``nn.Parameter`` object always sees the current storage. Never keep ``param.data`` across an access.
-
-[Note: views bound once] Re-pointing costs a view and a ``.data`` assignment per parameter, and an
-access asks for it after every move and gather, mostly of storage that did not change (a chunk
-already gathered, a frozen chunk read again). So a chunk remembers what its views point at
-(``Chunk.bound``: a weak reference to the gathered buffer, or the device of the empty
-placeholders) and ``_bind`` does nothing while that is still current. A weak reference: a
-buffer freed and another made at the same address is a different object, so it is re-bound.
-Anything that sets ``param.data`` itself must do it before ``register`` (new chunks bind anew).
+[Note: parameter views] and [Note: views bound once] are in ``_views.py``.
 
 [Note: access protocol] ``access(params)`` puts every named tensor in COMPUTE, its chunk's shard on
 the compute tier and gathered; ``release(params, state=...)`` moves them on (HOLD after forward,
@@ -30,14 +19,12 @@ writes in place (read ahead, staged, written, read) in ``_shard_io.py``.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
 from colossal_contracts import (
-    ChunkStateError,
     ConfigError,
     PlacementPolicy,
     TensorState,
@@ -56,6 +43,7 @@ from ._register import ManagerRegistry
 from ._repack import ManagerRepack
 from ._resident import ManagerResident
 from ._shard_io import ShardIO
+from ._views import ParamViews
 from .disk._read_ahead import window_bytes
 from .policies._base import LruPolicy
 
@@ -116,9 +104,9 @@ class ChunkManager(
         self.group = group
         self.world_size = dist.get_world_size(group) if group is not None else 1
         self.chunks = {}
-        self._params: dict[str, torch.nn.Parameter] = {}
-        self._name_of: dict[int, str] = {}  # id(param) -> name
-        self._chunk_of: dict[str, int] = {}  # param name -> param chunk id
+        self._views = ParamViews()  # [Note: parameter views]
+        self._bind = self._views.bind
+        self._name = self._views.name
         self.groups = {}
         self._spill: dict[str, int | None] = {}  # twin kind (in the order added) -> spill_reserve
         self._moment = 0
@@ -156,7 +144,7 @@ class ChunkManager(
     # ----- lookup -------------------------------------------------------------------------------
     def chunk_of(self, item: Tensorish) -> Chunk:
         """The parameter chunk holding ``item`` (a registered parameter or its name)."""
-        return self.chunks[self._chunk_of[self._name(item)]]
+        return self.chunks[self._views.chunk_of[self._name(item)]]
 
     def group_of(self, chunk: Chunk | int) -> ChunkGroup:
         """The record of parameter chunk ``chunk`` ([Note: one record per chunk] in
@@ -188,19 +176,6 @@ class ChunkManager(
         """The manager's chunk of ``item``'s id (a re-pack replaces chunks: the current one)."""
         return self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
 
-    def _name(self, item: Tensorish) -> str:
-        if isinstance(item, str):
-            if item not in self._params:
-                raise ConfigError(f"no registered parameter is named {item!r}; register it first")
-            return item
-        name = self._name_of.get(id(item))
-        if name is None:
-            raise ConfigError(
-                f"a tensor of shape {tuple(item.shape)} is not a registered parameter; pass the "
-                "nn.Parameter objects given to register() (or their names)"
-            )
-        return name
-
     # ----- the step -----------------------------------------------------------------------------
     @property
     def moment(self) -> int:
@@ -227,7 +202,7 @@ class ChunkManager(
         by_chunk: dict[int, list[str]] = {}
         for item in items:
             name = self._name(item)
-            by_chunk.setdefault(self._chunk_of[name], []).append(name)
+            by_chunk.setdefault(self._views.chunk_of[name], []).append(name)
         if self.in_flight.now:
             for cid in by_chunk:
                 self._finish(self.chunks[cid])
@@ -301,7 +276,7 @@ class ChunkManager(
         touched: dict[int, None] = {}
         for item in items:
             name = self._name(item)
-            c = self.chunks[self._chunk_of[name]]
+            c = self.chunks[self._views.chunk_of[name]]
             c.set_state(name, state)
             touched[c.chunk_id] = None
         self._after_release([self.chunks[i] for i in touched], reshard)
@@ -398,29 +373,7 @@ class ChunkManager(
                 issued += 1
         return issued
 
-    # ----- views and books ----------------------------------------------------------------------
-    def _bind(self, chunk: Chunk) -> None:
-        """Re-point the ``.data`` of ``chunk``'s parameters ([Note: parameter views]) unless they
-        already point at its current storage ([Note: views bound once])."""
-        if chunk.kind != "param":
-            return
-        full, bound = chunk.full, chunk.bound
-        if full is not None:
-            if isinstance(bound, weakref.ref) and bound() is full:
-                return
-            for name in chunk.records:
-                self._params[name].data = chunk.view(name)
-            chunk.bound = weakref.ref(full)
-            return
-        shard = chunk.shard
-        if shard is None:
-            raise ChunkStateError(f"chunk {chunk.chunk_id} has no shard storage yet")
-        if bound == shard.device:
-            return
-        for name in chunk.records:
-            self._params[name].data = torch.empty(0, dtype=chunk.dtype, device=shard.device)
-        chunk.bound = shard.device
-
+    # ----- books -----------------------------------------------------------------------------------
     def _model_budget(self, moment: int) -> int:
         cap = self.tiers[ACC].capacity_bytes
         return self.policy.model_budget(cap, moment)

@@ -41,6 +41,7 @@ from ._host_memory import host_empty
 from ._pending import InFlightCount
 from ._placement import Placement
 from ._tier import Tier
+from ._views import ParamViews
 from .policies._base import ChunkSummary, PolicyContext
 
 __all__ = ["ManagerRegistry"]
@@ -59,9 +60,7 @@ class ManagerRegistry:
     chunk_numel: int  # the manager's (a property there)
     frozen_chunk_numel: int  # the manager's (a property there)
     _placement: Placement  # the manager's
-    _params: dict[str, torch.nn.Parameter]  # the manager's: name -> parameter
-    _name_of: dict[int, str]  # the manager's: id(param) -> name
-    _chunk_of: dict[str, int]  # the manager's: param name -> param chunk id
+    _views: ParamViews  # the manager's: registered parameters by name, their chunks
     groups: dict[int, ChunkGroup]  # the manager's: param chunk id -> its record
     _spill: dict[str, int | None]  # the manager's: twin kind -> its add_parallel spill_reserve
     in_flight: InFlightCount  # the manager's: its chunks count their collectives there
@@ -88,11 +87,7 @@ class ManagerRegistry:
         self._steady = False
         fresh: dict[str, torch.nn.Parameter] = {}
         for name, p in named_params:
-            if (
-                id(p) in self._name_of
-                or name in self._params
-                or any(q is p for q in fresh.values())
-            ):
+            if self._views.knows(name, p) or any(q is p for q in fresh.values()):
                 continue
             fresh[name] = p
         rank = {n: i for i, n in enumerate(order or ())}
@@ -114,8 +109,7 @@ class ManagerRegistry:
                 open_chunk[key] = c
                 new.append(c)
             c.add(name, p.shape)
-            self._params[name], self._name_of[id(p)] = p, name
-            self._chunk_of[name] = c.chunk_id
+            self._views.add(name, p, c.chunk_id)
         for c in new:
             tensors = {
                 n: materialize(fresh[n]) if materialize else fresh[n].data for n in c.records
@@ -184,5 +178,5 @@ class ManagerRegistry:
             ChunkSummary(c.chunk_id, c.kind, c.shard_bytes) for c in self.chunks.values()
         )
         self.policy.bind(
-            PolicyContext(summaries, dict(self._chunk_of), self.tiers[ACC].capacity_bytes)
+            PolicyContext(summaries, dict(self._views.chunk_of), self.tiers[ACC].capacity_bytes)
         )

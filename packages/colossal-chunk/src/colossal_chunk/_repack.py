@@ -20,6 +20,7 @@ from colossal_contracts import ChunkStateError, StateTransitionError
 from ._chunk import Chunk, _all_gather
 from ._group import ChunkGroup
 from ._placement import Placement
+from ._views import ParamViews
 
 __all__ = ["ManagerRepack"]
 
@@ -31,9 +32,7 @@ class ManagerRepack:
     chunks: dict[int, Chunk]  # every chunk by id (the manager's)
     group: dist.ProcessGroup | None  # the manager's
     _placement: Placement  # the manager's
-    _params: dict[str, torch.nn.Parameter]  # the manager's
-    _name_of: dict[int, str]  # the manager's
-    _chunk_of: dict[str, int]  # the manager's
+    _views: ParamViews  # the manager's
     groups: dict[int, ChunkGroup]  # the manager's
     _spill: dict[str, int | None]  # the manager's: twin kind -> spill_reserve
 
@@ -59,11 +58,12 @@ class ManagerRepack:
             for name, rec in c.records.items():
                 kind[name] = full[rec.offset : rec.end].view(rec.shape)
             self._placement.forget(c)
-        params, kinds = dict(self._params), dict(self._spill)
+        params, kinds = dict(self._views.params), dict(self._spill)
         frozen = [
             n for c in self.chunks.values() if c.kind == "param" and c.frozen for n in c.records
         ]
-        self.chunks, self._params, self._name_of, self._chunk_of = {}, {}, {}, {}
+        self.chunks = {}
+        self._views.clear()
         self.groups, self._spill = {}, {}
         for name, p in params.items():
             p.data = values["param"][name]
