@@ -5,8 +5,9 @@ runtime keeps them ([Note: gradients in chunks] in ``_collect.py``, [Note: accum
 
 [Note: kept gradients] In a resident step on one rank without fp32 masters (the runtime's
 ``keeping``) there is nothing to reduce, so a parameter's gradient is not copied into the fp32
-"grad" chunk: the runtime keeps autograd's own tensor in its chunk's record (as plain PyTorch
-keeps ``p.grad``) and the optimizer reads it there (``grad_pieces``), which saves one copy of
+"grad" chunk: the runtime keeps autograd's own tensor in its chunk's record (colossal-chunk's
+``ChunkGroup.kept_grads``, as plain PyTorch keeps ``p.grad``; the group's phase is FILLING until
+backward ends, then REDUCED) and the optimizer reads it there (``grad_pieces``), which saves one copy of
 every gradient per step. Whatever else needs the working buffer gets it filled first
 (``_fill_working``: kept gradients in their slots, the chunk's other tensors zero, what the
 general path writes), and a stash adds kept gradients into the "acc" chunk directly (adding the
