@@ -115,9 +115,9 @@ def test_residency_is_on_the_chunk():
     m, _ = _manager(acc=2 * 4 * NUMEL)
     c0, c1 = m.chunk_of("p0"), m.chunk_of("p1")
     m.move(c0, ACC)
-    m.keep_on_compute([c0])
+    m.books.keep_on_compute([c0])
     assert c0.kept and not c1.kept
-    m.keep_on_compute([c0], keep=False)
+    m.books.keep_on_compute([c0], keep=False)
     assert not c0.kept
     m.move(c0, HOST)
     m.policy.set_schedule([[c0.chunk_id], [c1.chunk_id]])  # type: ignore[attr-defined]

@@ -49,7 +49,7 @@ def test_frozen_parameters_get_chunks_of_their_own_and_no_twins(tmp_path):
     assert {m.chunk_id for m in masters} == {
         mgr.parallel_chunk("master", c).chunk_id for c in trained
     }
-    assert mgr.payload_bytes() == {
+    assert mgr.books.payload_bytes() == {
         "frozen": 2 * SHARD,
         "param": 2 * SHARD,
         "master": 2 * SHARD,

@@ -31,7 +31,8 @@ from colossal_contracts import (
     TierName,
 )
 
-from ._books import ManagerBooks
+from ._accounting import ManagerStats
+from ._books import Books
 from ._chunk import Chunk
 from ._collectives import ManagerCollectives
 from ._config import ChunkConfig
@@ -43,6 +44,7 @@ from ._register import ManagerRegistry
 from ._repack import ManagerRepack
 from ._resident import ManagerResident
 from ._shard_io import ShardIO
+from ._tier import Tier
 from ._views import ParamViews
 from .disk._read_ahead import window_bytes
 from .policies._base import LruPolicy
@@ -61,7 +63,6 @@ def _never(chunk: Chunk) -> bool:
 class ChunkManager(
     ManagerRegistry,
     ManagerResident,
-    ManagerBooks,
     ManagerCollectives,
     ManagerRepack,
 ):
@@ -78,6 +79,7 @@ class ChunkManager(
     hooks: ManagerHooks  # told before collectives, asked whether to keep chunks gathered
     in_flight: InFlightCount  # [Note: collectives in flight]
     shard_io: ShardIO  # what an owner says about shards it reads or writes in place
+    books: Books  # demand, kept chunks, counted copies, stats
 
     def __init__(
         self,
@@ -112,7 +114,6 @@ class ChunkManager(
         self._moment = 0
         self._num_moments = 0  # moments of the longest step seen (set_moment), for the room check
         self._steady = False  # fully_resident() said yes and nothing changed since
-        self._demand: dict[int, list[int]] | None = None  # moment -> [unfreeable, resident]
         self._closed = False
         self._placement = Placement(
             build_tiers(config),
@@ -123,6 +124,7 @@ class ChunkManager(
         )
         self.in_flight = InFlightCount()
         self.shard_io = ShardIO(self._placement, self._chunk)
+        self.books = Books(self._placement, lambda: self.chunks, lambda: self._moment)
 
     # ----- setup --------------------------------------------------------------------------------
     @property
@@ -259,8 +261,8 @@ class ChunkManager(
                 c.set_state(name, TensorState.COMPUTE)
             self._bind(c)
         self.policy.on_access(list(by_chunk), self._moment)
-        if self._demand is not None:
-            self._note_demand()
+        if self.books.tracking:
+            self.books.note_demand()
 
     def release(
         self,
@@ -327,53 +329,29 @@ class ChunkManager(
             if moved:  # else storage is unchanged: the views still point at it
                 self._bind(c)
 
-    def access_bytes(self, chunk: Chunk | int) -> int:
-        """Compute-tier bytes an access of ``chunk`` would add now (its shard, if elsewhere,
-        and its gathered buffer, if sharded and not gathered)."""
-        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
-        return self._placement.need_for_access(c, gather=True)
+    # ----- books (the facade's part of ``self.books``) ------------------------------------------
+    @property
+    def tiers(self) -> dict[TierName, Tier]:
+        return self._placement.tiers
 
-    def move(self, chunk: Chunk | int, tier: TierName | str) -> None:
-        """Move a chunk's shard to ``tier`` (releasing its gathered buffer if it leaves the compute
-        tier). Raises ``CapacityError`` if ``tier`` is full, ``StateTransitionError`` if a tensor
-        is in COMPUTE."""
-        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
-        tier = TierName(tier)
+    def stats(self) -> ManagerStats:
+        """``Books.stats``: per-tier bytes and peaks, moves per direction, disk I/O."""
+        return self.books.stats()
+
+    def model_data_bytes(self, tier: TierName | str) -> int:
+        """``Books.model_data_bytes``: chunk payload bytes on ``tier`` now."""
+        return self.books.model_data_bytes(tier)
+
+    def model_tensors(self) -> list[torch.Tensor]:
+        """``Books.model_tensors``: every chunk payload, and the spare and kept ones."""
+        return self.books.model_tensors()
+
+    def track_demand(self, on: bool = True) -> None:
+        """``Books.track_demand`` (read the record from ``books.demand``); the step's fast path
+        checks its room again."""
+        self.books.track_demand(on)
         self._steady = False
-        self._finish(c)
-        if tier is not ACC and c.world_size > 1 and c.is_gathered:
-            self._placement.release_gathered(c)
-        if tier is ACC:
-            self._placement.make_room(
-                self._placement.need_for_access(c, gather=False),
-                self.chunks.values(),
-                exclude={c.chunk_id},
-                moment=self._moment,
-                what=f"moving chunk {c.chunk_id}",
-            )
-        self._placement.move(c, tier)
-        self._bind(c)
 
-    def prefetch(self, horizon: int = 1) -> int:
-        """Start copying chunks the policy says the next ``horizon`` moments need; returns how many.
-
-        Needs a policy with ``upcoming`` (``AutoPolicy`` after warmup); never breaks the budget and
-        evicts only chunks needed later than the one fetched.
-        """
-        next_use = self.policy.next_use
-        issued, self._steady = 0, False
-        for cid in self.policy.upcoming(self._moment, horizon):
-            c = self.chunks[cid]
-            if self._placement.prefetch(
-                c,
-                moment=self._moment,
-                chunks=self.chunks.values(),
-                target_use=next_use(cid, self._moment),
-            ):
-                issued += 1
-        return issued
-
-    # ----- books -----------------------------------------------------------------------------------
     def _model_budget(self, moment: int) -> int:
         cap = self.tiers[ACC].capacity_bytes
         return self.policy.model_budget(cap, moment)

@@ -66,10 +66,10 @@ class ChunkUpdates:
         for (gi, pv, av, sv, step), gv in zip(hit[2], grads, strict=True):
             if fp32.tier is not home:
                 nbytes = pv.numel() * pv.element_size()
-                m.count_copy(fp32.tier, home, nbytes)
-                m.count_copy(home, fp32.tier, nbytes)
+                m.books.count_copy(fp32.tier, home, nbytes)
+                m.books.count_copy(home, fp32.tier, nbytes)
             if gtier is not home:
-                m.count_copy(gtier, home, gv.numel() * gv.element_size())
+                m.books.count_copy(gtier, home, gv.numel() * gv.element_size())
             row = rows.get(gi)
             if row is None:
                 row = rows[gi] = ([], [], [], [], [])
@@ -113,7 +113,7 @@ class ChunkUpdates:
                 if ch.tier is not ACC:
                     m.move(ch, ACC)
                 if ch in held:
-                    m.keep_on_compute([ch])
+                    m.books.keep_on_compute([ch])
         dev = avg.shard.device
         rows: dict[int, tuple[list, list, list, list, list]] = {}
         write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -122,14 +122,14 @@ class ChunkUpdates:
             gv = grads.shard_view(n)[0]
             if fp32.tier is not home:  # update where the states live, then copy back
                 nbytes = pv.numel() * pv.element_size()
-                m.count_copy(fp32.tier, home, nbytes)
-                m.count_copy(home, fp32.tier, nbytes)
+                m.books.count_copy(fp32.tier, home, nbytes)
+                m.books.count_copy(home, fp32.tier, nbytes)
                 staged = pv.to(dev)
                 if staged is not pv:
                     write_back.append((pv, staged))
                 pv = staged
             if grads.tier is not home:
-                m.count_copy(grads.tier, home, gv.numel() * gv.element_size())
+                m.books.count_copy(grads.tier, home, gv.numel() * gv.element_size())
             if gv.device != dev or gv.dtype != rt.precision.state_dtype:
                 gv = gv.to(dev, rt.precision.state_dtype)
             row = rows.get(self.group_of[n])
@@ -146,7 +146,7 @@ class ChunkUpdates:
         for dst, src in write_back:
             dst.copy_(src)
         if home is ACC:
-            m.keep_on_compute(held, keep=False)
+            m.books.keep_on_compute(held, keep=False)
 
     def _updated_by(self, c: Chunk) -> list[Chunk]:
         """The chunks whose shards the update of ``c`` writes: fp32 values, states, ``c``."""

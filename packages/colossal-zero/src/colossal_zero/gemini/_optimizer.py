@@ -311,5 +311,5 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
             states = self._states_of(m.chunks[cid])
             for ch in states:  # each kept as it lands, so the next move cannot evict it
                 m.move(ch, ACC)
-                m.keep_on_compute([ch])
+                m.books.keep_on_compute([ch])
         self._placed_for = m.chunks
