@@ -5,9 +5,11 @@ sharding lives on two objects, as FSDP2's ``FSDPParamGroup`` holds its parameter
 and communication state together: the ``Chunk`` (its ``Lifecycle`` and its residency: tier,
 prefetch copy in flight, kept, disk bytes read ahead) and the ``ChunkGroup`` of a parameter chunk
 (its twins by ``ChunkKind`` and the ``GradPhase`` of its gradients). No set or map beside them
-says anything about a chunk: "is a collective in flight" is ``chunk.lifecycle``, "is it kept" is
-``chunk.kept``, "where are its reduced gradients" is ``group.grads``. The manager owns the groups
-(``ChunkManager.groups``, ``group_of``); a re-pack makes new ones.
+holds a chunk's state: "is a collective in flight" is ``chunk.lifecycle``, "is it kept" is
+``chunk.kept``, "where are its reduced gradients" is ``group.grads``. (What remains beside them
+are caches and schedules: disk payloads kept for reuse, an overlap schedule, an optimizer's shard
+views.) The manager owns the groups (``ChunkManager.groups``, ``group_of``); a re-pack makes new
+ones.
 """
 
 from __future__ import annotations
