@@ -241,6 +241,12 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         chunk.tier = dst
         self._count(src, dst, chunk.shard_bytes)
 
+    def written(self, chunk: Chunk) -> None:
+        """``chunk``'s shard was written in place: a host copy kept for it is stale now, and on
+        disk the shard starts being written out (``DiskSide.written``)."""
+        self.host_copies.drop(chunk.chunk_id)
+        DiskSide.written(self, chunk)
+
     def offload(self, chunk: Chunk) -> int:
         """Release ``chunk``'s gathered buffer and move its shard off the compute tier.
 

@@ -56,7 +56,7 @@ def gemini_shards(model: GeminiModule, optimizer: GeminiOptimizer | None) -> Ite
             view, lo, hi = part
             flats = {"param": (view, lo, hi)}
             for kind, chunk in states.items():
-                flats[kind] = (chunk.shard_view(name)[0], lo, hi)  # type: ignore[index]
+                flats[kind] = (chunk.shard_part(name), lo, hi)  # same layout as fp32
 
             def set_step(v: float, name: str = name) -> None:
                 if optimizer is not None:
