@@ -138,7 +138,7 @@ def _fit_trial(spec: dict[str, Any]) -> dict[str, Any]:
         for c in gm.runtime.manager.chunks.values():
             key = f"{c.tier.value if c.tier else 'none'} {'frozen' if c.frozen else c.kind}"
             where[key] = where.get(key, 0.0) + c.shard_bytes / n_params
-        payload = gm.runtime.manager.payload_bytes()
+        payload = gm.runtime.manager.books.payload_bytes()
     except (CapacityError, ConfigError) as exc:
         return {"fits": False, "why": " ".join(str(exc).split())[:160]}
     finally:

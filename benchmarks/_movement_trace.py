@@ -88,7 +88,7 @@ def _manager_replay(kinds, sizes, steps, chunk_numel, capacity, schedule) -> flo
         policy.set_schedule(schedule)
         per_iter = []
         for _ in range(ITERATIONS):
-            mgr.reset_stats()
+            mgr.books.reset_stats()
             for m, step in enumerate(steps):
                 mgr.set_moment(m)
                 mgr.access_chunks(step)

@@ -171,7 +171,7 @@ def _trial(layers: int, width: int, method: str, b: int, h: int, disk: Path) -> 
     stats = plugin.memory_stats()
     manager = gm.runtime.manager
     chunk = manager.chunk_numel * 4  # fp32 chunks
-    win = manager.read_ahead_window
+    win = manager.shard_io.read_ahead_window
     manager.close()
     budgets = h + b
     setup_over, train_over = setup.peak - base, training.peak - base

@@ -54,7 +54,7 @@ def gemini_rank(budget: int | None, steps: int = STEPS) -> dict:
         if probing:  # a moment begins: close the window of the one before
             grads_gathered()
             peaks.append(acc.peak_bytes)
-            m.reset_peaks()
+            m.books.reset_peaks()
         real(moment, **kw)
 
     m.set_moment = set_moment  # type: ignore[method-assign]
@@ -63,7 +63,7 @@ def gemini_rank(budget: int | None, steps: int = STEPS) -> dict:
         probing = i == PROBE
         if probing:
             rt.measure_next_step(MomentRecorder())
-            m.reset_peaks()
+            m.books.reset_peaks()
         before = m.stats().bytes_moved
         loss = gm(x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per])
         opt.backward(loss)

@@ -40,7 +40,7 @@ def _gemini(budget: int | None, probe_step: int = 2):  # type: ignore[no-untyped
     def set_moment(moment: int, **kw: int) -> None:
         if probing:  # a moment begins: close the window of the one before
             peaks.append(acc.peak_bytes)
-            m.reset_peaks()
+            m.books.reset_peaks()
         real(moment, **kw)
 
     m.set_moment = set_moment  # type: ignore[method-assign]
@@ -49,7 +49,7 @@ def _gemini(budget: int | None, probe_step: int = 2):  # type: ignore[no-untyped
         probing = i == probe_step
         if probing:
             rt.measure_next_step(MomentRecorder())
-            m.reset_peaks()
+            m.books.reset_peaks()
         before = m.stats().bytes_moved
         loss = gm(x, y)
         opt.backward(loss)

@@ -44,14 +44,14 @@ def test_each_kind_has_its_own_chunk_size_and_twins_follow():
     assert sum(c.padding for c in mgr.param_chunks()) == 2 * 144 + 2 * 56
     for c in mgr.param_chunks():
         for name in c.records:
-            assert torch.equal(mgr._params[name].data, want[name])
+            assert torch.equal(mgr._views.params[name].data, want[name])
     # a re-pack (and a new size) keeps each kind at its own size
     mgr.config = ChunkConfig(chunk_numel=128, frozen_chunk_numel=3072, device="cpu")
     new = mgr.repack([n for n, _ in reversed(_params())])
     assert sorted({c.capacity for c in new if c.frozen}) == [3072]
     assert sorted({c.capacity for c in new if not c.frozen}) == [128]
     for name, value in want.items():
-        assert torch.equal(mgr._params[name].data, value)
+        assert torch.equal(mgr._views.params[name].data, value)
 
 
 def test_frozen_chunk_numel_defaults_to_chunk_numel():
@@ -78,7 +78,7 @@ def test_views_are_bound_once_and_follow_every_move(monkeypatch):
     mgr.access(names)  # host -> compute tier: new storage, the views follow
     assert len(views) == len(names)
     for n in names:
-        assert torch.equal(mgr._params[n].data, want[n])
+        assert torch.equal(mgr._views.params[n].data, want[n])
     mgr.release(names)
     views.clear()
     for _ in range(3):  # storage unchanged: nothing is re-pointed
@@ -89,9 +89,9 @@ def test_views_are_bound_once_and_follow_every_move(monkeypatch):
     mgr.move(chunk, HOST)  # storage changed: re-pointed once, at the host payload
     assert views == names
     for n in names:
-        assert torch.equal(mgr._params[n].data, want[n])
-        assert mgr._params[n].data.data_ptr() == chunk.view(n).data_ptr()
+        assert torch.equal(mgr._views.params[n].data, want[n])
+        assert mgr._views.params[n].data.data_ptr() == chunk.view(n).data_ptr()
     mgr.access(names)
     assert all(chunk.state(n) is TensorState.COMPUTE for n in names)
     for n in names:
-        assert mgr._params[n].data.data_ptr() == chunk.view(n).data_ptr()
+        assert mgr._views.params[n].data.data_ptr() == chunk.view(n).data_ptr()

@@ -53,17 +53,17 @@ def test_a_kept_payload_goes_back_to_disk_without_a_write(tmp_path):
     before = c.shard.clone()
     base = _written(mgr)
     used = disk.used_bytes
-    mgr.keep_disk_copies(["param"])
+    mgr.shard_io.keep_disk_copies(["param"])
     mgr.move(c, ACC)
     assert disk.used_bytes == used  # the payload stays, counted
     mgr.move(c, DISK)
     assert _written(mgr) == base  # nothing written
     assert mgr.stats().disk_unwritten_bytes == SHARD
     assert c.tier is DISK and torch.equal(c.shard, before)
-    p = mgr._params[next(iter(c.records))]
+    p = mgr._views.params[next(iter(c.records))]
     assert p.data.data_ptr() == c.shard.data_ptr()  # the views follow the mapping
     # the window over: nothing kept; a chunk copied off disk now frees its payload there
-    mgr.keep_disk_copies()
+    mgr.shard_io.keep_disk_copies()
     mgr.move(c, ACC)
     assert disk.used_bytes == used - SHARD
     mgr.move(c, DISK)
@@ -74,14 +74,14 @@ def test_other_kinds_and_written_chunks_are_written_again(tmp_path):
     mgr = _manager(tmp_path)
     on_disk = [c for c in mgr.chunks.values() if c.tier is DISK]
     base = _written(mgr)
-    mgr.keep_disk_copies(["grad"])  # not the kind of these chunks
+    mgr.shard_io.keep_disk_copies(["grad"])  # not the kind of these chunks
     _round_trip(mgr, on_disk[0])
     assert _written(mgr) == base + SHARD
-    mgr.keep_disk_copies(["param"])
+    mgr.shard_io.keep_disk_copies(["param"])
     c = on_disk[1]
     mgr.move(c, ACC)
     c.shard.add_(1.0)  # an update in place, said so: the disk copy is stale
-    mgr.written([c])
+    mgr.shard_io.written([c])
     after = c.shard.clone()
     mgr.move(c, DISK)
     assert _written(mgr) == base + 2 * SHARD and torch.equal(c.shard, after)
@@ -94,7 +94,7 @@ def test_kept_payloads_make_way_when_the_disk_is_full(tmp_path):
     on_disk = [c for c in mgr.chunks.values() if c.tier is DISK]
     host = [c for c in mgr.chunks.values() if c.tier is HOST]
     assert len(on_disk) == 4 and disk.free_bytes == 0
-    mgr.keep_disk_copies(["param"])
+    mgr.shard_io.keep_disk_copies(["param"])
     mgr.move(on_disk[0], ACC)  # its payload stays: the disk is still full
     assert disk.free_bytes == 0
     values = host[0].shard.clone()
@@ -104,6 +104,6 @@ def test_kept_payloads_make_way_when_the_disk_is_full(tmp_path):
     base = _written(mgr)
     mgr.move(on_disk[0], HOST)  # its disk copy is gone: the move frees nothing there
     assert disk.free_bytes == 0 and torch.equal(on_disk[0].shard, moved)
-    mgr.keep_disk_copies()
+    mgr.shard_io.keep_disk_copies()
     assert disk.used_bytes == 4 * SHARD and mgr.stats().disk_unwritten_bytes == 0
     assert _written(mgr) == base

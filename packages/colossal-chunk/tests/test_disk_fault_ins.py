@@ -36,10 +36,10 @@ def test_without_a_read_ahead_window_every_use_is_a_fault_in(tmp_path):
     mgr = _manager(tmp_path, read_ahead_bytes=0)
     on_disk = [c for c in mgr.chunks.values() if c.tier is DISK]
     assert len(on_disk) == 4 and _faulted_and_read(mgr) == (0, 0)  # filling them read nothing
-    assert not mgr.read_ahead(on_disk)  # no window: nothing is read ahead
-    mgr.written(on_disk[:2])  # updated in place (an optimizer step): both read on use
+    assert not mgr.shard_io.read_ahead(on_disk)  # no window: nothing is read ahead
+    mgr.shard_io.written(on_disk[:2])  # updated in place (an optimizer step): both read on use
     assert _faulted_and_read(mgr) == (2 * SHARD, 0)
-    mgr.written(on_disk[:1])  # written behind since: its pages are faulted in again
+    mgr.shard_io.written(on_disk[:1])  # written behind since: its pages are faulted in again
     assert _faulted_and_read(mgr) == (3 * SHARD, 0)
     first = next(iter(on_disk[2].records))
     mgr.access([first])  # copied to the compute tier
@@ -59,20 +59,20 @@ def test_a_use_after_a_read_ahead_is_no_fault_in(tmp_path):
     mgr = _manager(tmp_path, read_ahead_bytes=4 * SHARD)
     on_disk = [c for c in mgr.chunks.values() if c.tier is DISK]
     assert len(on_disk) == 4
-    assert mgr.read_ahead(on_disk[:3])
+    assert mgr.shard_io.read_ahead(on_disk[:3])
     # the reads are done before the uses (a use that beats its read-ahead faults the pages in)
     assert _faulted_and_read(mgr) == (0, 3 * SHARD)
-    mgr.written(on_disk[:1])  # in place, read ahead
+    mgr.shard_io.written(on_disk[:1])  # in place, read ahead
     first = next(iter(on_disk[1].records))
     mgr.access([first])  # copied, read ahead
     mgr.release([first])
     assert _faulted_and_read(mgr) == (0, 3 * SHARD)
-    mgr.written(on_disk[:1])  # written behind since its read-ahead: faulted in again
-    mgr.written(on_disk[3:])  # never read ahead
+    mgr.shard_io.written(on_disk[:1])  # written behind since its read-ahead: faulted in again
+    mgr.shard_io.written(on_disk[3:])  # never read ahead
     assert _faulted_and_read(mgr) == (2 * SHARD, 3 * SHARD)
-    assert mgr.read_ahead(on_disk[:1])  # read ahead again: its next use is no fault-in
+    assert mgr.shard_io.read_ahead(on_disk[:1])  # read ahead again: its next use is no fault-in
     assert _faulted_and_read(mgr) == (2 * SHARD, 4 * SHARD)
-    mgr.written(on_disk[:1])
+    mgr.shard_io.written(on_disk[:1])
     assert _faulted_and_read(mgr) == (2 * SHARD, 4 * SHARD)
     mgr.close()
 

@@ -83,7 +83,7 @@ def test_manager_spills_to_disk_and_counts_background_io(tmp_path):
         mgr.register(params)
         on_disk = [c for c in mgr.chunks.values() if c.tier is TierName.DISK]
         assert len(on_disk) == 3  # one chunk on the host, the rest spilled
-        mgr.read_ahead(on_disk)
+        mgr.shard_io.read_ahead(on_disk)
         for n, p in params:
             mgr.access([n])
             assert torch.equal(p.data, values[n])

@@ -45,14 +45,14 @@ def test_a_staged_update_is_computed_on_a_host_copy_and_written_back(tmp_path, m
         chunk, other = disk[0], elsewhere[0]
         mapping, other_shard = chunk.shard, other.shard
         want = chunk.shard.clone() * -2.0
-        with mgr.staged([chunk, other]):
+        with mgr.shard_io.staged([chunk, other]):
             assert chunk.shard is not mapping  # a host copy: the mapping is not written through
             assert torch.equal(chunk.shard, want / -2.0)
             assert other.shard is other_shard  # not on disk: left as it is
             chunk.shard.mul_(-2.0)
             assert torch.equal(_on_file(mgr, chunk), want / -2.0)  # nothing written yet
         assert chunk.shard is mapping and unstaged == [f"{chunk.kind}-{chunk.chunk_id}@disk"]
-        mgr.written([chunk])  # written out in the background, as after an update in place
+        mgr.shard_io.written([chunk])  # written out in the background, as after an update in place
         assert torch.equal(_on_file(mgr, chunk), want)  # in the file
         assert torch.equal(chunk.shard, want)  # and through the mapping
 
@@ -65,7 +65,7 @@ def test_a_staged_block_that_raises_leaves_the_payload_unchanged(tmp_path):
         assert isinstance(store, DiskStore)
         store.drain()
         written = store.io_stats().bytes_written  # by the moves that placed the chunks
-        with pytest.raises(RuntimeError, match="update failed"), mgr.staged([chunk]):
+        with pytest.raises(RuntimeError, match="update failed"), mgr.shard_io.staged([chunk]):
             chunk.shard.fill_(7.0)
             raise RuntimeError("update failed")
         assert chunk.shard is mapping and torch.equal(chunk.shard, before)

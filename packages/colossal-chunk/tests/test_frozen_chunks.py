@@ -42,14 +42,14 @@ def test_frozen_parameters_get_chunks_of_their_own_and_no_twins(tmp_path):
     frozen = [c for c in mgr.param_chunks() if c.frozen]
     trained = mgr.trainable_chunks()
     assert len(frozen) == 2 and len(trained) == 2
-    assert all(not mgr._params[n].requires_grad for c in frozen for n in c.records)
-    assert all(mgr._params[n].requires_grad for c in trained for n in c.records)
+    assert all(not mgr._views.params[n].requires_grad for c in frozen for n in c.records)
+    assert all(mgr._views.params[n].requires_grad for c in trained for n in c.records)
     masters = mgr.add_parallel("master", torch.float32, copy_params=True)
     mgr.add_parallel("grad", torch.float32)
     assert {m.chunk_id for m in masters} == {
         mgr.parallel_chunk("master", c).chunk_id for c in trained
     }
-    assert mgr.payload_bytes() == {
+    assert mgr.books.payload_bytes() == {
         "frozen": 2 * SHARD,
         "param": 2 * SHARD,
         "master": 2 * SHARD,
@@ -59,7 +59,7 @@ def test_frozen_parameters_get_chunks_of_their_own_and_no_twins(tmp_path):
     new = mgr.repack([f"p{i}" for i in reversed(range(8))])
     assert sum(c.frozen for c in new) == 2 and len(mgr.trainable_chunks()) == 2
     for c in new:
-        assert all(mgr._params[n].requires_grad != c.frozen for n in c.records)
+        assert all(mgr._views.params[n].requires_grad != c.frozen for n in c.records)
 
 
 def test_a_frozen_chunk_leaves_the_compute_tier_without_a_copy(tmp_path):
@@ -80,9 +80,9 @@ def test_a_frozen_chunk_leaves_the_compute_tier_without_a_copy(tmp_path):
     assert stats.moved("accelerator", "host").num_bytes == SHARD  # only the trainable chunk
     assert stats.host_unwritten_bytes == SHARD and stats.frozen_written_bytes == 0
     assert f.tier is HOST and torch.equal(f.shard, before) and host.used_bytes == used
-    p = mgr._params[next(iter(f.records))]
+    p = mgr._views.params[next(iter(f.records))]
     assert p.data.data_ptr() == f.shard.data_ptr()  # the views follow the payload
-    mgr.written([f])  # a write in place (a checkpoint loaded) is counted
+    mgr.shard_io.written([f])  # a write in place (a checkpoint loaded) is counted
     assert mgr.stats().frozen_written_bytes == SHARD
 
 
@@ -101,7 +101,7 @@ def test_frozen_chunks_on_disk_are_read_and_never_written(tmp_path):
             mgr.release([name])
             mgr._placement.offload(c)
             assert c.tier is DISK
-    mgr.keep_disk_copies()  # the owner's window ends: frozen chunks' copies stay
+    mgr.shard_io.keep_disk_copies()  # the owner's window ends: frozen chunks' copies stay
     mgr.move(frozen[0], ACC)
     mgr._placement.offload(frozen[0])
     store.drain()

@@ -31,19 +31,19 @@ def test_a_kept_chunk_is_never_evicted_and_its_bytes_count_as_demand():
     m, names = _manager(acc=3 * 1024)
     states = m.add_parallel("state", torch.float32)
     m.move(states[0], ACC)
-    m.keep_on_compute([states[0]])
+    m.books.keep_on_compute([states[0]])
     m.track_demand()
     for moment, name in enumerate(names * 2):  # room for one chunk beside the kept one
         _use(m, name, moment % 4)
         assert states[0].tier is ACC
-    assert {d for d, _ in m.demand.values()} == {2 * 1024}  # the chunk in use + the kept one
-    assert all(r <= 3 * 1024 for _, r in m.demand.values())
-    m.keep_on_compute([states[0]], keep=False)
+    assert {d for d, _ in m.books.demand.values()} == {2 * 1024}  # the chunk in use + the kept one
+    assert all(r <= 3 * 1024 for _, r in m.books.demand.values())
+    m.books.keep_on_compute([states[0]], keep=False)
     for moment, name in enumerate(names):
         _use(m, name, moment)
     assert states[0].tier is HOST  # let go: furthest next use, evicted first
     with pytest.raises(StateTransitionError, match="move it to the compute tier"):
-        m.keep_on_compute([states[0]])
+        m.books.keep_on_compute([states[0]])
 
 
 def test_kept_chunks_that_fill_the_room_leave_an_access_a_capacity_error():
@@ -51,7 +51,7 @@ def test_kept_chunks_that_fill_the_room_leave_an_access_a_capacity_error():
     states = m.add_parallel("state", torch.float32)
     for s in states[:2]:
         m.move(s, ACC)
-        m.keep_on_compute([s])
+        m.books.keep_on_compute([s])
     with pytest.raises(CapacityError, match="kept there"):
         m.access([names[0]])
 
@@ -69,6 +69,6 @@ def test_parallel_chunks_with_no_host_room_start_on_the_compute_tier_within_the_
 def test_count_copy_shows_in_the_move_stats():
     m, _ = _manager(acc=4 * 1024)
     before = m.stats().bytes_moved
-    m.count_copy(ACC, HOST, 100)
-    m.count_copy(HOST, HOST, 50)  # same tier: not a move
+    m.books.count_copy(ACC, HOST, 100)
+    m.books.count_copy(HOST, HOST, 50)  # same tier: not a move
     assert m.stats().bytes_moved - before == 100

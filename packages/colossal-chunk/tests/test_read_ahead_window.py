@@ -27,13 +27,13 @@ def _host_payloads(mgr: ChunkManager) -> int:
 
 def test_read_ahead_stops_at_the_window_and_slides_as_chunks_are_used(tmp_path):
     mgr, values = _manager(tmp_path, host_bytes=4 * SHARD, read_ahead_bytes=2 * SHARD)
-    host, window = mgr.tiers[TierName.HOST], mgr.read_ahead_window
+    host, window = mgr.tiers[TierName.HOST], mgr.shard_io.read_ahead_window
     assert _host_payloads(mgr) == 2 * SHARD  # the window's two shards are not for payloads
     assert host.used_bytes == 4 * SHARD
     on_disk = [c for c in mgr.chunks.values() if c.tier is TierName.DISK]
     assert len(on_disk) == 6
     store = mgr.tiers[TierName.DISK].store
-    assert not mgr.read_ahead(on_disk)  # room for two of six
+    assert not mgr.shard_io.read_ahead(on_disk)  # room for two of six
     assert window.ahead_bytes == 2 * SHARD
     store.drain()
     assert store.io_stats().bytes_read == 2 * SHARD  # the refused four were not read
@@ -42,10 +42,10 @@ def test_read_ahead_stops_at_the_window_and_slides_as_chunks_are_used(tmp_path):
     assert torch.equal(mgr.chunk_of(first).view(first), values[first])
     mgr.release([first])
     assert window.ahead_bytes == SHARD
-    assert not mgr.read_ahead(on_disk[1:])  # the one already read, and one more
-    mgr.written([on_disk[1]])  # written behind: unmapped, out of the window
+    assert not mgr.shard_io.read_ahead(on_disk[1:])  # the one already read, and one more
+    mgr.shard_io.written([on_disk[1]])  # written behind: unmapped, out of the window
     assert window.ahead_bytes == SHARD
-    assert mgr.read_ahead(on_disk[3:4])
+    assert mgr.shard_io.read_ahead(on_disk[3:4])
     store.drain()
     assert store.io_stats().bytes_read == 4 * SHARD
     assert window.peak_bytes == 2 * SHARD
@@ -60,17 +60,17 @@ def test_read_ahead_stops_at_the_window_and_slides_as_chunks_are_used(tmp_path):
 
 def test_default_window_is_taken_from_the_host_budget(tmp_path):
     mgr, _ = _manager(tmp_path, host_bytes=16 * SHARD)  # four shards, a quarter of the budget
-    assert mgr.read_ahead_window.window_bytes == 4 * SHARD
+    assert mgr.shard_io.read_ahead_window.window_bytes == 4 * SHARD
     assert mgr.tiers[TierName.HOST].used_bytes == 12 * SHARD  # all eight payloads, the window
     # the window holds no payload: a tracer's model data (live - model = non-model) leaves it out
     assert mgr.model_data_bytes(TierName.HOST) == _host_payloads(mgr) == 8 * SHARD
     mgr.close()
     mgr, _ = _manager(tmp_path, host_bytes=3 * SHARD)  # a quarter holds no shard: no window
-    assert mgr.read_ahead_window.window_bytes == 0
-    assert not mgr.read_ahead([c for c in mgr.chunks.values() if c.tier is TierName.DISK])
+    assert mgr.shard_io.read_ahead_window.window_bytes == 0
+    assert not mgr.shard_io.read_ahead([c for c in mgr.chunks.values() if c.tier is TierName.DISK])
     mgr.close()
     mgr, _ = _manager(tmp_path, host_bytes=None)  # no host budget: nothing is bounded
-    assert mgr.read_ahead_window.window_bytes == UNLIMITED
+    assert mgr.shard_io.read_ahead_window.window_bytes == UNLIMITED
     mgr.close()
 
 

@@ -108,7 +108,7 @@ def _manager_replay(policy, steps, n_chunks, numel, cap, n_iter, prefetch):
         assert len(mgr.chunks) == n_chunks
         per_iter = []
         for _ in range(n_iter):
-            mgr.reset_stats()
+            mgr.books.reset_stats()
             for m, step in enumerate(steps):
                 mgr.set_moment(m)
                 ps = [params[i][1] for i in step]

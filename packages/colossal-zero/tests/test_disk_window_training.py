@@ -54,7 +54,7 @@ def test_host_payloads_and_pages_read_ahead_stay_within_the_host_budget(tmp_path
     x, y, ref_losses = _two_steps_of_adamw()
     gm, gopt = _gemini(tmp_path, 6, 8)
     m = gm.runtime.manager
-    window = m.read_ahead_window
+    window = m.shard_io.read_ahead_window
     assert window.window_bytes == 2 * SHARD  # the default: a quarter of the host budget
     host = m.tiers[TierName.HOST]
     checks, refused = [0], [0]
@@ -66,7 +66,7 @@ def test_host_payloads_and_pages_read_ahead_stay_within_the_host_budget(tmp_path
         assert window.ahead_bytes <= window.window_bytes
         checks[0] += 1
 
-    set_moment, read_ahead = m.set_moment, m.read_ahead
+    set_moment, read_ahead = m.set_moment, m.shard_io.read_ahead
 
     def spied_set_moment(*args, **kwargs):  # every moment of forward and backward
         set_moment(*args, **kwargs)
@@ -78,7 +78,7 @@ def test_host_payloads_and_pages_read_ahead_stay_within_the_host_budget(tmp_path
         check()
         return done
 
-    m.set_moment, m.read_ahead = spied_set_moment, spied_read_ahead
+    m.set_moment, m.shard_io.read_ahead = spied_set_moment, spied_read_ahead
     losses = []
     for _ in range(2):
         loss = gm(x, y)

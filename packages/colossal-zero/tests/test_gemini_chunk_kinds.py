@@ -78,9 +78,9 @@ def _check_kinds(manager) -> None:  # type: ignore[no-untyped-def]
         if c.kind == "param":
             want = manager.frozen_chunk_numel if c.frozen else manager.chunk_numel
             assert c.capacity == want
-    for kind, twins in manager._parallel.items():
-        for cid, tid in twins.items():
-            assert manager.chunks[tid].capacity == manager.chunks[cid].capacity, kind
+    for cid, group in manager.groups.items():
+        for kind, twin in group.twins.items():
+            assert twin.capacity == manager.chunks[cid].capacity, kind
 
 
 BUDGETS = {  # fp32 parameters are 4 * 29_600 bytes: the budgets make chunks move every step

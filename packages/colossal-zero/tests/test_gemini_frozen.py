@@ -137,7 +137,7 @@ def test_frozen_parameters_cost_their_compute_dtype_only(precision):
     frozen = sum(p.numel() for n, p in _model().named_parameters() if n.startswith(FROZEN))
     trained = sum(p.numel() for p in _trainable(_model()))
     elem = 4 if precision == "fp32" else 2
-    held = m.payload_bytes()
+    held = m.books.payload_bytes()
     pad = sum(c.padding * c.element_size for c in m.param_chunks() if c.frozen)
     assert held["frozen"] == frozen * elem + pad  # the value, in the compute dtype
     assert chunk_bytes_per_param(precision, frozen=True) == elem
@@ -149,7 +149,10 @@ def test_frozen_parameters_cost_their_compute_dtype_only(precision):
         ]
         assert c.frozen == (not twins)
     full, _ = _gemini(cfg, _model(freeze=False))
-    lora_bytes, full_bytes = sum(held.values()), sum(full.runtime.manager.payload_bytes().values())
+    lora_bytes, full_bytes = (
+        sum(held.values()),
+        sum(full.runtime.manager.books.payload_bytes().values()),
+    )
     # trainable: 14 (16 in fp32) bytes a parameter; frozen: 2 (4): LoRA's chunks hold far less
     per = chunk_bytes_per_param(precision)
     assert lora_bytes - lora.memory_stats().padding_bytes == frozen * elem + trained * per

@@ -4,7 +4,8 @@ from . import policies
 from ._accounting import ManagerStats
 from ._chunk import Chunk, PendingReduce
 from ._config import ChunkConfig
-from ._hooks import ManagerHooks
+from ._group import ChunkGroup, ChunkKind, GradPhase, Lifecycle
+from ._hooks import ManagerHooks, NoHooks
 from ._host_memory import host_empty, map_large_host_blocks, trim_host_heap
 from ._manager import ChunkManager
 from ._order import OrderStats
@@ -20,10 +21,15 @@ __all__ = [
     "AutoPolicy",
     "Chunk",
     "ChunkConfig",
+    "ChunkGroup",
+    "ChunkKind",
     "ChunkManager",
     "DiskIOStats",
+    "GradPhase",
+    "Lifecycle",
     "ManagerHooks",
     "ManagerStats",
+    "NoHooks",
     "OrderStats",
     "PendingReduce",
     "StaticPolicy",

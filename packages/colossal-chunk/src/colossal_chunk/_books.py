@@ -2,12 +2,14 @@
 with), kept chunks, copies made outside the manager, per-tier bytes and peaks, and the payload
 tensors a memory tracer counts as model data.
 
-``ChunkManager`` inherits these methods; they read its chunks, placement and current moment.
+The manager owns one ``Books`` (``ChunkManager.books``), composed rather than inherited; its
+facade keeps ``stats``, ``model_data_bytes``, ``model_tensors`` and ``tiers`` (what a memory tracer
+and a plugin read) and ``track_demand`` (which changes the step's fast path).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -18,30 +20,43 @@ from ._chunk import Chunk
 from ._placement import Placement
 from ._tier import Tier
 
-__all__ = ["ManagerBooks"]
+__all__ = ["Books"]
 
 ACC = TierName.ACCELERATOR
 
 
-class ManagerBooks:
+class Books:
     """What the manager counts and records; see the module docstring."""
 
-    chunks: dict[int, Chunk]  # every chunk by id (the manager's)
-    _placement: Placement  # where payloads live (the manager's)
-    _moment: int  # the moment the step is at (the manager's)
     _demand: dict[int, list[int]] | None  # moment -> [unfreeable, resident]; None: not tracking
-    _steady: bool  # [Note: resident fast path]: fully_resident() held and nothing changed since
+
+    def __init__(
+        self,
+        placement: Placement,
+        chunks: Callable[[], dict[int, Chunk]],
+        moment: Callable[[], int],
+    ) -> None:
+        """``chunks`` gives the manager's chunks by id now (a re-pack replaces them), ``moment``
+        the moment its step is at."""
+        self._placement, self._chunks, self._moment = placement, chunks, moment
+        self._demand = None
+
+    @property
+    def tracking(self) -> bool:
+        """True while ``track_demand`` records."""
+        return self._demand is not None
 
     @property
     def tiers(self) -> dict[TierName, Tier]:
         return self._placement.tiers
 
-    def _note_demand(self) -> None:
+    def note_demand(self) -> None:
+        """Record this moment's demand (an access), when tracking."""
         demand = self._demand
         if demand is None:  # not tracking
             return
-        row = demand.setdefault(self._moment, [0, 0])
-        row[0] = max(row[0], self._placement.demand_bytes(self.chunks.values()))
+        row = demand.setdefault(self._moment(), [0, 0])
+        row[0] = max(row[0], self._placement.demand_bytes(self._chunks().values()))
         row[1] = max(row[1], self.tiers[ACC].used_bytes)
 
     def track_demand(self, on: bool = True) -> None:
@@ -49,7 +64,6 @@ class ManagerBooks:
         could free (chunks in use or awaiting reduction, kept chunks) and the most held there
         at all; read them from ``demand``. ``on=False`` stops recording and forgets them."""
         self._demand = {} if on else None
-        self._steady = False
 
     @property
     def demand(self) -> dict[int, tuple[int, int]]:
@@ -61,13 +75,13 @@ class ManagerBooks:
         """Keep ``chunks`` on the compute tier, never evicted nor displaced by a prefetch (they
         must be there already); ``keep=False`` lets them go. See [Note: kept chunks]."""
         for c in chunks:
-            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            chunk = self._chunks()[c.chunk_id if isinstance(c, Chunk) else c]
             if keep and chunk.tier is not ACC:
                 raise StateTransitionError(
                     f"chunk {chunk.chunk_id} is on {chunk.tier}; move it to the compute tier "
                     "before keeping it there"
                 )
-            (self._placement.kept.add if keep else self._placement.kept.discard)(chunk.chunk_id)
+            chunk.kept = keep
 
     def count_copy(self, src: TierName | str, dst: TierName | str, nbytes: int) -> None:
         """Count ``nbytes`` copied from tier ``src`` to ``dst`` outside the manager (a staging
@@ -82,12 +96,12 @@ class ManagerBooks:
             n.value: TierStats(n.value, t.capacity_bytes, t.used_bytes, t.peak_bytes, t.emulated)
             for n, t in self.tiers.items()
         }
-        padding = sum(c.padding * c.element_size for c in self.chunks.values())
+        padding = sum(c.padding * c.element_size for c in self._chunks().values())
         disk = self.tiers.get(TierName.DISK)
         return ManagerStats(
             tiers,
             self._placement.move_stats(),
-            len(self.chunks),
+            len(self._chunks()),
             padding,
             self._placement.disk_io(),
             None if disk is None else disk.faulted_bytes,
@@ -116,7 +130,7 @@ class ManagerBooks:
         """This rank's shard bytes (padding included) by chunk kind, frozen parameter chunks
         under "frozen" ([Note: frozen chunks]): what chunk memory holds, wherever it lives."""
         out: dict[str, int] = {}
-        for c in self.chunks.values():
+        for c in self._chunks().values():
             kind = "frozen" if c.frozen else c.kind
             out[kind] = out.get(kind, 0) + c.shard_bytes
         return out
@@ -130,7 +144,7 @@ class ManagerBooks:
         """Every chunk payload (shards, and gathered buffers where they are separate), and the spare
         payloads ([Note: spare payloads])."""
         out = []
-        for c in self.chunks.values():
+        for c in self._chunks().values():
             if c.shard is not None:
                 out.append(c.shard)
             if c.full is not None and c.full is not c.shard:

@@ -20,12 +20,22 @@ values are dead (``awaits_overwrite``): a move of it copies nothing.
 and the gathered buffer at once and leave the data to a collective in flight; ``wait()`` finishes
 it. A chunk has at most one in flight. Reading the gathered buffer (``view``, ``release``) waits
 for a gather first; ``release`` finishes a reduce-scatter (its result is the release), and moving
-the shard while one is in flight is an error.
+the shard while one is in flight is an error. Where the gathered buffer is, is the chunk's
+``Lifecycle`` (``_group.py``), changed in one place per move against its table of legal moves.
+
+[Note: chunk residency] Where a chunk's payload is, and what is under way for it, is on the
+chunk ([Note: one record per chunk] in ``_group.py``): ``tier`` (where the shard lives),
+``prefetch`` (a copy to the compute tier in flight and the tier it comes from: the shard counts
+on the compute tier already), ``kept`` (stays on the compute tier: [Note: kept chunks] in
+``_placement.py``) and ``read_ahead_bytes`` (its disk pages read ahead within the window:
+[Note: read-ahead window] in ``disk/_read_ahead.py``). ``Placement`` sets them; nothing else
+keeps a set of chunks beside them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -37,9 +47,14 @@ from colossal_contracts import (
     TierName,
 )
 
+from ._group import Lifecycle
 from ._layout import ChunkLayout
-from ._pending import PendingReduce, _PendingGather
+from ._pending import InFlightCount, PendingReduce, _PendingGather
 from ._records import FREE, HOLD, READY, TensorRecord
+
+if TYPE_CHECKING:
+    from ._prefetch import PendingCopy
+    from ._tier import Tier
 
 __all__ = ["Chunk", "PendingReduce", "TensorRecord"]
 
@@ -59,7 +74,14 @@ class Chunk(ChunkLayout):
 
     shard: torch.Tensor | None  # 1-D, shard_numel, on self.tier; None before storage is given
     full: torch.Tensor | None  # 1-D, capacity, on the compute device while gathered
-    tier: TierName | None  # where the shard lives (set by the manager)
+    lifecycle: Lifecycle  # where the gathered buffer is ([Note: one collective in flight])
+    tier: TierName | None  # where the shard lives (set by the manager): [Note: chunk residency]
+    prefetch: (
+        tuple[PendingCopy, Tier] | None
+    )  # a copy to the compute tier in flight, and its source
+    kept: bool  # stays on the compute tier ([Note: kept chunks])
+    read_ahead_bytes: int  # of its disk shard, read ahead within the window
+    flights: InFlightCount | None  # its manager's count of collectives in flight
     _inflight: PendingReduce | _PendingGather | None  # [Note: one collective in flight]
     _incoming: PendingReduce | None  # a reduce in flight that will overwrite this whole shard
     bound: object  # what the parameter views were last pointed at ([Note: views bound once])
@@ -76,6 +98,9 @@ class Chunk(ChunkLayout):
     ):
         super().__init__(chunk_id, capacity, dtype, kind=kind, group=group, frozen=frozen)
         self.shard, self.full, self.tier = None, None, None
+        self.lifecycle = Lifecycle.SHARDED
+        self.prefetch, self.kept, self.read_ahead_bytes = None, False, 0
+        self.flights = None
         self._inflight = None
         self._incoming = None
         self.bound = None
@@ -83,9 +108,18 @@ class Chunk(ChunkLayout):
     def same_layout(self, chunk_id: int, dtype: torch.dtype, kind: str) -> Chunk:
         """A new empty chunk with this chunk's tensors at the same offsets (a parallel chunk)."""
         twin = Chunk(chunk_id, self.capacity, dtype, kind=kind, group=self.group)
+        twin.flights = self.flights
         for rec in self.records.values():
             twin.add(rec.name, rec.shape)
         return twin
+
+    def _move(self, new: Lifecycle) -> None:
+        """Every lifecycle move after ``fill_shard`` set the first state: checked against its
+        table, and counted in the manager's collectives in flight ([Note: collectives in flight] in ``_pending.py``)."""
+        old = self.lifecycle
+        self.lifecycle = old.to(new, self.chunk_id)
+        if self.flights is not None and old.in_flight != new.in_flight:
+            self.flights.moved(started=new.in_flight)
 
     # ----- storage ------------------------------------------------------------------------------
     @property
@@ -125,6 +159,7 @@ class Chunk(ChunkLayout):
             storage[a - lo : b - lo].copy_(src)
         self.shard = storage
         self.full = storage if self.world_size == 1 else None
+        self.lifecycle = Lifecycle.GATHERED if self.world_size == 1 else Lifecycle.SHARDED
 
     def replace_shard(self, storage: torch.Tensor, *, copy: bool = True) -> torch.Tensor:
         """Make ``storage`` the shard and return the old shard storage.
@@ -146,11 +181,11 @@ class Chunk(ChunkLayout):
         """Finish a gather in flight, so that the shard holds its final values for a move.
         Raises while a reduce-scatter is in flight (its result lands in the shard: ``wait()``
         for it first)."""
-        if self._inflight is not None:
-            if isinstance(self._inflight, PendingReduce):
-                raise ChunkStateError(
-                    f"chunk {self.chunk_id}: finish its reduce-scatter (wait()) before moving it"
-                )
+        if self.lifecycle is Lifecycle.REDUCING:
+            raise ChunkStateError(
+                f"chunk {self.chunk_id}: finish its reduce-scatter (wait()) before moving it"
+            )
+        if self.lifecycle is Lifecycle.GATHERING:
             self.wait()
 
     def gather(self, full: torch.Tensor) -> None:
@@ -176,6 +211,7 @@ class Chunk(ChunkLayout):
             src.copy_(self.shard, non_blocking=True)
         work = _all_gather(full, src, group=self.group, async_op=True)
         self.full = full
+        self._move(Lifecycle.GATHERING)
         self._inflight = _PendingGather(work)
         for rec in self.records.values():
             self._set(rec, HOLD)
@@ -183,13 +219,19 @@ class Chunk(ChunkLayout):
     @property
     def in_flight(self) -> bool:
         """True while a gather or reduce-scatter of this chunk is in flight."""
-        return self._inflight is not None
+        return self.lifecycle.in_flight
 
     def wait(self) -> torch.Tensor | None:
         """Finish the collective in flight, if any. Returns the gathered buffer a finished
         reduce-scatter dropped (for the caller's accounting), else None."""
         pending, self._inflight = self._inflight, None
-        return None if pending is None else pending.wait()
+        if pending is None:
+            return None
+        if isinstance(pending, _PendingGather):
+            pending.wait()
+            self._move(Lifecycle.GATHERED)
+            return None
+        return pending.wait()
 
     def materialize(self, full: torch.Tensor) -> None:
         """Use ``full`` (zeroed here) as the gathered buffer without communicating; FREE -> HOLD."""
@@ -202,6 +244,7 @@ class Chunk(ChunkLayout):
             raise ChunkStateError(f"chunk {self.chunk_id} is already gathered")
         full.zero_()
         self.full = full
+        self._move(Lifecycle.GATHERED)
         for rec in self.records.values():
             self._set(rec, HOLD)
 
@@ -211,7 +254,7 @@ class Chunk(ChunkLayout):
         Returns the dropped buffer (for the caller's accounting), or None when there is nothing to
         release (one rank). Raises ``StateTransitionError`` unless every tensor is in HOLD.
         """
-        if self._inflight is not None:
+        if self.lifecycle.in_flight:
             dropped = self.wait()
             if dropped is not None:  # a reduce-scatter finished: the shard holds its result
                 return dropped
@@ -229,6 +272,7 @@ class Chunk(ChunkLayout):
             lo = self.rank * self.shard_numel
             self.shard.copy_(self.full[lo : lo + self.shard_numel])
         old, self.full = self.full, None
+        self._move(Lifecycle.SHARDED)
         for rec in self.records.values():
             self._set(rec, FREE)
         return old
@@ -273,6 +317,7 @@ class Chunk(ChunkLayout):
         work = _reduce_scatter(out, self.full, group=self.group, async_op=True)
         pending = PendingReduce(self, out, work, average=average, accumulate=accumulate, into=into)
         self._inflight = pending
+        self._move(Lifecycle.REDUCING)
         if into is not None and not accumulate:
             into._incoming = pending
         return pending
@@ -299,6 +344,7 @@ class Chunk(ChunkLayout):
         else:
             dst.copy_(out)
         old, self.full = self.full, None
+        self._move(Lifecycle.SHARDED)
         for rec in self.records.values():
             self._set(rec, FREE)
         return old
@@ -311,8 +357,8 @@ class Chunk(ChunkLayout):
             raise ChunkStateError(
                 f"tensor {name!r} of chunk {self.chunk_id} is not gathered; access it first"
             )
-        if self._inflight is not None and not isinstance(self._inflight, PendingReduce):
-            self.wait()  # a gather in flight
+        if self.lifecycle is Lifecycle.GATHERING:
+            self.wait()
         return self.full[rec.offset : rec.end].view(rec.shape)
 
     def shard_view(self, name: str) -> tuple[torch.Tensor, int, int] | None:

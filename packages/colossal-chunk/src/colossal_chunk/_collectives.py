@@ -41,7 +41,7 @@ from colossal_contracts import PlacementPolicy, TierName
 
 from ._chunk import Chunk
 from ._hooks import ManagerHooks
-from ._pending import InFlight
+from ._pending import InFlightCount
 from ._placement import Placement
 from ._tier import Tier
 
@@ -55,7 +55,7 @@ class ManagerCollectives:
 
     chunks: dict[int, Chunk]  # every chunk by id (the manager's)
     policy: PlacementPolicy  # the manager's
-    in_flight: InFlight  # the manager's: chunks with a collective started here
+    in_flight: InFlightCount  # the manager's: collectives in flight on its chunks
     hooks: ManagerHooks  # the manager's
     _placement: Placement  # the manager's
     _moment: int  # the manager's
@@ -95,7 +95,6 @@ class ManagerCollectives:
             self._placement.count_copy(ACC, c.current_tier, c.shard_bytes)
         if async_op:
             c.start_reduce_scatter(average=average, into=dst)
-            self.in_flight.add(c)
             return
         self._placement.drop_gathered(c, c.reduce_scatter(average=average, into=dst))
         self._bind(c)
@@ -150,14 +149,13 @@ class ManagerCollectives:
                 skip=c,
             ):
                 break
-            self.in_flight.finish(c)
+            self._finish(c)
             if c.tier is not ACC and not staged:
                 pl.move(c, ACC)  # finishes its prefetch, or copies the shard in now
             self.hooks.before_collective("all-gather", c)
             pl.count_staging(c)
             acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
             c.start_gather(acc.allocate_gathered(c.capacity, c.dtype))
-            self.in_flight.add(c)
             issued += 1
         return issued
 
@@ -168,8 +166,17 @@ class ManagerCollectives:
         in flight too ([Note: collectives in flight])."""
         if chunks is not None:
             for c in chunks:
-                self.in_flight.finish(c)
+                self._finish(c)
                 self._placement.settle(c)
             return
-        self.in_flight.finish_all()
+        if self.in_flight.now:
+            for c in self.chunks.values():
+                self._finish(c)
         self._placement.settle_all(self.chunks)
+
+    def _finish(self, chunk: Chunk) -> None:
+        """Finish ``chunk``'s collective if one is in flight (its ``Lifecycle``), freeing a
+        gathered buffer a reduce-scatter dropped and re-pointing the views."""
+        if chunk.lifecycle.in_flight:
+            self._placement.drop_gathered(chunk, chunk.wait())
+            self._bind(chunk)

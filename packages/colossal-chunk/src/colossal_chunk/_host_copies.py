@@ -79,17 +79,11 @@ def down(src: TierName, dst: TierName) -> bool:
 
 
 class HostSide:
-    """What ``Placement`` does with kept host copies; see [Note: host copies]. Comes before
-    ``DiskSide`` among ``Placement``'s bases (``written`` passes on to it)."""
+    """What ``Placement`` does with kept host copies; see [Note: host copies]."""
 
     tiers: dict[TierName, Tier]  # the placement's
     host_copies: HostCopies  # the placement's
     _take_kept: Callable[[Chunk, torch.Tensor, TierName], None]  # the disk side's
-
-    def written(self, chunk: Chunk) -> None:
-        """``chunk``'s shard was written in place: copies kept elsewhere are stale now."""
-        self.host_copies.drop(chunk.chunk_id)
-        super().written(chunk)  # type: ignore[misc]  # DiskSide's, after this in Placement's MRO
 
     def _back_to_host(self, chunk: Chunk) -> None:
         """Evict frozen ``chunk`` by taking its kept host payload back as its shard: nothing is

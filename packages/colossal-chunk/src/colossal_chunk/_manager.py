@@ -1,17 +1,6 @@
 """The chunk manager: registers tensors into chunks, makes them ready for compute, keeps the books.
 
-[Note: parameter views] After ``register``, every parameter's ``.data`` is a view into its chunk:
-into the gathered buffer when the chunk is gathered (always, with one rank), else an empty tensor.
-Whenever a payload moves or is gathered/released, the views are re-pointed, so code that holds the
-``nn.Parameter`` object always sees the current storage. Never keep ``param.data`` across an access.
-
-[Note: views bound once] Re-pointing costs a view and a ``.data`` assignment per parameter, and an
-access asks for it after every move and gather, mostly of storage that did not change (a chunk
-already gathered, a frozen chunk read again). So a chunk remembers what its views point at
-(``Chunk.bound``: a weak reference to the gathered buffer, or the device of the empty
-placeholders) and ``_bind`` does nothing while that is still current. A weak reference: a
-buffer freed and another made at the same address is a different object, so it is re-bound.
-Anything that sets ``param.data`` itself must do it before ``register`` (new chunks bind anew).
+[Note: parameter views] and [Note: views bound once] are in ``_views.py``.
 
 [Note: access protocol] ``access(params)`` puts every named tensor in COMPUTE, its chunk's shard on
 the compute tier and gathered; ``release(params, state=...)`` moves them on (HOLD after forward,
@@ -30,31 +19,33 @@ writes in place (read ahead, staged, written, read) in ``_shard_io.py``.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
 from colossal_contracts import (
-    ChunkStateError,
     ConfigError,
     PlacementPolicy,
     TensorState,
     TierName,
 )
 
-from ._books import ManagerBooks
+from ._accounting import ManagerStats
+from ._books import Books
 from ._chunk import Chunk
 from ._collectives import ManagerCollectives
 from ._config import ChunkConfig
-from ._hooks import ManagerHooks
-from ._pending import InFlight
+from ._group import ChunkGroup, ChunkKind
+from ._hooks import ManagerHooks, NoHooks
+from ._pending import InFlightCount
 from ._placement import Placement, build_tiers
 from ._register import ManagerRegistry
 from ._repack import ManagerRepack
 from ._resident import ManagerResident
-from ._shard_io import ManagerShardIO
+from ._shard_io import ShardIO
+from ._tier import Tier
+from ._views import ParamViews
 from .disk._read_ahead import window_bytes
 from .policies._base import LruPolicy
 
@@ -65,13 +56,15 @@ _DISK_AHEAD = 4  # moments ahead whose chunks on disk are read into memory early
 Tensorish = torch.Tensor | str
 
 
+def _never(chunk: Chunk) -> bool:
+    return False
+
+
 class ChunkManager(
     ManagerRegistry,
     ManagerResident,
-    ManagerBooks,
     ManagerCollectives,
     ManagerRepack,
-    ManagerShardIO,
 ):
     """Chunks of parameters (and parallel chunks of gradients / master weights) under tier budgets.
 
@@ -82,8 +75,11 @@ class ChunkManager(
     config: ChunkConfig
     policy: PlacementPolicy
     chunks: dict[int, Chunk]  # every chunk by id, parameter chunks first
+    groups: dict[int, ChunkGroup]  # parameter chunk id -> its record ([Note: one record per chunk])
     hooks: ManagerHooks  # told before collectives, asked whether to keep chunks gathered
-    in_flight: InFlight  # [Note: collectives in flight]
+    in_flight: InFlightCount  # [Note: collectives in flight]
+    shard_io: ShardIO  # what an owner says about shards it reads or writes in place
+    books: Books  # demand, kept chunks, counted copies, stats
 
     def __init__(
         self,
@@ -94,7 +90,12 @@ class ChunkManager(
         hooks: ManagerHooks | None = None,
     ):
         self.config = config
-        self.hooks = hooks if hooks is not None else ManagerHooks()
+        self.hooks = hooks if hooks is not None else NoHooks()
+        if not isinstance(self.hooks, ManagerHooks):
+            raise ConfigError(
+                f"{type(self.hooks).__name__} is not ManagerHooks: give an object with "
+                "before_collective(kind, chunk) and keep_gathered(chunk)"
+            )
         self.policy = policy if policy is not None else LruPolicy()
         if not isinstance(self.policy, PlacementPolicy):
             raise ConfigError(
@@ -105,15 +106,14 @@ class ChunkManager(
         self.group = group
         self.world_size = dist.get_world_size(group) if group is not None else 1
         self.chunks = {}
-        self._params: dict[str, torch.nn.Parameter] = {}
-        self._name_of: dict[int, str] = {}  # id(param) -> name
-        self._chunk_of: dict[str, int] = {}  # param name -> param chunk id
-        self._parallel: dict[str, dict[int, int]] = {}  # kind -> param chunk id -> twin id
-        self._spill: dict[str, int | None] = {}  # kind -> its add_parallel spill_reserve
+        self._views = ParamViews()  # [Note: parameter views]
+        self._bind = self._views.bind
+        self._name = self._views.name
+        self.groups = {}
+        self._spill: dict[str, int | None] = {}  # twin kind (in the order added) -> spill_reserve
         self._moment = 0
         self._num_moments = 0  # moments of the longest step seen (set_moment), for the room check
         self._steady = False  # fully_resident() said yes and nothing changed since
-        self._demand: dict[int, list[int]] | None = None  # moment -> [unfreeable, resident]
         self._closed = False
         self._placement = Placement(
             build_tiers(config),
@@ -122,7 +122,9 @@ class ChunkManager(
             rebind=self._bind,
             read_ahead_bytes=window_bytes(config, self.world_size),
         )
-        self.in_flight = InFlight(self._placement.drop_gathered, self._bind)
+        self.in_flight = InFlightCount()
+        self.shard_io = ShardIO(self._placement, self._chunk)
+        self.books = Books(self._placement, lambda: self.chunks, lambda: self._moment)
 
     # ----- setup --------------------------------------------------------------------------------
     @property
@@ -144,12 +146,25 @@ class ChunkManager(
     # ----- lookup -------------------------------------------------------------------------------
     def chunk_of(self, item: Tensorish) -> Chunk:
         """The parameter chunk holding ``item`` (a registered parameter or its name)."""
-        return self.chunks[self._chunk_of[self._name(item)]]
+        return self.chunks[self._views.chunk_of[self._name(item)]]
 
-    def parallel_chunk(self, kind: str, chunk: Chunk | int) -> Chunk:
-        """The ``kind`` twin of parameter chunk ``chunk``."""
+    def group_of(self, chunk: Chunk | int) -> ChunkGroup:
+        """The record of parameter chunk ``chunk`` ([Note: one record per chunk] in
+        ``_group.py``): its twins and its gradients' state."""
         cid = chunk.chunk_id if isinstance(chunk, Chunk) else chunk
-        return self.chunks[self._parallel[kind][cid]]
+        group = self.groups.get(cid)
+        if group is None:
+            raise ConfigError(f"chunk {cid} is not a parameter chunk of this manager")
+        return group
+
+    def parallel_chunk(self, kind: ChunkKind | str, chunk: Chunk | int) -> Chunk:
+        """The ``kind`` twin of parameter chunk ``chunk``."""
+        return self.group_of(chunk).twin(kind)
+
+    @property
+    def twin_kinds(self) -> tuple[str, ...]:
+        """The kinds of twins ``add_parallel`` made, in the order it made them."""
+        return tuple(self._spill)
 
     def param_chunks(self) -> list[Chunk]:
         return [c for c in self.chunks.values() if c.kind == "param"]
@@ -159,18 +174,9 @@ class ChunkManager(
         chunks] in ``_register.py``)."""
         return [c for c in self.chunks.values() if c.kind == "param" and not c.frozen]
 
-    def _name(self, item: Tensorish) -> str:
-        if isinstance(item, str):
-            if item not in self._params:
-                raise ConfigError(f"no registered parameter is named {item!r}; register it first")
-            return item
-        name = self._name_of.get(id(item))
-        if name is None:
-            raise ConfigError(
-                f"a tensor of shape {tuple(item.shape)} is not a registered parameter; pass the "
-                "nn.Parameter objects given to register() (or their names)"
-            )
-        return name
+    def _chunk(self, item: Chunk | int) -> Chunk:
+        """The manager's chunk of ``item``'s id (a re-pack replaces chunks: the current one)."""
+        return self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
 
     # ----- the step -----------------------------------------------------------------------------
     @property
@@ -191,17 +197,17 @@ class ChunkManager(
             # read-ahead window through the optimizer step ([Note: read-ahead window])
             ahead = min(_DISK_AHEAD, self._num_moments - 1 - moment)
             if ahead > 0:
-                self.read_ahead(self.policy.upcoming(moment, ahead))
+                self.shard_io.read_ahead(self.policy.upcoming(moment, ahead))
 
     def access(self, items: Iterable[Tensorish]) -> None:
         """Make parameters ready for compute (on the compute tier, gathered, COMPUTE)."""
         by_chunk: dict[int, list[str]] = {}
         for item in items:
             name = self._name(item)
-            by_chunk.setdefault(self._chunk_of[name], []).append(name)
-        if self.in_flight.chunks:
+            by_chunk.setdefault(self._views.chunk_of[name], []).append(name)
+        if self.in_flight.now:
             for cid in by_chunk:
-                self.in_flight.finish(self.chunks[cid])
+                self._finish(self.chunks[cid])
         if self._resident(by_chunk):  # fast path ([Note: access protocol])
             self._access_resident(by_chunk)
             return
@@ -219,7 +225,7 @@ class ChunkManager(
         for c in chunks:
             chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
             by_chunk[chunk.chunk_id] = list(chunk.records)
-        if not zero and not self.in_flight.chunks and self._resident(by_chunk):
+        if not zero and not self.in_flight.now and self._resident(by_chunk):
             self._access_resident(by_chunk)  # the fast path of ``access``
             return
         self._access(by_chunk, zero=zero, discard=discard)
@@ -229,7 +235,7 @@ class ChunkManager(
         chunks = [self.chunks[i] for i in by_chunk]
         pl = self._placement
         for c in chunks:
-            self.in_flight.finish(c)
+            self._finish(c)
             pl.settle(c)
         staged = set() if zero else {c.chunk_id for c in chunks if pl.from_host(c, self._moment)}
         needed = sum(
@@ -255,8 +261,8 @@ class ChunkManager(
                 c.set_state(name, TensorState.COMPUTE)
             self._bind(c)
         self.policy.on_access(list(by_chunk), self._moment)
-        if self._demand is not None:
-            self._note_demand()
+        if self.books.tracking:
+            self.books.note_demand()
 
     def release(
         self,
@@ -272,7 +278,7 @@ class ChunkManager(
         touched: dict[int, None] = {}
         for item in items:
             name = self._name(item)
-            c = self.chunks[self._chunk_of[name]]
+            c = self.chunks[self._views.chunk_of[name]]
             c.set_state(name, state)
             touched[c.chunk_id] = None
         self._after_release([self.chunks[i] for i in touched], reshard)
@@ -293,8 +299,25 @@ class ChunkManager(
             done.append(chunk)
         self._after_release(done, reshard)
 
-    def _after_release(self, chunks: list[Chunk], reshard: bool) -> None:
-        evict_after, keep = self.policy.evict_after_use, self.hooks.keep_gathered
+    def reshard(self, chunks: Iterable[Chunk | int]) -> None:
+        """Drop the gathered buffers of ``chunks`` (whose tensors must all be HOLD or FREE) even
+        where ``hooks.keep_gathered`` would keep them: their owner writes the shards next,
+        outside the access protocol, so a gathered copy would go stale. A collective in flight
+        is finished first; a chunk is then evicted as a release would evict it."""
+        done = []
+        for item in chunks:
+            c = self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
+            self._finish(c)
+            for name in c.records:
+                c.set_state(name, TensorState.HOLD)
+            done.append(c)
+        self._after_release(done, True, keep=_never)
+
+    def _after_release(
+        self, chunks: list[Chunk], reshard: bool, *, keep: Callable[[Chunk], bool] | None = None
+    ) -> None:
+        evict_after = self.policy.evict_after_use
+        keep = self.hooks.keep_gathered if keep is None else keep
         for c in chunks:
             moved = False
             if reshard and c.world_size > 1 and c.all_in(TensorState.HOLD) and not keep(c):
@@ -306,74 +329,28 @@ class ChunkManager(
             if moved:  # else storage is unchanged: the views still point at it
                 self._bind(c)
 
-    def access_bytes(self, chunk: Chunk | int) -> int:
-        """Compute-tier bytes an access of ``chunk`` would add now (its shard, if elsewhere,
-        and its gathered buffer, if sharded and not gathered)."""
-        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
-        return self._placement.need_for_access(c, gather=True)
+    # ----- books (the facade's part of ``self.books``) ------------------------------------------
+    @property
+    def tiers(self) -> dict[TierName, Tier]:
+        return self._placement.tiers
 
-    def move(self, chunk: Chunk | int, tier: TierName | str) -> None:
-        """Move a chunk's shard to ``tier`` (releasing its gathered buffer if it leaves the compute
-        tier). Raises ``CapacityError`` if ``tier`` is full, ``StateTransitionError`` if a tensor
-        is in COMPUTE."""
-        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
-        tier = TierName(tier)
+    def stats(self) -> ManagerStats:
+        """``Books.stats``: per-tier bytes and peaks, moves per direction, disk I/O."""
+        return self.books.stats()
+
+    def model_data_bytes(self, tier: TierName | str) -> int:
+        """``Books.model_data_bytes``: chunk payload bytes on ``tier`` now."""
+        return self.books.model_data_bytes(tier)
+
+    def model_tensors(self) -> list[torch.Tensor]:
+        """``Books.model_tensors``: every chunk payload, and the spare and kept ones."""
+        return self.books.model_tensors()
+
+    def track_demand(self, on: bool = True) -> None:
+        """``Books.track_demand`` (read the record from ``books.demand``); the step's fast path
+        checks its room again."""
+        self.books.track_demand(on)
         self._steady = False
-        self.in_flight.finish(c)
-        if tier is not ACC and c.world_size > 1 and c.is_gathered:
-            self._placement.release_gathered(c)
-        if tier is ACC:
-            self._placement.make_room(
-                self._placement.need_for_access(c, gather=False),
-                self.chunks.values(),
-                exclude={c.chunk_id},
-                moment=self._moment,
-                what=f"moving chunk {c.chunk_id}",
-            )
-        self._placement.move(c, tier)
-        self._bind(c)
-
-    def prefetch(self, horizon: int = 1) -> int:
-        """Start copying chunks the policy says the next ``horizon`` moments need; returns how many.
-
-        Needs a policy with ``upcoming`` (``AutoPolicy`` after warmup); never breaks the budget and
-        evicts only chunks needed later than the one fetched.
-        """
-        next_use = self.policy.next_use
-        issued, self._steady = 0, False
-        for cid in self.policy.upcoming(self._moment, horizon):
-            c = self.chunks[cid]
-            if self._placement.prefetch(
-                c,
-                moment=self._moment,
-                chunks=self.chunks.values(),
-                target_use=next_use(cid, self._moment),
-            ):
-                issued += 1
-        return issued
-
-    # ----- views and books ----------------------------------------------------------------------
-    def _bind(self, chunk: Chunk) -> None:
-        """Re-point the ``.data`` of ``chunk``'s parameters ([Note: parameter views]) unless they
-        already point at its current storage ([Note: views bound once])."""
-        if chunk.kind != "param":
-            return
-        full, bound = chunk.full, chunk.bound
-        if full is not None:
-            if isinstance(bound, weakref.ref) and bound() is full:
-                return
-            for name in chunk.records:
-                self._params[name].data = chunk.view(name)
-            chunk.bound = weakref.ref(full)
-            return
-        shard = chunk.shard
-        if shard is None:
-            raise ChunkStateError(f"chunk {chunk.chunk_id} has no shard storage yet")
-        if bound == shard.device:
-            return
-        for name in chunk.records:
-            self._params[name].data = torch.empty(0, dtype=chunk.dtype, device=shard.device)
-        chunk.bound = shard.device
 
     def _model_budget(self, moment: int) -> int:
         cap = self.tiers[ACC].capacity_bytes

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -10,7 +9,7 @@ import torch
 if TYPE_CHECKING:
     from ._chunk import Chunk
 
-__all__ = ["PendingReduce"]
+__all__ = ["InFlightCount", "PendingReduce"]
 
 
 class _Work(Protocol):
@@ -65,42 +64,32 @@ class _PendingGather:
         self._work.wait()
 
 
-class InFlight:
-    """The chunks of one manager with a collective in flight, and the books when one finishes.
+class InFlightCount:
+    """How many of one manager's chunks have a collective in flight now, and the most at once.
 
     [Note: collectives in flight] The manager starts all-gathers ahead of use (``gather_ahead``)
     and reduce-scatters without waiting (``reduce(async_op=True)``), and finishes a chunk's
     collective when the chunk is next accessed, moved or re-packed, or in ``settle()``, which a
     runtime calls before an optimizer reads shards. Finishing re-points the parameter views; a
-    finished reduce-scatter also frees its gathered buffer on the compute tier.
+    finished reduce-scatter also frees its gathered buffer on the compute tier. Whether a chunk
+    has one in flight is its ``Lifecycle`` (GATHERING, REDUCING); this counter is kept by the
+    chunks' lifecycle moves (whoever finishes the collective), so "is any in flight" costs no
+    scan on the hot path.
     """
 
-    chunks: dict[int, Chunk]  # chunk id -> chunk with a collective started here
-    most: int  # the most collectives in flight at once since the counter was reset
+    now: int  # chunks with a collective in flight
+    most: int  # the most at once since creation
 
-    def __init__(
-        self,
-        drop_gathered: Callable[[Chunk, torch.Tensor | None], None],
-        rebind: Callable[[Chunk], None],
-    ) -> None:
-        self._drop, self._rebind = drop_gathered, rebind
-        self.chunks, self.most = {}, 0
+    def __init__(self) -> None:
+        self.now = self.most = 0
 
     def __len__(self) -> int:
-        return len(self.chunks)
+        return self.now
 
-    def add(self, chunk: Chunk) -> None:
-        if chunk.in_flight:
-            self.chunks[chunk.chunk_id] = chunk
-            self.most = max(self.most, len(self.chunks))
-
-    def finish(self, chunk: Chunk) -> None:
-        """Finish ``chunk``'s collective if one was started here (it may have finished already:
-        ``Chunk.release`` finishes one, and its caller kept the books)."""
-        if self.chunks.pop(chunk.chunk_id, None) is not None:
-            self._drop(chunk, chunk.wait())
-            self._rebind(chunk)
-
-    def finish_all(self) -> None:
-        for c in list(self.chunks.values()):
-            self.finish(c)
+    def moved(self, *, started: bool) -> None:
+        """A chunk's collective started (``started``) or finished."""
+        if started:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        else:
+            self.now -= 1

@@ -5,9 +5,10 @@ This is the half of the chunk manager that owns bytes. Every payload change goes
 Its disk side (read-ahead, write-out, kept disk copies) is in ``disk/_side.py``, its compute-tier
 room in ``_room.py``.
 
-[Note: kept chunks] A chunk in ``kept`` stays on the compute tier: eviction and prefetch never
+[Note: kept chunks] A ``kept`` chunk stays on the compute tier: eviction and prefetch never
 pick it (an optimizer placed its states there for the whole run, in room the plan showed free).
-Only an explicit ``move`` takes it off; ``forget`` drops it from the set.
+Only an explicit ``move`` takes it off; ``forget`` clears the flag. Residency is on the chunk
+([Note: chunk residency] in ``_chunk.py``).
 
 [Note: inline prefetch] On an emulated accelerator a prefetch of a host shard of at most
 ``inline_copy_bytes`` (1 MiB) is made at once by the calling thread, as a move: there the copy is
@@ -37,9 +38,9 @@ from colossal_contracts import (
 from ._accounting import MoveStats
 from ._chunk import Chunk
 from ._config import ChunkConfig
+from ._group import Lifecycle
 from ._host_copies import HostCopies, HostSide, down
-from ._pending import PendingReduce
-from ._prefetch import PendingCopy, Prefetcher
+from ._prefetch import Prefetcher
 from ._room import ComputeRoom
 from ._spare import SparePayloads
 from ._tier import UNLIMITED, Tier
@@ -106,8 +107,6 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         self.read_ahead_window = ReadAheadWindow(tiers[HOST], read_ahead_bytes)
         self._rebind = rebind
         self.moves = {}
-        self.kept: set[int] = set()  # [Note: kept chunks]
-        self._pending: dict[int, tuple[PendingCopy, Tier]] = {}  # chunk id -> copy to the acc
         self._prefetcher: Prefetcher | None = None
         self.spares = SparePayloads()  # [Note: spare payloads]
         self.disk_copies = DiskCopies(tiers.get(DISK))  # [Note: disk copies]
@@ -118,7 +117,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
     # ----- accounting ---------------------------------------------------------------------------
     def acc_bytes(self, chunk: Chunk) -> int:
         """Bytes ``chunk`` holds on the compute tier now (shard there, plus a gathered buffer)."""
-        n = chunk.shard_bytes if chunk.tier is ACC or chunk.chunk_id in self._pending else 0
+        n = chunk.shard_bytes if chunk.tier is ACC or chunk.prefetch is not None else 0
         if chunk.world_size > 1 and chunk.is_gathered:
             n += chunk.full_bytes
         return n
@@ -126,7 +125,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
     def need_for_access(self, chunk: Chunk, *, gather: bool) -> int:
         """Bytes to add on the compute tier to make ``chunk`` ready for compute (its shard is
         not brought in when it is gathered from the host: ``from_host``)."""
-        n = 0 if chunk.tier is ACC or chunk.chunk_id in self._pending else chunk.shard_bytes
+        n = 0 if chunk.tier is ACC or chunk.prefetch is not None else chunk.shard_bytes
         if gather and chunk.world_size > 1:
             if chunk.is_gathered:
                 return 0 if chunk.tier is HOST else n
@@ -137,7 +136,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         """Whether sharded ``chunk`` is (to be) gathered straight from its host shard ([Note:
         gathers from the host]): it is so already, or its shard and gathered buffer together
         do not fit in ``moment``'s room beside what is there."""
-        if chunk.world_size == 1 or chunk.tier is not HOST or chunk.chunk_id in self._pending:
+        if chunk.world_size == 1 or chunk.tier is not HOST or chunk.prefetch is not None:
             return False
         if chunk.is_gathered:
             return True
@@ -147,7 +146,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
     def demand_bytes(self, chunks: Iterable[Chunk]) -> int:
         """Compute-tier bytes of the chunks that may not leave it now (tensors in COMPUTE or
         awaiting reduction) and of kept chunks: what no eviction can free."""
-        return sum(self.acc_bytes(c) for c in chunks if not c.movable or c.chunk_id in self.kept)
+        return sum(self.acc_bytes(c) for c in chunks if not c.movable or c.kept)
 
     def count_copy(self, src: TierName, dst: TierName, nbytes: int) -> None:
         """Count a copy between tiers made outside a move (an optimizer's staging copy)."""
@@ -183,7 +182,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         if spill_reserve is not None and acc.used_bytes + chunk.shard_bytes <= room:
             acc.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
             chunk.tier = ACC
-            self.kept.add(chunk.chunk_id)
+            chunk.kept = True
             return acc.allocate(_key(chunk, ACC), chunk.shard_numel, chunk.dtype)
         raise self._no_room_anywhere(chunk)
 
@@ -242,6 +241,12 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         chunk.tier = dst
         self._count(src, dst, chunk.shard_bytes)
 
+    def written(self, chunk: Chunk) -> None:
+        """``chunk``'s shard was written in place: a host copy kept for it is stale now, and on
+        disk the shard starts being written out (``DiskSide.written``)."""
+        self.host_copies.drop(chunk.chunk_id)
+        DiskSide.written(self, chunk)
+
     def offload(self, chunk: Chunk) -> int:
         """Release ``chunk``'s gathered buffer and move its shard off the compute tier.
 
@@ -289,7 +294,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
     def release_gathered(self, chunk: Chunk) -> bool:
         """Drop ``chunk``'s gathered buffer (``Chunk.release``: this rank's slice is copied back
         into the shard, counted when the shard lives off the compute tier). True if dropped."""
-        copies = not isinstance(chunk._inflight, PendingReduce) and chunk.tier is not ACC
+        copies = chunk.lifecycle is not Lifecycle.REDUCING and chunk.tier is not ACC
         copies = copies and not chunk.frozen  # dropped without a copy back ([Note: frozen chunks])
         dropped = chunk.release()
         if dropped is None:
@@ -304,7 +309,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         self.settle(chunk)
         self.disk_copies.drop(_key(chunk, DISK))
         self.host_copies.drop(chunk.chunk_id)
-        self.kept.discard(chunk.chunk_id)
+        chunk.kept = False
         if chunk.world_size > 1 and chunk.is_gathered:
             self.tiers[ACC].free(chunk.full_bytes)
         if chunk.tier is not None:
@@ -328,7 +333,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         """Start copying ``chunk``'s shard to the compute tier if it fits without evicting anything
         needed before ``target_use`` (a small shard on an emulated accelerator is moved at once:
         [Note: inline prefetch]). Returns True when a copy was issued or made."""
-        if chunk.tier is ACC or chunk.chunk_id in self._pending or chunk.pinned:
+        if chunk.tier is ACC or chunk.prefetch is not None or chunk.pinned:
             return False
         if self.from_host(chunk, moment):  # its gather stages the shard ([Note: gathers from
             return False  # the host]): a copy now would only take room from gathered buffers
@@ -350,13 +355,13 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         if src_tier.name is DISK:
             before = partial(src_tier.finish_read, _key(chunk, DISK))
         pending = self._prefetcher.copy(dst, chunk.shard, before=before)
-        self._pending[chunk.chunk_id] = (pending, src_tier)
+        chunk.prefetch = (pending, src_tier)
         self._count(src_tier.name, ACC, chunk.shard_bytes)  # counted when issued
         return True
 
     def settle(self, chunk: Chunk) -> None:
         """Finish a prefetch of ``chunk`` if one is in flight (the shard then lives on the acc)."""
-        entry = self._pending.pop(chunk.chunk_id, None)
+        entry, chunk.prefetch = chunk.prefetch, None
         if entry is None:
             return
         pending, src = entry
@@ -372,8 +377,9 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         chunk.tier = ACC
 
     def settle_all(self, chunks: dict[int, Chunk]) -> None:
-        for cid in list(self._pending):
-            self.settle(chunks[cid])
+        for c in chunks.values():
+            if c.prefetch is not None:
+                self.settle(c)
 
     def close(self) -> None:
         if self._prefetcher is not None:

@@ -36,9 +36,12 @@ from colossal_contracts import ConfigError, PlacementPolicy, TierName
 
 from ._chunk import Chunk
 from ._config import ChunkConfig
+from ._group import ChunkGroup
 from ._host_memory import host_empty
+from ._pending import InFlightCount
 from ._placement import Placement
 from ._tier import Tier
+from ._views import ParamViews
 from .policies._base import ChunkSummary, PolicyContext
 
 __all__ = ["ManagerRegistry"]
@@ -57,11 +60,10 @@ class ManagerRegistry:
     chunk_numel: int  # the manager's (a property there)
     frozen_chunk_numel: int  # the manager's (a property there)
     _placement: Placement  # the manager's
-    _params: dict[str, torch.nn.Parameter]  # the manager's: name -> parameter
-    _name_of: dict[int, str]  # the manager's: id(param) -> name
-    _chunk_of: dict[str, int]  # the manager's: param name -> param chunk id
-    _parallel: dict[str, dict[int, int]]  # the manager's: kind -> param chunk id -> twin id
-    _spill: dict[str, int | None]  # the manager's: kind -> its add_parallel spill_reserve
+    _views: ParamViews  # the manager's: registered parameters by name, their chunks
+    groups: dict[int, ChunkGroup]  # the manager's: param chunk id -> its record
+    _spill: dict[str, int | None]  # the manager's: twin kind -> its add_parallel spill_reserve
+    in_flight: InFlightCount  # the manager's: its chunks count their collectives there
     _steady: bool  # [Note: resident fast path]: the manager's
     _bind: Callable[[Chunk], None]  # the manager's: re-points a chunk's parameter views
 
@@ -85,11 +87,7 @@ class ManagerRegistry:
         self._steady = False
         fresh: dict[str, torch.nn.Parameter] = {}
         for name, p in named_params:
-            if (
-                id(p) in self._name_of
-                or name in self._params
-                or any(q is p for q in fresh.values())
-            ):
+            if self._views.knows(name, p) or any(q is p for q in fresh.values()):
                 continue
             fresh[name] = p
         rank = {n: i for i, n in enumerate(order or ())}
@@ -105,12 +103,13 @@ class ManagerRegistry:
             if c is None or not c.fits(p.numel()):
                 numel = self.frozen_chunk_numel if key[1] else self.chunk_numel
                 c = Chunk(self._next_id(), numel, p.dtype, group=self.group, frozen=key[1])
+                c.flights = self.in_flight
                 self.chunks[c.chunk_id] = c
+                self.groups[c.chunk_id] = ChunkGroup(c)
                 open_chunk[key] = c
                 new.append(c)
             c.add(name, p.shape)
-            self._params[name], self._name_of[id(p)] = p, name
-            self._chunk_of[name] = c.chunk_id
+            self._views.add(name, p, c.chunk_id)
         for c in new:
             tensors = {
                 n: materialize(fresh[n]) if materialize else fresh[n].data for n in c.records
@@ -137,10 +136,10 @@ class ManagerRegistry:
         host, then disk; with ``spill_reserve``, then to the compute tier while that many bytes
         of its room stay free, kept there: [Note: kept chunks]). Frozen chunks get none ([Note:
         frozen chunks])."""
-        if kind == "param" or kind in self._parallel:
+        if kind == "param" or kind in self._spill:
             raise ConfigError(f"parallel chunk kind {kind!r} is taken; pick another name")
         self._steady = False
-        twins = {}
+        twins = []
         for cid in [c.chunk_id for c in self.chunks.values() if c.kind == "param" and not c.frozen]:
             src = self.chunks[cid]
             twin = src.same_layout(self._next_id(), dtype, kind)
@@ -155,11 +154,11 @@ class ManagerRegistry:
                 vals = {n: host_empty(r.numel, dtype).view(r.shape) for n, r in src.records.items()}
             twin.fill_shard(storage, vals)
             self._placement.written(twin)
-            twins[cid] = twin.chunk_id
-        self._parallel[kind] = twins
+            self.groups[cid].twins[kind] = twin
+            twins.append(twin)
         self._spill[kind] = spill_reserve
         self._bind_policy()
-        return [self.chunks[i] for i in twins.values()]
+        return twins
 
     def _full_value(self, chunk: Chunk, name: str) -> torch.Tensor:
         # Only this rank's slice is needed by fill_shard; others are zero-filled placeholders.
@@ -179,5 +178,5 @@ class ManagerRegistry:
             ChunkSummary(c.chunk_id, c.kind, c.shard_bytes) for c in self.chunks.values()
         )
         self.policy.bind(
-            PolicyContext(summaries, dict(self._chunk_of), self.tiers[ACC].capacity_bytes)
+            PolicyContext(summaries, dict(self._views.chunk_of), self.tiers[ACC].capacity_bytes)
         )

@@ -18,7 +18,9 @@ import torch.distributed as dist
 from colossal_contracts import ChunkStateError, StateTransitionError
 
 from ._chunk import Chunk, _all_gather
+from ._group import ChunkGroup
 from ._placement import Placement
+from ._views import ParamViews
 
 __all__ = ["ManagerRepack"]
 
@@ -30,11 +32,9 @@ class ManagerRepack:
     chunks: dict[int, Chunk]  # every chunk by id (the manager's)
     group: dist.ProcessGroup | None  # the manager's
     _placement: Placement  # the manager's
-    _params: dict[str, torch.nn.Parameter]  # the manager's
-    _name_of: dict[int, str]  # the manager's
-    _chunk_of: dict[str, int]  # the manager's
-    _parallel: dict[str, dict[int, int]]  # the manager's
-    _spill: dict[str, int | None]  # the manager's
+    _views: ParamViews  # the manager's
+    groups: dict[int, ChunkGroup]  # the manager's
+    _spill: dict[str, int | None]  # the manager's: twin kind -> spill_reserve
 
     def registration_order(self) -> list[str]:
         """Parameter names in the order they sit in chunks."""
@@ -58,17 +58,18 @@ class ManagerRepack:
             for name, rec in c.records.items():
                 kind[name] = full[rec.offset : rec.end].view(rec.shape)
             self._placement.forget(c)
-        params, kinds = dict(self._params), list(self._parallel)
+        params, kinds = dict(self._views.params), dict(self._spill)
         frozen = [
             n for c in self.chunks.values() if c.kind == "param" and c.frozen for n in c.records
         ]
-        self.chunks, self._params, self._name_of, self._chunk_of = {}, {}, {}, {}
-        self._parallel = {}
+        self.chunks = {}
+        self._views.clear()
+        self.groups, self._spill = {}, {}
         for name, p in params.items():
             p.data = values["param"][name]
         new = self.register(params.items(), order=order, frozen=frozen)
         for kind in kinds:
-            for twin in self.add_parallel(kind, dtypes[kind], spill_reserve=self._spill[kind]):
+            for twin in self.add_parallel(kind, dtypes[kind], spill_reserve=kinds[kind]):
                 for name in twin.records:
                     part = twin.shard_view(name)
                     if part is not None:

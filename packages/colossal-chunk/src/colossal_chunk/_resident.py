@@ -1,4 +1,5 @@
-"""The chunk manager's fast paths for chunks that stay on the compute tier.
+"""Where the chunk manager's chunks reside: moves and prefetches to the compute tier, and the
+fast paths for chunks that stay there.
 
 [Note: resident fast path] ``fully_resident()`` says that a whole step can run without touching a
 tier: one rank (nothing is gathered or reduced across ranks), every parameter chunk on the
@@ -11,7 +12,8 @@ Until the layout or the moment changes (``register``, ``add_parallel``, ``move``
 fast paths then skip their room check too: it held for every moment when ``fully_resident``
 answered.
 
-``ChunkManager`` inherits these methods; they read its chunks, placement, policy and moment.
+``ChunkManager`` inherits these methods (``move``, ``prefetch``, ``access_bytes``,
+``fully_resident``); they read its chunks, placement, policy and moment.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from collections.abc import Callable
 
 from colossal_contracts import PlacementPolicy, TensorState, TierName
 
+from ._books import Books
 from ._chunk import Chunk
-from ._pending import InFlight
+from ._pending import InFlightCount
 from ._placement import Placement
 from ._tier import UNLIMITED, Tier
 
@@ -31,19 +34,20 @@ ACC = TierName.ACCELERATOR
 
 
 class ManagerResident:
-    """``fully_resident`` and the states-only access; see the module docstring."""
+    """Residency verbs and the states-only access; see the module docstring."""
 
     world_size: int  # the manager's
     policy: PlacementPolicy  # the manager's
     chunks: dict[int, Chunk]  # every chunk by id (the manager's)
     tiers: dict[TierName, Tier]  # the manager's (a property there)
-    in_flight: InFlight  # the manager's
+    in_flight: InFlightCount  # the manager's
     _placement: Placement  # the manager's
     _moment: int  # the manager's
     _num_moments: int  # the manager's: moments of the longest step seen
     _steady: bool  # fully_resident() said yes and nothing changed since
-    _demand: dict[int, list[int]] | None  # the manager's: moment -> [unfreeable, resident]
-    _note_demand: Callable[[], None]  # the books': records this moment's demand
+    books: Books  # the manager's: records demand while tracking
+    _finish: Callable[[Chunk], None]  # the collectives': finishes a chunk's collective
+    _bind: Callable[[Chunk], None]  # the manager's: re-points a chunk's parameter views
 
     def _access_resident(self, by_chunk: dict[int, list[str]]) -> None:
         """``access`` when every chunk is gathered on the compute tier and fits: states only."""
@@ -52,8 +56,8 @@ class ManagerResident:
             for name in names:
                 c.set_state(name, TensorState.COMPUTE)
         self.policy.on_access(list(by_chunk), self._moment)
-        if self._demand is not None:
-            self._note_demand()
+        if self.books.tracking:
+            self.books.note_demand()
 
     def _resident(self, by_chunk: dict[int, list[str]]) -> bool:
         for cid in by_chunk:
@@ -69,7 +73,7 @@ class ManagerResident:
         return self._steady
 
     def _fully_resident(self, headroom: int) -> bool:
-        if self.world_size > 1 or self._demand is not None or self.in_flight.chunks:
+        if self.world_size > 1 or self.books.tracking or self.in_flight.now:
             return False
         policy = self.policy
         for c in self.chunks.values():
@@ -80,3 +84,49 @@ class ManagerResident:
             return True
         need = acc.used_bytes + headroom
         return all(self._placement.limit(m) >= need for m in range(max(1, self._num_moments)))
+
+    def access_bytes(self, chunk: Chunk | int) -> int:
+        """Compute-tier bytes an access of ``chunk`` would add now (its shard, if elsewhere,
+        and its gathered buffer, if sharded and not gathered)."""
+        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
+        return self._placement.need_for_access(c, gather=True)
+
+    def move(self, chunk: Chunk | int, tier: TierName | str) -> None:
+        """Move a chunk's shard to ``tier`` (releasing its gathered buffer if it leaves the compute
+        tier). Raises ``CapacityError`` if ``tier`` is full, ``StateTransitionError`` if a tensor
+        is in COMPUTE."""
+        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
+        tier = TierName(tier)
+        self._steady = False
+        self._finish(c)
+        if tier is not ACC and c.world_size > 1 and c.is_gathered:
+            self._placement.release_gathered(c)
+        if tier is ACC:
+            self._placement.make_room(
+                self._placement.need_for_access(c, gather=False),
+                self.chunks.values(),
+                exclude={c.chunk_id},
+                moment=self._moment,
+                what=f"moving chunk {c.chunk_id}",
+            )
+        self._placement.move(c, tier)
+        self._bind(c)
+
+    def prefetch(self, horizon: int = 1) -> int:
+        """Start copying chunks the policy says the next ``horizon`` moments need; returns how many.
+
+        Needs a policy with ``upcoming`` (``AutoPolicy`` after warmup); never breaks the budget and
+        evicts only chunks needed later than the one fetched.
+        """
+        next_use = self.policy.next_use
+        issued, self._steady = 0, False
+        for cid in self.policy.upcoming(self._moment, horizon):
+            c = self.chunks[cid]
+            if self._placement.prefetch(
+                c,
+                moment=self._moment,
+                chunks=self.chunks.values(),
+                target_use=next_use(cid, self._moment),
+            ):
+                issued += 1
+        return issued

@@ -1,7 +1,7 @@
 """Room on the compute tier: the budget at a moment, and evictions that make room for an access
 (the policy's choice) or for a prefetch (only chunks needed later than the one fetched).
 
-``Placement`` inherits these methods; they read its tiers, policy, budget and kept chunks.
+``Placement`` inherits these methods; they read its tiers, policy and budget, and the chunks' residency.
 
 [Note: warmup loan] The automatic policy's warmup step measures what a step needs; before it ends
 nothing is known to size chunks by. So, when the policy was built with ``warmup_loan``, an access
@@ -34,7 +34,6 @@ class ComputeRoom:
 
     tiers: dict[TierName, Tier]
     policy: PlacementPolicy
-    kept: set[int]  # [Note: kept chunks] in ``_placement.py``
     _budget: Callable[[int], int]  # moment -> the policy's model-data budget
 
     acc_bytes: Callable[[Chunk], int]  # bytes a chunk holds on the compute tier (the placement's)
@@ -68,12 +67,12 @@ class ComputeRoom:
         if short <= 0:
             return
         chunks = list(chunks)
-        acc_bytes, kept = self.acc_bytes, self.kept
+        acc_bytes = self.acc_bytes
         cands: dict[int, Chunk] = {}
         infos = []
         for c in chunks:  # the cheapest test first: most chunks hold nothing on the compute tier
             n = acc_bytes(c)
-            if n and c.chunk_id not in exclude and c.chunk_id not in kept and c.movable:
+            if n and c.chunk_id not in exclude and not c.kept and c.movable:
                 cands[c.chunk_id] = c
                 infos.append(SimpleChunkInfo(c.chunk_id, n, ACC, False))
         for cid in self.policy.choose_evictions(infos, short, moment=moment):
@@ -128,14 +127,14 @@ class ComputeRoom:
         short = self.tiers[ACC].used_bytes + needed - self.limit(moment)
         if short <= 0:
             return True
-        next_use, acc_bytes, kept = self.policy.next_use, self.acc_bytes, self.kept
+        next_use, acc_bytes = self.policy.next_use, self.acc_bytes
         later, free = [], 0
         for c in chunks:  # the cheapest test first, as in make_room
             n = acc_bytes(c)
             if (
                 n
                 and c is not skip
-                and c.chunk_id not in kept
+                and not c.kept
                 and c.movable
                 and (use := next_use(c.chunk_id, moment)) > target_use
             ):

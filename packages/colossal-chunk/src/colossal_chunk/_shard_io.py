@@ -6,12 +6,12 @@ disk copies ([Note: disk read-ahead and write-behind] in ``disk/_io.py``, [Note:
 window] in ``disk/_read_ahead.py``, [Note: staged updates] in ``disk/_store.py``, [Note: disk
 copies] in ``disk/_copies.py``). Without a disk tier most of them only keep the books.
 
-``ChunkManager`` inherits these methods; they read its chunks and placement.
+The manager owns one ``ShardIO`` (``ChunkManager.shard_io``), composed rather than inherited.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -20,21 +20,22 @@ from ._chunk import Chunk
 from ._placement import Placement
 from .disk._read_ahead import ReadAheadWindow
 
-__all__ = ["ManagerShardIO"]
+__all__ = ["ShardIO"]
 
 
-class ManagerShardIO:
+class ShardIO:
     """Read ahead, staged, written and read-done shards; see the module docstring."""
 
-    chunks: dict[int, Chunk]  # every chunk by id (the manager's)
-    _placement: Placement  # the manager's
+    def __init__(self, placement: Placement, lookup: Callable[[Chunk | int], Chunk]) -> None:
+        """``lookup`` finds the manager's chunk by id (or the current chunk of a chunk's id)."""
+        self._placement, self._chunk = placement, lookup
 
     def read_ahead(self, chunks: Iterable[Chunk | int]) -> bool:
         """Start reading the shards of ``chunks`` that live on disk into memory (used soon, in
         this order) while the read-ahead window has room; False once it had none ([Note:
         read-ahead window]: the rest are not read ahead)."""
         for c in chunks:
-            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            chunk = self._chunk(c)
             if not self._placement.read_ahead(chunk):
                 return False
         return True
@@ -50,7 +51,7 @@ class ManagerShardIO:
         their read-aheads not taken up by the reader yet are done on this thread now ([Note:
         disk read-ahead and write-behind] in ``disk/_io.py``)."""
         for c in chunks:
-            self._placement.finish_read(self.chunks[c.chunk_id if isinstance(c, Chunk) else c])
+            self._placement.finish_read(self._chunk(c))
 
     @contextmanager
     def staged(self, chunks: Iterable[Chunk | int]) -> Iterator[None]:
@@ -63,7 +64,7 @@ class ManagerShardIO:
         out: list[tuple[Chunk, torch.Tensor]] = []
         try:
             for c in chunks:
-                chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+                chunk = self._chunk(c)
                 mapping = self._placement.stage(chunk)
                 if mapping is not None:
                     out.append((chunk, mapping))
@@ -85,7 +86,7 @@ class ManagerShardIO:
         """Say that the shards of ``chunks`` were written in place (updated by an optimizer step,
         loaded): those on disk start being written out of memory in the background."""
         for c in chunks:
-            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            chunk = self._chunk(c)
             if chunk.frozen:  # [Note: frozen chunks]: counted, so an owner can show it never is
                 self._placement.frozen_written += chunk.shard_bytes
             self._placement.used(chunk)  # [Note: disk fault-ins]
@@ -95,6 +96,6 @@ class ManagerShardIO:
         """Say that the shards of ``chunks`` were only read in place: those on disk leave this
         process's memory with nothing written (colossal-chunk's [Note: reads let go])."""
         for c in chunks:
-            chunk = self.chunks[c.chunk_id if isinstance(c, Chunk) else c]
+            chunk = self._chunk(c)
             self._placement.used(chunk)  # [Note: disk fault-ins]
             self._placement.read_only(chunk)

@@ -69,11 +69,9 @@ class ReadAheadWindow:
     ahead_bytes: int  # disk bytes read ahead and still mapped into this process
     peak_bytes: int  # highest ``ahead_bytes`` since creation
     reserved_bytes: int  # of the host tier's used bytes, held for the window (no payload's)
-    _ahead: dict[int, int]  # chunk id -> bytes of its disk shard read ahead
 
     def __init__(self, host: Tier, window: int):
         self.window_bytes, self.ahead_bytes, self.peak_bytes = window, 0, 0
-        self._ahead = {}
         self.reserved_bytes = window if 0 < window < UNLIMITED else 0
         if self.reserved_bytes:
             host.reserve(window, what="the disk tier's read-ahead window (read_ahead_bytes)")
@@ -81,16 +79,17 @@ class ReadAheadWindow:
     def admit(self, chunk: Chunk) -> bool:
         """Record a read-ahead of ``chunk``'s disk shard if it fits (True; also when it is read
         ahead already); False, changing nothing, when the window has no room for it."""
-        if chunk.chunk_id in self._ahead:
+        if chunk.read_ahead_bytes:  # on the chunk: [Note: chunk residency]
             return True
         n = chunk.shard_bytes
         if self.ahead_bytes + n > self.window_bytes:
             return False
-        self._ahead[chunk.chunk_id] = n
+        chunk.read_ahead_bytes = n
         self.ahead_bytes += n
         self.peak_bytes = max(self.peak_bytes, self.ahead_bytes)
         return True
 
     def drop(self, chunk: Chunk) -> None:
         """``chunk``'s disk pages left this process (written behind or discarded)."""
-        self.ahead_bytes -= self._ahead.pop(chunk.chunk_id, 0)
+        self.ahead_bytes -= chunk.read_ahead_bytes
+        chunk.read_ahead_bytes = 0

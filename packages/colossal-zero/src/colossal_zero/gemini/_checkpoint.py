@@ -107,10 +107,10 @@ def save_sharded(
     with SafetensorsStream(shard, specs) as out:
         for i, (chunks, items) in enumerate(groups):
             if i + 1 < len(groups):
-                m.read_ahead(groups[i + 1][0])
+                m.shard_io.read_ahead(groups[i + 1][0])
             for _, value in items:
                 out.write(value())
-            m.read_done(chunks)  # disk pages read here leave this process's memory
+            m.shard_io.read_done(chunks)  # disk pages read here leave this process's memory
     files = gather_digests(rt.group, shard.name, out.close())
     if rank == 0:
         files[BUFFERS_FILE] = write_buffers(model.module, directory)
@@ -173,7 +173,7 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
         if rt.precision.master and not c.frozen:
             rt.restore_params(c)
         # chunk by chunk: what was written into chunks on disk is written out of memory
-        m.written(dict.fromkeys([c, fp32, *states]))
+        m.shard_io.written(dict.fromkeys([c, fp32, *states]))
     rt.clear_grads()
     reader.restore_scaler(optimizer.scaler if optimizer is not None else None)
     reader.close()

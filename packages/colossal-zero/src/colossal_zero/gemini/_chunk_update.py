@@ -66,10 +66,10 @@ class ChunkUpdates:
         for (gi, pv, av, sv, step), gv in zip(hit[2], grads, strict=True):
             if fp32.tier is not home:
                 nbytes = pv.numel() * pv.element_size()
-                m.count_copy(fp32.tier, home, nbytes)
-                m.count_copy(home, fp32.tier, nbytes)
+                m.books.count_copy(fp32.tier, home, nbytes)
+                m.books.count_copy(home, fp32.tier, nbytes)
             if gtier is not home:
-                m.count_copy(gtier, home, gv.numel() * gv.element_size())
+                m.books.count_copy(gtier, home, gv.numel() * gv.element_size())
             row = rows.get(gi)
             if row is None:
                 row = rows[gi] = ([], [], [], [], [])
@@ -97,7 +97,7 @@ class ChunkUpdates:
         copies, written back into their payloads after (colossal-chunk's [Note: staged
         updates])."""
         rt = self.rt
-        with rt.manager.staged(dict.fromkeys((rt.roles.fp32(c), *self._states_of(c)))):
+        with rt.manager.shard_io.staged(dict.fromkeys((rt.roles.fp32(c), *self._states_of(c)))):
             self._update_here(c, names, grad_scale)
 
     def _update_here(self, c: Chunk, names: list[str], grad_scale: float) -> None:
@@ -113,7 +113,7 @@ class ChunkUpdates:
                 if ch.tier is not ACC:
                     m.move(ch, ACC)
                 if ch in held:
-                    m.keep_on_compute([ch])
+                    m.books.keep_on_compute([ch])
         dev = avg.shard.device
         rows: dict[int, tuple[list, list, list, list, list]] = {}
         write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -122,14 +122,14 @@ class ChunkUpdates:
             gv = grads.shard_view(n)[0]
             if fp32.tier is not home:  # update where the states live, then copy back
                 nbytes = pv.numel() * pv.element_size()
-                m.count_copy(fp32.tier, home, nbytes)
-                m.count_copy(home, fp32.tier, nbytes)
+                m.books.count_copy(fp32.tier, home, nbytes)
+                m.books.count_copy(home, fp32.tier, nbytes)
                 staged = pv.to(dev)
                 if staged is not pv:
                     write_back.append((pv, staged))
                 pv = staged
             if grads.tier is not home:
-                m.count_copy(grads.tier, home, gv.numel() * gv.element_size())
+                m.books.count_copy(grads.tier, home, gv.numel() * gv.element_size())
             if gv.device != dev or gv.dtype != rt.precision.state_dtype:
                 gv = gv.to(dev, rt.precision.state_dtype)
             row = rows.get(self.group_of[n])
@@ -146,7 +146,7 @@ class ChunkUpdates:
         for dst, src in write_back:
             dst.copy_(src)
         if home is ACC:
-            m.keep_on_compute(held, keep=False)
+            m.books.keep_on_compute(held, keep=False)
 
     def _updated_by(self, c: Chunk) -> list[Chunk]:
         """The chunks whose shards the update of ``c`` writes: fp32 values, states, ``c``."""
@@ -164,10 +164,10 @@ class ChunkUpdates:
         m, grads, wrote = self.rt.manager, self.rt.gradients(c), self._updated_by(c)
         if all(w is not grads for w in wrote):  # with masters the gradients are c's own slots
             if grad_scale == 1.0:
-                m.read_done([grads])
+                m.shard_io.read_done([grads])
             else:
                 wrote.append(grads)  # divided in place
-        m.written(wrote)
+        m.shard_io.written(wrote)
 
     def _states_of(self, c: Chunk) -> list[Chunk]:
         """The chunks that live where ``c``'s Adam states live (the masters with them)."""

@@ -29,17 +29,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from colossal_chunk import Chunk, ChunkManager
+from colossal_chunk import Chunk, ChunkManager, GradPhase
 from colossal_contracts import TensorState
 
 from ..optim._precision import Precision
 from ._grads import StepGradients
 from ._hooks import label
-from ._state import ChunkGrads
 
 __all__ = ["GradientCollection"]
 
 _S = TensorState
+_G = GradPhase
 
 
 class GradientCollection(StepGradients):
@@ -51,10 +51,8 @@ class GradientCollection(StepGradients):
     group: dist.ProcessGroup | None
     resident: bool  # [Note: resident steps] in ``_runtime.py``
     keeping: bool  # [Note: kept gradients] in ``_grads.py``
-    _chunks: dict[int, ChunkGrads]  # param chunk id -> its gradients' record
     _cid_of: dict[str, int]  # param name -> its chunk id
     _grad_done: set[str]  # names whose gradient this backward collected
-    _kept_now: set[int]  # chunk ids that kept a gradient in this backward
     _used: set[str]  # names an operator read since the forward began
     _overlap: bool  # [Note: overlap] in ``_comm.py``
     _start_backward: Callable[[], None]  # the runtime's: enters BACKWARD once per backward
@@ -92,14 +90,21 @@ class GradientCollection(StepGradients):
         """Keep ``grad`` as ``name``'s gradient of this step ([Note: kept gradients])."""
         self._start_backward()
         cid = self._cid_of[name]
-        rec = self._chunks[cid]
-        if cid not in self._kept_now:
-            self._kept_now.add(cid)
-            if rec.pending:  # an earlier micro-batch's, not stashed by a forward: as _grad_chunk
+        group = self.manager.groups[cid]
+        if group.grads is not _G.FILLING:  # the first this backward ([Note: kept gradients])
+            if group.grads is _G.REDUCED:  # an earlier micro-batch's, not stashed by a forward
                 self.stash(cid)
-        rec.kept[name] = grad
-        rec.pending = True
+            group.grads = _G.FILLING  # REDUCED when backward ends (finish_kept)
+        group.kept_grads[name] = grad
         self.got_grad.add(name)
+
+    def _finish_kept(self) -> None:
+        """A backward that kept gradients ended (or raised): the chunks that kept one hold this
+        step's gradients as if reduced ([Note: kept gradients]; nothing else fills a chunk then)."""
+        if self.keeping:
+            for group in self.manager.groups.values():
+                if group.grads is _G.FILLING:
+                    group.grads = _G.REDUCED
 
     @property
     def _in_place(self) -> bool:
@@ -133,7 +138,7 @@ class GradientCollection(StepGradients):
         if target.count(_S.READY_FOR_REDUCE) == len(target.records):
             self._reduce(c, target)
             return
-        unused = self._chunks[c.chunk_id].unused
+        unused = self.manager.groups[c.chunk_id].unused
         if unused and not unused & self._used:
             rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
             if set(rest) <= unused:  # only parameters no operator reads are left: zeros
@@ -157,15 +162,15 @@ class GradientCollection(StepGradients):
     def _open(self, c: Chunk) -> None:
         """The first gradient of chunk ``c`` in this backward arrives: an earlier micro-batch's
         reduced gradients leave the working buffer first ([Note: accumulation])."""
-        rec = self._chunks[c.chunk_id]
-        if not rec.open:
+        group = self.manager.groups[c.chunk_id]
+        if group.grads is not _G.FILLING:
             self.stash(c.chunk_id)
-            rec.open = True
+            group.grads = _G.FILLING
 
     def _grad_chunk(self, c: Chunk) -> Chunk:
         """One rank in fp32: chunk ``c``'s "grad" chunk, opened on the compute tier."""
         g = self.manager.parallel_chunk("grad", c)
-        if not self._chunks[c.chunk_id].open:
+        if self.manager.groups[c.chunk_id].grads is not _G.FILLING:
             self._open(c)
             # the buffer is the shard; every slot is overwritten by its gradient or zeroed in
             # _fill_and_reduce, and padding stays zero: its values (stashed above) are dead,
@@ -182,8 +187,7 @@ class GradientCollection(StepGradients):
         on_host = where is not None and where(c)
         with label("Gemini::reduce_scatter"):
             self.manager.reduce(target, into=into, async_op=self._overlap, read_on_host=on_host)
-        rec = self._chunks[c.chunk_id]
-        rec.open, rec.pending = False, True
+        self.manager.groups[c.chunk_id].grads = _G.REDUCED
 
     def _reduce_partial(self) -> None:
         """End of backward: reduce every chunk that got some gradients, the rest as zeros."""
@@ -193,7 +197,7 @@ class GradientCollection(StepGradients):
                 if c.count(_S.READY_FOR_REDUCE) == 0:
                     continue
                 target = c
-            elif self._chunks[c.chunk_id].open:
+            elif m.groups[c.chunk_id].grads is _G.FILLING:
                 target = m.parallel_chunk("grad", c)
             else:
                 continue

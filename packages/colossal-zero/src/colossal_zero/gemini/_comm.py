@@ -20,13 +20,18 @@ The values computed are those of the synchronous path, bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from colossal_chunk import Chunk, ChunkManager, ManagerHooks
+from colossal_chunk import Chunk, ChunkManager
 from colossal_contracts import MemStatsSource, TierName
+
+if TYPE_CHECKING:
+    from ._runtime import GeminiRuntime
 
 __all__ = ["CommSchedule", "GeminiHooks", "RankMaxStats"]
 
@@ -61,21 +66,25 @@ class CommSchedule:
         return moment < len(self._next_set) and chunk.chunk_id in self._next_set[moment]
 
 
-class GeminiHooks(ManagerHooks):
-    """What Gemini's runtime answers its chunk manager: while the warmup step records on more
-    than one rank, every collective is checked to be the same on all of them (``agree``); once
-    an overlap schedule exists, a chunk the next moment uses stays gathered (``keep``)."""
+class GeminiHooks:
+    """colossal-chunk's ``ManagerHooks`` for Gemini's runtime, given to its manager at
+    construction: while the warmup step records on more than one rank, every collective is
+    checked to be the same on all of them ([Note: rank agreement]); once an overlap schedule
+    exists, a chunk the next moment uses stays gathered ([Note: overlap]). It reads the
+    runtime's state and holds it weakly (the runtime owns the manager, which owns this)."""
 
-    def __init__(self) -> None:
-        self.agree: Callable[[str, Chunk], None] | None = None  # set while the warmup records
-        self.keep: Callable[[Chunk], bool] | None = None  # CommSchedule.keep, with overlap
+    def __init__(self, runtime: GeminiRuntime) -> None:
+        self._runtime = weakref.ref(runtime)
 
     def before_collective(self, kind: str, chunk: Chunk) -> None:
-        if self.agree is not None:
-            self.agree(kind, chunk)
+        rt = self._runtime()
+        if rt is not None and rt.agreeing:
+            rt.agree_collective(kind, chunk)
 
     def keep_gathered(self, chunk: Chunk) -> bool:
-        return self.keep is not None and self.keep(chunk)
+        rt = self._runtime()
+        comm = None if rt is None else rt.comm
+        return comm is not None and comm.keep(chunk)
 
 
 class RankMaxStats:

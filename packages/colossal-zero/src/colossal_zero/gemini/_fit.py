@@ -103,9 +103,8 @@ def fit_chunk_size(
     names = [*first_use, *(n for n in manager.registration_order() if n not in done)]
     names = [n for n in names if n in tensors]
     ws = manager.world_size
-    placement = manager._placement
-    kept = sum(c.shard_bytes for c in manager.chunks.values() if c.chunk_id in placement.kept)
-    grad_twin = "grad" in manager._parallel
+    kept = sum(c.shard_bytes for c in manager.chunks.values() if c.kept)
+    grad_twin = "grad" in manager.twin_kinds
     reserves = [reserve(m) for m in range(len(order))]
     numels = (manager.chunk_numel, manager.frozen_chunk_numel)
     # per kind: the size it may not go below (its largest tensor; a kind without tensors stays)

@@ -5,8 +5,9 @@ runtime keeps them ([Note: gradients in chunks] in ``_collect.py``, [Note: accum
 
 [Note: kept gradients] In a resident step on one rank without fp32 masters (the runtime's
 ``keeping``) there is nothing to reduce, so a parameter's gradient is not copied into the fp32
-"grad" chunk: the runtime keeps autograd's own tensor in its chunk's record (as plain PyTorch
-keeps ``p.grad``) and the optimizer reads it there (``grad_pieces``), which saves one copy of
+"grad" chunk: the runtime keeps autograd's own tensor in its chunk's record (colossal-chunk's
+``ChunkGroup.kept_grads``, as plain PyTorch keeps ``p.grad``; the group's phase is FILLING until
+backward ends, then REDUCED) and the optimizer reads it there (``grad_pieces``), which saves one copy of
 every gradient per step. Whatever else needs the working buffer gets it filled first
 (``_fill_working``: kept gradients in their slots, the chunk's other tensors zero, what the
 general path writes), and a stash adds kept gradients into the "acc" chunk directly (adding the
@@ -20,13 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from colossal_chunk import Chunk, ChunkManager
+from colossal_chunk import Chunk, ChunkManager, GradPhase
 from colossal_contracts import TensorState
 
 from ..optim._precision import Precision
-from ._comm import GeminiHooks
 from ._roles import ChunkRoles
-from ._state import ChunkGrads
 
 __all__ = ["StepGradients"]
 
@@ -35,9 +34,7 @@ class StepGradients:
     """The runtime's gradient books after backward; ``GeminiRuntime`` is one."""
 
     manager: ChunkManager
-    _hooks: GeminiHooks  # the manager's ([Note: overlap] keeps chunks gathered)
     precision: Precision
-    _chunks: dict[int, ChunkGrads]  # param chunk id -> its gradients' record
     got_grad: set[str]  # names with a gradient since the last step/zero_grad
 
     @property
@@ -53,25 +50,25 @@ class StepGradients:
     def stash(self, cid: int) -> None:
         """See [Note: accumulation]: move pending gradients of chunk ``cid`` into its fp32 "acc"
         chunk so that the working buffer can be reused."""
-        rec = self._chunks[cid]
-        if not rec.pending:
+        rec = self.manager.groups[cid]
+        if rec.grads is not GradPhase.REDUCED:
             return
         m = self.manager
         if not any(ch.kind == "acc" for ch in m.chunks.values()):
             m.add_parallel("acc", self.precision.state_dtype)
         c = m.chunks[cid]
         acc = m.parallel_chunk("acc", c)
-        if rec.kept:  # [Note: kept gradients]: one rank, nothing in flight
+        if rec.kept_grads:  # [Note: kept gradients]: one rank, nothing in flight
             dev = acc.payload.device
-            for n, g in rec.kept.items():
+            for n, g in rec.kept_grads.items():
                 acc.shard_part(n).add_(g.reshape(-1).to(dev, acc.dtype))
-            rec.kept.clear()
+            rec.kept_grads.clear()
         else:
             # reduce-scatters and prefetch copies in flight write these shards: finish them first
             m.settle([c, self.working(c), acc])
             src = self.working(c).payload
             acc.payload.add_(src.to(acc.payload.device, acc.dtype))
-        rec.pending, rec.accumulated = False, True
+        rec.grads, rec.accumulated = GradPhase.EMPTY, True
         if self.precision.master:
             self.restore_params(c)
 
@@ -85,7 +82,7 @@ class StepGradients:
         """The chunk that holds ``c``'s gradients of this step, or stands for kept ones (on its
         tier), without filling or stashing anything: the "acc" chunk after accumulation, else
         the working buffer."""
-        if self._chunks[c.chunk_id].accumulated:
+        if self.manager.groups[c.chunk_id].accumulated:
             return self.manager.parallel_chunk("acc", c)
         return self.working(c)
 
@@ -93,11 +90,11 @@ class StepGradients:
         """The chunk whose shard holds all of ``c``'s gradients of this step (the "acc" chunk
         after accumulation, else the working buffer): what the optimizer reads."""
         self._drop_gathered(c)  # the optimizer writes c's shard next
-        rec = self._chunks[c.chunk_id]
+        rec = self.manager.groups[c.chunk_id]
         if rec.accumulated:
             self.stash(c.chunk_id)
             return self.manager.parallel_chunk("acc", c)
-        if rec.kept:
+        if rec.kept_grads:
             self._fill_working(c)
         return self.working(c)
 
@@ -105,8 +102,8 @@ class StepGradients:
         """This rank's flat gradient slice of each of ``names`` (tensors of chunk ``c`` that
         this rank holds a slice of), what the optimizer reads: the kept gradients themselves
         where they are kept ([Note: kept gradients]), else views of ``gradients(c)``'s shard."""
-        rec = self._chunks[c.chunk_id]
-        kept = rec.kept
+        rec = self.manager.groups[c.chunk_id]
+        kept = rec.kept_grads
         if kept and not rec.accumulated and all(n in kept for n in names):
             return [kept[n].reshape(-1) for n in names]
         grads = self.gradients(c)
@@ -115,34 +112,37 @@ class StepGradients:
     def _fill_working(self, c: Chunk) -> None:
         """Write chunk ``c``'s kept gradients into its working buffer (one rank: the shard) and
         zeros into its other tensors' slots, as the general path leaves it."""
-        rec = self._chunks[c.chunk_id]
+        rec = self.manager.groups[c.chunk_id]
         g = self.working(c)
         for n in c.records:
             view = g.shard_part(n)
-            grad = rec.kept.get(n)
+            grad = rec.kept_grads.get(n)
             if grad is None:
                 view.zero_()
             else:
                 view.copy_(grad.reshape(-1))
-        rec.kept.clear()
+        rec.kept_grads.clear()
 
     def stepped(self, c: Chunk) -> None:
         """The optimizer updated chunk ``c``'s fp32 shard: refresh low-precision parameters."""
         if self.precision.master:
             self.restore_params(c)
-        rec = self._chunks[c.chunk_id]
-        rec.pending = False
-        rec.kept.clear()
+        rec = self.manager.groups[c.chunk_id]
+        if rec.grads is GradPhase.REDUCED:
+            rec.grads = GradPhase.EMPTY
+        rec.kept_grads.clear()
 
     def clear_grads(self) -> None:
         """Forget every gradient (after a step, or ``zero_grad``)."""
-        for cid, rec in self._chunks.items():
-            if rec.pending and self.precision.master:
+        for cid, rec in self.manager.groups.items():
+            if rec.grads is GradPhase.REDUCED and self.precision.master:
                 self.restore_params(self.manager.chunks[cid])
             if rec.accumulated:
                 self.manager.parallel_chunk("acc", cid).payload.zero_()
-            rec.pending = rec.accumulated = False
-            rec.kept.clear()
+            if rec.grads is GradPhase.REDUCED:  # a chunk still filling keeps filling
+                rec.grads = GradPhase.EMPTY
+            rec.accumulated = False
+            rec.kept_grads.clear()
         self.got_grad.clear()
 
     def _drop_gathered(self, c: Chunk) -> None:
@@ -151,10 +151,4 @@ class StepGradients:
         is given up (its slice equals the shard: nothing wrote the gathered buffer)."""
         if c.world_size == 1 or not c.is_gathered or not c.all_in(TensorState.HOLD):
             return
-        m = self.manager
-        m.in_flight.finish(c)
-        keep, self._hooks.keep = self._hooks.keep, None
-        try:
-            m.release_chunks([c])
-        finally:
-            self._hooks.keep = keep
+        self.manager.reshard([c])

@@ -62,7 +62,7 @@ class GeminiModule(nn.Module):
 
     def reset_peaks(self) -> None:
         """Start every tier's peak bytes over: the next ``memory_stats`` reports the peaks since."""
-        self.runtime.manager.reset_peaks()
+        self.runtime.manager.books.reset_peaks()
 
     def close(self, *, settle: bool = True) -> None:
         """Join the chunk manager's background work (prefetch copies, disk readers and writer)

@@ -237,9 +237,9 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
             # and [Note: read-ahead window])
             if disk:
                 for ahead, _ in todo[i : i + 3]:
-                    if not m.read_ahead(self._update_set(ahead)):
+                    if not m.shard_io.read_ahead(self._update_set(ahead)):
                         break
-                m.finish_reads(self._update_set(c))  # read now: not left to the reader
+                m.shard_io.finish_reads(self._update_set(c))  # read now: not left to the reader
             if streamed is not None:  # this chunk's pieces now (moves may have replaced views)
                 got = rt.grad_pieces(c, owned)
                 streamed += piece_squares(
@@ -272,7 +272,7 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         for grads, parts in per_chunk:
             out += piece_squares(parts)
             if grads is not None:  # a disk tier (else nothing to let go)
-                self.rt.manager.read_done([grads])
+                self.rt.manager.shard_io.read_done([grads])
         return out
 
     def _update_bytes(self, c: Chunk) -> int:
@@ -311,5 +311,5 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
             states = self._states_of(m.chunks[cid])
             for ch in states:  # each kept as it lands, so the next move cannot evict it
                 m.move(ch, ACC)
-                m.keep_on_compute([ch])
+                m.books.keep_on_compute([ch])
         self._placed_for = m.chunks

@@ -38,4 +38,4 @@ class ChunkRoles:
         if self.masters and not c.frozen:
             master = self.manager.parallel_chunk("master", c)
             c.payload.copy_(master.payload)
-            self.manager.count_copy(master.current_tier, c.current_tier, c.shard_bytes)
+            self.manager.books.count_copy(master.current_tier, c.current_tier, c.shard_bytes)

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from colossal_chunk import Chunk, ChunkManager
+from colossal_chunk import Chunk, ChunkManager, GradPhase
 from colossal_contracts import StepRecorder, TensorState
 
 from .._lazy import LazyInit
@@ -54,13 +54,14 @@ from ._config import GeminiConfig
 from ._fit import fit_chunk_size
 from ._hooks import AccessMode, label
 from ._place import place_module
-from ._state import ChunkGrads, TrainingState
+from ._state import TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree
 
 __all__ = ["GeminiRuntime"]
 
 _S = TensorState
 _T = TrainingState
+_G = GradPhase
 _OPS = ("all-gather", "reduce-scatter")
 
 
@@ -86,8 +87,9 @@ class GeminiRuntime(GradientCollection):
         self.aliases = {n: ids[id(p)] for n, p in module.named_parameters(remove_duplicate=False)}
         self.params = dict(named)
         self.names = {id(p): n for n, p in named}
-        self._hooks = GeminiHooks()  # the manager's hooks: [Note: warmup], [Note: overlap]
-        self.manager = place_module(module, named, config, group, self._hooks, lazy)
+        self.agreeing = False  # [Note: rank agreement]: the warmup checks each collective
+        self.comm: CommSchedule | None = None  # [Note: overlap]: the schedule, after warmup
+        self.manager = place_module(module, named, config, group, GeminiHooks(self), lazy)
         dtype = self.precision.param_dtype
         for n, p in named:
             if p.requires_grad:
@@ -105,19 +107,16 @@ class GeminiRuntime(GradientCollection):
         self.state = _T.IDLE  # [Note: training state]
         one_fp32 = not self.precision.master and self.manager.world_size == 1
         self._read_only_kinds = ("param",) if one_fp32 else ()  # see _to
-        self._chunks: dict[int, ChunkGrads] = {}  # param chunk id -> its gradients' record
         self._grad_done: set[str] = set()  # names whose gradient this backward collected
         self.got_grad: set[str] = set()  # names with a gradient since the last step/zero_grad
         self._used: set[str] = set()  # names an operator read since the forward began
         # [Note: overlap]: collectives ahead of use and without waiting, once the order is known
         self._overlap = config.overlap_comm and self.manager.world_size > 1
-        self._comm: CommSchedule | None = None
         self.resident = False  # [Note: resident steps]: decided as each forward begins
         self.keeping = False  # [Note: kept gradients] in _grads.py: decided with resident
         self.forwards = (
             0  # forwards begun: tells a reader whether gradients are still the last step's
         )
-        self._kept_now: set[int] = set()  # chunk ids that kept a gradient in this backward
         self._on_forward: list[weakref.WeakMethod] = []  # see on_forward
         self._host_reader = None  # see read_gradients_on_host
         self._kept_bytes = sum(  # what kept gradients hold at most: one per trainable parameter
@@ -149,12 +148,12 @@ class GeminiRuntime(GradientCollection):
         # [Note: disk copies] in colossal-chunk: within a forward or a backward nothing writes
         # fp32 parameter shards on one rank (gradients go to their own chunks)
         reads_only = new is _T.FORWARD or new is _T.BACKWARD
-        self.manager.keep_disk_copies(self._read_only_kinds if reads_only else ())
+        self.manager.shard_io.keep_disk_copies(self._read_only_kinds if reads_only else ())
 
     def begin_forward(self) -> None:
         if self.state is _T.BACKWARD:  # the previous backward raised: forget its partial state
             self._grad_done.clear()
-            self._kept_now.clear()
+            self._finish_kept()
         self._to(_T.FORWARD)
         self.forwards += 1
         self._moment = 0
@@ -163,7 +162,7 @@ class GeminiRuntime(GradientCollection):
         if self._recording:
             self._warmup.start(self.manager.model_data_bytes, self.manager.model_tensors())
             if self.group is not None:
-                self._hooks.agree = self._agree_collective
+                self.agreeing = True
             return
         self._warmup.close()  # outside backward: removes what the warmup installed
         if self._probe is not None:
@@ -173,14 +172,14 @@ class GeminiRuntime(GradientCollection):
                 self._probe.start(self.manager.model_data_bytes, self.manager.model_tensors())
             else:
                 self._probe = None
-        busy = any(r.open or r.pending or r.accumulated for r in self._chunks.values())
+        busy = any(g.holds_gradients for g in self.manager.groups.values())
         repacked = self._repack_due and not busy
         if repacked:
             self._repack_due = False
             self.manager.repack(self._warmup.first_use())
             self._index_chunks()
         m = self.manager
-        resident = not self._probing and self._comm is None
+        resident = not self._probing and self.comm is None
         headroom = self._lazy_headroom()
         self.keeping = (  # room for autograd's gradients beside the chunks: keep them
             resident
@@ -217,7 +216,7 @@ class GeminiRuntime(GradientCollection):
             ids = tuple(dict.fromkeys(self.manager.chunk_of(n).chunk_id for n in names))
             self._op_chunks[names] = ids
         for cid in ids:
-            if self._chunks[cid].pending:
+            if self.manager.groups[cid].grads is _G.REDUCED:
                 self.stash(cid)
 
     def pre_op(self, names: tuple[str, ...]) -> None:
@@ -254,19 +253,20 @@ class GeminiRuntime(GradientCollection):
         """[Note: overlap]: start the next moment's all-gathers once this moment's chunks are
         accessed (their room comes first). Sharded gradients need no room of their own in
         backward ([Note: gradients in chunks] in ``_collect.py``)."""
-        if self._comm is None or self._recording:
+        if self.comm is None or self._recording:
             return
         with label("Gemini::gather_ahead"):
-            ahead = self._comm.ahead(self._moment - 1)
+            ahead = self.comm.ahead(self._moment - 1)
             if self.state is _T.BACKWARD:  # chunks reduced in this backward: done
-                ahead = tuple(i for i in ahead if not self._chunks[i].pending)
+                groups = self.manager.groups
+                ahead = tuple(i for i in ahead if groups[i].grads is not _G.REDUCED)
             if not ahead:
                 return
             for cid in ahead:  # [Note: accumulation] before the shard is gathered
                 self.stash(cid)
             self.manager.gather_ahead(ahead)
 
-    def _agree_collective(self, op: str, chunk: Chunk) -> None:
+    def agree_collective(self, op: str, chunk: Chunk) -> None:
         """See [Note: rank agreement]: before each collective of the warmup step."""
 
         def describe(key: list[int]) -> str:
@@ -294,7 +294,7 @@ class GeminiRuntime(GradientCollection):
         self._advance(names)
         todo = [n for n in names if n not in self._grad_done]
         for cid in {self.manager.chunk_of(n).chunk_id for n in todo}:
-            if not self._chunks[cid].open:
+            if self.manager.groups[cid].grads is not _G.FILLING:
                 self.stash(cid)
         if todo:
             self._access(todo)
@@ -333,20 +333,19 @@ class GeminiRuntime(GradientCollection):
         for c in m.param_chunks():
             if c.pinned:
                 m.release([n for n, r in c.records.items() if r.state is _S.COMPUTE])
+        self._finish_kept()
         self._reduce_partial()
         m.settle()  # the optimizer writes shards next: no copy of one may be in flight
         self._grad_done.clear()
-        self._kept_now.clear()
         self._to(_T.IDLE)
         if self._recording:
             self._recording = False
-            self._hooks.agree = None
+            self.agreeing = False
             stats = self._warmup.finish()
             if self.group is not None and m.world_size > 1 and self._warmup.order:
                 stats = RankMaxStats(stats, self.group)  # the same room on every rank
             if self._overlap and self._warmup.order:
-                self._comm = CommSchedule(m, self._warmup.order)
-                self._hooks.keep = self._comm.keep
+                self.comm = CommSchedule(m, self._warmup.order)
             self._never_read = {n for n in self.params if n not in self.got_grad}
             self._index_chunks()
             if self._warmup.order:
@@ -373,21 +372,17 @@ class GeminiRuntime(GradientCollection):
         self._probe, self._probing = recorder, None
 
     def _index_chunks(self) -> None:
-        """A record per parameter chunk (kept where it exists: after warmup chunks may hold
-        gradients; a re-pack makes new ids and happens only when none does), with the trainable
-        parameters warmup never read."""
-        old, self._chunks = self._chunks, {}
+        """Name -> chunk id, and on each chunk's record (the manager's ``ChunkGroup``) the
+        trainable parameters warmup never read."""
         self._op_chunks = {}
         self._cid_of = {n: c.chunk_id for c in self.manager.param_chunks() for n in c.records}
         for c in self.manager.param_chunks():
-            rec = old.get(c.chunk_id) or ChunkGrads()
             unused = frozenset(n for n in c.records if n in self._never_read)
-            rec.unused = (
+            self.manager.groups[c.chunk_id].unused = (
                 unused if all(self.params[n].requires_grad for n in unused) else frozenset()
             )
-            self._chunks[c.chunk_id] = rec
-        if self._comm is not None:
-            self._comm.reindex()
+        if self.comm is not None:
+            self.comm.reindex()
 
 
 def _digest_words(key: list[int]) -> str:

@@ -56,7 +56,7 @@ def gemini_shards(model: GeminiModule, optimizer: GeminiOptimizer | None) -> Ite
             view, lo, hi = part
             flats = {"param": (view, lo, hi)}
             for kind, chunk in states.items():
-                flats[kind] = (chunk.shard_view(name)[0], lo, hi)  # type: ignore[index]
+                flats[kind] = (chunk.shard_part(name), lo, hi)  # same layout as fp32
 
             def set_step(v: float, name: str = name) -> None:
                 if optimizer is not None:
@@ -78,5 +78,5 @@ def finish_gemini_load(model: GeminiModule, optimizer: GeminiOptimizer | None) -
             rt.restore_params(c)
         with_states = optimizer is not None and not c.frozen
         states = [m.parallel_chunk(k, c) for k in _STATES] if with_states else []
-        m.written(dict.fromkeys([c, rt.roles.fp32(c), *states]))
+        m.shard_io.written(dict.fromkeys([c, rt.roles.fp32(c), *states]))
     rt.clear_grads()

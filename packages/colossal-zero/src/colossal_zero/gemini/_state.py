@@ -1,4 +1,5 @@
-"""The runtime's state: one training-state enum with its legal transitions, one record per chunk.
+"""The runtime's state: one training-state enum with its legal transitions (the per-chunk
+record, with its gradients' phase, is colossal-chunk's ``ChunkGroup``).
 
 [Note: training state] ``TrainingState`` says where the step is; every hook of the runtime
 checks it and every change goes through ``TrainingState.to``, against ``_NEXT``. What holds
@@ -7,14 +8,11 @@ memory in each state is in the member comments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
-
-import torch
 
 from colossal_contracts import StateTransitionError
 
-__all__ = ["ChunkGrads", "TrainingState"]
+__all__ = ["TrainingState"]
 
 
 class TrainingState(Enum):
@@ -51,24 +49,3 @@ _NEXT: dict[TrainingState, frozenset[TrainingState]] = {
     _T.BACKWARD: frozenset({_T.POST_BACKWARD, _T.FORWARD}),
     _T.POST_BACKWARD: frozenset({_T.IDLE}),
 }
-
-
-@dataclass
-class ChunkGrads:
-    """What the runtime knows about the gradients of one parameter chunk.
-
-    Attributes:
-        open: this backward's gradients are filling it (its gathered buffer; one rank in
-            fp32: its fp32 gradient chunk).
-        pending: its working buffer holds reduced gradients not yet stepped or stashed.
-        accumulated: its fp32 "acc" chunk holds gradients of earlier micro-batches.
-        unused: trainable parameters of the chunk that the warmup step never read.
-        kept: autograd's own gradients of this step, by name, not yet copied into the working
-            buffer ([Note: kept gradients] in ``_grads.py``); non-empty only while ``pending``.
-    """
-
-    open: bool = False
-    pending: bool = False
-    accumulated: bool = False
-    unused: frozenset[str] = field(default_factory=frozenset)
-    kept: dict[str, torch.Tensor] = field(default_factory=dict)

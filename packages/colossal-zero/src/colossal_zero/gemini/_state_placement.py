@@ -60,7 +60,7 @@ def plan_states(
     ``update_bytes(c)``: accelerator bytes ``c``'s update needs besides them (its fp32 values
     and gradients when they are not among the states). ``mode``: "free" or "demand". Uses the
     demand the manager tracked."""
-    demand = manager.demand
+    demand = manager.books.demand
     if not demand or mode not in ("free", "demand"):
         return StatePlan(0, (), 0)
     col = 1 if mode == "free" else 0

@@ -31,6 +31,8 @@ def iter_full_state(model: GeminiModule) -> Iterator[tuple[str, torch.Tensor]]:
                 value = full[rec.offset : rec.end].view(rec.shape)
                 yield alias, value.to(torch.promote_types(value.dtype, torch.float32))
         del full
-        rt.manager.read_done([src])  # a shard on disk was only read: its pages leave memory
+        rt.manager.shard_io.read_done(
+            [src]
+        )  # a shard on disk was only read: its pages leave memory
     for n, b in model.module.named_buffers():
         yield n, b.detach().cpu()

@@ -27,7 +27,13 @@ import torch.distributed as dist
 from torch import nn
 
 from colossal_chunk import PendingReduce
-from colossal_contracts import CapacityError, ConfigError, ParamSharding, TensorState
+from colossal_contracts import (
+    CapacityError,
+    ConfigError,
+    InternalError,
+    ParamSharding,
+    TensorState,
+)
 
 from ..optim._adam import AdamHyper, adamw_update
 from ..optim._clip import ClippedAdam
@@ -190,8 +196,11 @@ class LowLevelZeroOptimizer(ClippedAdam):
             torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
         b = self._bucket_of[name]
         self._open(b)
+        grad = p.grad
+        if grad is None:  # a post-accumulate-grad hook runs once a gradient was accumulated
+            raise InternalError(f"ZeRO: the gradient hook of {name!r} ran without a gradient")
         with torch.no_grad():
-            b.grad.view(name).add_(p.grad)  # type: ignore[arg-type]  # torch: grad is Optional
+            b.grad.view(name).add_(grad)
         p.grad = None
         b.grad.set_state(name, _S.COMPUTE)
         b.grad.set_state(name, _S.READY_FOR_REDUCE)
