@@ -364,7 +364,8 @@ def test_gemini_tp_trains_a_lazily_built_model_as_an_eager_one(world, ranks, set
 # tied head's gather recorded the weight at rest, an empty tensor on its dp-sharded chunk).
 # Training only: its checkpoint's layout index misses the 2d vector parameters' blocks
 # (load refuses it, naming blocks.0.ln1.bias), a gap of the sharded format left open here
-GEMINI_DP2_TP4_2D = GEMINI_TP2 | {"tp_size": 4, "tp_mode": "2d", "precision": "fp64"}
+STATIC_160K_FP64 = GeminiConfig(placement="static", precision="fp64", accelerator_bytes=160 << 10)
+GEMINI_DP2_TP4_2D = GEMINI_TP2 | {"tp_size": 4, "tp_mode": "2d", "config": STATIC_160K_FP64}
 
 
 @pytest.mark.slow
