@@ -15,12 +15,6 @@ def small_corpus(tmp_path):
     return folder
 
 
-@pytest.fixture(scope="session")
-def world_preload():
-    """The ranks of the suite's worlds start with the stack imported (colossal_testing)."""
-    return ("colossal",)
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _data_cache(tmp_path_factory):  # type: ignore[no-untyped-def]
     """Raw data that runs prepare goes to a scratch cache, not the user's ~/.cache."""

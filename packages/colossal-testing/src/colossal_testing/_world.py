@@ -5,7 +5,8 @@ per test would dominate the suite. A ``World`` starts its ranks once and then ru
 module-level functions on all of them, returning each rank's result.
 
 [Note: forked ranks] Ranks are forked from multiprocessing's fork server, which imports the
-``preload`` modules (the parent's main script, torch and torch.distributed by default) once;
+``preload`` modules once (by default the parent's main script, torch, torch.distributed and
+torch._dynamo, which torch's optimizers import on their first step: about a second per rank);
 each rank then starts with them imported instead of importing torch itself, and leaves by
 ``os._exit`` instead of finalising a torch interpreter. Nothing runs in the server but those
 imports (no torch op, no thread pool, no CUDA), so forking it is safe. The server is one per
@@ -45,7 +46,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-PRELOAD = ("__main__", "torch", "torch.distributed")
+PRELOAD = ("__main__", "torch", "torch.distributed", "torch._dynamo")
 
 
 def _fork_context(preload: tuple[str, ...]) -> Any:
