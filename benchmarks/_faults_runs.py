@@ -70,6 +70,15 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+def _survivors(procs: list[psutil.Process], limit_s: float = 5.0) -> list[psutil.Process]:
+    """The processes of ``procs`` still alive ``limit_s`` seconds from now (sooner when every
+    one of them has ended before that)."""
+    t0 = time.monotonic()
+    while any(_alive(p) for p in procs) and time.monotonic() - t0 < limit_s:
+        time.sleep(0.05)
+    return [p for p in procs if _alive(p)]
+
+
 def _kill_all(procs: list[psutil.Process]) -> None:
     for p in procs:
         with contextlib.suppress(psutil.Error):
@@ -134,8 +143,8 @@ def concurrent_trial(root: Path, corpus: Path, k: int) -> dict[str, Any]:
 
 
 def launcher_kill_trial(root: Path, corpus: Path) -> dict[str, Any]:
-    """SIGKILL ``colossal run`` (2 ranks) mid-run; count ranks alive 5 s later, and whether
-    ``--out`` can be locked again."""
+    """SIGKILL ``colossal run`` (2 ranks) mid-run; count ranks alive 5 s later (or once none
+    is), and whether ``--out`` can be locked again within those 5 s."""
     out = root / "launcher-kill"
     shutil.rmtree(out, ignore_errors=True)
     argv = _colossal("run", "--nproc-per-node", "2", "--master-port", _free_port(), "train",
@@ -146,18 +155,27 @@ def launcher_kill_trial(root: Path, corpus: Path) -> dict[str, Any]:
     ranks = _ranks(proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    time.sleep(5.0)
-    surviving = [p for p in ranks if _alive(p)]
+    t0 = time.monotonic()
+    surviving = _survivors(ranks)
     _kill_all(surviving)
+    # a rank reads as ended when its main thread has; its lock goes with its last thread
+    free = _lock_free(out)
+    while not free and time.monotonic() - t0 < 5.0:
+        time.sleep(0.05)
+        free = _lock_free(out)
+    return {"ranks": len(ranks), "surviving": len(surviving), "lock_free": free}
+
+
+def _lock_free(out: Path) -> bool:
+    """Whether ``out``'s run lock can be taken (it is released again at once)."""
     lock = RunLock(out)
     try:
         lock.acquire()
-        free = True
+        return True
     except ColossalError:
-        free = False
+        return False
     finally:
         lock.release()
-    return {"ranks": len(ranks), "surviving": len(surviving), "lock_free": free}
 
 
 def frozen_trial(
@@ -203,7 +221,7 @@ def frozen_trial(
 
 def sigint_trial(root: Path, corpus: Path) -> dict[str, Any]:
     """SIGINT to ``colossal run`` (2 ranks) after a save; its exit status, its last line, the
-    ranks alive 5 s later and whether a complete checkpoint is kept."""
+    ranks alive 5 s later (or once none is) and whether a complete checkpoint is kept."""
     out = root / "sigint"
     shutil.rmtree(out, ignore_errors=True)
     argv = _colossal("run", "--nproc-per-node", "2", "--master-port", _free_port(), "train",
@@ -214,8 +232,7 @@ def sigint_trial(root: Path, corpus: Path) -> dict[str, Any]:
     ranks = _ranks(proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
-    time.sleep(5.0)
-    surviving = [p for p in ranks if _alive(p)]
+    surviving = _survivors(ranks)
     _kill_all(surviving)
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
     kept = 0
