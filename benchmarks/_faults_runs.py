@@ -144,7 +144,7 @@ def concurrent_trial(root: Path, corpus: Path, k: int) -> dict[str, Any]:
 
 def launcher_kill_trial(root: Path, corpus: Path) -> dict[str, Any]:
     """SIGKILL ``colossal run`` (2 ranks) mid-run; count ranks alive 5 s later (or once none
-    is), and whether ``--out`` can be locked again."""
+    is), and whether ``--out`` can be locked again within those 5 s."""
     out = root / "launcher-kill"
     shutil.rmtree(out, ignore_errors=True)
     argv = _colossal("run", "--nproc-per-node", "2", "--master-port", _free_port(), "train",
@@ -155,17 +155,27 @@ def launcher_kill_trial(root: Path, corpus: Path) -> dict[str, Any]:
     ranks = _ranks(proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    t0 = time.monotonic()
     surviving = _survivors(ranks)
     _kill_all(surviving)
+    # a rank reads as ended when its main thread has; its lock goes with its last thread
+    free = _lock_free(out)
+    while not free and time.monotonic() - t0 < 5.0:
+        time.sleep(0.05)
+        free = _lock_free(out)
+    return {"ranks": len(ranks), "surviving": len(surviving), "lock_free": free}
+
+
+def _lock_free(out: Path) -> bool:
+    """Whether ``out``'s run lock can be taken (it is released again at once)."""
     lock = RunLock(out)
     try:
         lock.acquire()
-        free = True
+        return True
     except ColossalError:
-        free = False
+        return False
     finally:
         lock.release()
-    return {"ranks": len(ranks), "surviving": len(surviving), "lock_free": free}
 
 
 def frozen_trial(
