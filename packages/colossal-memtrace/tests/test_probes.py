@@ -36,7 +36,10 @@ class _FakeCuda:
             reserved,
             peak,
         )
-        self.resets = 0
+        self.resets = self.inits = 0
+
+    def init(self):  # torch.cuda.init: the allocator's counters exist only after it
+        self.inits += 1
 
     def is_available(self):
         return self.available
@@ -88,6 +91,7 @@ def test_cuda_probe_with_allocator_and_nvml():
     assert d.outside_allocator == 10_000 - 4096  # the context and other processes
     p.reset_peak()
     assert cuda.resets == 1 and p.sample().peak_bytes == 1000
+    assert cuda.inits == 1  # initialised at construction, before any counter is read or reset
 
 
 @pytest.mark.parametrize("nvml", [None, _FakeNvml(fail=True)])

@@ -106,7 +106,8 @@ class ComputeRoom:
             f"{' (emulated)' if acc.emulated else ''}, whose model-data budget is {limit:,} bytes "
             f"(capacity {acc.capacity_bytes:,} minus {reserve:,} reserved for non-model data), "
             f"but {held:,} bytes are held by chunks in use, awaiting reduction or kept there, "
-            f"so at most {max(0, limit - held):,} can be freed. Raise accelerator_bytes to "
+            f"so at most {max(0, limit - held):,} can be freed ({_holders(chunks, acc_bytes, exclude)}). "
+            f"Raise accelerator_bytes to "
             f"{whole + most:,} (every chunk fits: trains without eviction; this access alone "
             f"needs at least {held + needed + reserve:,}), use a smaller chunk_numel, or release "
             "tensors before accessing more."
@@ -148,3 +149,23 @@ class ComputeRoom:
                 break
             short -= self.offload(c)
         return True
+
+
+def _holders(
+    chunks: list[Chunk], acc_bytes: Callable[[Chunk], int], exclude: Collection[int]
+) -> str:
+    """Who holds the compute tier's bytes that an eviction could not free, for the refusal."""
+    parts = []
+    for c in chunks:
+        n = acc_bytes(c)
+        if c.prefetch is not None:
+            parts.append(f"chunk {c.chunk_id} ({c.kind}) prefetch in flight")
+        elif not n:
+            continue
+        elif c.chunk_id in exclude:
+            parts.append(f"chunk {c.chunk_id} ({c.kind}) {n:,} being accessed")
+        elif c.kept:
+            parts.append(f"chunk {c.chunk_id} ({c.kind}) {n:,} kept")
+        elif not c.movable:
+            parts.append(f"chunk {c.chunk_id} ({c.kind}) {n:,} in use")
+    return "held: " + (", ".join(parts) if parts else "none by chunks")

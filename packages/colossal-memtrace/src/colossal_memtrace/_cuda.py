@@ -84,6 +84,11 @@ class CudaProbe:
             )
             self.name = f"cuda:{device}->{self._fallback.name}"
             return
+        # torch's allocator counters exist once CUDA is initialised: before the first CUDA
+        # tensor, reset_peak_memory_stats raises "Invalid device argument" (seen on an H200)
+        init = getattr(self._cuda, "init", None)
+        if init is not None:
+            init()
         nvml_mod = _load_nvml() if nvml == "auto" else nvml
         if nvml_mod is None:
             self._say(
