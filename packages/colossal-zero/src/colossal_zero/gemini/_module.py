@@ -68,6 +68,7 @@ class GeminiModule(nn.Module):
         """Join the chunk manager's background work (prefetch copies, disk readers and writer)
         and remove its disk files; with ``settle``, first finish the chunk collectives and
         copies in flight (every rank of the group calls it then). No training after it."""
+        self.runtime.close_recorders()
         manager = self.runtime.manager
         if settle:
             manager.settle()

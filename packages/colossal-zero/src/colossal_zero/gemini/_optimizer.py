@@ -158,6 +158,16 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
             self._grad_norm = reduce_squares(piece_squares(parts)).norm
         return self._grad_norm
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """``ClippedAdam.backward``; when backward raises (the refusal right after the warmup:
+        [Note: feasibility rule]), the recorders' dispatch modes are removed here, outside
+        backward, since no next forward will remove them."""
+        try:
+            super().backward(loss)
+        except BaseException:
+            self.rt.close_recorders()
+            raise
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget collected gradients (restoring parameters whose storage held them)."""
         if self._norm_due is not None:  # [Note: norm on demand]: its pieces go too

@@ -366,6 +366,14 @@ class GeminiRuntime(GradientCollection):
             if self.group is not None:  # [Note: rank agreement]: one digest per step
                 agree(self.group, "the end of backward", [self._digest.value], _digest_words)
 
+    def close_recorders(self) -> None:
+        """Remove what the warmup's and a probe's recorders installed (their dispatch modes).
+        Call outside backward, on the thread that runs the steps: after a backward that raised
+        (a refusal at the end of the warmup: no next forward will close them) or at the end."""
+        self._warmup.close()
+        if self._probe is not None:
+            self._probe.close()
+
     def measure_next_step(self, recorder: StepRecorder) -> None:
         """Measure the next step (after warmup) with ``recorder`` without changing the plan; the
         result lands in ``measured`` at the end of that step's backward."""
