@@ -18,6 +18,20 @@ order on every rank (with ``GeminiConfig.overlap_comm`` without waiting: [Note: 
 ``_comm.py``). After the first backward, a chunk whose only missing tensors are trainable
 parameters that no operator read (then or now) is reduced as soon as the others arrive, so an
 unused parameter does not pin its chunk. Every rank must use the same parameters in a step.
+
+[Note: gradients in parts] Setting a parameter's ``.data`` to a tensor on another device drops
+its gradient accumulator (torch's ``set_data``), and the next operator that reads it makes a new
+one. On CUDA a chunk evicted to the host between two readers of a parameter in one forward (a
+tied embedding and output head) thus gives the parameter one accumulator per reader group, and
+its post-accumulate-grad hook runs once per part (on an emulated accelerator both devices are
+the CPU: one accumulator, one call). Collecting the first part would open the chunk's gradient
+buffer at the last reader's backward and hold it in use through the backward of every operator
+in between, and the next part would overwrite it. So the runtime counts each forward's readers
+of a parameter (its ``_PreBackward`` wrappers) and the backward of each as it begins; a hook
+call while a reader's backward is still to come leaves the part in ``.grad``, where autograd adds
+the next part, and the call after the last reader's backward collects the sum: the gradient is
+collected once, when it would have been with one accumulator. A part whose remaining reader's
+backward never runs (its output unused) is collected at the end of backward.
 """
 
 from __future__ import annotations
@@ -53,6 +67,8 @@ class GradientCollection(StepGradients):
     keeping: bool  # [Note: kept gradients] in ``_grads.py``
     _cid_of: dict[str, int]  # param name -> its chunk id
     _grad_done: set[str]  # names whose gradient this backward collected
+    _readers: dict[str, int]  # name -> readers with backward to come ([Note: gradients in parts])
+    _parts: set[str]  # names whose gradient waits in .grad for a later part (same note)
     _used: set[str]  # names an operator read since the forward began
     _overlap: bool  # [Note: overlap] in ``_comm.py``
     _start_backward: Callable[[], None]  # the runtime's: enters BACKWARD once per backward
@@ -80,11 +96,53 @@ class GradientCollection(StepGradients):
                 return
             with label("Gemini::post_accumulate_grad"):
                 rt._start_backward()
+                if rt._readers.get(name, 0) > 0:  # [Note: gradients in parts]: more to come
+                    rt._parts.add(name)
+                    return
+                rt._parts.discard(name)
                 grad, p.grad = p.grad, None
                 if grad is not None:
                     rt._collect(name, grad)
 
         return hook
+
+    def count_readers(self, names: tuple[str, ...], *, forward: bool) -> bool:
+        """An operator of the forward (``forward``; not a recomputation in backward) that reads
+        ``names`` gets a ``_PreBackward``: count it as a reader whose backward is to come ([Note:
+        gradients in parts]). Returns whether it was counted (its backward then uncounts it)."""
+        if not forward:
+            return False
+        readers = self._readers
+        for n in names:
+            readers[n] = readers.get(n, 0) + 1
+        return True
+
+    def uncount_readers(self, names: tuple[str, ...]) -> None:
+        """The backward of a counted reader of ``names`` begins ([Note: gradients in parts]); a
+        reader of a forward before the last one (its counts dropped then) finds none left."""
+        readers = self._readers
+        for n in names:
+            if readers.get(n, 0) > 0:
+                readers[n] -= 1
+
+    def _forget_parts(self) -> None:
+        """A forward begins: no reader is pending; parts left by a backward that raised go."""
+        self._readers.clear()
+        for n in self._parts:
+            self.params[n].grad = None
+        self._parts.clear()
+
+    def _collect_parts(self) -> None:
+        """End of backward: gradients still waiting for a reader whose backward never ran are
+        collected now, in registration order (the same on every rank)."""
+        if not self._parts:
+            return
+        todo = [n for n in self.params if n in self._parts]
+        self._parts.clear()
+        for n in todo:
+            grad, self.params[n].grad = self.params[n].grad, None
+            if grad is not None:
+                self._collect(n, grad)
 
     def _keep(self, name: str, grad: torch.Tensor) -> None:
         """Keep ``grad`` as ``name``'s gradient of this step ([Note: kept gradients])."""
