@@ -10,6 +10,7 @@ the accumulator as the device change does there."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from test_fp64_precision import CLIP, LR, TOL, _data, _groups, _Net, _reference, _train, _worst
@@ -60,16 +61,25 @@ def test_a_gradient_in_parts_is_collected_once_as_its_sum(monkeypatch):
 
 
 class _SideHead(_Net):
-    """``_Net`` with a second head read whose output is dropped: its backward never runs."""
+    """``_Net`` with one more read of the tied weight, whose output is ``kept`` on the module
+    (its backward never runs, its graph lives) or dropped (its graph goes at once)."""
+
+    def __init__(self, kept: bool) -> None:
+        super().__init__()
+        self.kept = kept
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         h = self.emb(x)
-        F.linear(h, self.emb.weight)  # dropped
+        side = F.linear(h, self.emb.weight)
+        self.side = side if self.kept else None
         h = h + self.fc2(F.gelu(self.fc1(self.ln(h))))
         return F.cross_entropy(F.linear(h, self.emb.weight).flatten(0, 1), y.flatten())
 
 
-def test_a_part_whose_last_reader_never_runs_backward_is_collected_at_the_end(monkeypatch):
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_reader_whose_backward_never_runs(monkeypatch, kept):
+    """Kept: the tied weight's gradient waits for that reader and is collected at the end of
+    backward. Dropped: its graph went in forward, so it is not waited for."""
     left = []
     collect_parts = GeminiRuntime._collect_parts
 
@@ -79,10 +89,10 @@ def test_a_part_whose_last_reader_never_runs_backward_is_collected_at_the_end(mo
 
     monkeypatch.setattr(GeminiRuntime, "_collect_parts", spy)
     torch.manual_seed(0)
-    model = _SideHead()
+    model = _SideHead(kept)
     ref_losses, ref = _reference(model)
     gm, opt = _gemini(model)
     losses = _train(gm, opt)
-    assert left == [{"emb.weight"}] * len(_data())  # waited for the dropped read every step
+    assert left == [{"emb.weight"} if kept else set()] * len(_data())
     assert max(abs(a - b) / b for a, b in zip(losses, ref_losses, strict=True)) <= TOL
     assert _worst(gm.full_state_dict(), ref) <= TOL

@@ -27,11 +27,13 @@ its post-accumulate-grad hook runs once per part (on an emulated accelerator bot
 the CPU: one accumulator, one call). Collecting the first part would open the chunk's gradient
 buffer at the last reader's backward and hold it in use through the backward of every operator
 in between, and the next part would overwrite it. So the runtime counts each forward's readers
-of a parameter (its ``_PreBackward`` wrappers) and the backward of each as it begins; a hook
-call while a reader's backward is still to come leaves the part in ``.grad``, where autograd adds
-the next part, and the call after the last reader's backward collects the sum: the gradient is
-collected once, when it would have been with one accumulator. A part whose remaining reader's
-backward never runs (its output unused) is collected at the end of backward.
+of a parameter (its ``_PreBackward`` wrappers, while their graph lives) and the backward of
+each as it begins; a hook call while a reader's backward is still to come leaves the part in
+``.grad``, where autograd adds the next part, and the call after the last reader's backward
+collects the sum: the gradient is collected once, when it would have been with one accumulator.
+A part whose remaining reader's backward never runs (its output kept but not used in the loss)
+is collected at the end of backward. Readers count until a backward ends, so two forwards
+summed into one backward count both.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class GradientCollection(StepGradients):
     _grad_done: set[str]  # names whose gradient this backward collected
     _readers: dict[str, int]  # name -> readers with backward to come ([Note: gradients in parts])
     _parts: set[str]  # names whose gradient waits in .grad for a later part (same note)
+    _live: dict[int, tuple[tuple[str, ...], weakref.ref]]  # id(reader node) -> names, its ref
     _used: set[str]  # names an operator read since the forward began
     _overlap: bool  # [Note: overlap] in ``_comm.py``
     _start_backward: Callable[[], None]  # the runtime's: enters BACKWARD once per backward
@@ -106,35 +109,43 @@ class GradientCollection(StepGradients):
 
         return hook
 
-    def count_readers(self, names: tuple[str, ...], *, forward: bool) -> bool:
+    def count_reader(self, node: object, names: tuple[str, ...], *, forward: bool) -> None:
         """An operator of the forward (``forward``; not a recomputation in backward) that reads
-        ``names`` gets a ``_PreBackward``: count it as a reader whose backward is to come ([Note:
-        gradients in parts]). Returns whether it was counted (its backward then uncounts it)."""
+        ``names`` got the ``_PreBackward`` ``node``: a reader whose backward is to come ([Note:
+        gradients in parts]) while ``node`` lives (a graph dropped unused takes it along)."""
         if not forward:
-            return False
-        readers = self._readers
+            return
+        readers, live, key = self._readers, self._live, id(node)
         for n in names:
             readers[n] = readers.get(n, 0) + 1
-        return True
 
-    def uncount_readers(self, names: tuple[str, ...]) -> None:
-        """The backward of a counted reader of ``names`` begins ([Note: gradients in parts]); a
-        reader of a forward before the last one (its counts dropped then) finds none left."""
-        readers = self._readers
-        for n in names:
-            if readers.get(n, 0) > 0:
-                readers[n] -= 1
+        def gone(_: object) -> None:  # the graph went without running this backward
+            entry = live.pop(key, None)
+            if entry is not None:
+                _uncount(readers, entry[0])
 
-    def _forget_parts(self) -> None:
-        """A forward begins: no reader is pending; parts left by a backward that raised go."""
-        self._readers.clear()
+        live[key] = (names, weakref.ref(node, gone))
+
+    def reader_backward(self, node: object) -> None:
+        """The backward of reader ``node`` (see ``count_reader``) begins."""
+        entry = self._live.pop(id(node), None)
+        if entry is not None:
+            _uncount(self._readers, entry[0])
+
+    def _drop_parts(self) -> None:
+        """A forward begins after a backward that raised: its parts and readers go."""
         for n in self._parts:
             self.params[n].grad = None
         self._parts.clear()
+        self._readers.clear()
+        self._live.clear()
 
     def _collect_parts(self) -> None:
-        """End of backward: gradients still waiting for a reader whose backward never ran are
-        collected now, in registration order (the same on every rank)."""
+        """End of backward: gradients still waiting for a reader whose backward did not run (its
+        output kept but not used) are collected now, in registration order (the same on every
+        rank); the readers counted so far are done with."""
+        self._readers.clear()
+        self._live.clear()
         if not self._parts:
             return
         todo = [n for n in self.params if n in self._parts]
@@ -261,3 +272,9 @@ class GradientCollection(StepGradients):
                 continue
             rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
             self._fill_and_reduce(c, rest)
+
+
+def _uncount(readers: dict[str, int], names: tuple[str, ...]) -> None:
+    for n in names:
+        if readers.get(n, 0) > 0:
+            readers[n] -= 1

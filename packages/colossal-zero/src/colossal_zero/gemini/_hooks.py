@@ -44,14 +44,13 @@ class _PreBackward(torch.autograd.Function):
     def forward(ctx: Any, rt: GeminiRuntime, names: tuple[str, ...], *outs: torch.Tensor) -> Any:
         ctx.rt, ctx.names = rt, names
         # [Note: gradients in parts] in _collect.py: a reader whose backward is to come
-        ctx.counted = rt.count_readers(names, forward=rt.state is TrainingState.FORWARD)
+        rt.count_reader(ctx, names, forward=rt.state is TrainingState.FORWARD)
         return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         with label("Gemini::pre_backward"):
-            if ctx.counted:
-                ctx.rt.uncount_readers(ctx.names)
+            ctx.rt.reader_backward(ctx)
             ctx.rt.pre_backward(ctx.names)
         return (None, None, *grads)
 
