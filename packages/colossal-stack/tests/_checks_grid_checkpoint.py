@@ -47,7 +47,7 @@ def gemini_run(
         assert info["step"] == first, info
     coord, dp = mesh.coord("dp"), mesh.size("dp")
     rows = slice(coord * B // dp, (coord + 1) * B // dp)
-    out: dict[str, Any] = {"losses": [], "full": None, "mesh": booster.memory_stats()["mesh"]}
+    out: dict[str, Any] = {"losses": [], "full": None}
     at = save_step if save_step is not None else last
     for step, (x, y) in enumerate(batches(last)[first:], start=first):
         loss = model(x[rows], y[rows])
@@ -62,5 +62,6 @@ def gemini_run(
             full = gather_full_state_dict(model.module, mesh, values=model.full_state_dict())
             if dist.get_rank() == 0:
                 out["full"] = {n: v.detach().clone() for n, v in full.items()}
+    out["mesh"] = booster.memory_stats()["mesh"]
     plugin.close()
     return out
