@@ -130,6 +130,10 @@ def test_missing_manifest_is_refused_naming_it(tmp_path):
         ([["f", "k", [0, 0], [2, 3]]], "cover 6 of its 12 elements (missing: [2, 0]+[2, 3])"),
         ([["f", "k", [1, 1], [2, 1]]], "(missing: [0, 0]+[1, 3], [3, 0]+[1, 3], [1, 0]+[2, 1] and"),
         ([["f", "k", [0, 0], [3, 3]], ["f", "k2", [2, 0], [2, 3]]], "overlap at [2, 0]"),
+        (
+            [["f", "k", [3, 0], [1, 3]], ["f", "k", [0, 0], [2, 3]], ["f", "k", [1, 2], [3, 1]]],
+            "overlap at [1, 2]",
+        ),
         ([["f", "k", [0, 0], [4, 4]]], "outside the shape"),
         (None, "are absent (none of its 12 elements is saved)"),
     ],

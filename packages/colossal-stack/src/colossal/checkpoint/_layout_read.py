@@ -102,15 +102,28 @@ def _cover_fault(meta: Any, blocks: Any) -> str | None:
         if any(o + n > d for o, n, d in zip(b[2], b[3], shape, strict=True)):
             return f"include {b[2]}+{b[3]}, outside the shape {shape}"
         boxes.append(Box(tuple(b[2]), tuple(b[3])))
-    for i, a in enumerate(boxes):
-        for c in boxes[i + 1 :]:
-            inter = a.intersect(c)
-            if inter is not None and inter.numel:
-                return f"overlap at {list(inter.offsets)}"
+    overlap = _first_overlap(boxes)
+    if overlap is not None:
+        return f"overlap at {list(overlap.offsets)}"
     covered = sum(b.numel for b in boxes)
     if covered != math.prod(shape):
         gaps = _missing(shape, boxes)
         return f"cover {covered} of its {math.prod(shape)} elements (missing: {gaps})"
+    return None
+
+
+def _first_overlap(boxes: list[Box]) -> Box | None:
+    """The common part of the first two boxes (by start along dim 0) that overlap, or None: a
+    sweep along dim 0 compares each box only with those starting before it ends there (row runs
+    and tp blocks: near-linear; all pairs was 18 s for 4,096 blocks of one tensor)."""
+    order = sorted(boxes, key=lambda b: b.offsets)
+    for i, a in enumerate(order):
+        for c in order[i + 1 :]:
+            if a.offsets and c.offsets[0] >= a.offsets[0] + a.sizes[0]:
+                break  # c and every later box start past a's end along dim 0
+            inter = a.intersect(c)
+            if inter is not None and inter.numel:
+                return inter
     return None
 
 
