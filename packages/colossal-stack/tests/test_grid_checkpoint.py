@@ -2,17 +2,17 @@
 layout resumes (checks in ``_checks_grid_checkpoint.py``): GPT trained under Gemini dp2 x tp4
 (2D, SUMMA grid) on 8 ranks, saved at step 3, loads in one plain process with exactly the
 saved fp32 masters and trains on with the losses of the run that was not interrupted; it
-resumes under Gemini dp2 x tp2 (1D) and under Gemini tp8 (3D), and the 3D run's own checkpoint
-loads in one process again ([Note: parameters without pieces] in ``colossal.checkpoint._layout``:
-a bias-free model's grid LayerNorms hold a frozen zero bias the unsharded model lacks, which
-left every Gemini grid checkpoint without its blocks). Both GPTs run: bias-free, and with
+resumes under Gemini dp2 x tp2 (1D) and under Gemini tp8 (3D, and 2.5D with depth 2), whose
+own checkpoints load in one process again. Both GPTs run: bias-free (its grid LayerNorms hold a
+frozen zero bias the unsharded model lacks, which left every Gemini grid checkpoint
+unloadable: [Note: parameters without pieces] in ``colossal.checkpoint._layout``), and with
 biases (LayerNorm and linear biases are grid vector parameters, [Note: vector parameters] in
 colossal-parallel). Losses within 1e-5 relative (fp32; the layouts sum in other orders, see
-test_hybrid_plugin.py's [Note: hybrid tolerances]). A checkpoint missing blocks is refused
-naming the parameter and the elements missing.
+test_hybrid_plugin.py's [Note: hybrid tolerances]; measured <= 1e-7). A checkpoint missing
+blocks is refused naming the parameter and the elements missing.
 
-The module takes about 30 s on two cores (the two 2D runs, two 3D and two 1D resumes, and
-starting the 4- and 8-rank worlds when no earlier test did), so it is ``slow`` but in CI.
+The module takes about 25 s on two cores (two 2D runs, six resumes, and starting the 4- and
+8-rank worlds when no earlier test did), so it is ``slow`` but in CI.
 """
 
 from __future__ import annotations
@@ -38,7 +38,10 @@ pytestmark = pytest.mark.slow
 STEPS, HALF, TOL = 6, 3, 1e-5
 STATIC = GeminiConfig(placement="static", accelerator_bytes=160 << 10)
 GRID_2D = {"tp_size": 4, "tp_mode": "2d", "config": STATIC}  # dp2 on 8 ranks
-GRID_3D = {"tp_size": 8, "tp_mode": "3d", "config": STATIC}
+GRIDS_8 = {  # the other grids of 8 ranks: tp mode -> settings
+    "3d": {"tp_size": 8, "tp_mode": "3d", "config": STATIC},
+    "2.5d": {"tp_size": 8, "tp_mode": "2.5d", "tp_depth": 2, "config": STATIC},
+}
 TP2_1D = {"tp_size": 2, "config": STATIC}  # dp2 on 4 ranks
 
 
@@ -88,13 +91,14 @@ def test_it_resumes_under_gemini_dp2_tp2_1d(world, grid2d):
     assert _close(out[0]["losses"], first["losses"][HALF:]) <= TOL, out[0]["losses"]
 
 
-def test_it_resumes_under_gemini_tp8_3d_whose_checkpoint_loads_in_one_process(
-    world, grid2d, tmp_path
+@pytest.mark.parametrize("mode", list(GRIDS_8))
+def test_it_resumes_under_gemini_tp8_grids_whose_checkpoints_load_in_one_process(
+    world, grid2d, tmp_path, mode
 ):
     bias, root, first = grid2d
     kw = {"bias": bias, "first": HALF, "last": STEPS, "load": str(root), "save": str(tmp_path)}
-    got = world(8).run(gemini_run, GRID_3D, **kw)[0]
-    assert got["mesh"] == "dp1 x tp8(3d), gemini"
+    got = world(8).run(gemini_run, GRIDS_8[mode], **kw)[0]
+    assert got["mesh"] == f"dp1 x tp8({mode}), gemini"
     assert _close(got["losses"], first["losses"][HALF:]) <= TOL, got["losses"]
     model = make_model(bias=bias, seed=7, layers=LAYERS)
     load_layout_checkpoint(tmp_path / f"step-{STEPS}", model)
