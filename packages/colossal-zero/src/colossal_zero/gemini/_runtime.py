@@ -114,9 +114,8 @@ class GeminiRuntime(GradientCollection):
         self._overlap = config.overlap_comm and self.manager.world_size > 1
         self.resident = False  # [Note: resident steps]: decided as each forward begins
         self.keeping = False  # [Note: kept gradients] in _grads.py: decided with resident
-        self.forwards = (
-            0  # forwards begun: tells a reader whether gradients are still the last step's
-        )
+        self._readers, self._parts, self._live = {}, set(), {}  # [Note: gradients in parts]
+        self.forwards = 0  # forwards begun: whether gradients are still the last step's
         self._on_forward: list[weakref.WeakMethod] = []  # see on_forward
         self._host_reader = None  # see read_gradients_on_host
         self._kept_bytes = sum(  # what kept gradients hold at most: one per trainable parameter
@@ -154,6 +153,7 @@ class GeminiRuntime(GradientCollection):
         if self.state is _T.BACKWARD:  # the previous backward raised: forget its partial state
             self._grad_done.clear()
             self._finish_kept()
+            self._drop_parts()
         self._to(_T.FORWARD)
         self.forwards += 1
         self._moment = 0
@@ -329,6 +329,7 @@ class GeminiRuntime(GradientCollection):
         """End of backward: release what is still in COMPUTE, reduce partly filled chunks,
         finish every collective in flight."""
         self._to(_T.POST_BACKWARD)
+        self._collect_parts()  # [Note: gradients in parts] in _collect.py
         m = self.manager
         for c in m.param_chunks():
             if c.pinned:
