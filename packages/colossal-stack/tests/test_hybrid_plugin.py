@@ -369,9 +369,8 @@ STATIC_160K_FP64 = GeminiConfig(placement="static", precision="fp64", accelerato
 GEMINI_DP2_TP4_2D = GEMINI_TP2 | {"tp_size": 4, "tp_mode": "2d", "config": STATIC_160K_FP64}
 
 
-@pytest.mark.slow
-@pytest.mark.outside_ci  # about a minute on two cores: nox -s layouts; CI trains this layout a
-def test_gemini_dp2_with_2d_tp4_is_exact_in_fp64(world, tmp_path):  # step in test_layouts_build
+@pytest.mark.slow  # 10.7 s on two cores in the shared 8-rank world
+def test_gemini_dp2_with_2d_tp4_is_exact_in_fp64(world, tmp_path):
     out = world(8).run(gemini_case, GEMINI_DP2_TP4_2D, STEPS_64 + 1, str(tmp_path), 2, "float64")
     _check(out, FLOAT64_TOL, FLOAT64_TOL)
     for r in out:
