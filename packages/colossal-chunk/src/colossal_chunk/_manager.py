@@ -124,20 +124,21 @@ class ChunkManager(
         )
         self.in_flight = InFlightCount()
         self.shard_io = ShardIO(self._placement, self._chunk)
-        self.books = Books(self._placement, lambda: self.chunks, lambda: self._moment)
+        self.books = Books(
+            self._placement, lambda: self.chunks, lambda: self._moment, changed=self._unsteady
+        )
 
     # ----- setup --------------------------------------------------------------------------------
     @property
     def chunk_numel(self) -> int:
         """Elements per chunk: ``config.chunk_numel`` rounded up to a multiple of the world size."""
-        return -(-self.config.chunk_numel // self.world_size) * self.world_size
+        return self.config.chunk_numel_for(self.world_size)
 
     @property
     def frozen_chunk_numel(self) -> int:
         """Elements per frozen chunk ([Note: chunk size per kind] in ``_register.py``):
         ``config.frozen_chunk_numel`` (else ``chunk_numel``) rounded up like ``chunk_numel``."""
-        numel = self.config.frozen_chunk_numel or self.config.chunk_numel
-        return -(-numel // self.world_size) * self.world_size
+        return self.config.chunk_numel_for(self.world_size, frozen=True)
 
     @property
     def compute_device(self) -> torch.device:
@@ -347,9 +348,11 @@ class ChunkManager(
         return self.books.model_tensors()
 
     def track_demand(self, on: bool = True) -> None:
-        """``Books.track_demand`` (read the record from ``books.demand``); the step's fast path
-        checks its room again."""
+        """``Books.track_demand`` (read the record from ``books.demand``)."""
         self.books.track_demand(on)
+
+    def _unsteady(self) -> None:
+        """The step's fast path checks its room again ([Note: resident fast path])."""
         self._steady = False
 
     def _model_budget(self, moment: int) -> int:

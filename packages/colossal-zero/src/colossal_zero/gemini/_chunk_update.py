@@ -38,7 +38,7 @@ class ChunkUpdates:
         if disk:
             return False
         rt, m = self.rt, self.rt.manager
-        avg = m.parallel_chunk(STATE_KINDS[0], c)
+        avg = m.groups[c.chunk_id].twin(STATE_KINDS[0])
         fp32 = rt.roles.fp32(c)
         if avg.tier is ACC and (fp32.tier is not ACC or rt.grad_home(c).tier is not ACC):
             return False
@@ -53,7 +53,7 @@ class ChunkUpdates:
         counting the copies its tiers stand for as ``_update`` does. The views of its fp32 and
         state shards are kept from the last step while those shards stay the same tensors."""
         rt, m = self.rt, self.rt.manager
-        avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
+        avg, sq = (m.groups[c.chunk_id].twin(k) for k in STATE_KINDS)
         home, fp32, gtier = avg.tier, rt.roles.fp32(c), rt.grad_home(c).tier
         shards, key = (fp32.shard, avg.shard, sq.shard), tuple(names)
         hit = self._views.get(c.chunk_id)
@@ -103,7 +103,7 @@ class ChunkUpdates:
     def _update_here(self, c: Chunk, names: list[str], grad_scale: float) -> None:
         """``_update`` on the shards as they are now."""
         rt, m = self.rt, self.rt.manager
-        avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
+        avg, sq = (m.groups[c.chunk_id].twin(k) for k in STATE_KINDS)
         home = avg.tier
         fp32, grads = rt.roles.fp32(c), rt.gradients(c)
         states = self._states_of(c)
@@ -171,6 +171,6 @@ class ChunkUpdates:
 
     def _states_of(self, c: Chunk) -> list[Chunk]:
         """The chunks that live where ``c``'s Adam states live (the masters with them)."""
-        m = self.rt.manager
+        rec = self.rt.manager.groups[c.chunk_id]
         kinds = (*STATE_KINDS, "master") if self.rt.precision.master else STATE_KINDS
-        return [m.parallel_chunk(k, c) for k in kinds]
+        return [rec.twin(k) for k in kinds]
