@@ -123,9 +123,11 @@ class ChunkManager(
             read_ahead_bytes=window_bytes(config, self.world_size),
         )
         self.in_flight = InFlightCount()
-        self.shard_io = ShardIO(self._placement, self._chunk)
         self.books = Books(
             self._placement, lambda: self.chunks, lambda: self._moment, changed=self._unsteady
+        )
+        self.shard_io = ShardIO(
+            self._placement, self._chunk, move=self.move, keep=self.books.keep_on_compute
         )
 
     # ----- setup --------------------------------------------------------------------------------

@@ -205,11 +205,8 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
             found = reduce_squares(
                 self._squares(norm_parts), group=rt.group, shardings=self.sharding
             )
-            self._after.norm_due, self._grad_norm, overflow = (
-                None,
-                found.norm / scale,
-                found.overflow,
-            )
+            self._after.norm_due = None
+            self._grad_norm, overflow = found.norm / scale, found.overflow
         if self._skip(overflow):
             rt.clear_grads()
             return loss
@@ -220,7 +217,11 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         rows: Rows = {}  # [Note: one fused call]: param group -> its tensors
         joined: list[Chunk] = []  # the chunks in rows
         moving = False  # a chunk updated alone may move others: the rest go alone too
-        for i, (c, owned) in enumerate(todo):
+        # chunks on disk stream through memory: the manager reads ahead each update set and up
+        # to two after it, and writes behind each one updated (colossal-chunk's [Note: shards
+        # to update]); the fast case, joined chunks, needs none of it
+        plan = self._plan(grad_scale)
+        for i, ((c, owned), turn) in enumerate(m.shard_io.shards_to_update(todo, plan)):
             if c.chunk_id in in_place and not moving:
                 if streamed is not None:
                     streamed += piece_squares(norm_parts[i][1])
@@ -229,24 +230,14 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
                 continue
             moving = True
             self._run(rows, joined, grad_scale)  # first the joined ones before it
-            # chunks on disk stream through memory: read ahead this update set and up to two
-            # after it, soonest first, while the host budget's read-ahead window has room; write
-            # behind each one updated (colossal-chunk's [Note: disk read-ahead and write-behind]
-            # and [Note: read-ahead window])
-            if disk:
-                for ahead, _ in todo[i : i + 3]:
-                    if not m.shard_io.read_ahead(self._update_set(ahead)):
-                        break
-                m.shard_io.finish_reads(self._update_set(c))  # read now: not left to the reader
             if streamed is not None:  # this chunk's pieces now (moves may have replaced views)
                 got = rt.grad_pieces(c, owned)
                 streamed += piece_squares(
                     (g, self.sharding.get(n)) for n, g in zip(owned, got, strict=True)
                 )
-            self._update(c, owned, grad_scale)
+            with turn.running():  # staged, brought where the states live
+                self._update(c, owned, grad_scale)
             rt.stepped(c)
-            if disk:
-                self._let_go(c, grad_scale)
         self._run(rows, joined, grad_scale)
         if streamed is not None:
             found = reduce_squares(streamed, group=rt.group, shardings=self.sharding)
