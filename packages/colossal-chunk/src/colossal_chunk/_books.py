@@ -3,8 +3,8 @@ with), kept chunks, copies made outside the manager, per-tier bytes and peaks, a
 tensors a memory tracer counts as model data.
 
 The manager owns one ``Books`` (``ChunkManager.books``), composed rather than inherited; its
-facade keeps ``stats``, ``model_data_bytes``, ``model_tensors`` and ``tiers`` (what a memory tracer
-and a plugin read) and ``track_demand`` (which changes the step's fast path).
+facade keeps ``stats``, ``model_data_bytes`` and ``tiers`` (what a memory tracer and a plugin
+read); the rest is read and said here (an owner such as Gemini reads all of it here).
 """
 
 from __future__ import annotations

@@ -345,14 +345,6 @@ class ChunkManager(
         """``Books.model_data_bytes``: chunk payload bytes on ``tier`` now."""
         return self.books.model_data_bytes(tier)
 
-    def model_tensors(self) -> list[torch.Tensor]:
-        """``Books.model_tensors``: every chunk payload, and the spare and kept ones."""
-        return self.books.model_tensors()
-
-    def track_demand(self, on: bool = True) -> None:
-        """``Books.track_demand`` (read the record from ``books.demand``)."""
-        self.books.track_demand(on)
-
     def _unsteady(self) -> None:
         """The step's fast path checks its room again ([Note: resident fast path])."""
         self._steady = False
