@@ -171,9 +171,9 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         pieces: dict[int, list[torch.Tensor]] = {}  # chunk id -> gradient slices of its owned
         disk = TierName.DISK in m.books.tiers  # without a disk tier there is nothing to stream
         roles, got, group_of = rt.roles, rt.got_grad, self.group_of
-        for c in (g.param for g in m.groups.values()):
+        for c in (g.param for g in m.groups.values() if not g.param.frozen):  # frozen: no grads
             names = [n for n in c.records if n in got and n in group_of]
-            if not names or c.frozen:  # frozen chunks get no gradient
+            if not names:
                 continue
             fp32 = roles.fp32(c)
             owned = []
