@@ -18,8 +18,10 @@ from colossal_testing import World
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
 from _report import Report
+from _stock_gpt import StockGPT
 
 LR = 1e-3
+STOCK = "stock-"  # a preset's prefix: the same shapes built from stock torch modules
 GEMINI, GEMINI_Q, DDP, FSDP, PLAIN = (
     "Gemini",
     "Gemini 1/4 budget",
@@ -29,8 +31,11 @@ GEMINI, GEMINI_Q, DDP, FSDP, PLAIN = (
 )
 
 
-def _model(preset: str) -> GPT:
+def _model(preset: str) -> torch.nn.Module:
+    """GPT ``preset``, or with ``stock-`` before it the same shapes in stock torch modules."""
     torch.manual_seed(0)
+    if preset.startswith(STOCK):
+        return StockGPT(GPTConfig.preset(preset.removeprefix(STOCK)))
     return GPT(GPTConfig.preset(preset))
 
 
@@ -152,11 +157,13 @@ def _spread(ts: list[float]) -> str:
 
 
 def run(quick: bool, out_dir: Path) -> Report:
-    presets = ["tiny"] if quick else ["tiny", "mini"]
+    presets = ["tiny", "stock-tiny"] if quick else ["tiny", "mini", "stock-tiny", "stock-mini"]
     ranks = (1, 2) if quick else (1, 2, 4)
     batch, seq = (4, 64) if quick else (8, 64)
     steps = {"tiny": 3 if quick else 12, "mini": 3 if quick else 6}
     paired = {"tiny": 8 if quick else 24, "mini": 12}  # one rank: Gemini vs plain fused alone
+    for p in ("tiny", "mini"):
+        steps[STOCK + p], paired[STOCK + p] = steps[p], paired[p]
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     load_before = os.getloadavg()[0]
@@ -216,7 +223,9 @@ def run(quick: bool, out_dir: Path) -> Report:
     summary["the same by the ratio of medians"] = all(v <= 1.0 for v in median_ratios)
     summary["aim: Gemini 1 rank <= 1.05x plain fused AdamW (paired)"] = all(v <= 1.05 for v in ones)
     notes = [
-        f"GPT presets {', '.join(presets)} (colossal_models), fp32, a global batch of {batch} x "
+        f"GPT presets {', '.join(presets)} (colossal_models; 'stock-' the same shapes built "
+        "from stock torch modules: nn.Embedding, nn.TransformerEncoderLayer pre-norm GELU, "
+        "nn.LayerNorm, an untied nn.Linear head, benchmarks/_stock_gpt.py), fp32, a global batch of {batch} x "
         f"{seq} tokens split evenly over the ranks (the same batches at every rank count: on a "
         "2-core host, more ranks cannot mean more compute), AdamW lr 1e-3 everywhere.",
         "Gemini: apply_gemini + GeminiOptimizer.from_torch(AdamW), overlap_comm on (the "

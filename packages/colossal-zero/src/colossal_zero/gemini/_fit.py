@@ -21,7 +21,10 @@ colossal-chunk's [Note: chunk size per kind], are halved together, each not belo
 kind's largest tensor); the run re-packs to that size before the next step. When
 none does, the rule (an upper bound: it counts the previous moment's chunks and gradient twins that
 a step may already have let go) does not refuse by itself: the run stops with a ``CapacityError``
-only when even a moment's own chunks do not fit beside its reserve at the smallest size (no
+only when even a moment's own chunks (in backward with one gradient twin: the first gradient
+lands in its twin while every chunk of the moment still computes; a stock
+``nn.MultiheadAttention`` reads parameters of three chunks in one moment, and counting its
+chunks alone let a run go on that failed in its second step) do not fit beside its reserve at the smallest size (no
 placement can run it), naming the rule's budget at that size, which trains (on several ranks, where a gather ahead and
 a reduction in flight hold two whole chunks more than the rule counts, that much more: GPT nano on
 4 ranks named 934,623 bytes, 10 of 10 runs at it trained, integration test_budget_repeats; the
@@ -123,7 +126,8 @@ def fit_chunk_size(
 
     def budgets(numels: tuple[int, int]) -> tuple[int, int]:
         """The rule's smallest budget, and the floor below which the policy cannot place a
-        moment's own chunks beside its reserve at all."""
+        moment's own chunks (in backward with the first gradient twin they fill) beside its
+        reserve at all."""
         chunk_of = _layout(names, tensors, numels)
         sizes = {}
         for n, c in chunk_of.items():
@@ -133,7 +137,11 @@ def fit_chunk_size(
         held = moment_need(
             order, backward_from, chunk_of, sizes, grad_twin=grad_twin, frozen=frozen
         )
-        own = [sum(sizes[c] for c in {chunk_of[n] for n in m if n in chunk_of}) for m in order]
+        own = []  # a moment's own chunks and, in backward, the first gradient twin it fills
+        for i, m in enumerate(order):
+            now = {chunk_of[n] for n in m if n in chunk_of}
+            twins = now - frozen if grad_twin and i >= backward_from else set()
+            own.append(sum(sizes[c] for c in now) + max((sizes[c] for c in twins), default=0))
         rule = max(r + h for r, h in zip(reserves, held, strict=True)) + kept
         return rule, max(r + h for r, h in zip(reserves, own, strict=True)) + kept
 
