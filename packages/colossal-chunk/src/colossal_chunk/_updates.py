@@ -1,5 +1,6 @@
-"""An owner's in-place update of shards, chunk by chunk (an optimizer step): ``ShardIO.shards_to_update``
-walks the owner's items and owns what happens around each one's update where the shards live.
+"""An owner's in-place update of shards, chunk by chunk (an optimizer step):
+``ShardIO.shards_to_update`` walks the owner's items and owns what happens around each one's
+update where the shards live.
 
 [Note: shards to update] For each item, in order, the owner's ``ShardUpdate`` names the chunks
 its update touches. With a disk tier, before the item's turn the shards of this item and of the
@@ -10,7 +11,7 @@ write-behind] in ``disk/_io.py``, [Note: read-ahead window] in ``disk/_read_ahea
 reads let go]). Inside the turn, ``UpdateTurn.running()`` stages the written shards that live on
 disk on host copies, written back when it ends ([Note: staged updates] in ``disk/_store.py``),
 and, when the update computes on the compute tier, brings the shards it needs there first,
-keeping the ones not kept already while it runs (so that bringing one cannot evict another).
+holding there the ones it names while it runs (so that bringing one cannot evict another).
 An item whose update needs none of this (everything where it computes, no disk tier) is
 updated however the owner likes in its turn (the fast case: several joined into one call); its
 ``ShardUpdate`` is then never asked for.
