@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from colossal import DDPPlugin, GeminiPlugin
 from colossal.checkpoint import _publish
+from colossal.checkpoint._layout import _check_whole
 from colossal.checkpoint._layout_read import _cover_fault
 from colossal_contracts import CheckpointError
 from colossal_zero.checkpoint import INDEX_FILE, file_digest
@@ -126,12 +127,29 @@ def test_missing_manifest_is_refused_naming_it(tmp_path):
     [
         ([["f", "k", [0, 0], [4, 3]]], None),
         ([["f", "k", [0, 0], [2, 3]], ["f", "k2", [2, 0], [2, 3]]], None),
-        ([["f", "k", [0, 0], [2, 3]]], "cover 6 of its 12 elements"),
+        ([["f", "k", [0, 0], [2, 3]]], "cover 6 of its 12 elements (missing: [2, 0]+[2, 3])"),
+        ([["f", "k", [1, 1], [2, 1]]], "(missing: [0, 0]+[1, 3], [3, 0]+[1, 3], [1, 0]+[2, 1] and"),
         ([["f", "k", [0, 0], [3, 3]], ["f", "k2", [2, 0], [2, 3]]], "overlap at [2, 0]"),
+        (
+            [["f", "k", [3, 0], [1, 3]], ["f", "k", [0, 0], [2, 3]], ["f", "k", [1, 2], [3, 1]]],
+            "overlap at [1, 2]",
+        ),
         ([["f", "k", [0, 0], [4, 4]]], "outside the shape"),
-        (None, "are absent"),
+        (None, "are absent (none of its 12 elements is saved)"),
     ],
 )
 def test_layout_blocks_must_cover_each_element_once(blocks, fault):
     got = _cover_fault({"shape": [4, 3]}, blocks)
     assert (got is None) if fault is None else (fault in got), got
+
+
+def test_a_writer_whose_blocks_miss_a_tensor_refuses_naming_it():
+    """Every rank runs the same check on the blocks all ranks hold, before any file is written
+    ([Note: parameters without pieces])."""
+    shapes = {"w": [4, 3], "ln.bias": [8]}
+    whole = {"w": [["f", "k", [0, 0], [4, 3]]], "ln.bias": [["f", "b", [0], [8]]]}
+    _check_whole(shapes, {"param": whole}, {}, "dp2 x tp4(2d), gemini")
+    shapes["ln.bias.grid"] = [2]
+    match = r"param of 'ln\.bias\.grid' are absent .* 'dp2 x tp4\(2d\), gemini'.*nothing was"
+    with pytest.raises(CheckpointError, match=match):
+        _check_whole(shapes, {"param": whole}, {}, "dp2 x tp4(2d), gemini")

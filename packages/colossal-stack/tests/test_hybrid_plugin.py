@@ -362,17 +362,20 @@ def test_gemini_tp_trains_a_lazily_built_model_as_an_eager_one(world, ranks, set
 # autograd Function, which Gemini's operator hooks see only through colossal-parallel's
 # torch_function_op ([Note: operators a mode sees]); before, the first backward failed (the
 # tied head's gather recorded the weight at rest, an empty tensor on its dp-sharded chunk).
-# Training only: its checkpoint's layout index misses the 2d vector parameters' blocks
-# (load refuses it, naming blocks.0.ln1.bias), a gap of the sharded format left open here
+# Its checkpoint resumes and exports in float64 too (its index once listed the grid
+# LayerNorms' frozen zero biases without blocks: [Note: parameters without pieces] in
+# colossal.checkpoint._layout; other layouts resume it in test_grid_checkpoint.py)
 STATIC_160K_FP64 = GeminiConfig(placement="static", precision="fp64", accelerator_bytes=160 << 10)
 GEMINI_DP2_TP4_2D = GEMINI_TP2 | {"tp_size": 4, "tp_mode": "2d", "config": STATIC_160K_FP64}
 
 
 @pytest.mark.slow
 @pytest.mark.outside_ci  # about a minute on two cores: nox -s layouts; CI trains this layout a
-def test_gemini_dp2_with_2d_tp4_is_exact_in_fp64(world):  # step in test_layouts_build
-    out = world(8).run(gemini_case, GEMINI_DP2_TP4_2D, STEPS_64, None, 2, "float64")
+def test_gemini_dp2_with_2d_tp4_is_exact_in_fp64(world, tmp_path):  # step in test_layouts_build
+    out = world(8).run(gemini_case, GEMINI_DP2_TP4_2D, STEPS_64 + 1, str(tmp_path), 2, "float64")
     _check(out, FLOAT64_TOL, FLOAT64_TOL)
     for r in out:
         assert r["stats"]["mesh"] == "dp2 x tp4(2d), gemini"
         assert r["stats"]["bytes_moved_total"] > 0  # the budget forced chunk moves
+        assert r["resume_err"] <= FLOAT64_TOL  # the checkpoint keeps float64
+    assert out[0]["export_err"] <= FLOAT64_TOL

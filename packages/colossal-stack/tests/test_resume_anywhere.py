@@ -79,17 +79,34 @@ CASES = {
 }
 
 
+# ... and on 8 ranks (slow): Gemini dp2 x tp4 on a 2D grid, whose vector parameters
+# (LayerNorm and linear biases) are cut over the grid's rows and columns; a batch of 4 splits
+# over dp2 and the grid's rows. (A bias-free model's grid checkpoint: test_grid_checkpoint.py)
+GRID = {"batch_size": 4, "plugin": "gemini"}
+SLOW_CASES = {
+    "gemini-2d-tp4-dp2-to-gemini-tp2-dp2": (
+        "nano",
+        (8, {**GRID, "tp": 4, "tp_mode": "2d"}),
+        (4, {**GRID, "tp": 2}),
+    ),
+}
+PARAMS = [
+    *CASES,
+    *(pytest.param(n, marks=pytest.mark.slow) for n in SLOW_CASES),  # 13 s on two cores
+]
+
+
 def _run(world, ranks: int, kw: dict) -> list[float]:
     if ranks == 1:
         return train(TrainConfig.from_flags(**kw)).losses
     return world(ranks).run(train_on_mesh, kw)[0]["losses"]
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", PARAMS)
 def test_a_checkpoint_resumes_under_another_layout_with_the_same_losses(
     world, tmp_path, small_corpus, name
 ):
-    preset, (n_save, save), (n_load, load) = CASES[name]
+    preset, (n_save, save), (n_load, load) = (CASES | SLOW_CASES)[name]
     first = tmp_path / "first"
     kw = {**BASE, "preset": preset, "corpus": small_corpus}
     full = _run(world, n_save, {**kw, **save, "out": first})

@@ -113,17 +113,9 @@ def test_zero_fp64_equals_float64_adamw(stage, device):
     assert opt.last_grad_norm > CLIP  # the clip was active: its factor is in the comparison
 
 
-# Run on an H200 (torch 2.11, benchmarks/gpu_check.sh, docs/gpu.md): after the warmup, the access
-# of fc2's gradient chunk at moment 6 is refused because chunk 0's gradient chunk is still on the
-# accelerator in use (READY_FOR_REDUCE) beside fc2's parameter chunk; the emulated accelerator
-# never holds it there. Not reproduced on the CPU yet; strict, so a fix shows up as XPASS.
-_CUDA_HELD_GRAD = pytest.mark.xfail(
-    reason="on CUDA a gradient chunk stays in use into the next step (docs/gpu.md)", strict=True
-)
-GEMINI_DEVICES = ["cpu", pytest.param("cuda", marks=[CUDA, _CUDA_HELD_GRAD])]
-
-
-@pytest.mark.parametrize("device", GEMINI_DEVICES)
+# On CUDA a chunk evicted to the host between the tied weight's two readers drops its gradient
+# accumulator: the gradient arrives in two parts ([Note: gradients in parts], test_grad_parts.py).
+@pytest.mark.parametrize("device", DEVICES)
 def test_gemini_fp64_equals_float64_adamw_while_moving_chunks(device):
     torch.manual_seed(0)
     model = _Net()

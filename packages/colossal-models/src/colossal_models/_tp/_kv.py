@@ -17,7 +17,7 @@ from torch import nn
 from colossal_contracts import ConfigError
 from colossal_parallel import ProcessMesh, gather_along
 
-__all__ = ["GatheredKV", "kv_sharing"]
+__all__ = ["GatheredKV", "kv_sharing", "original_names"]
 
 
 def kv_sharing(num_heads: int, num_kv_heads: int, parts: int, what: str) -> int | None:
@@ -55,3 +55,15 @@ class GatheredKV(nn.Module):
 
     def extra_repr(self) -> str:
         return f"axis={self.axis}, keeps key/value head {self.index}"
+
+
+def original_names(model: nn.Module) -> dict[str, str]:
+    """Parameter name -> the name it had before ``parallelize``: a ``GatheredKV`` holds the
+    projection it wraps as ``linear``, so ``attn.k.linear.weight`` was ``attn.k.weight``; every
+    other name is its own. What optimizer groups and user-facing names are keyed by."""
+    wrapped = [f"{p}." if p else "" for p, m in model.named_modules() if isinstance(m, GatheredKV)]
+    out = {}
+    for name, _ in model.named_parameters():
+        prefix = next((w for w in wrapped if name.startswith(f"{w}linear.")), None)
+        out[name] = name if prefix is None else prefix + name[len(prefix) + len("linear.") :]
+    return out

@@ -38,7 +38,13 @@ from torch import nn
 
 from colossal_contracts import ConfigError, ParamSharding
 from colossal_models import GPT, PaLM, parallelize
-from colossal_models.sharding import ShardMap, all_shard_maps, describe_sharding, stream_full_state
+from colossal_models.sharding import (
+    ShardMap,
+    all_shard_maps,
+    describe_sharding,
+    original_names,
+    stream_full_state,
+)
 from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
 from colossal_zero import LazyInit, adam_arguments
 
@@ -117,7 +123,9 @@ def shard_for_tp(
     sharding = describe_sharding(model, mesh)
     keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
     hyper = {k: v for k, v in optimizer.defaults.items() if k in keep}
-    return type(optimizer)(group_map.groups(model.named_parameters()), **hyper), sharding
+    named = original_names(model)  # wrapped key/value projections keep their groups
+    groups = group_map.groups((named[n], p) for n, p in model.named_parameters())
+    return type(optimizer)(groups, **hyper), sharding
 
 
 def tp_folder(path: Path, mesh: ProcessMesh) -> Path:

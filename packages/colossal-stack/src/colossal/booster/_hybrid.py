@@ -30,7 +30,7 @@ from colossal_models import (
     parallelize,
     split_into_stages,
 )
-from colossal_models.sharding import describe_sharding
+from colossal_models.sharding import describe_sharding, original_names
 from colossal_parallel import MeshConfig, ProcessMesh
 from colossal_parallel.pipeline import PipelineSchedule
 from colossal_zero import LazyInit, LowLevelZeroOptimizer, Precision, ZeroConfig
@@ -237,6 +237,7 @@ class HybridParallelPlugin(Plugin):
             tp_layout = describe_sharding(model, mesh)
         out: nn.Module = model
         names: dict[str, str] = {n: n for n, _ in model.named_parameters()}
+        before = original_names(model)  # the names the optimizer's groups know
         tied: set[int] = set()
         if cfg.pp > 1:
             self._stages = split_into_stages(model, mesh, num_virtual=self.num_virtual)
@@ -258,7 +259,10 @@ class HybridParallelPlugin(Plugin):
             out,
             optimizer,
             group_map,
-            {n: (self._names or {}).get(names[n], names[n]) for n, _ in out.named_parameters()},
+            {
+                n: (self._names or {}).get(o := before.get(names[n], names[n]), o)
+                for n, _ in out.named_parameters()
+            },
             mesh,
             zero=self._zero_config() if self.zero_stage else None,
             sp=self.sp,

@@ -20,6 +20,14 @@ intersects each block a rank needs with the saved ones and reads only those slic
 (``safe_open(...).get_slice``), so neither side ever holds an unsharded tensor. The index is
 proved whole before any value is read ([Note: whole or not at all] in colossal-zero).
 
+[Note: parameters without pieces] A grid tp layer (2D, 2.5D, 3D) of a bias-free model holds
+a parameter the unsharded model lacks: the frozen zero bias of ``GridLayerNorm`` (its shard map
+has no pieces, [Note: shard pieces] in colossal-models). It is neither written nor read, under
+every plugin (a load leaves its zeros). Gemini's chunk shards list every parameter they hold,
+so they are filtered as the hybrid plugin's parameters are; before, such a bias reached the
+index under its local shape with no blocks, and no layout could load the checkpoint. A writer
+whose blocks do not cover a tensor refuses before any file is written (``_check_whole``).
+
 [Note: LoRA layout checkpoint] A ``peft`` model (LoRA under 1d tp, ``colossal.lora``'s
 [Note: LoRA under tp]) is written under the unsharded peft model's names and shapes
 (``lora_shard_maps``): its adapters with their Adam state, and, with ``frozen_values``, its
@@ -46,6 +54,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from torch import nn
 
+from colossal_contracts import CheckpointError
 from colossal_models.sharding import Box, ShardMap, flat_range_boxes, shard_map
 from colossal_parallel import ProcessMesh
 from colossal_zero import GeminiModule, GeminiOptimizer, LowLevelZeroOptimizer
@@ -57,6 +66,7 @@ from ._layout_read import (
     LAYOUT_FORMAT,
     LAYOUT_INDEX,
     iter_full_tensors,
+    layout_index_fault,
     read_layout_index,
 )
 
@@ -138,9 +148,9 @@ def _held(
 
     if isinstance(model, GeminiModule):  # chunk shards: see _layout_gemini
         gopt = optimizer if isinstance(optimizer, GeminiOptimizer) else None
-        return [
-            _Held(shard_map_of(maps, g.name, g.shape), g.shape, g.flats, g.step, g.set_step)
-            for g in gemini_shards(model, gopt)
+        shards = [(shard_map_of(maps, g.name, g.shape), g) for g in gemini_shards(model, gopt)]
+        return [  # [Note: parameters without pieces]
+            _Held(m, g.shape, g.flats, g.step, g.set_step) for m, g in shards if m.pieces
         ]
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     frozen = _held_frozen(model, smap) if lora and frozen else []
@@ -257,26 +267,30 @@ def save_layout(
         dist.all_gather_object(every, meta)
     writes = _assign(every)  # (rank, kind, name, box) of every block to write, disjoint
     file = f"layout-{rank:05d}-of-{world:05d}.safetensors"
-    tensors: dict[str, torch.Tensor] = {}
     entries: dict[str, dict[str, list]] = {k: {} for k in KINDS}
+    mine_to_write: list[tuple[str, int, Box]] = []
     for counter, (r, i, box) in enumerate(writes):
         kind, name = every[r]["blocks"][i][:2]
         fname = f"layout-{r:05d}-of-{world:05d}.safetensors"
         key = f"{kind}/{name}/{counter}"
         entries[kind].setdefault(name, []).append([fname, key, list(box.offsets), list(box.sizes)])
         if r == rank:
-            _, _, src, view = mine[i]
-            data = view[box.slices(src.offsets)]
-            wide = torch.promote_types(data.dtype, torch.float32)  # fp32; float64 under fp64
-            tensors[key] = data.detach().to("cpu", wide).contiguous().clone()
+            mine_to_write.append((key, i, box))
+    shapes: dict[str, list[int]] = {}
+    steps: dict[str, float] = {}
+    for m in every:
+        shapes.update(m["shapes"])
+        steps.update(m["steps"])
+    _check_whole(shapes, entries, steps, layout)  # every rank alike, before any file
+    tensors: dict[str, torch.Tensor] = {}
+    for key, i, box in mine_to_write:
+        _, _, src, view = mine[i]
+        data = view[box.slices(src.offsets)]
+        wide = torch.promote_types(data.dtype, torch.float32)  # fp32; float64 under fp64
+        tensors[key] = data.detach().to("cpu", wide).contiguous().clone()
     if tensors:
         save_file(tensors, str(Path(directory) / file))
     if rank == 0:
-        shapes: dict[str, list[int]] = {}
-        steps: dict[str, float] = {}
-        for m in every:
-            shapes.update(m["shapes"])
-            steps.update(m["steps"])
         group = optimizer.param_groups[0] if optimizer is not None else {}
         scaler = _scaler(optimizer)
         index = {
@@ -292,6 +306,22 @@ def save_layout(
             **({"frozen_omitted": omitted} if omitted else {}),
         }
         (Path(directory) / LAYOUT_INDEX).write_text(json.dumps(index, indent=1))
+
+
+def _check_whole(
+    shapes: dict[str, list[int]], entries: dict[str, dict[str, list]], steps: dict, layout: str
+) -> None:
+    """``CheckpointError`` when the blocks the ranks hold leave an element of some tensor
+    unwritten (or write one twice): the same on every rank, so all refuse together and no
+    checkpoint that cannot load is written ([Note: whole or not at all])."""
+    index = {"params": {n: {"shape": s} for n, s in shapes.items()}, "tensors": entries}
+    fault = layout_index_fault(index | {"steps": steps})
+    if fault:
+        raise CheckpointError(
+            f"save_layout: {fault} on the layout {layout!r}: the ranks' shards do not make up "
+            "the unsharded tensor, so this checkpoint could not be loaded; nothing was written. "
+            "The layout's shard maps (colossal_models.sharding.shard_map) miss a rule for it"
+        )
 
 
 def _assign(every: list[dict]) -> list[tuple[int, int, Box]]:

@@ -18,6 +18,22 @@ order on every rank (with ``GeminiConfig.overlap_comm`` without waiting: [Note: 
 ``_comm.py``). After the first backward, a chunk whose only missing tensors are trainable
 parameters that no operator read (then or now) is reduced as soon as the others arrive, so an
 unused parameter does not pin its chunk. Every rank must use the same parameters in a step.
+
+[Note: gradients in parts] Setting a parameter's ``.data`` to a tensor on another device drops
+its gradient accumulator (torch's ``set_data``), and the next operator that reads it makes a new
+one. On CUDA a chunk evicted to the host between two readers of a parameter in one forward (a
+tied embedding and output head) thus gives the parameter one accumulator per reader group, and
+its post-accumulate-grad hook runs once per part (on an emulated accelerator both devices are
+the CPU: one accumulator, one call). Collecting the first part would open the chunk's gradient
+buffer at the last reader's backward and hold it in use through the backward of every operator
+in between, and the next part would overwrite it. So the runtime counts each forward's readers
+of a parameter (its ``_PreBackward`` wrappers, while their graph lives) and the backward of
+each as it begins; a hook call while a reader's backward is still to come leaves the part in
+``.grad``, where autograd adds the next part, and the call after the last reader's backward
+collects the sum: the gradient is collected once, when it would have been with one accumulator.
+A part whose remaining reader's backward never runs (its output kept but not used in the loss)
+is collected at the end of backward. Readers count until a backward ends, so two forwards
+summed into one backward count both.
 """
 
 from __future__ import annotations
@@ -54,6 +70,9 @@ class GradientCollection(StepGradients):
     keeping: bool  # [Note: kept gradients] in ``_grads.py``
     _cid_of: dict[str, int]  # param name -> its chunk id
     _grad_done: set[str]  # names whose gradient this backward collected
+    _readers: dict[str, int]  # name -> readers with backward to come ([Note: gradients in parts])
+    _parts: set[str]  # names whose gradient waits in .grad for a later part (same note)
+    _live: dict[int, tuple[tuple[str, ...], weakref.ref]]  # id(reader node) -> names, its ref
     _used: set[str]  # names an operator read since the forward began
     _overlap: bool  # [Note: overlap] in ``_comm.py``
     _start_backward: Callable[[], None]  # the runtime's: enters BACKWARD once per backward
@@ -74,11 +93,61 @@ class GradientCollection(StepGradients):
                 return
             with label("Gemini::post_accumulate_grad"):
                 rt._start_backward()
+                if rt._readers.get(name, 0) > 0:  # [Note: gradients in parts]: more to come
+                    rt._parts.add(name)
+                    return
+                rt._parts.discard(name)
                 grad, p.grad = p.grad, None
                 if grad is not None:
                     rt._collect(name, grad)
 
         return hook
+
+    def count_reader(self, node: object, names: tuple[str, ...], *, forward: bool) -> None:
+        """An operator of the forward (``forward``; not a recomputation in backward) that reads
+        ``names`` got the ``_PreBackward`` ``node``: a reader whose backward is to come ([Note:
+        gradients in parts]) while ``node`` lives (a graph dropped unused takes it along)."""
+        if not forward:
+            return
+        readers, live, key = self._readers, self._live, id(node)
+        for n in names:
+            readers[n] = readers.get(n, 0) + 1
+
+        def gone(_: object) -> None:  # the graph went without running this backward
+            entry = live.pop(key, None)
+            if entry is not None:
+                _uncount(readers, entry[0])
+
+        live[key] = (names, weakref.ref(node, gone))
+
+    def reader_backward(self, node: object) -> None:
+        """The backward of reader ``node`` (see ``count_reader``) begins."""
+        entry = self._live.pop(id(node), None)
+        if entry is not None:
+            _uncount(self._readers, entry[0])
+
+    def _drop_parts(self) -> None:
+        """A forward begins after a backward that raised: its parts and readers go."""
+        for n in self._parts:
+            self.params[n].grad = None
+        self._parts.clear()
+        self._readers.clear()
+        self._live.clear()
+
+    def _collect_parts(self) -> None:
+        """End of backward: gradients still waiting for a reader whose backward did not run (its
+        output kept but not used) are collected now, in registration order (the same on every
+        rank); the readers counted so far are done with."""
+        self._readers.clear()
+        self._live.clear()
+        if not self._parts:
+            return
+        todo = [n for n in self.params if n in self._parts]
+        self._parts.clear()
+        for n in todo:
+            grad, self.params[n].grad = self.params[n].grad, None
+            if grad is not None:
+                self._collect(n, grad)
 
     def _keep(self, name: str, grad: torch.Tensor) -> None:
         """Keep ``grad`` as ``name``'s gradient of this step ([Note: kept gradients])."""
@@ -195,3 +264,9 @@ class GradientCollection(StepGradients):
                 continue
             rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]
             self._fill_and_reduce(c, rest)
+
+
+def _uncount(readers: dict[str, int], names: tuple[str, ...]) -> None:
+    for n in names:
+        if readers.get(n, 0) > 0:
+            readers[n] -= 1

@@ -21,6 +21,7 @@ from torch.profiler import record_function
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ._saved import recompute_hooks, saved_param_views
+from ._state import TrainingState
 
 if TYPE_CHECKING:
     from ._runtime import GeminiRuntime
@@ -42,11 +43,14 @@ class _PreBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, rt: GeminiRuntime, names: tuple[str, ...], *outs: torch.Tensor) -> Any:
         ctx.rt, ctx.names = rt, names
+        # [Note: gradients in parts] in _collect.py: a reader whose backward is to come
+        rt.count_reader(ctx, names, forward=rt.state is TrainingState.FORWARD)
         return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         with label("Gemini::pre_backward"):
+            ctx.rt.reader_backward(ctx)
             ctx.rt.pre_backward(ctx.names)
         return (None, None, *grads)
 

@@ -100,8 +100,7 @@ class GeminiRuntime(GradientCollection):
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._grad_hook(n))
         self.mode = AccessMode(self)
-        self._moment = 0  # the next moment of this step
-        self.moment = 0
+        self._moment = self.moment = 0  # the next moment of this step; the one last set
         self._warmup = WarmupTrace(recorder, config.non_model_bytes)
         self._digest = OrderDigest()
         self._recording = True
@@ -120,6 +119,7 @@ class GeminiRuntime(GradientCollection):
         self._overlap = config.overlap_comm and self.world_size > 1
         self.resident = False  # [Note: resident steps]: decided as each forward begins
         self.keeping = False  # [Note: kept gradients] in _grads.py: decided with resident
+        self._readers, self._parts, self._live = {}, set(), {}  # [Note: gradients in parts]
         self.forwards = 0  # forwards begun: are gradients still the last step's?
         self.after_step = AfterStep()  # dropped as each forward begins
         self._read_with = None  # see read_gradients_with
@@ -158,13 +158,14 @@ class GeminiRuntime(GradientCollection):
         if self.state is _T.BACKWARD:  # the previous backward raised: forget its partial state
             self._grad_done.clear()
             self._finish_kept()
+            self._drop_parts()
         self._to(_T.FORWARD)
         self.forwards += 1
         self._moment = 0
         self._used.clear()
         self._digest.reset()
+        books = self.manager.books
         if self._recording:
-            books = self.manager.books
             self._warmup.start(books.model_data_bytes, books.model_tensors())
             if self.group is not None:
                 self.agreeing = True
@@ -174,7 +175,6 @@ class GeminiRuntime(GradientCollection):
             self._probe.close()
             self._probing = self._probing is None  # None: armed by measure_next_step
             if self._probing:
-                books = self.manager.books
                 self._probe.start(books.model_data_bytes, books.model_tensors())
             else:
                 self._probe = None
@@ -329,6 +329,7 @@ class GeminiRuntime(GradientCollection):
         """End of backward: release what is still in COMPUTE, reduce partly filled chunks,
         finish every collective in flight."""
         self._to(_T.POST_BACKWARD)
+        self._collect_parts()  # [Note: gradients in parts] in _collect.py
         m = self.manager
         for c in (g.param for g in m.groups.values()):
             if c.pinned:
