@@ -32,7 +32,7 @@ def test_a_kept_chunk_is_never_evicted_and_its_bytes_count_as_demand():
     states = m.add_parallel("state", torch.float32)
     m.move(states[0], ACC)
     m.books.keep_on_compute([states[0]])
-    m.track_demand()
+    m.books.track_demand()
     for moment, name in enumerate(names * 2):  # room for one chunk beside the kept one
         _use(m, name, moment % 4)
         assert states[0].tier is ACC

@@ -16,7 +16,7 @@ def _run(config: GeminiConfig, steps: int, batch: int, *, hint: bool) -> dict:
     model, opt = make(config)
     rt = model.runtime
     if not hint:  # as before the optimizer said where it reads gradients
-        rt._host_reader = None
+        rt.reads_on_host = lambda c: False  # type: ignore[method-assign]
     m = rt.manager
     pl = m._placement
     grad_moves: list[int] = []  # steps (after WARM) that brought a grad shard to the compute tier

@@ -11,6 +11,7 @@ from ._manager import ChunkManager
 from ._order import OrderStats
 from ._search import pack, search_chunk_size
 from ._tier import UNLIMITED
+from ._updates import ShardUpdate, UpdateTurn
 from .disk._store import DiskIOStats, check_disk_dir
 from .policies._auto import AutoPolicy
 from .policies._static import StaticPolicy
@@ -32,7 +33,9 @@ __all__ = [
     "NoHooks",
     "OrderStats",
     "PendingReduce",
+    "ShardUpdate",
     "StaticPolicy",
+    "UpdateTurn",
     "check_disk_dir",
     "host_empty",
     "map_large_host_blocks",

@@ -3,8 +3,8 @@ with), kept chunks, copies made outside the manager, per-tier bytes and peaks, a
 tensors a memory tracer counts as model data.
 
 The manager owns one ``Books`` (``ChunkManager.books``), composed rather than inherited; its
-facade keeps ``stats``, ``model_data_bytes``, ``model_tensors`` and ``tiers`` (what a memory tracer
-and a plugin read) and ``track_demand`` (which changes the step's fast path).
+facade keeps ``stats``, ``model_data_bytes`` and ``tiers`` (what a memory tracer and a plugin
+read); the rest is read and said here (an owner such as Gemini reads all of it here).
 """
 
 from __future__ import annotations
@@ -35,10 +35,14 @@ class Books:
         placement: Placement,
         chunks: Callable[[], dict[int, Chunk]],
         moment: Callable[[], int],
+        *,
+        changed: Callable[[], None] = lambda: None,
     ) -> None:
         """``chunks`` gives the manager's chunks by id now (a re-pack replaces them), ``moment``
-        the moment its step is at."""
+        the moment its step is at; ``changed`` is called when what the step's fast path
+        checked changes (``track_demand``)."""
         self._placement, self._chunks, self._moment = placement, chunks, moment
+        self._changed = changed
         self._demand = None
 
     @property
@@ -62,8 +66,10 @@ class Books:
     def track_demand(self, on: bool = True) -> None:
         """From now on record (afresh), per moment, the most compute-tier bytes that no eviction
         could free (chunks in use or awaiting reduction, kept chunks) and the most held there
-        at all; read them from ``demand``. ``on=False`` stops recording and forgets them."""
+        at all; read them from ``demand``. ``on=False`` stops recording and forgets them. The
+        step's fast path checks its room again (colossal-chunk's [Note: resident fast path])."""
         self._demand = {} if on else None
+        self._changed()
 
     @property
     def demand(self) -> dict[int, tuple[int, int]]:
@@ -82,6 +88,10 @@ class Books:
                     "before keeping it there"
                 )
             chunk.kept = keep
+
+    def kept_bytes(self) -> int:
+        """Shard bytes of the chunks kept on the compute tier ([Note: kept chunks])."""
+        return sum(c.shard_bytes for c in self._chunks().values() if c.kept)
 
     def count_copy(self, src: TierName | str, dst: TierName | str, nbytes: int) -> None:
         """Count ``nbytes`` copied from tier ``src`` to ``dst`` outside the manager (a staging

@@ -66,3 +66,9 @@ class ChunkConfig:
             raise ConfigError(f"device must be 'auto', 'cuda' or 'cpu', got {self.device!r}")
         if self.home not in (TierName.HOST.value, TierName.ACCELERATOR.value):
             raise ConfigError(f"home must be 'host' or 'accelerator', got {self.home!r}")
+
+    def chunk_numel_for(self, world_size: int, *, frozen: bool = False) -> int:
+        """Elements per chunk over ``world_size`` ranks: ``chunk_numel`` (``frozen_chunk_numel``,
+        else ``chunk_numel``, with ``frozen``) rounded up to a multiple of ``world_size``."""
+        numel = (self.frozen_chunk_numel or self.chunk_numel) if frozen else self.chunk_numel
+        return -(-numel // world_size) * world_size

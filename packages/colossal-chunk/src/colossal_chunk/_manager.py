@@ -123,21 +123,24 @@ class ChunkManager(
             read_ahead_bytes=window_bytes(config, self.world_size),
         )
         self.in_flight = InFlightCount()
-        self.shard_io = ShardIO(self._placement, self._chunk)
-        self.books = Books(self._placement, lambda: self.chunks, lambda: self._moment)
+        self.books = Books(
+            self._placement, lambda: self.chunks, lambda: self._moment, changed=self._unsteady
+        )
+        self.shard_io = ShardIO(
+            self._placement, self._chunk, move=self.move, keep=self.books.keep_on_compute
+        )
 
     # ----- setup --------------------------------------------------------------------------------
     @property
     def chunk_numel(self) -> int:
         """Elements per chunk: ``config.chunk_numel`` rounded up to a multiple of the world size."""
-        return -(-self.config.chunk_numel // self.world_size) * self.world_size
+        return self.config.chunk_numel_for(self.world_size)
 
     @property
     def frozen_chunk_numel(self) -> int:
         """Elements per frozen chunk ([Note: chunk size per kind] in ``_register.py``):
         ``config.frozen_chunk_numel`` (else ``chunk_numel``) rounded up like ``chunk_numel``."""
-        numel = self.config.frozen_chunk_numel or self.config.chunk_numel
-        return -(-numel // self.world_size) * self.world_size
+        return self.config.chunk_numel_for(self.world_size, frozen=True)
 
     @property
     def compute_device(self) -> torch.device:
@@ -342,14 +345,8 @@ class ChunkManager(
         """``Books.model_data_bytes``: chunk payload bytes on ``tier`` now."""
         return self.books.model_data_bytes(tier)
 
-    def model_tensors(self) -> list[torch.Tensor]:
-        """``Books.model_tensors``: every chunk payload, and the spare and kept ones."""
-        return self.books.model_tensors()
-
-    def track_demand(self, on: bool = True) -> None:
-        """``Books.track_demand`` (read the record from ``books.demand``); the step's fast path
-        checks its room again."""
-        self.books.track_demand(on)
+    def _unsteady(self) -> None:
+        """The step's fast path checks its room again ([Note: resident fast path])."""
         self._steady = False
 
     def _model_budget(self, moment: int) -> int:

@@ -12,8 +12,7 @@ Until the layout or the moment changes (``register``, ``add_parallel``, ``move``
 fast paths then skip their room check too: it held for every moment when ``fully_resident``
 answered.
 
-``ChunkManager`` inherits these methods (``move``, ``prefetch``, ``access_bytes``,
-``fully_resident``); they read its chunks, placement, policy and moment.
+``ChunkManager`` inherits these methods (``move``, ``prefetch``, ``fully_resident``); they read its chunks, placement, policy and moment.
 """
 
 from __future__ import annotations
@@ -84,12 +83,6 @@ class ManagerResident:
             return True
         need = acc.used_bytes + headroom
         return all(self._placement.limit(m) >= need for m in range(max(1, self._num_moments)))
-
-    def access_bytes(self, chunk: Chunk | int) -> int:
-        """Compute-tier bytes an access of ``chunk`` would add now (its shard, if elsewhere,
-        and its gathered buffer, if sharded and not gathered)."""
-        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
-        return self._placement.need_for_access(c, gather=True)
 
     def move(self, chunk: Chunk | int, tier: TierName | str) -> None:
         """Move a chunk's shard to ``tier`` (releasing its gathered buffer if it leaves the compute

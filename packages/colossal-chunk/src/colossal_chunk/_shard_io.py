@@ -5,30 +5,60 @@ read-ahead window, or now), which it updates on staged host copies, which it wro
 disk copies ([Note: disk read-ahead and write-behind] in ``disk/_io.py``, [Note: read-ahead
 window] in ``disk/_read_ahead.py``, [Note: staged updates] in ``disk/_store.py``, [Note: disk
 copies] in ``disk/_copies.py``). Without a disk tier most of them only keep the books.
+``shards_to_update`` walks an owner's whole update with all of them ([Note: shards to update] in
+``_updates.py``).
 
 The manager owns one ``ShardIO`` (``ChunkManager.shard_io``), composed rather than inherited.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 
+from colossal_contracts import TierName
+
 from ._chunk import Chunk
 from ._placement import Placement
+from ._updates import ShardUpdate, UpdateTurn, walk_updates
 from .disk._read_ahead import ReadAheadWindow
 
 __all__ = ["ShardIO"]
+
+T = TypeVar("T")
 
 
 class ShardIO:
     """Read ahead, staged, written and read-done shards; see the module docstring."""
 
-    def __init__(self, placement: Placement, lookup: Callable[[Chunk | int], Chunk]) -> None:
-        """``lookup`` finds the manager's chunk by id (or the current chunk of a chunk's id)."""
+    def __init__(
+        self,
+        placement: Placement,
+        lookup: Callable[[Chunk | int], Chunk],
+        *,
+        move: Callable[[Chunk, TierName], None],
+        keep: Callable[..., None],
+    ) -> None:
+        """``lookup`` finds the manager's chunk by id (or the current chunk of a chunk's id);
+        ``move`` and ``keep`` are the manager's ``move`` and ``books.keep_on_compute``."""
         self._placement, self._chunk = placement, lookup
+        self._move, self._keep = move, keep
+
+    def shards_to_update(
+        self, items: Sequence[T], plan: Callable[[T], ShardUpdate], *, ahead: int = 2
+    ) -> Iterator[tuple[T, UpdateTurn[T]]]:
+        """Walk an owner's in-place update item by item: ``(item, turn)`` in order, where
+        ``plan(item)`` names the chunks the item's update touches (asked when first needed) and
+        ``turn.running()`` is the block to update in; read-ahead before each turn and
+        write-back after it are done here ([Note: shards to update] in ``_updates.py``;
+        ``ahead``: items read ahead beyond the current one)."""
+        disk = TierName.DISK in self._placement.tiers
+        return walk_updates(
+            self, items, plan, ahead=ahead, disk=disk, move=self._move, keep=self._keep
+        )
 
     def read_ahead(self, chunks: Iterable[Chunk | int]) -> bool:
         """Start reading the shards of ``chunks`` that live on disk into memory (used soon, in

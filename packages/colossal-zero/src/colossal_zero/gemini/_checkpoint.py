@@ -58,12 +58,13 @@ def _plan_shard(
     sd = model.runtime.precision.state_dtype  # fp32 values, float64 under fp64
     params: dict[str, Any] = {}
     groups: list[tuple[list[Any], list[_Item]]] = []
-    for c in m.param_chunks():
+    for rec in m.groups.values():
+        c = rec.param
         if c.frozen and not frozen_values:
             continue
         fp32 = _fp32_chunk(model, c)
         with_states = optimizer is not None and not c.frozen  # frozen: values only
-        states = [m.parallel_chunk(k, c) for k in STATE_KINDS] if with_states else []
+        states = [rec.twin(k) for k in STATE_KINDS] if with_states else []
         items: list[_Item] = []
         for name, rec in c.records.items():
             ranges = element_ranges(rec.offset, rec.end, c.shard_numel, world)
@@ -125,7 +126,7 @@ def save_sharded(
             files=files,
             frozen_omitted=None
             if frozen_values
-            else sorted(n for c in m.param_chunks() if c.frozen for n in c.records),
+            else sorted(n for g in m.groups.values() if g.param.frozen for n in g.param.records),
         )
 
 
@@ -139,8 +140,8 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     mine = []
     frozen = {n for n, p in model.module.named_parameters() if not p.requires_grad}
     omitted = omitted_frozen(index, frozen, directory)  # [Note: omitted frozen values]
-    for c in m.param_chunks():  # shapes first, then [Note: whole or not at all]: nothing read yet
-        for name, rec in c.records.items():
+    for c in (g.param for g in m.groups.values()):  # shapes first, then [Note: whole or not
+        for name, rec in c.records.items():  # at all]: nothing read yet
             if name in omitted:
                 continue
             reader.check_shape(name, list(rec.shape))
@@ -148,13 +149,12 @@ def load_sharded(model: GeminiModule, optimizer: GeminiOptimizer | None, directo
     with_state = optimizer is not None and index["optimizer"]
     reader.check_whole([n for n in mine if n not in frozen], optimizer=with_state)
     reader.check_whole([n for n in mine if n in frozen], optimizer=False)
-    for c in m.param_chunks():
+    for group in m.groups.values():
+        c = group.param
         if c.frozen and omitted.issuperset(c.records):
             continue  # its values stay the model's
         fp32 = _fp32_chunk(model, c)
-        states = (
-            [] if c.frozen or optimizer is None else [m.parallel_chunk(k, c) for k in STATE_KINDS]
-        )
+        states = [] if c.frozen or optimizer is None else [group.twin(k) for k in STATE_KINDS]
         if c.frozen:  # loaded into its shard: a gathered copy would go stale
             rt.restore_params(c)
         for name in c.records:

@@ -7,11 +7,12 @@ where its states live, with every staging copy counted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from colossal_chunk import Chunk
+from colossal_chunk import Chunk, ShardUpdate
 from colossal_contracts import TierName
 
 from ..optim._adam import STATE_KINDS, AdamHyper, adamw_update
@@ -38,7 +39,7 @@ class ChunkUpdates:
         if disk:
             return False
         rt, m = self.rt, self.rt.manager
-        avg = m.parallel_chunk(STATE_KINDS[0], c)
+        avg = m.groups[c.chunk_id].twin(STATE_KINDS[0])
         fp32 = rt.roles.fp32(c)
         if avg.tier is ACC and (fp32.tier is not ACC or rt.grad_home(c).tier is not ACC):
             return False
@@ -53,7 +54,7 @@ class ChunkUpdates:
         counting the copies its tiers stand for as ``_update`` does. The views of its fp32 and
         state shards are kept from the last step while those shards stay the same tensors."""
         rt, m = self.rt, self.rt.manager
-        avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
+        avg, sq = (m.groups[c.chunk_id].twin(k) for k in STATE_KINDS)
         home, fp32, gtier = avg.tier, rt.roles.fp32(c), rt.grad_home(c).tier
         shards, key = (fp32.shard, avg.shard, sq.shard), tuple(names)
         hit = self._views.get(c.chunk_id)
@@ -89,31 +90,45 @@ class ChunkUpdates:
         rows.clear()
         joined.clear()
 
+    def _plan(self, grad_scale: float) -> Callable[[tuple[Chunk, list[str]]], ShardUpdate]:
+        """What the update of a chunk touches (colossal-chunk's [Note: shards to update]): it
+        writes the fp32 values and the states (staged: updated in place) and the parameters
+        (restored from the masters after), reads the gradients (written too when divided in
+        place by ``grad_scale``), and computes where the states live: on the accelerator its
+        fp32 values and gradients are brought there first (counted moves), held unless they are
+        states."""
+
+        def plan(item: tuple[Chunk, list[str]]) -> ShardUpdate:
+            c, rt = item[0], self.rt
+            fp32, states, grads = rt.roles.fp32(c), self._states_of(c), rt.gradients(c)
+            written = tuple(dict.fromkeys((fp32, *states, c)))
+            read: tuple[Chunk, ...] = ()
+            if all(w is not grads for w in written):  # with masters: c's own slots
+                if grad_scale == 1.0:
+                    read = (grads,)
+                else:
+                    written += (grads,)  # divided in place
+            return ShardUpdate(
+                written,
+                read,
+                staged=tuple(dict.fromkeys((fp32, *states))),
+                home=states[0],
+                bring=(fp32, grads),
+                hold=tuple(ch for ch in dict.fromkeys((fp32, grads)) if ch not in states),
+            )
+
+        return plan
+
     def _update(self, c: Chunk, names: list[str], grad_scale: float) -> None:
         """Adam on chunk ``c``'s fp32 slices ``names``, where its states live ([Note: state
-        placement]): on the accelerator its fp32 values and gradients are moved there first
-        (counted moves); on the host they are staged through copies of this one chunk (counted)
-        and the values written back. The shards it writes that live on disk are updated on host
-        copies, written back into their payloads after (colossal-chunk's [Note: staged
-        updates])."""
-        rt = self.rt
-        with rt.manager.shard_io.staged(dict.fromkeys((rt.roles.fp32(c), *self._states_of(c)))):
-            self._update_here(c, names, grad_scale)
-
-    def _update_here(self, c: Chunk, names: list[str], grad_scale: float) -> None:
-        """``_update`` on the shards as they are now."""
+        placement]), in its turn of ``shards_to_update`` (``_plan``: shards on disk are updated
+        on host copies, colossal-chunk's [Note: staged updates]): off that tier its fp32 values
+        and gradients are staged through copies of this one chunk (counted) and the values
+        written back."""
         rt, m = self.rt, self.rt.manager
-        avg, sq = (m.parallel_chunk(k, c) for k in STATE_KINDS)
+        avg, sq = (m.groups[c.chunk_id].twin(k) for k in STATE_KINDS)
         home = avg.tier
         fp32, grads = rt.roles.fp32(c), rt.gradients(c)
-        states = self._states_of(c)
-        held = [ch for ch in dict.fromkeys((fp32, grads)) if ch not in states]
-        if home is ACC:  # bring values and gradients over; neither may evict the other
-            for ch in (fp32, grads):
-                if ch.tier is not ACC:
-                    m.move(ch, ACC)
-                if ch in held:
-                    m.books.keep_on_compute([ch])
         dev = avg.shard.device
         rows: dict[int, tuple[list, list, list, list, list]] = {}
         write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -145,32 +160,9 @@ class ChunkUpdates:
             adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
         for dst, src in write_back:
             dst.copy_(src)
-        if home is ACC:
-            m.books.keep_on_compute(held, keep=False)
-
-    def _updated_by(self, c: Chunk) -> list[Chunk]:
-        """The chunks whose shards the update of ``c`` writes: fp32 values, states, ``c``."""
-        return list(dict.fromkeys((self.rt.roles.fp32(c), *self._states_of(c), c)))
-
-    def _update_set(self, c: Chunk) -> list[Chunk]:
-        """What the update of ``c`` reads: the shards it writes and its gradients (what is read
-        ahead for it)."""
-        return list(dict.fromkeys((*self._updated_by(c), self.rt.gradients(c))))
-
-    def _let_go(self, c: Chunk, grad_scale: float) -> None:
-        """After ``c``'s update under a disk tier: the shards it wrote are written out of memory;
-        its gradients, only read (not divided in place, and not in a shard it wrote), leave
-        memory with nothing written (colossal-chunk's [Note: reads let go])."""
-        m, grads, wrote = self.rt.manager, self.rt.gradients(c), self._updated_by(c)
-        if all(w is not grads for w in wrote):  # with masters the gradients are c's own slots
-            if grad_scale == 1.0:
-                m.shard_io.read_done([grads])
-            else:
-                wrote.append(grads)  # divided in place
-        m.shard_io.written(wrote)
 
     def _states_of(self, c: Chunk) -> list[Chunk]:
         """The chunks that live where ``c``'s Adam states live (the masters with them)."""
-        m = self.rt.manager
+        rec = self.rt.manager.groups[c.chunk_id]
         kinds = (*STATE_KINDS, "master") if self.rt.precision.master else STATE_KINDS
-        return [m.parallel_chunk(k, c) for k in kinds]
+        return [rec.twin(k) for k in kinds]

@@ -65,6 +65,7 @@ class GradientCollection(StepGradients):
     precision: Precision
     params: dict[str, nn.Parameter]  # registered name -> parameter
     group: dist.ProcessGroup | None
+    world_size: int  # ranks in ``group``
     resident: bool  # [Note: resident steps] in ``_runtime.py``
     keeping: bool  # [Note: kept gradients] in ``_grads.py``
     _cid_of: dict[str, int]  # param name -> its chunk id
@@ -75,13 +76,6 @@ class GradientCollection(StepGradients):
     _used: set[str]  # names an operator read since the forward began
     _overlap: bool  # [Note: overlap] in ``_comm.py``
     _start_backward: Callable[[], None]  # the runtime's: enters BACKWARD once per backward
-    _host_reader: weakref.WeakMethod | None  # see read_gradients_on_host
-
-    def read_gradients_on_host(self, where: Callable[[Chunk], bool]) -> None:
-        """Say where the reduced gradients are read: ``where(c)`` is True when parameter chunk
-        ``c``'s are read on the host (an optimizer whose states for ``c`` live there), so a
-        reduce-scatter into a host shard leaves it there. Held weakly (a bound method)."""
-        self._host_reader = weakref.WeakMethod(where)
 
     def _grad_hook(self, name: str) -> Callable[[nn.Parameter], None]:
         # A weak reference: the hook lives in the parameter's C++ hook list, which the garbage
@@ -178,7 +172,7 @@ class GradientCollection(StepGradients):
     @property
     def _in_place(self) -> bool:
         """Gradients go into the parameter chunk's gathered buffer: with masters, or sharded."""
-        return self.precision.master or self.manager.world_size > 1
+        return self.precision.master or self.world_size > 1
 
     def _collect(self, name: str, grad: torch.Tensor) -> None:
         c = self.manager.chunk_of(name)
@@ -222,7 +216,7 @@ class GradientCollection(StepGradients):
             self.manager.release(rest, state=_S.READY_FOR_REDUCE, reshard=False)
             self._reduce(c, c)
         else:
-            g = self.manager.parallel_chunk("grad", c)
+            g = self.manager.groups[c.chunk_id].twin("grad")
             for n in rest:
                 g.view(n).zero_()
                 g.set_state(n, _S.READY_FOR_REDUCE)
@@ -238,7 +232,7 @@ class GradientCollection(StepGradients):
 
     def _grad_chunk(self, c: Chunk) -> Chunk:
         """One rank in fp32: chunk ``c``'s "grad" chunk, opened on the compute tier."""
-        g = self.manager.parallel_chunk("grad", c)
+        g = self.manager.groups[c.chunk_id].twin("grad")
         if self.manager.groups[c.chunk_id].grads is not _G.FILLING:
             self._open(c)
             # the buffer is the shard; every slot is overwritten by its gradient or zeroed in
@@ -251,9 +245,7 @@ class GradientCollection(StepGradients):
         """Reduce-scatter ``target`` (``c`` itself, or one rank's "grad" chunk) into the
         chunk that keeps ``c``'s reduced gradients."""
         into = self.working(c) if target is c else None
-        ref = self._host_reader
-        where = ref() if ref is not None and into is not None else None
-        on_host = where is not None and where(c)
+        on_host = into is not None and self.reads_on_host(c)  # ``read_gradients_with``
         with label("Gemini::reduce_scatter"):
             self.manager.reduce(target, into=into, async_op=self._overlap, read_on_host=on_host)
         self.manager.groups[c.chunk_id].grads = _G.REDUCED
@@ -261,13 +253,13 @@ class GradientCollection(StepGradients):
     def _reduce_partial(self) -> None:
         """End of backward: reduce every chunk that got some gradients, the rest as zeros."""
         m = self.manager
-        for c in m.trainable_chunks():  # frozen chunks get no gradient
+        for c in (g.param for g in m.groups.values() if not g.param.frozen):  # frozen: none
             if self._in_place:
                 if c.count(_S.READY_FOR_REDUCE) == 0:
                     continue
                 target = c
             elif m.groups[c.chunk_id].grads is _G.FILLING:
-                target = m.parallel_chunk("grad", c)
+                target = m.groups[c.chunk_id].twin("grad")
             else:
                 continue
             rest = [n for n, r in target.records.items() if r.state is not _S.READY_FOR_REDUCE]

@@ -60,9 +60,9 @@ class CommSchedule:
         """Chunks to start gathering as ``moment`` begins."""
         return self._next[moment] if moment < len(self._next) else ()
 
-    def keep(self, chunk: Chunk) -> bool:
-        """``ManagerHooks.keep_gathered`` (through ``GeminiHooks``): True if the moment after the current one uses ``chunk``."""
-        moment = self.manager.moment
+    def keep(self, chunk: Chunk, moment: int) -> bool:
+        """``ManagerHooks.keep_gathered`` (through ``GeminiHooks``): True if the moment after
+        ``moment`` (the current one) uses ``chunk``."""
         return moment < len(self._next_set) and chunk.chunk_id in self._next_set[moment]
 
 
@@ -84,7 +84,7 @@ class GeminiHooks:
     def keep_gathered(self, chunk: Chunk) -> bool:
         rt = self._runtime()
         comm = None if rt is None else rt.comm
-        return comm is not None and comm.keep(chunk)
+        return comm is not None and comm.keep(chunk, rt.moment)
 
 
 class RankMaxStats:

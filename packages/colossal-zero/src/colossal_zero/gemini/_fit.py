@@ -99,24 +99,25 @@ def fit_chunk_size(
     reserve: Callable[[int], int],
     order: Sequence[tuple[str, ...]],
     backward_from: int,
-    first_use: Sequence[str],
+    packing: Sequence[str],
+    ws: int,
+    grad_twin: bool,
 ) -> bool:
     """Apply [Note: feasibility rule]: keep the chunk size, or set a smaller one in the manager's
-    config (True: the caller re-packs before the next step), or raise ``CapacityError``."""
-    capacity = manager.tiers[TierName.ACCELERATOR].capacity_bytes
+    config (True: the caller re-packs before the next step), or raise ``CapacityError``.
+    ``packing``: every parameter name in the order a re-pack packs them; ``ws``: the manager's
+    world size; ``grad_twin``: gradients have chunks of their own."""
+    capacity = manager.books.tiers[TierName.ACCELERATOR].capacity_bytes
     tensors = {  # name -> (elements, dtype, frozen): from the records (sharded ones look empty)
-        n: (math.prod(r.shape), c.dtype, c.frozen)
-        for c in manager.param_chunks()
-        for n, r in c.records.items()
+        n: (math.prod(r.shape), g.param.dtype, g.param.frozen)
+        for g in manager.groups.values()
+        for n, r in g.param.records.items()
     }
-    done = set(first_use)
-    names = [*first_use, *(n for n in manager.registration_order() if n not in done)]
-    names = [n for n in names if n in tensors]
-    ws = manager.world_size
-    kept = sum(c.shard_bytes for c in manager.chunks.values() if c.kept)
-    grad_twin = "grad" in manager.twin_kinds
+    names = [n for n in packing if n in tensors]
+    kept = manager.books.kept_bytes()
     reserves = [reserve(m) for m in range(len(order))]
-    numels = (manager.chunk_numel, manager.frozen_chunk_numel)
+    cfg = manager.config
+    numels = (cfg.chunk_numel_for(ws), cfg.chunk_numel_for(ws, frozen=True))
     # per kind: the size it may not go below (its largest tensor; a kind without tensors stays)
     largest = [
         max((t[0] for t in tensors.values() if t[2] == kind), default=numels[kind])

@@ -19,15 +19,44 @@ only when the manager shows room for them at every moment."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from colossal_chunk import Chunk, ChunkManager, GradPhase
-from colossal_contracts import TensorState
+from colossal_contracts import ParamSharding, TensorState, TierName
 
 from ..optim._precision import Precision
 from ._roles import ChunkRoles
 
-__all__ = ["StepGradients"]
+__all__ = ["AfterStep", "StepGradients"]
+
+NormPieces = list[tuple[torch.Tensor, ParamSharding | None]]
+
+
+@dataclass(eq=False)
+class AfterStep:
+    """What the optimizer keeps from its step for later, held by the runtime, which lets it go
+    as the next forward begins (``forward_begins``; the runtime calls nothing of the optimizer).
+
+    Attributes:
+        norm_due: the last step's gradient pieces whose norm is computed when first read, and
+            the ``forwards`` count they belong to (the optimizer's [Note: norm on demand]);
+            None: none due.
+        views: chunk id -> the fp32 and state shard views of the fused update (the optimizer's
+            [Note: one fused call]), kept while those shards stay the same tensors.
+    """
+
+    norm_due: tuple[NormPieces, int] | None = None
+    views: dict[int, tuple[tuple, tuple[str, ...], list[tuple]]] = field(default_factory=dict)
+
+    def forward_begins(self, steady: bool) -> None:
+        """A forward begins after warmup: the pieces go (they may be kept gradients, or views of
+        shards that move); the views stay only if ``steady`` (nothing moves before the next step)."""
+        if self.norm_due is not None:
+            self.norm_due = ([], -1)
+        if not steady:
+            self.views.clear()
 
 
 class StepGradients:
@@ -36,6 +65,23 @@ class StepGradients:
     manager: ChunkManager
     precision: Precision
     got_grad: set[str]  # names with a gradient since the last step/zero_grad
+    after_step: AfterStep  # what the optimizer keeps until the next forward
+    _read_with: tuple[str, object] | None  # see read_gradients_with
+
+    def read_gradients_with(self, kind: str, *, layout: object = None) -> None:
+        """Say where the optimizer reads reduced gradients: a parameter chunk's on the tier of
+        its ``kind`` twin (its states), for the chunk layout ``layout`` (``manager.groups`` when
+        it placed the states for it; None: every layout). Until then, and for another layout,
+        they are read where they land."""
+        self._read_with = (kind, layout)
+
+    def reads_on_host(self, c: Chunk) -> bool:
+        """Whether parameter chunk ``c``'s reduced gradients are read off the accelerator (so a
+        reduce-scatter into a host shard leaves them there); see ``read_gradients_with``."""
+        said = self._read_with
+        if said is None or (said[1] is not None and said[1] is not self.manager.groups):
+            return False
+        return self.manager.groups[c.chunk_id].twin(said[0]).tier is not TierName.ACCELERATOR
 
     @property
     def roles(self) -> ChunkRoles:
@@ -54,10 +100,9 @@ class StepGradients:
         if rec.grads is not GradPhase.REDUCED:
             return
         m = self.manager
-        if not any(ch.kind == "acc" for ch in m.chunks.values()):
+        if "acc" not in rec.twins:  # the first stash: every trainable chunk gets one
             m.add_parallel("acc", self.precision.state_dtype)
-        c = m.chunks[cid]
-        acc = m.parallel_chunk("acc", c)
+        c, acc = rec.param, rec.twin("acc")
         if rec.kept_grads:  # [Note: kept gradients]: one rank, nothing in flight
             dev = acc.payload.device
             for n, g in rec.kept_grads.items():
@@ -83,7 +128,7 @@ class StepGradients:
         tier), without filling or stashing anything: the "acc" chunk after accumulation, else
         the working buffer."""
         if self.manager.groups[c.chunk_id].accumulated:
-            return self.manager.parallel_chunk("acc", c)
+            return self.manager.groups[c.chunk_id].twin("acc")
         return self.working(c)
 
     def gradients(self, c: Chunk) -> Chunk:
@@ -93,7 +138,7 @@ class StepGradients:
         rec = self.manager.groups[c.chunk_id]
         if rec.accumulated:
             self.stash(c.chunk_id)
-            return self.manager.parallel_chunk("acc", c)
+            return rec.twin("acc")
         if rec.kept_grads:
             self._fill_working(c)
         return self.working(c)
@@ -134,11 +179,11 @@ class StepGradients:
 
     def clear_grads(self) -> None:
         """Forget every gradient (after a step, or ``zero_grad``)."""
-        for cid, rec in self.manager.groups.items():
+        for rec in self.manager.groups.values():
             if rec.grads is GradPhase.REDUCED and self.precision.master:
-                self.restore_params(self.manager.chunks[cid])
+                self.restore_params(rec.param)
             if rec.accumulated:
-                self.manager.parallel_chunk("acc", cid).payload.zero_()
+                rec.twin("acc").payload.zero_()
             if rec.grads is GradPhase.REDUCED:  # a chunk still filling keeps filling
                 rec.grads = GradPhase.EMPTY
             rec.accumulated = False

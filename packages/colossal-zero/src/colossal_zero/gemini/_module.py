@@ -53,7 +53,7 @@ class GeminiModule(nn.Module):
 
     def memory_stats(self) -> ManagerStats:
         """Per-tier bytes and bytes moved by the chunk manager."""
-        return self.runtime.manager.stats()
+        return self.runtime.manager.books.stats()
 
     @property
     def compute_device(self) -> torch.device:
@@ -81,7 +81,7 @@ class GeminiModule(nn.Module):
         Collective."""
         rt = self.runtime
         values: dict[str, torch.Tensor] = {}
-        for c in rt.manager.param_chunks():
+        for c in (g.param for g in rt.manager.groups.values()):
             src = rt.roles.fp32(c)
             full = gather_shard(src.payload, rt.group)
             for name, rec in c.records.items():

@@ -97,15 +97,17 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
                     )
                 self.group_of[name] = gi
         for kind in STATE_KINDS:
-            self.rt.manager.add_parallel(
+            rt.manager.add_parallel(
                 kind, rt.precision.state_dtype, spill_reserve=self._spill_reserve()
             )
         self.steps: dict[str, torch.Tensor] = {}  # name -> float32 scalar step count
         self._grad_norm = 0.0
-        self._norm_due: tuple[list[tuple[torch.Tensor, ParamSharding | None]], int] | None = None
-        self._views: dict[int, tuple[tuple, tuple[str, ...], list[tuple]]] = {}  # see _join
-        self.rt.on_forward(self._forward_begins)
-        self.rt.read_gradients_on_host(self._reads_on_host)
+        # the runtime holds what this keeps after a step ([Note: norm on demand], _join's views)
+        # and lets it go as the next forward begins
+        self._after = rt.after_step
+        self._views = self._after.views  # see _join
+        if rt.config.states_placement == "host":  # [Note: state placement]: host for good
+            rt.read_gradients_with(STATE_KINDS[0])
         self.state_plan = StatePlan(0, (), 0)  # [Note: state placement]
         self._tracking_for: object = None  # the chunk layout whose demand is being measured
         self._placed_for: object = None  # the chunk layout the states were placed for
@@ -123,29 +125,11 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         groups, kwargs = adam_arguments(optimizer, who="Gemini")
         return cls(model, groups, max_grad_norm=max_grad_norm, sharding=sharding, **kwargs)
 
-    def _reads_on_host(self, c: Chunk) -> bool:
-        """Whether chunk ``c``'s update reads its gradients off the accelerator: its states live
-        there for good ([Note: state placement]: placed, or "host"), so a gradient shard on the
-        accelerator would be copied to them anyway. Before the plan, False: the step that
-        measures the demand sees gradients where it did before, and so plans the same."""
-        m = self.rt.manager
-        if self._placed_for is not m.chunks and self.rt.config.states_placement != "host":
-            return False
-        return m.parallel_chunk(STATE_KINDS[0], c).tier is not ACC
-
-    def _forward_begins(self, steady: bool) -> None:
-        """A forward begins: the last step's norm pieces go (they may be kept gradients, or views
-        of shards that move); shard views stay only if nothing moves in this step."""
-        if self._norm_due is not None:
-            self._norm_due = ([], -1)
-        if not steady:
-            self._views.clear()
-
     @property
     def last_grad_norm(self) -> float:
         """The unscaled global gradient norm of the last step (see [Note: norm on demand]: read
         it before ``zero_grad`` and the next forward when nothing else needed it)."""
-        due = self._norm_due
+        due = self._after.norm_due
         if due is not None:
             parts, forwards = due
             if forwards != self.rt.forwards:
@@ -154,7 +138,7 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
                     "without clipping or a loss scaler the norm is computed when read: read it "
                     "right after step()"
                 )
-            self._norm_due = None
+            self._after.norm_due = None
             self._grad_norm = reduce_squares(piece_squares(parts)).norm
         return self._grad_norm
 
@@ -170,24 +154,24 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget collected gradients (restoring parameters whose storage held them)."""
-        if self._norm_due is not None:  # [Note: norm on demand]: its pieces go too
-            self._norm_due = ([], -1)
+        if self._after.norm_due is not None:  # [Note: norm on demand]: its pieces go too
+            self._after.norm_due = ([], -1)
         self.rt.clear_grads()
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
         rt, m = self.rt, self.rt.manager
-        if m.tiers[TierName.HOST].capacity_bytes < UNLIMITED:  # [Note: bounded host heap]
+        if m.books.tiers[TierName.HOST].capacity_bytes < UNLIMITED:  # [Note: bounded host heap]
             trim_host_heap()  # the heap backward freed (activations) leaves before the update
         self._place_states()
         todo: list[tuple[Chunk, list[str]]] = []  # chunks with gradients, their owned names
         norm_parts: list[tuple[Chunk | None, list[tuple[torch.Tensor, ParamSharding | None]]]] = []
         elsewhere: list[torch.Tensor] = []  # step counts of tensors other ranks hold
         pieces: dict[int, list[torch.Tensor]] = {}  # chunk id -> gradient slices of its owned
-        disk = TierName.DISK in m.tiers  # without a disk tier there is nothing to stream
+        disk = TierName.DISK in m.books.tiers  # without a disk tier there is nothing to stream
         roles, got, group_of = rt.roles, rt.got_grad, self.group_of
-        for c in m.trainable_chunks():
+        for c in (g.param for g in m.groups.values() if not g.param.frozen):  # frozen: no grads
             names = [n for n in c.records if n in got and n in group_of]
             if not names:
                 continue
@@ -212,16 +196,17 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         streamed: list[tuple[float, bool]] | None = None  # squares taken as chunks stream through
         # [Note: norm on demand]: without clipping or a scaler nothing needs it before the update
         not_first = self.max_grad_norm == 0 and self.scaler is None
-        if not_first and m.world_size == 1 and not self.sharding and len(in_place) == len(todo):
-            self._norm_due = ([p for _, parts in norm_parts for p in parts], rt.forwards)
+        if not_first and rt.world_size == 1 and not self.sharding and len(in_place) == len(todo):
+            self._after.norm_due = ([p for _, parts in norm_parts for p in parts], rt.forwards)
             overflow = False
         elif not_first and disk:
-            self._norm_due, overflow, streamed = None, False, []
+            self._after.norm_due, overflow, streamed = None, False, []
         else:
             found = reduce_squares(
                 self._squares(norm_parts), group=rt.group, shardings=self.sharding
             )
-            self._norm_due, self._grad_norm, overflow = None, found.norm / scale, found.overflow
+            self._after.norm_due = None
+            self._grad_norm, overflow = found.norm / scale, found.overflow
         if self._skip(overflow):
             rt.clear_grads()
             return loss
@@ -232,7 +217,11 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         rows: Rows = {}  # [Note: one fused call]: param group -> its tensors
         joined: list[Chunk] = []  # the chunks in rows
         moving = False  # a chunk updated alone may move others: the rest go alone too
-        for i, (c, owned) in enumerate(todo):
+        # chunks on disk stream through memory: the manager reads ahead each update set and up
+        # to two after it, and writes behind each one updated (colossal-chunk's [Note: shards
+        # to update]); the fast case, joined chunks, needs none of it
+        plan = self._plan(grad_scale)
+        for i, ((c, owned), turn) in enumerate(m.shard_io.shards_to_update(todo, plan)):
             if c.chunk_id in in_place and not moving:
                 if streamed is not None:
                     streamed += piece_squares(norm_parts[i][1])
@@ -241,31 +230,21 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
                 continue
             moving = True
             self._run(rows, joined, grad_scale)  # first the joined ones before it
-            # chunks on disk stream through memory: read ahead this update set and up to two
-            # after it, soonest first, while the host budget's read-ahead window has room; write
-            # behind each one updated (colossal-chunk's [Note: disk read-ahead and write-behind]
-            # and [Note: read-ahead window])
-            if disk:
-                for ahead, _ in todo[i : i + 3]:
-                    if not m.shard_io.read_ahead(self._update_set(ahead)):
-                        break
-                m.shard_io.finish_reads(self._update_set(c))  # read now: not left to the reader
             if streamed is not None:  # this chunk's pieces now (moves may have replaced views)
                 got = rt.grad_pieces(c, owned)
                 streamed += piece_squares(
                     (g, self.sharding.get(n)) for n, g in zip(owned, got, strict=True)
                 )
-            self._update(c, owned, grad_scale)
+            with turn.running():  # staged, brought where the states live
+                self._update(c, owned, grad_scale)
             rt.stepped(c)
-            if disk:
-                self._let_go(c, grad_scale)
         self._run(rows, joined, grad_scale)
         if streamed is not None:
             found = reduce_squares(streamed, group=rt.group, shardings=self.sharding)
             self._grad_norm = found.norm / scale
         for cid in [cid for cid in self._views if cid not in in_place or moving]:
             del self._views[cid]  # moved or re-packed (or maybe, in a step that moved); the
-        # rest go in _forward_begins when the next step may move shards
+        # rest go as the next forward begins when that step may move shards (AfterStep)
         rt.clear_grads()
         self._stepped()
         return loss
@@ -295,31 +274,36 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
     def _spill_reserve(self) -> int | None:
         """States that fit on neither host nor disk may start on the accelerator (kept there)
         while two chunks' working sets stay free ([Note: state placement]); auto placement only."""
-        cfg, m = self.rt.config, self.rt.manager
+        cfg, rt = self.rt.config, self.rt
         if cfg.placement != "auto" or cfg.states_placement == "host":
             return None
+        ws, sizes = rt.world_size, rt.manager.config
         frozen = working_set_bytes(
-            m.frozen_chunk_numel, self.rt.precision, m.world_size, frozen=True
+            sizes.chunk_numel_for(ws, frozen=True), rt.precision, ws, frozen=True
         )
-        return 2 * max(working_set_bytes(m.chunk_numel, self.rt.precision, m.world_size), frozen)
+        return 2 * max(working_set_bytes(sizes.chunk_numel_for(ws), rt.precision, ws), frozen)
 
     def _place_states(self) -> None:
         """See [Note: state placement]: measure one step once the compute order is known, then
         move the states of the chunks that fit to the accelerator and keep them there."""
-        m, mode = self.rt.manager, self.rt.config.states_placement
-        warm = isinstance(m.policy, AutoPolicy) and m.policy.warm
-        if mode == "host" or self._placed_for is m.chunks or not warm:
+        m, mode, policy = self.rt.manager, self.rt.config.states_placement, self.rt.policy
+        warm = isinstance(policy, AutoPolicy) and policy.warm
+        if mode == "host" or self._placed_for is m.groups or not warm:
             return
-        if self._tracking_for is not m.chunks:  # (re)start: the layout is new or not measured
-            m.track_demand()
-            self._tracking_for = m.chunks
+        if self._tracking_for is not m.groups:  # (re)start: the layout is new or not measured
+            m.books.track_demand()
+            self._tracking_for = m.groups
             return
         m.settle()
-        self.state_plan = plan_states(m, self._states_of, self._update_bytes, mode)
-        m.track_demand(False)
+        self.state_plan = plan_states(m, policy, self._states_of, self._update_bytes, mode)
+        m.books.track_demand(False)
         for cid in self.state_plan.chunks:
-            states = self._states_of(m.chunks[cid])
+            states = self._states_of(m.groups[cid].param)
             for ch in states:  # each kept as it lands, so the next move cannot evict it
                 m.move(ch, ACC)
                 m.books.keep_on_compute([ch])
-        self._placed_for = m.chunks
+        self._placed_for = m.groups
+        # a chunk's update reads its gradients where its states live for good: a gradient shard
+        # on the accelerator would be copied to them anyway. Not before the plan: the step that
+        # measures the demand sees gradients where it did before, and so plans the same.
+        self.rt.read_gradients_with(STATE_KINDS[0], layout=m.groups)

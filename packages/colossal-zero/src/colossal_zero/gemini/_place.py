@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from colossal_chunk import ChunkManager, ManagerHooks
-from colossal_contracts import ConfigError
+from colossal_contracts import ConfigError, PlacementPolicy
 
 from .._lazy import LazyInit, LazyValues
 from ._config import GeminiConfig
@@ -25,9 +25,9 @@ def place_module(
     group: dist.ProcessGroup | None,
     hooks: ManagerHooks,
     lazy: LazyInit | None,
-) -> ChunkManager:
-    """The chunk manager holding ``module``'s parameters ``named`` (``named_parameters()``);
-    ``ConfigError`` for a parameter that is not floating-point."""
+) -> tuple[ChunkManager, PlacementPolicy]:
+    """The chunk manager holding ``module``'s parameters ``named`` (``named_parameters()``),
+    and its placement policy; ``ConfigError`` for a parameter that is not floating-point."""
     precision = config.precision_spec
     params = dict(named)
     lazy_values = LazyValues(named, lazy)  # meta parameters: [Note: lazy init]
@@ -41,14 +41,17 @@ def place_module(
             )
         p.data = p.data.to(dtype)
     lazy_values.swap_out()
-    manager = build_manager(named, config, group, hooks)
+    manager, policy = build_manager(named, config, group, hooks)
     frozen = [n for n, p in named if not p.requires_grad]  # [Note: frozen chunks]
     fill = lazy_values.fill if lazy_values else None
     manager.register(named, materialize=fill, frozen=frozen)
     if precision.master:
         manager.add_parallel("master", precision.state_dtype)
-        for c in manager.trainable_chunks():
-            master = manager.parallel_chunk("master", c)
+        for rec in manager.groups.values():
+            c = rec.param
+            if c.frozen:  # frozen chunks have no master ([Note: frozen chunks])
+                continue
+            master = rec.twin("master")
             for name in c.records:
                 part = master.shard_view(name)
                 if part is not None:
@@ -66,4 +69,4 @@ def place_module(
             if buf.is_meta:
                 buf = lazy_values.buffer(buf)
             setattr(buf_owner, bname, buf.to(dev))
-    return manager
+    return manager, policy

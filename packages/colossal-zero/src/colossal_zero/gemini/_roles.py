@@ -27,15 +27,17 @@ class ChunkRoles:
 
     def fp32(self, c: Chunk) -> Chunk:
         """The chunk whose shard holds ``c``'s fp32 values (what the optimizer updates)."""
-        return self.manager.parallel_chunk("master", c) if self.masters and not c.frozen else c
+        return (
+            self.manager.groups[c.chunk_id].twin("master") if self.masters and not c.frozen else c
+        )
 
     def working(self, c: Chunk) -> Chunk:
         """The chunk whose shard holds ``c``'s reduced gradients."""
-        return c if self.masters else self.manager.parallel_chunk("grad", c)
+        return c if self.masters else self.manager.groups[c.chunk_id].twin("grad")
 
     def restore(self, c: Chunk) -> None:
         """After the parameters' storage held gradients: copy the masters back (no-op in fp32)."""
         if self.masters and not c.frozen:
-            master = self.manager.parallel_chunk("master", c)
+            master = self.manager.groups[c.chunk_id].twin("master")
             c.payload.copy_(master.payload)
             self.manager.books.count_copy(master.current_tier, c.current_tier, c.shard_bytes)

@@ -36,7 +36,6 @@ general path.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,13 +44,14 @@ import torch.distributed as dist
 from torch import nn
 
 from colossal_chunk import Chunk, ChunkManager, GradPhase
-from colossal_contracts import StepRecorder, TensorState
+from colossal_contracts import PlacementPolicy, StepRecorder, TensorState
 
 from .._lazy import LazyInit
 from ._collect import GradientCollection
 from ._comm import CommSchedule, GeminiHooks, RankMaxStats
 from ._config import GeminiConfig
 from ._fit import fit_chunk_size
+from ._grads import AfterStep
 from ._hooks import AccessMode, label
 from ._place import place_module
 from ._state import TrainingState
@@ -69,6 +69,9 @@ class GeminiRuntime(GradientCollection):
     """The state behind one Gemini-managed module; see the notes of this module."""
 
     manager: ChunkManager
+    policy: PlacementPolicy  # the manager's, built with it: fed what the warmup measured
+    world_size: int  # ranks in ``group`` (1 without one)
+    moment: int  # the moment the manager was last told (set_moment)
     names: dict[int, str]  # id(param) -> registered name
     params: dict[str, nn.Parameter]  # registered name -> parameter
     aliases: dict[str, str]  # every name in module.named_parameters(remove_duplicate=False)
@@ -82,6 +85,7 @@ class GeminiRuntime(GradientCollection):
         lazy: LazyInit | None = None,
     ):
         self.config, self.precision, self.group = config, config.precision_spec, group
+        self.world_size = dist.get_world_size(group) if group is not None else 1
         named = list(module.named_parameters())
         ids = {id(p): n for n, p in named}
         self.aliases = {n: ids[id(p)] for n, p in module.named_parameters(remove_duplicate=False)}
@@ -89,13 +93,14 @@ class GeminiRuntime(GradientCollection):
         self.names = {id(p): n for n, p in named}
         self.agreeing = False  # [Note: rank agreement]: the warmup checks each collective
         self.comm: CommSchedule | None = None  # [Note: overlap]: the schedule, after warmup
-        self.manager = place_module(module, named, config, group, GeminiHooks(self), lazy)
+        hooks = GeminiHooks(self)
+        self.manager, self.policy = place_module(module, named, config, group, hooks, lazy)
         dtype = self.precision.param_dtype
         for n, p in named:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._grad_hook(n))
         self.mode = AccessMode(self)
-        self._moment = 0
+        self._moment = self.moment = 0  # the next moment of this step; the one last set
         self._warmup = WarmupTrace(recorder, config.non_model_bytes)
         self._digest = OrderDigest()
         self._recording = True
@@ -105,19 +110,19 @@ class GeminiRuntime(GradientCollection):
         self._probing: bool | None = False  # None: armed by measure_next_step
         self.measured: Any = None  # what the probe measured (a MemStatsSource)
         self.state = _T.IDLE  # [Note: training state]
-        one_fp32 = not self.precision.master and self.manager.world_size == 1
+        one_fp32 = not self.precision.master and self.world_size == 1
         self._read_only_kinds = ("param",) if one_fp32 else ()  # see _to
         self._grad_done: set[str] = set()  # names whose gradient this backward collected
         self.got_grad: set[str] = set()  # names with a gradient since the last step/zero_grad
         self._used: set[str] = set()  # names an operator read since the forward began
         # [Note: overlap]: collectives ahead of use and without waiting, once the order is known
-        self._overlap = config.overlap_comm and self.manager.world_size > 1
+        self._overlap = config.overlap_comm and self.world_size > 1
         self.resident = False  # [Note: resident steps]: decided as each forward begins
         self.keeping = False  # [Note: kept gradients] in _grads.py: decided with resident
         self._readers, self._parts, self._live = {}, set(), {}  # [Note: gradients in parts]
-        self.forwards = 0  # forwards begun: whether gradients are still the last step's
-        self._on_forward: list[weakref.WeakMethod] = []  # see on_forward
-        self._host_reader = None  # see read_gradients_on_host
+        self.forwards = 0  # forwards begun: are gradients still the last step's?
+        self.after_step = AfterStep()  # dropped as each forward begins
+        self._read_with = None  # see read_gradients_with
         self._kept_bytes = sum(  # what kept gradients hold at most: one per trainable parameter
             p.numel() * dtype.itemsize for p in self.params.values() if p.requires_grad
         )
@@ -159,8 +164,9 @@ class GeminiRuntime(GradientCollection):
         self._moment = 0
         self._used.clear()
         self._digest.reset()
+        books = self.manager.books
         if self._recording:
-            self._warmup.start(self.manager.model_data_bytes, self.manager.model_tensors())
+            self._warmup.start(books.model_data_bytes, books.model_tensors())
             if self.group is not None:
                 self.agreeing = True
             return
@@ -169,7 +175,7 @@ class GeminiRuntime(GradientCollection):
             self._probe.close()
             self._probing = self._probing is None  # None: armed by measure_next_step
             if self._probing:
-                self._probe.start(self.manager.model_data_bytes, self.manager.model_tensors())
+                self._probe.start(books.model_data_bytes, books.model_tensors())
             else:
                 self._probe = None
         busy = any(g.holds_gradients for g in self.manager.groups.values())
@@ -183,28 +189,20 @@ class GeminiRuntime(GradientCollection):
         headroom = self._lazy_headroom()
         self.keeping = (  # room for autograd's gradients beside the chunks: keep them
             resident
-            and m.world_size == 1
+            and self.world_size == 1
             and not self.precision.master
             and m.fully_resident(headroom + self._kept_bytes)
         )
         self.resident = self.keeping or (resident and m.fully_resident(headroom))
-        for ref in self._on_forward:
-            fn = ref()
-            if fn is not None:
-                fn(self.resident and not repacked)
-
-    def on_forward(self, fn: Any) -> None:
-        """Call ``fn(steady)`` as each forward begins after warmup: ``steady`` when the step is
-        resident and no chunk was replaced, so no shard moves before the next one. Held weakly
-        (a bound method of an object that may go first)."""
-        self._on_forward.append(weakref.WeakMethod(fn))
+        # steady: a resident step with no chunk replaced moves no shard before the next step
+        self.after_step.forward_begins(self.resident and not repacked)
 
     def _lazy_headroom(self) -> int:
         """Compute-tier bytes the step may add: the fp32 "acc" chunks, until they exist."""
-        m = self.manager
-        if any(c.kind == "acc" for c in m.chunks.values()):
+        groups = self.manager.groups.values()
+        if any("acc" in g.twins for g in groups):  # (every trainable chunk has one then)
             return 0
-        return sum(c.capacity * 4 for c in m.trainable_chunks())
+        return sum(g.param.capacity * 4 for g in groups if not g.param.frozen)
 
     def resident_op(self, names: tuple[str, ...]) -> None:
         """``pre_op`` of a resident step ([Note: resident steps]): no access, no moment."""
@@ -243,6 +241,7 @@ class GeminiRuntime(GradientCollection):
         self._digest.add(names)
         if self._probing and self._probe is not None:
             self._probe.cut(names)
+        self.moment = moment
         if self._recording:
             self._warmup.moment(names)
             self.manager.set_moment(moment)
@@ -271,7 +270,8 @@ class GeminiRuntime(GradientCollection):
 
         def describe(key: list[int]) -> str:
             op_name, cid = _OPS[key[0]], key[1]
-            names = list(self.manager.chunks[cid].records) if cid in self.manager.chunks else []
+            rec = self.manager.groups.get(cid)
+            names = list(rec.param.records) if rec is not None else []
             return f"{op_name} of chunk {cid} (parameters {names[:3]}{'...' if len(names) > 3 else ''})"
 
         if self.group is not None:  # (installed only with a group)
@@ -331,7 +331,7 @@ class GeminiRuntime(GradientCollection):
         self._to(_T.POST_BACKWARD)
         self._collect_parts()  # [Note: gradients in parts] in _collect.py
         m = self.manager
-        for c in m.param_chunks():
+        for c in (g.param for g in m.groups.values()):
             if c.pinned:
                 m.release([n for n, r in c.records.items() if r.state is _S.COMPUTE])
         self._finish_kept()
@@ -343,23 +343,25 @@ class GeminiRuntime(GradientCollection):
             self._recording = False
             self.agreeing = False
             stats = self._warmup.finish()
-            if self.group is not None and m.world_size > 1 and self._warmup.order:
+            if self.group is not None and self.world_size > 1 and self._warmup.order:
                 stats = RankMaxStats(stats, self.group)  # the same room on every rank
             if self._overlap and self._warmup.order:
                 self.comm = CommSchedule(m, self._warmup.order)
             self._never_read = {n for n in self.params if n not in self.got_grad}
             self._index_chunks()
             if self._warmup.order:
-                m.policy.update(stats)
+                self.policy.update(stats)
             first = self._warmup.first_use()
             done = set(first)
-            layout = m.registration_order()
-            self._repack_due = first + [n for n in layout if n not in done] != layout
-            reserve = getattr(m.policy, "non_model_reserve", None)
+            layout = list(self._cid_of)  # parameter names in the order they sit in chunks
+            packing = first + [n for n in layout if n not in done]  # [Note: first-use order]
+            self._repack_due = packing != layout
+            reserve = getattr(self.policy, "non_model_reserve", None)
             if reserve is not None and self._warmup.order:  # [Note: feasibility rule] in _fit.py
-                w = self._warmup
+                w, grad_twin = self._warmup, not self.precision.master  # [Note: chunk roles]
                 bwd = len(w.order) if w.backward_from is None else w.backward_from
-                self._repack_due |= fit_chunk_size(m, reserve, w.order, bwd, first)
+                fit = fit_chunk_size(m, reserve, w.order, bwd, packing, self.world_size, grad_twin)
+                self._repack_due |= fit
         else:
             if self._probing and self._probe is not None:
                 self.measured = self._probe.finish()
@@ -384,12 +386,11 @@ class GeminiRuntime(GradientCollection):
         """Name -> chunk id, and on each chunk's record (the manager's ``ChunkGroup``) the
         trainable parameters warmup never read."""
         self._op_chunks = {}
-        self._cid_of = {n: c.chunk_id for c in self.manager.param_chunks() for n in c.records}
-        for c in self.manager.param_chunks():
-            unused = frozenset(n for n in c.records if n in self._never_read)
-            self.manager.groups[c.chunk_id].unused = (
-                unused if all(self.params[n].requires_grad for n in unused) else frozenset()
-            )
+        groups = self.manager.groups
+        self._cid_of = {n: cid for cid, g in groups.items() for n in g.param.records}
+        for g in groups.values():
+            unused = frozenset(n for n in g.param.records if n in self._never_read)
+            g.unused = unused if all(self.params[n].requires_grad for n in unused) else frozenset()
         if self.comm is not None:
             self.comm.reindex()
 

@@ -87,7 +87,7 @@ def saved_param_views(
             return _unpack_outer(x, replay)
         if not isinstance(x, _Place):
             return x
-        full = manager.chunks[x.chunk_id].full
+        full = manager.groups[x.chunk_id].param.full
         if full is None:
             raise InternalError(
                 f"chunk {x.chunk_id} is not gathered when a backward needs a parameter saved "

@@ -182,9 +182,10 @@ def build_manager(
     config: GeminiConfig,
     group: dist.ProcessGroup | None,
     hooks: ManagerHooks | None = None,
-) -> ChunkManager:
+) -> tuple[ChunkManager, PlacementPolicy]:
     """A chunk manager sized for ``named`` (parameters already in the compute dtype), with the
-    budget checked against the working set of one chunk, told and asked through ``hooks``.
+    budget checked against the working set of one chunk, told and asked through ``hooks``, and
+    the placement policy it was given (its owner feeds the policy what a warmup measured).
     Registers nothing yet."""
     precision = config.precision_spec
     world_size = dist.get_world_size(group) if group is not None else 1
@@ -230,4 +231,4 @@ def build_manager(
         home=TierName.HOST.value,
     )
     policy = _policy(config, param_bytes, working)
-    return ChunkManager(chunk_cfg, policy=policy, group=group, hooks=hooks)
+    return ChunkManager(chunk_cfg, policy=policy, group=group, hooks=hooks), policy

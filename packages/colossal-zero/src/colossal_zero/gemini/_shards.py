@@ -45,10 +45,11 @@ def gemini_shards(model: GeminiModule, optimizer: GeminiOptimizer | None) -> Ite
     """What this rank's chunk shards hold of every parameter, chunk by chunk."""
     rt = model.runtime
     m = rt.manager
-    for c in m.param_chunks():
+    for rec in m.groups.values():
+        c = rec.param
         fp32 = rt.roles.fp32(c)
         with_states = optimizer is not None and not c.frozen  # frozen chunks: values only
-        states = {k: m.parallel_chunk(k, c) for k in _STATES} if with_states else {}
+        states = {k: rec.twin(k) for k in _STATES} if with_states else {}
         for name, rec in c.records.items():
             part = fp32.shard_view(name)
             if part is None:
@@ -73,10 +74,11 @@ def finish_gemini_load(model: GeminiModule, optimizer: GeminiOptimizer | None) -
     parameters (bf16/fp16), hand written chunks back to their tier, and drop gradients."""
     rt = model.runtime
     m = rt.manager
-    for c in m.param_chunks():
+    for rec in m.groups.values():
+        c = rec.param
         if rt.precision.master or c.frozen:  # frozen: a gathered copy is stale now
             rt.restore_params(c)
         with_states = optimizer is not None and not c.frozen
-        states = [m.parallel_chunk(k, c) for k in _STATES] if with_states else []
+        states = [rec.twin(k) for k in _STATES] if with_states else []
         m.shard_io.written(dict.fromkeys([c, rt.roles.fp32(c), *states]))
     rt.clear_grads()

@@ -6,7 +6,7 @@ there ([Note: hybrid update]). They start on the host (on the accelerator, kept 
 neither host nor disk can take them). Once the policy knows the compute order, the manager
 records for one whole step, moment by moment, the accelerator bytes no eviction could free
 (chunks in use or awaiting reduction, kept chunks) and the bytes resident at all
-(``ChunkManager.track_demand``). The room for states is
+(``ChunkManager.books.track_demand``). The room for states is
 
     min over moments m of (room(m) - used(m)),  room(m) = budget - 1.1 x non-model(m)
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from colossal_chunk import Chunk, ChunkManager
-from colossal_contracts import TierName
+from colossal_contracts import PlacementPolicy, TierName
 
 __all__ = ["StatePlan", "plan_states"]
 
@@ -52,6 +52,7 @@ class StatePlan:
 
 def plan_states(
     manager: ChunkManager,
+    policy: PlacementPolicy,
     states_of: Callable[[Chunk], Sequence[Chunk]],
     update_bytes: Callable[[Chunk], int],
     mode: str,
@@ -59,13 +60,13 @@ def plan_states(
     """See [Note: state placement]. ``states_of(c)``: the chunks that move with ``c``'s states;
     ``update_bytes(c)``: accelerator bytes ``c``'s update needs besides them (its fp32 values
     and gradients when they are not among the states). ``mode``: "free" or "demand". Uses the
-    demand the manager tracked."""
+    demand the manager tracked and the model budget of ``policy`` (the manager's)."""
     demand = manager.books.demand
     if not demand or mode not in ("free", "demand"):
         return StatePlan(0, (), 0)
     col = 1 if mode == "free" else 0
-    cap = manager.tiers[ACC].capacity_bytes
-    policy = manager.policy
+    cap = manager.books.tiers[ACC].capacity_bytes
+    trainable = [g.param for g in manager.groups.values() if not g.param.frozen]
 
     def room(moment: int) -> int:
         return min(cap, policy.model_budget(cap, moment))
@@ -73,12 +74,12 @@ def plan_states(
     n = max(demand) + 1
     slack = min(room(m) - demand.get(m, (0, 0))[col] for m in range(n))
     at_step = room(n) - sum(  # the optimizer runs after the last moment (wrapping around)
-        s.shard_bytes for c in manager.trainable_chunks() for s in states_of(c) if s.tier is ACC
+        s.shard_bytes for c in trainable for s in states_of(c) if s.tier is ACC
     )
     budget = max(0, slack)
     chosen: list[int] = []
     used = widest = 0
-    for c in manager.trainable_chunks():  # frozen chunks have no states
+    for c in trainable:  # frozen chunks have no states
         states = states_of(c)
         if any(s.tier is ACC for s in states):
             continue

@@ -23,7 +23,7 @@ def iter_full_state(model: GeminiModule) -> Iterator[tuple[str, torch.Tensor]]:
     names: dict[str, list[str]] = {}
     for alias, canon in rt.aliases.items():
         names.setdefault(canon, []).append(alias)
-    for c in rt.manager.param_chunks():
+    for c in (g.param for g in rt.manager.groups.values()):
         src = rt.roles.fp32(c)
         full = gather_shard(src.payload, rt.group)
         for name, rec in c.records.items():
