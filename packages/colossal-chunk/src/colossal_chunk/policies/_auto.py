@@ -157,6 +157,13 @@ class AutoPolicy(LruPolicy):
         )
         return math.ceil(peak * (1.0 + self.margin))
 
+    def non_model_peak(self, moment: int) -> int:
+        """The traced non-model peak of ``moment`` itself: no margin, no lookahead (0 untraced).
+        What no placement can do without at that moment."""
+        if self.stats is None or self.stats.num_moments() == 0:
+            return 0
+        return self.stats.non_model_peak(moment % self.stats.num_moments(), self.tier)
+
     def max_non_model_reserve(self) -> int:
         """The largest ``non_model_reserve`` over the traced step's moments (0 untraced)."""
         n = 0 if self.stats is None else self.stats.num_moments()

@@ -21,10 +21,12 @@ colossal-chunk's [Note: chunk size per kind], are halved together, each not belo
 kind's largest tensor); the run re-packs to that size before the next step. When
 none does, the rule (an upper bound: it counts the previous moment's chunks and gradient twins that
 a step may already have let go) does not refuse by itself: the run stops with a ``CapacityError``
-only when even a moment's own chunks (in backward with one gradient twin: the first gradient
-lands in its twin while every chunk of the moment still computes; a stock
-``nn.MultiheadAttention`` reads parameters of three chunks in one moment, and counting its
-chunks alone let a run go on that failed in its second step) do not fit beside its reserve at the smallest size (no
+only when even a moment's own chunks (in backward with the gradient twins still filling: those
+of chunks whose gradients began at an earlier backward moment and end at or after this one; a
+stock ``nn.MultiheadAttention`` reads parameters of three chunks in one moment, one of which
+began filling its twin a moment before, and counting the chunks alone let a run go on that
+failed in its second step) do not fit beside the moment's own measured non-model peak (no
+margin, no lookahead: the floor is what no placement can do without) at the smallest size (no
 placement can run it), naming the rule's budget at that size, which trains (on several ranks, where a gather ahead and
 a reduction in flight hold two whole chunks more than the rule counts, that much more: GPT nano on
 4 ranks named 934,623 bytes, 10 of 10 runs at it trained, integration test_budget_repeats; the
@@ -102,11 +104,14 @@ def fit_chunk_size(
     packing: Sequence[str],
     ws: int,
     grad_twin: bool,
+    *,
+    peak: Callable[[int], int] | None = None,
 ) -> bool:
     """Apply [Note: feasibility rule]: keep the chunk size, or set a smaller one in the manager's
     config (True: the caller re-packs before the next step), or raise ``CapacityError``.
     ``packing``: every parameter name in the order a re-pack packs them; ``ws``: the manager's
-    world size; ``grad_twin``: gradients have chunks of their own."""
+    world size; ``grad_twin``: gradients have chunks of their own; ``peak``: a moment's own
+    measured non-model peak (no margin, no lookahead), what the floor counts (None: ``reserve``)."""
     capacity = manager.books.tiers[TierName.ACCELERATOR].capacity_bytes
     tensors = {  # name -> (elements, dtype, frozen): from the records (sharded ones look empty)
         n: (math.prod(r.shape), g.param.dtype, g.param.frozen)
@@ -116,6 +121,7 @@ def fit_chunk_size(
     names = [n for n in packing if n in tensors]
     kept = manager.books.kept_bytes()
     reserves = [reserve(m) for m in range(len(order))]
+    peaks = reserves if peak is None else [peak(m) for m in range(len(order))]
     cfg = manager.config
     numels = (cfg.chunk_numel_for(ws), cfg.chunk_numel_for(ws, frozen=True))
     # per kind: the size it may not go below (its largest tensor; a kind without tensors stays)
@@ -126,7 +132,7 @@ def fit_chunk_size(
 
     def budgets(numels: tuple[int, int]) -> tuple[int, int]:
         """The rule's smallest budget, and the floor below which the policy cannot place a
-        moment's own chunks (in backward with the first gradient twin they fill) beside its
+        moment's own chunks (in backward with the gradient twins still filling) beside its
         reserve at all."""
         chunk_of = _layout(names, tensors, numels)
         sizes = {}
@@ -137,13 +143,26 @@ def fit_chunk_size(
         held = moment_need(
             order, backward_from, chunk_of, sizes, grad_twin=grad_twin, frozen=frozen
         )
-        own = []  # a moment's own chunks and, in backward, the first gradient twin it fills
+        # a moment's own chunks and, in backward, the gradient twins still filling: a parameter's
+        # gradient is collected at its last backward moment ([Note: gradients in parts]), and a
+        # chunk's twin fills from its first parameter's gradient to its last one's
+        arrives: dict[str, int] = {}
+        for i in range(backward_from, len(order)) if grad_twin else ():
+            arrives.update((n, i) for n in order[i] if n in chunk_of)
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for n, i in sorted(arrives.items(), key=lambda kv: kv[1]):
+            c = chunk_of[n]
+            if c not in frozen:
+                first.setdefault(c, i)
+                last[c] = i
+        own = []
         for i, m in enumerate(order):
             now = {chunk_of[n] for n in m if n in chunk_of}
-            twins = now - frozen if grad_twin and i >= backward_from else set()
-            own.append(sum(sizes[c] for c in now) + max((sizes[c] for c in twins), default=0))
+            filling = [c for c in first if first[c] < i <= last[c]]
+            own.append(sum(sizes[c] for c in now) + sum(sizes[c] for c in filling))
         rule = max(r + h for r, h in zip(reserves, held, strict=True)) + kept
-        return rule, max(r + h for r, h in zip(reserves, own, strict=True)) + kept
+        return rule, max(r + h for r, h in zip(peaks, own, strict=True)) + kept
 
     need, floor = budgets(numels)
     if need <= capacity:

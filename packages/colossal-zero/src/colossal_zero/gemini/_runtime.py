@@ -360,8 +360,8 @@ class GeminiRuntime(GradientCollection):
             if reserve is not None and self._warmup.order:  # [Note: feasibility rule] in _fit.py
                 w, grad_twin = self._warmup, not self.precision.master  # [Note: chunk roles]
                 bwd = len(w.order) if w.backward_from is None else w.backward_from
-                fit = fit_chunk_size(m, reserve, w.order, bwd, packing, self.world_size, grad_twin)
-                self._repack_due |= fit
+                self._repack_due |= fit_chunk_size(m, reserve, w.order, bwd, packing, self.world_size,
+                    grad_twin, peak=getattr(self.policy, "non_model_peak", None))  # fmt: skip
         else:
             if self._probing and self._probe is not None:
                 self.measured = self._probe.finish()
