@@ -51,9 +51,10 @@ __all__ = ["RERUN_HEADROOM", "fit_chunk_size", "moment_need"]
 # [Note: re-run headroom] The budget a refusal names is checked again by the run that follows it,
 # against that run's own warmup, whose non-model peaks move from run to run (an unmodified HF
 # GPT-2 on 2 ranks measured 3,142,982 then 3,213,937 bytes, +2.3%, and the rerun was refused with
-# a larger figure in 1 of 3 tries). So the named budget holds this share of the largest reserve
-# beyond the rule's need: a rerun whose peaks grow by less than it still trains.
-RERUN_HEADROOM = 0.1
+# a larger figure in 1 of 3 tries; with 10% a clean CI run saw a rerun's reserve 3,287,153 bytes
+# where its own warmup had named 4,006,657 in all). So the named budget holds this share of the
+# largest reserve beyond the rule's need: a rerun whose peaks grow by less than it still trains.
+RERUN_HEADROOM = 0.25
 
 
 def moment_need(
