@@ -1,7 +1,7 @@
 """Issue 35 item 2 with stock torch modules: ``nn.TransformerEncoderLayer``'s attention reads
 parameters of three chunks in one moment. Whatever the budget, a Gemini run is either refused in
 its warmup step (the feasibility rule, [Note: feasibility rule]) or trains every step with plain
-AdamW's losses; before the rule's floor counted the gradient twin a backward moment fills, a
+AdamW's losses; before the rule's floor counted the gradient twins still filling in backward, a
 budget between the moment's chunks and those plus one twin went on and failed in step 2."""
 
 from __future__ import annotations

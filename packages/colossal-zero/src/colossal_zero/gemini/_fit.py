@@ -26,8 +26,7 @@ of chunks whose gradients began at an earlier backward moment and end at or afte
 stock ``nn.MultiheadAttention`` reads parameters of three chunks in one moment, one of which
 began filling its twin a moment before, and counting the chunks alone let a run go on that
 failed in its second step) do not fit beside the moment's own measured non-model peak (no
-margin, no lookahead: the floor is what no placement can do without) at the smallest size (no
-placement can run it), naming the rule's budget at that size, which trains (on several ranks, where a gather ahead and
+margin, no lookahead: what no placement can do without) at the smallest size, naming the rule's budget at that size, which trains (on several ranks, where a gather ahead and
 a reduction in flight hold two whole chunks more than the rule counts, that much more: GPT nano on
 4 ranks named 934,623 bytes, 10 of 10 runs at it trained, integration test_budget_repeats; the
 budget with every chunk resident, named before, was 1,395,101); otherwise it goes on
