@@ -63,7 +63,8 @@ def notes(quick: bool, s: dict) -> list[str]:
         out.append(
             "--quick: fixed small budgets (B 8 MiB, H 32 MiB, D 128 MiB, width 256, seq 16, 2 "
             "search trials), not the machine's: it checks the flow, not the aims. The full run "
-            "(`python benchmarks/run.py box_capacity`, budgets from the machine: RAM minus 5 GiB, "
+            "(`python benchmarks/run.py box_capacity`, budgets from the machine: RAM minus 5 GiB "
+            "(BENCH_BOX_RAM_MARGIN_GIB sets it), "
             "free disk minus 8 GiB; BENCH_BOX_DIR picks the disk) is estimated in the summary "
             "from this run's measurements; run it alone on the machine."
         )
