@@ -187,13 +187,12 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         raise self._no_room_anywhere(chunk)
 
     def move(self, chunk: Chunk, dst: TierName, *, copy: bool = True) -> None:
-        """Copy ``chunk``'s shard to ``dst`` (reserving there first) and free it where it was;
-        without ``copy`` its values are dead and only storage moves (the new shard's padding is
-        zeroed, the rest left as allocated). Nothing is copied either while a reduce-scatter in
-        flight will overwrite the whole shard (``Chunk.awaits_overwrite``: a gradient shard
-        brought in uncopied to take the result, then evicted before the result came)."""
+        """Copy ``chunk``'s shard to ``dst`` (reserving there first), free it where it was. Only
+        storage moves (new padding zeroed) without ``copy``, while a reduce-scatter in flight will
+        overwrite it, or when dead ([Note: dead shards] in ``_shard_io.py``: to disk unwritten)."""
         self.settle(chunk)
-        copy = copy and not chunk.awaits_overwrite
+        copy = copy and not chunk.awaits_overwrite and not chunk.dead
+        unwritten = chunk.dead and dst is DISK
         src = chunk.current_tier
         if src is dst:
             return
@@ -223,13 +222,15 @@ class Placement(ComputeRoom, HostSide, DiskSide):
             chunk.quiesce()
             new = d.put(_key(chunk, dst), chunk.payload)
             old = chunk.replace_shard(new, copy=False)
-        else:
-            new = self.spares.allocate(d, _key(chunk, dst), chunk.shard_numel, chunk.dtype)
-            if not copy:  # padding is zero in every payload: this rank's part of the chunk's tail
+        else:  # a dead shard's padding is zeroed when it is brought back (uncopied)
+            get = d.claim if unwritten else partial(self.spares.allocate, d)
+            new = get(_key(chunk, dst), chunk.shard_numel, chunk.dtype)
+            if not copy and not unwritten:  # padding is zero in every payload: this rank's part
                 new[max(0, chunk.used - chunk.rank * chunk.shard_numel) :].zero_()
             old = chunk.replace_shard(new, copy=copy)
         del new
-        d.write_behind(_key(chunk, dst), chunk.payload)
+        if not unwritten:
+            d.write_behind(_key(chunk, dst), chunk.payload)
         self._rebind(chunk)  # the old storage's views go: it may become a spare
         s = self.tiers[src]
         if chunk.frozen and copy and src is HOST:  # [Note: host copies]

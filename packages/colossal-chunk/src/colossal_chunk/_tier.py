@@ -140,6 +140,13 @@ class Tier:
         # CUDA memory, or pinned host memory (the CUDA host allocator caches those blocks)
         return torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
 
+    def claim(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A new 1-D payload whose values are dead ([Note: dead shards] in ``_shard_io.py``): on
+        disk a slot mapped with whatever it holds, nothing written; elsewhere ``allocate``."""
+        if self.store is not None:
+            return self.store.claim(key, numel, dtype)
+        return self.allocate(key, numel, dtype)
+
     def put(self, key: str, src: torch.Tensor) -> torch.Tensor:
         """A new 1-D payload on this tier holding ``src``'s values (on disk, written into its
         file: [Note: payloads put] in ``disk/_store.py``). Does not reserve."""
