@@ -38,12 +38,13 @@ def run(
     schedule: bool = False,
     declare: bool = True,
     lr: float = 1e-2,
-) -> tuple[list[float], dict[str, torch.Tensor], list[int], list[int], list[int]]:
+) -> tuple[list[float], dict[str, torch.Tensor], list[int], list[int], list[int], list[float]]:
     """Train ``steps`` steps of ``accum`` micro-batches (the earlier ones inside
     ``accumulating()`` unless not ``declare``), with a step-decay lr schedule when ``schedule``.
     Returns the global mean
     loss per micro-batch, the final full weights, per step the chunks whose gradients were
-    already gone after the last backward (updated in it) and the disk bytes written and read."""
+    already gone after the last backward (updated in it), the disk bytes written and read, and
+    the gradient norm (``last_grad_norm``)."""
     rank, world = rank_world()
     model = apply_gemini(build(), disk_config(directory, precision, update))
     opt = GeminiOptimizer(model, param_groups(model.module), lr=lr)
@@ -52,7 +53,7 @@ def run(
     store = m.tiers[TierName.DISK].store
     per = batch // world
     losses: list[float] = []
-    updated, written, read = [], [], []
+    updated, written, read, norms = [], [], [], []
     data = batches(steps * accum, batch)
     for s in range(steps):
         store.drain()  # type: ignore[union-attr]
@@ -74,6 +75,7 @@ def run(
         trainable = [g for g in m.groups.values() if not g.param.frozen]
         updated.append(sum(g.grads is GradPhase.EMPTY for g in trainable))
         opt.step()
+        norms.append(opt.last_grad_norm)
         opt.zero_grad()
         if sched is not None:
             sched.step()
@@ -84,4 +86,4 @@ def run(
         read.append(io.bytes_read + stats.disk_faulted_bytes - faulted)
     weights = model.full_state_dict()
     m.close()
-    return losses, weights, updated, written, read
+    return losses, weights, updated, written, read, norms
