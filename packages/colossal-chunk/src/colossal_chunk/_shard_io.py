@@ -132,12 +132,10 @@ class ShardIO:
             self._placement.written(chunk)
 
     def dead(self, chunks: Iterable[Chunk | int]) -> None:
-        """Say that the values of the shards of ``chunks`` are consumed ([Note: dead shards]):
-        those on disk leave this process's memory with nothing written."""
+        """Say that the values of the shards of ``chunks`` are consumed ([Note: dead shards]);
+        how they were used is said as for any shard (``read_done``, ``written``)."""
         for c in chunks:
-            chunk = self._chunk(c)
-            chunk.dead = True
-            self._placement.read_only(chunk)
+            self._chunk(c).dead = True
 
     def read_done(self, chunks: Iterable[Chunk | int]) -> None:
         """Say that the shards of ``chunks`` were only read in place: those on disk leave this
