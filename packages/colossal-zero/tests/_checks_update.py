@@ -17,11 +17,13 @@ CHUNK = 8192  # elements: a 32 KiB fp32 shard
 SHARD = CHUNK * 4
 
 
-def disk_config(directory: str | Path, precision: str, update: bool | None) -> GeminiConfig:
+def disk_config(
+    directory: str | Path, precision: str, update: bool | None, device: str = "cpu"
+) -> GeminiConfig:
     """Budgets under which most fp32 values and Adam states of the tests' GPT live on disk."""
     rank, _ = rank_world()
     return GeminiConfig(
-        precision=precision, device="cpu", chunk_numel=CHUNK, accelerator_bytes=4 * SHARD,
+        precision=precision, device=device, chunk_numel=CHUNK, accelerator_bytes=4 * SHARD,
         host_bytes=4 * SHARD, disk_bytes=None, disk_dir=Path(directory) / f"rank{rank}",
         update_in_backward=update,
     )  # fmt: skip
@@ -38,6 +40,7 @@ def run(
     schedule: bool = False,
     declare: bool = True,
     lr: float = 1e-2,
+    device: str = "cpu",
 ) -> tuple[list[float], dict[str, torch.Tensor], list[int], list[int], list[int], list[float]]:
     """Train ``steps`` steps of ``accum`` micro-batches (the earlier ones inside
     ``accumulating()`` unless not ``declare``), with a step-decay lr schedule when ``schedule``.
@@ -46,7 +49,7 @@ def run(
     already gone after the last backward (updated in it), the disk bytes written and read, and
     the gradient norm (``last_grad_norm``)."""
     rank, world = rank_world()
-    model = apply_gemini(build(), disk_config(directory, precision, update))
+    model = apply_gemini(build(), disk_config(directory, precision, update, device))
     opt = GeminiOptimizer(model, param_groups(model.module), lr=lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7) if schedule else None
     m = model.runtime.manager
