@@ -1,32 +1,27 @@
 """Gemini's Adam update in backward: each chunk is updated as soon as its gradients are reduced.
 
-[Note: update in backward] With a disk tier, a reduced gradient chunk whose fp32 values and Adam
-states live on disk was read back in the step after the backward (and, evicted in between,
-written out first). When nothing needs the gradient norm before the update (no clipping, no fp16
-loss scaler), no closure re-runs the step, and the backward is the last of the step (no
-micro-batch follows it), the optimizer updates each chunk in the backward itself, right after
-its gradients are reduced (a reduce-scatter still in flight: after the next chunk's, so that
-it overlaps that chunk's backward): the update of ``step`` (``_update`` through ``shards_to_update``, the same
-step counts, the param group's weight decay and lr), then its gradients are dropped (the phase
-goes to EMPTY, as after the step). ``step`` then updates the chunks left (none reduced in
-backward, or whose update would have moved chunks onto the compute tier in backward, where
-room is planned for the backward's moments) and reduces the gradient norm from the squares
-taken as each chunk was updated ([Note: norm on demand]; the same pieces, summed in chunk order:
-the same value). Every value is the unfused step's: Adam updates each element on its own.
+[Note: update in backward] When nothing needs the gradient norm before the update (no
+clipping, no fp16 loss scaler), no closure re-runs the step, and the backward is the last of
+its step, the optimizer updates each chunk right after its gradients are reduced (after the
+next chunk's when the reduce-scatter is still in flight, so that it overlaps that chunk's
+backward): ``step``'s own update (``_update`` through ``shards_to_update``) with the same step
+counts and the param group's weight decay and lr, then the gradients are dropped (the phase
+goes to EMPTY, a "grad" chunk's values dead: colossal-chunk's [Note: dead shards]). So with a
+disk tier no reduced gradient is written to disk and read back for the step. ``step`` updates
+what is left (chunks not reduced in backward, or whose update would bring shards onto the
+compute tier, whose room is planned for the backward's moments) and reduces the norm from the
+squares taken as each chunk was updated, in chunk order ([Note: norm on demand]). Every value
+is the unfused step's: Adam updates each element on its own. The lr is the group's when the
+chunk is updated: a scheduler steps after ``optimizer.step()``, so the next backward sees the
+lr the unfused step would use.
 
-The lr is the param group's when the chunk is updated: a scheduler steps after
-``optimizer.step()``, so the next backward sees the new lr, the one the unfused step would use.
-
-Which backward is the last: one outside ``GeminiOptimizer.accumulating()`` (the earlier
-micro-batches run inside it, as DDP's ``no_sync``). Automatic mode (``update_in_backward``
-None) also stops for good once a step had more than one backward outside it (accumulation not
-declared: it cannot know which is the last), so such loops keep the unfused step. A forward or
-backward after one that updated chunks, before ``step``, would accumulate onto updated weights:
-a ``ConfigError`` names the fix. Not in the warmup step or a measured one (their memory is the
-plan's), nor before the states are placed ([Note: state placement]).
-
-The runtime calls the optimizer only through ``UpdateHooks`` (registered with
-``register_update_hooks``), whose methods do nothing by default.
+The last backward is one outside ``GeminiOptimizer.accumulating()`` (earlier micro-batches run
+inside it, as in DDP's ``no_sync``). Automatic mode (``update_in_backward=None``) stops for
+good after a step with two backwards outside it (undeclared accumulation: the last is unknown).
+A backward, ``zero_grad`` or ``step(closure)`` after a backward that updated chunks and before
+``step`` is a ``ConfigError``: an update cannot be undone. Not in the warmup or a measured step
+(their memory is the plan's), nor before the states are placed ([Note: state placement]).
+The runtime calls the optimizer only through ``UpdateHooks`` (``register_update_hooks``).
 """
 
 from __future__ import annotations
