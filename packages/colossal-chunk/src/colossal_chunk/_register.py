@@ -27,7 +27,7 @@ lora_capacity).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -84,6 +84,26 @@ class ManagerRegistry:
         Names in ``frozen`` go into frozen chunks ([Note: frozen chunks]) of
         ``frozen_chunk_numel`` elements ([Note: chunk size per kind]). Returns the new chunks.
         """
+        fresh, new = self._pack(named_params, order, frozen)
+        for c in new:
+            tensors = {
+                n: materialize(fresh[n]) if materialize else fresh[n].data for n in c.records
+            }
+            self._placement.reserve_new(c, TierName(self.config.home))
+            self._fill(c, tensors)
+            del tensors  # lazy init: this chunk's values go before the next chunk's are made
+            self._bind(c)
+        self._bind_policy()
+        return new
+
+    def _pack(
+        self,
+        named_params: Iterable[tuple[str, torch.nn.Parameter]],
+        order: Sequence[str] | None,
+        frozen: Iterable[str],
+    ) -> tuple[dict[str, torch.nn.Parameter], list[Chunk]]:
+        """``register``'s layout: the parameters not registered yet by name, and new chunks
+        (records and name books filled, no payload yet) holding them."""
         self._steady = False
         fresh: dict[str, torch.nn.Parameter] = {}
         for name, p in named_params:
@@ -110,17 +130,13 @@ class ManagerRegistry:
                 new.append(c)
             c.add(name, p.shape)
             self._views.add(name, p, c.chunk_id)
-        for c in new:
-            tensors = {
-                n: materialize(fresh[n]) if materialize else fresh[n].data for n in c.records
-            }
-            storage = self._placement.place_new(c, TierName(self.config.home))
-            c.fill_shard(storage, tensors)
-            del tensors  # lazy init: this chunk's values go before the next chunk's are made
-            self._placement.written(c)
-            self._bind(c)
-        self._bind_policy()
-        return new
+        return fresh, new
+
+    def _fill(self, chunk: Chunk, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Allocate ``chunk``'s first shard on the tier reserved for it and fill it with this
+        rank's slice of ``tensors`` (full values by name)."""
+        chunk.fill_shard(self._placement.allocate_new(chunk), tensors)
+        self._placement.written(chunk)
 
     def add_parallel(
         self,
@@ -142,23 +158,40 @@ class ManagerRegistry:
         twins = []
         for cid in [c.chunk_id for c in self.chunks.values() if c.kind == "param" and not c.frozen]:
             src = self.chunks[cid]
-            twin = src.same_layout(self._next_id(), dtype, kind)
-            self.chunks[twin.chunk_id] = twin
-            storage = self._placement.place_new(
-                twin, TierName(self.config.home), spill_reserve=spill_reserve
-            )
             if copy_params:
                 vals = {n: self._full_value(src, n) for n in src.records}
             else:
                 # fresh mappings read as zeros without taking memory ([Note: host payloads])
                 vals = {n: host_empty(r.numel, dtype).view(r.shape) for n, r in src.records.items()}
-            twin.fill_shard(storage, vals)
-            self._placement.written(twin)
-            self.groups[cid].twins[kind] = twin
-            twins.append(twin)
+            twins.append(self._add_twin(src, kind, dtype, vals, spill_reserve))
         self._spill[kind] = spill_reserve
         self._bind_policy()
         return twins
+
+    def _add_twin(
+        self,
+        src: Chunk,
+        kind: str,
+        dtype: torch.dtype,
+        values: Mapping[str, torch.Tensor],
+        spill_reserve: int | None,
+    ) -> Chunk:
+        """One ``kind`` twin of parameter chunk ``src`` holding ``values`` (full tensors by name),
+        placed as ``add_parallel`` places them, on ``src``'s record."""
+        twin = self._new_twin(src, kind, dtype, spill_reserve)
+        self._fill(twin, values)
+        return twin
+
+    def _new_twin(
+        self, src: Chunk, kind: str, dtype: torch.dtype, spill_reserve: int | None
+    ) -> Chunk:
+        """A ``kind`` twin of parameter chunk ``src`` with the next id, its tier reserved as
+        ``add_parallel`` reserves it, on ``src``'s record; no payload yet (``_fill``)."""
+        twin = src.same_layout(self._next_id(), dtype, kind)
+        self.chunks[twin.chunk_id] = twin
+        self._placement.reserve_new(twin, TierName(self.config.home), spill_reserve=spill_reserve)
+        self.groups[src.chunk_id].twins[kind] = twin
+        return twin
 
     def _full_value(self, chunk: Chunk, name: str) -> torch.Tensor:
         # Only this rank's slice is needed by fill_shard; others are zero-filled placeholders.
