@@ -39,12 +39,12 @@ from ._config import ChunkConfig
 from ._group import ChunkGroup, ChunkKind
 from ._hooks import ManagerHooks, NoHooks
 from ._pending import InFlightCount
-from ._placement import Placement, build_tiers
+from ._placement import Placement
 from ._register import ManagerRegistry
 from ._repack import ManagerRepack
 from ._resident import ManagerResident
 from ._shard_io import ShardIO
-from ._tier import Tier
+from ._tier import Tier, build_tiers
 from ._views import ParamViews
 from .disk._read_ahead import window_bytes
 from .policies._base import LruPolicy

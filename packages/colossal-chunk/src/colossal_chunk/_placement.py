@@ -29,7 +29,6 @@ import torch
 
 from colossal_contracts import (
     CapacityError,
-    ConfigError,
     InternalError,
     PlacementPolicy,
     StateTransitionError,
@@ -38,7 +37,6 @@ from colossal_contracts import (
 
 from ._accounting import MoveStats
 from ._chunk import Chunk
-from ._config import ChunkConfig
 from ._group import Lifecycle
 from ._host_copies import HostCopies, HostSide, down
 from ._prefetch import Prefetcher
@@ -49,40 +47,11 @@ from .disk._copies import DiskCopies
 from .disk._read_ahead import ReadAheadWindow
 from .disk._side import DiskSide
 from .disk._side import payload_key as _key
-from .disk._store import DiskStore
 
-__all__ = ["Placement", "build_tiers"]
+__all__ = ["Placement"]
 
 ACC, HOST, DISK = TierName.ACCELERATOR, TierName.HOST, TierName.DISK
 _INLINE_COPY_BYTES = 1 << 20  # [Note: inline prefetch]
-
-
-def build_tiers(config: ChunkConfig) -> dict[TierName, Tier]:
-    """The accelerator, host and (unless ``disk_bytes == 0``) disk tiers ``config`` describes."""
-    cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but torch sees no CUDA device; use 'auto' or 'cpu'")
-    if cuda:
-        dev = torch.device("cuda", torch.cuda.current_device())
-        acc_cap = config.accelerator_bytes
-        if acc_cap is None:
-            acc_cap = torch.cuda.mem_get_info(dev)[1]
-    else:
-        dev = torch.device("cpu")
-        acc_cap = UNLIMITED if config.accelerator_bytes is None else config.accelerator_bytes
-    tiers = {
-        ACC: Tier(ACC, dev, acc_cap, emulated=not cuda),
-        HOST: Tier(
-            HOST,
-            torch.device("cpu"),
-            UNLIMITED if config.host_bytes is None else config.host_bytes,
-            pin_memory=cuda and config.pin_memory,
-        ),
-    }
-    if config.disk_bytes != 0:
-        cap = UNLIMITED if config.disk_bytes is None else config.disk_bytes
-        tiers[DISK] = Tier(DISK, torch.device("cpu"), cap, store=DiskStore(config.disk_dir))
-    return tiers
 
 
 class Placement(ComputeRoom, HostSide, DiskSide):
