@@ -110,5 +110,5 @@ def test_a_chunk_moved_to_disk_is_put_and_reads_back(tmp_path, monkeypatch):
         want = chunk.shard.clone()
         mgr.move(chunk, TierName.DISK)
         assert puts == [f"{chunk.kind}-{chunk.chunk_id}@disk"]
-        mgr.tiers[TierName.DISK].store.drain()  # type: ignore[union-attr]
+        mgr.books.tiers[TierName.DISK].store.drain()  # type: ignore[union-attr]
         assert torch.equal(chunk.shard, want)  # read back from the file

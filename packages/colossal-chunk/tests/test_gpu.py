@@ -20,7 +20,7 @@ def test_cuda_tiers_moves_and_side_stream_prefetch():
     cfg = ChunkConfig(numel, accelerator_bytes=cap, device="cuda")
     with ChunkManager(cfg, policy=AutoPolicy(OrderStats(order))) as mgr:
         mgr.register(params)
-        assert mgr.tiers[TierName.HOST].pin_memory
+        assert mgr.books.tiers[TierName.HOST].pin_memory
         assert mgr.chunk_of("p0").shard.is_pinned()
         for _ in range(3):
             for m, names in enumerate(order):
@@ -31,12 +31,12 @@ def test_cuda_tiers_moves_and_side_stream_prefetch():
                 assert torch.all(p.data == float(names[0][1:])).item()
                 p.data.mul_(1.0)  # compute on the default stream
                 mgr.release(names)
-                mgr.prefetch(1)
-        stats = mgr.stats()
+                mgr.residency.prefetch(1)
+        stats = mgr.books.stats()
         assert stats.tiers["accelerator"].peak_bytes <= cap
         assert not stats.tiers["accelerator"].emulated
         assert stats.moved("host", "accelerator").count > 0
-        for c in mgr.param_chunks():
+        for c in mgr.registry.param_chunks():
             mgr.move(c, TierName.DISK)
         for i, (_, p) in enumerate(params):
             assert torch.all(p.data == float(i))

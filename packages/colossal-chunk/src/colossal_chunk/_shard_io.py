@@ -66,7 +66,7 @@ class ShardIO:
         read-ahead window]: the rest are not read ahead)."""
         for c in chunks:
             chunk = self._chunk(c)
-            if not self._placement.read_ahead(chunk):
+            if not self._placement.disk.read_ahead(chunk):
                 return False
         return True
 
@@ -81,7 +81,7 @@ class ShardIO:
         their read-aheads not taken up by the reader yet are done on this thread now ([Note:
         disk read-ahead and write-behind] in ``disk/_io.py``)."""
         for c in chunks:
-            self._placement.finish_read(self._chunk(c))
+            self._placement.disk.finish_read(self._chunk(c))
 
     @contextmanager
     def staged(self, chunks: Iterable[Chunk | int]) -> Iterator[None]:
@@ -95,16 +95,16 @@ class ShardIO:
         try:
             for c in chunks:
                 chunk = self._chunk(c)
-                mapping = self._placement.stage(chunk)
+                mapping = self._placement.disk.stage(chunk)
                 if mapping is not None:
                     out.append((chunk, mapping))
             yield
         except BaseException:
             for chunk, mapping in out:
-                self._placement.unstage(chunk, mapping, write=False)
+                self._placement.disk.unstage(chunk, mapping, write=False)
             raise
         for chunk, mapping in out:
-            self._placement.unstage(chunk, mapping, write=True)
+            self._placement.disk.unstage(chunk, mapping, write=True)
 
     def keep_disk_copies(self, kinds: Iterable[str] = ()) -> None:
         """Say that chunks of ``kinds`` are not written until the next call: one read off disk
@@ -119,7 +119,7 @@ class ShardIO:
             chunk = self._chunk(c)
             if chunk.frozen:  # [Note: frozen chunks]: counted, so an owner can show it never is
                 self._placement.frozen_written += chunk.shard_bytes
-            self._placement.used(chunk)  # [Note: disk fault-ins]
+            self._placement.disk.used(chunk)  # [Note: disk fault-ins]
             self._placement.written(chunk)
 
     def read_done(self, chunks: Iterable[Chunk | int]) -> None:
@@ -127,5 +127,5 @@ class ShardIO:
         process's memory with nothing written (colossal-chunk's [Note: reads let go])."""
         for c in chunks:
             chunk = self._chunk(c)
-            self._placement.used(chunk)  # [Note: disk fault-ins]
-            self._placement.read_only(chunk)
+            self._placement.disk.used(chunk)  # [Note: disk fault-ins]
+            self._placement.disk.read_only(chunk)
