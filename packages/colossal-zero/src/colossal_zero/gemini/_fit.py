@@ -40,8 +40,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 
-from colossal_chunk import ChunkManager
-from colossal_chunk._search import pack
+from colossal_chunk import ChunkManager, pack
 from colossal_contracts import CapacityError, TierName
 
 __all__ = ["RERUN_HEADROOM", "fit_chunk_size", "moment_need"]
