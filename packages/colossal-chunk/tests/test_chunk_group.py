@@ -19,8 +19,8 @@ from colossal_chunk import (
     ChunkManager,
     GradPhase,
     Lifecycle,
-    NoHooks,
 )
+from colossal_chunk._hooks import NoHooks
 from colossal_contracts import ConfigError, StateTransitionError, TierName
 
 ACC, HOST = TierName.ACCELERATOR, TierName.HOST
