@@ -75,21 +75,10 @@ class Collectives:
         return self._chunks()[item.chunk_id if isinstance(item, Chunk) else item]
 
     def reduce(
-        self,
-        chunk: Chunk | int,
-        *,
-        into: Chunk | int | None = None,
-        average: bool = True,
-        async_op: bool = False,
-        read_on_host: bool = False,
-    ) -> None:
-        """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard
-        (averaged over ranks), or into the shard of ``into``, a chunk of the same layout
-        ([Note: chunk gradients] in ``_chunk.py``; see ``_reduce_target``); collective over the
-        manager's group. Tensors end in HOLD/FREE. With ``async_op`` the shard is written when
-        the chunk's collective is finished ([Note: collectives in flight]). ``read_on_host``:
-        the result is next read on the host (an optimizer that updates ``into``'s chunk there),
-        so a host shard of ``into`` takes it where it is."""
+        self, chunk: Chunk | int, into: Chunk | int | None, *, average: bool, async_op: bool,
+        read_on_host: bool,
+    ) -> None:  # fmt: skip
+        """``ChunkManager.reduce`` (its defaults and docstring are there)."""
         c = self._chunk(chunk)
         dst = None if into is None else self._chunk(into)
         if dst is c or c.world_size == 1:

@@ -4,22 +4,15 @@
 
 [Note: access protocol] ``access(items)`` puts every named tensor (every tensor of a chunk given)
 in COMPUTE, its chunk's shard on the compute tier and gathered; ``release(items, state=...)``
-moves them on (HOLD after forward,
-READY_FOR_REDUCE once a gradient is collected). A chunk with a tensor in COMPUTE never moves.
-Call ``set_moment(i)`` as each moment begins so the policy knows where the step is. The fast
-path: when every chunk is already resident and gathered and the compute tier is within this
-moment's room, ``access`` and ``release`` only change states (no tier is touched); otherwise
-``access`` first evicts down to the moment's room (which may have shrunk since the last moment).
+moves them on (HOLD after forward, READY_FOR_REDUCE once a gradient is collected). A chunk with a
+tensor in COMPUTE never moves. Call ``set_moment(i)`` as each moment begins so the policy knows
+where the step is. The fast path: when every chunk is already resident and gathered and the
+compute tier is within this moment's room, ``access`` and ``release`` only change states (no tier
+is touched); otherwise ``access`` first evicts down to the moment's room (which may have shrunk).
 
-The parts, each an object the manager holds (composition, not mixins): ``registry`` (the chunks,
-their ``ChunkGroup`` records and the parameters' views; registering and re-packing:
-``_register.py``, [Note: first-use order] in ``_repack.py``), ``residency`` (the moment, moves
-and prefetches, the step without touching a tier: ``_resident.py``, [Note: resident fast path]),
-``collectives`` (reduce-scatters, gathers ahead and finishing them: ``_collectives.py``, [Note:
-collectives in flight]), ``books`` (demand, kept chunks, counted copies, stats: ``_books.py``)
-and ``shard_io`` (what an owner says about shards it reads or writes in place: ``_shard_io.py``).
-The verbs: ``register``, ``add_parallel``, ``repack``; ``set_moment``, ``access``, ``release``,
-``reduce``, ``gather_ahead``, ``settle``, ``move``; ``chunk_of``; ``close``.
+The parts are objects the manager holds (composition, not mixins; see the class attributes):
+``_register.py`` (+ ``_repack.py``), ``_resident.py``, ``_collectives.py``, ``_books.py``,
+``_shard_io.py``.
 """
 
 from __future__ import annotations
@@ -51,10 +44,6 @@ ACC = TierName.ACCELERATOR
 _DISK_AHEAD = 4  # moments ahead whose chunks on disk are read into memory early
 Tensorish = torch.Tensor | str
 Item = torch.Tensor | str | Chunk | int  # a parameter, its name, or a chunk (or its id)
-
-
-def _never(chunk: Chunk) -> bool:
-    return False
 
 
 class ChunkManager:
@@ -169,8 +158,15 @@ class ChunkManager:
         materialize: Callable[[torch.Tensor], torch.Tensor] | None = None,
         frozen: Iterable[str] = (),
     ) -> list[Chunk]:
-        """Pack parameters into new chunks and point their ``.data`` into them
-        (``ChunkRegistry.register``)."""
+        """Pack parameters into new chunks and point their ``.data`` into them.
+
+        ``order`` lists names in first-use order (the compute order); names it lacks follow in the
+        given order. A parameter seen twice (tied weights) is registered once. Chunks start on
+        ``config.home`` (spilling to host, then disk). With ``materialize``, a parameter's values
+        are ``materialize(param)``, asked for one chunk's tensors at a time (lazy initialization).
+        Names in ``frozen`` go into frozen chunks ([Note: frozen chunks]) of
+        ``frozen_chunk_numel`` elements ([Note: chunk size per kind]). Returns the new chunks.
+        """
         return self.registry.register(
             named_params, order=order, materialize=materialize, frozen=frozen
         )
@@ -183,8 +179,12 @@ class ChunkManager:
         copy_params: bool = False,
         spill_reserve: int | None = None,
     ) -> list[Chunk]:
-        """A ``kind`` twin of ``dtype`` beside every trainable parameter chunk
-        (``ChunkRegistry.add_parallel``)."""
+        """A chunk of ``dtype`` with the same layout beside every parameter chunk (gradients, fp32
+        master weights, optimizer states). Zeros, or with ``copy_params`` the parameters' values
+        cast to ``dtype``. They start on ``config.home`` like parameter chunks (spilling to the
+        host, then disk; with ``spill_reserve``, then to the compute tier while that many bytes
+        of its room stay free, kept there: [Note: kept chunks]). Frozen chunks get none ([Note:
+        frozen chunks])."""
         return self.registry.add_parallel(
             kind, dtype, copy_params=copy_params, spill_reserve=spill_reserve
         )
@@ -281,10 +281,15 @@ class ChunkManager:
         async_op: bool = False,
         read_on_host: bool = False,
     ) -> None:
-        """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard,
-        or into ``into``'s (``Collectives.reduce``)."""
+        """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard
+        (averaged over ranks), or into the shard of ``into``, a chunk of the same layout ([Note:
+        chunk gradients] in ``_chunk.py``; ``Collectives._reduce_target``); collective over the
+        manager's group. Tensors end in HOLD/FREE. With ``async_op`` the shard is written when
+        the chunk's collective is finished ([Note: collectives in flight]). ``read_on_host``:
+        the result is next read on the host (an optimizer that updates ``into``'s chunk there),
+        so a host shard of ``into`` takes it where it is."""
         self.collectives.reduce(
-            chunk, into=into, average=average, async_op=async_op, read_on_host=read_on_host
+            chunk, into, average=average, async_op=async_op, read_on_host=read_on_host
         )
 
     def gather_ahead(self, chunks: Iterable[Chunk | int]) -> int:
@@ -308,7 +313,7 @@ class ChunkManager:
                 self.collectives.finish(c)
                 for name in c.records:
                     c.set_state(name, TensorState.HOLD)
-            self.residency.after_release(chunks, True, _never)
+            self.residency.after_release(chunks, True, lambda c: False)
         self.collectives.settle(chunks)
 
     def move(self, chunk: Chunk | int, tier: TierName | str, *, keep: bool = False) -> None:

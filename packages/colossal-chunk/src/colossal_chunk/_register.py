@@ -152,19 +152,11 @@ class ChunkRegistry:
         self,
         named_params: Iterable[tuple[str, torch.nn.Parameter]],
         *,
-        order: Sequence[str] | None = None,
-        materialize: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        frozen: Iterable[str] = (),
+        order: Sequence[str] | None,
+        materialize: Callable[[torch.Tensor], torch.Tensor] | None,
+        frozen: Iterable[str],
     ) -> list[Chunk]:
-        """Pack parameters into new chunks and point their ``.data`` into them.
-
-        ``order`` lists names in first-use order (the compute order); names it lacks follow in the
-        given order. A parameter seen twice (tied weights) is registered once. Chunks start on
-        ``config.home`` (spilling to host, then disk). With ``materialize``, a parameter's values
-        are ``materialize(param)``, asked for one chunk's tensors at a time (lazy initialization).
-        Names in ``frozen`` go into frozen chunks ([Note: frozen chunks]) of
-        ``frozen_chunk_numel`` elements ([Note: chunk size per kind]). Returns the new chunks.
-        """
+        """``ChunkManager.register`` (its defaults and docstring are there)."""
         self._changed()
         fresh: dict[str, torch.nn.Parameter] = {}
         for name, p in named_params:
@@ -204,19 +196,9 @@ class ChunkRegistry:
         return new
 
     def add_parallel(
-        self,
-        kind: str,
-        dtype: torch.dtype,
-        *,
-        copy_params: bool = False,
-        spill_reserve: int | None = None,
+        self, kind: str, dtype: torch.dtype, *, copy_params: bool, spill_reserve: int | None
     ) -> list[Chunk]:
-        """A chunk of ``dtype`` with the same layout beside every parameter chunk (gradients, fp32
-        master weights, optimizer states). Zeros, or with ``copy_params`` the parameters' values
-        cast to ``dtype``. They start on ``config.home`` like parameter chunks (spilling to the
-        host, then disk; with ``spill_reserve``, then to the compute tier while that many bytes
-        of its room stay free, kept there: [Note: kept chunks]). Frozen chunks get none ([Note:
-        frozen chunks])."""
+        """``ChunkManager.add_parallel`` (its defaults and docstring are there)."""
         if kind == "param" or kind in self._spill:
             raise ConfigError(f"parallel chunk kind {kind!r} is taken; pick another name")
         self._changed()
@@ -262,11 +244,7 @@ class ChunkRegistry:
         self._policy.bind(PolicyContext(summaries, dict(self.views.chunk_of), capacity))
 
     def repack(
-        self,
-        order: Sequence[str],
-        *,
-        chunk_numel: int | None = None,
-        frozen_chunk_numel: int | None = None,
+        self, order: Sequence[str], *, chunk_numel: int | None, frozen_chunk_numel: int | None
     ) -> list[Chunk]:
         """``ChunkManager.repack`` once nothing is in flight: re-pack every chunk in ``order``
         ([Note: first-use order] in ``_repack.py``), in chunks of the given sizes when given.
@@ -298,9 +276,11 @@ class ChunkRegistry:
         self.groups, self._spill = {}, {}
         for name, p in params.items():
             p.data = values["param"][name]
-        new = self.register(params.items(), order=order, frozen=frozen)
+        new = self.register(params.items(), order=order, materialize=None, frozen=frozen)
         for kind in kinds:
-            for twin in self.add_parallel(kind, dtypes[kind], spill_reserve=kinds[kind]):
+            for twin in self.add_parallel(
+                kind, dtypes[kind], copy_params=False, spill_reserve=kinds[kind]
+            ):
                 for name in twin.records:
                     part = twin.shard_view(name)
                     if part is not None:
