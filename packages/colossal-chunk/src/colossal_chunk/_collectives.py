@@ -44,6 +44,7 @@ from ._chunk import Chunk
 from ._hooks import ManagerHooks
 from ._pending import InFlightCount
 from ._placement import Placement
+from ._register import ChunkRegistry
 from ._resident import Residency
 
 __all__ = ["Collectives"]
@@ -58,21 +59,21 @@ class Collectives:
         self,
         placement: Placement,
         policy: PlacementPolicy,
-        chunks: Callable[[], dict[int, Chunk]],
+        registry: ChunkRegistry,
         *,
         hooks: ManagerHooks,
         residency: Residency,
         in_flight: InFlightCount,
         bind: Callable[[Chunk], None],
     ) -> None:
-        """``chunks`` gives the manager's chunks by id now; ``residency`` the moment and the fast
+        """``registry`` holds the manager's chunks by id now; ``residency`` the moment and the fast
         path's flag; ``bind`` re-points a chunk's views."""
-        self._placement, self._policy, self._chunks = placement, policy, chunks
+        self._placement, self._policy, self._registry = placement, policy, registry
         self._hooks, self._residency, self._bind = hooks, residency, bind
         self._in_flight = in_flight  # [Note: collectives in flight]
 
     def _chunk(self, item: Chunk | int) -> Chunk:
-        return self._chunks()[item.chunk_id if isinstance(item, Chunk) else item]
+        return self._registry.chunks[item.chunk_id if isinstance(item, Chunk) else item]
 
     def reduce(
         self, chunk: Chunk | int, into: Chunk | int | None, *, average: bool, async_op: bool,
@@ -114,7 +115,7 @@ class Collectives:
             return
         pl.room.make_room(
             dst.shard_bytes,
-            self._chunks().values(),
+            self._registry.chunks.values(),
             exclude={dst.chunk_id},
             moment=moment,
             what=f"the reduce-scatter into chunk {dst.chunk_id}",
@@ -142,7 +143,7 @@ class Collectives:
                 c.full_bytes if staged else pl.room.need_for_access(c, gather=True),
                 moment=moment,
                 target_use=next_use(c.chunk_id, moment),
-                chunks=self._chunks().values(),
+                chunks=self._registry.chunks.values(),
                 skip=c,
             ):
                 break
@@ -166,7 +167,7 @@ class Collectives:
                 self.finish(c)
                 self._placement.settle(c)
             return
-        everything = self._chunks()
+        everything = self._registry.chunks
         if self._in_flight.now:
             for c in everything.values():
                 self.finish(c)

@@ -86,43 +86,46 @@ class ChunkManager:
         self.group = group
         self.world_size = dist.get_world_size(group) if group is not None else 1
         self._closed = False
+        tiers = build_tiers(config)
         self._placement = Placement(
-            build_tiers(config),
+            tiers,
             self.policy,
-            self._model_budget,
+            lambda moment: self.policy.model_budget(tiers[ACC].capacity_bytes, moment),
             rebind=self._bind,
             read_ahead_bytes=window_bytes(config, self.world_size),
         )
         self.in_flight = InFlightCount()
-        chunks = self._chunks
-        self.residency = Residency(
-            self._placement,
-            self.policy,
-            chunks,
-            world_size=self.world_size,
-            in_flight=self.in_flight,
-            tracking=lambda: self.books.tracking,
-            bind=self._bind,
-        )
         self.registry = ChunkRegistry(
             config,
             self._placement,
             self.policy,
             group=group,
             in_flight=self.in_flight,
-            changed=self.residency.unsteady,
+            changed=lambda: self.residency.unsteady(),
+        )
+        self.residency = Residency(
+            self._placement,
+            self.policy,
+            self.registry,
+            world_size=self.world_size,
+            in_flight=self.in_flight,
+            tracking=lambda: self.books.tracking,
+            bind=self.registry.views.bind,
         )
         self.collectives = Collectives(
             self._placement,
             self.policy,
-            chunks,
+            self.registry,
             hooks=self.hooks,
             residency=self.residency,
             in_flight=self.in_flight,
-            bind=self._bind,
+            bind=self.registry.views.bind,
         )
         self.books = Books(
-            self._placement, chunks, lambda: self.residency.moment, changed=self.residency.unsteady
+            self._placement,
+            lambda: self.registry.chunks,
+            lambda: self.residency.moment,
+            changed=self.residency.unsteady,
         )
         self.shard_io = ShardIO(
             self._placement, self.registry.chunk, move=self.move, keep=self.books.keep_on_compute
@@ -214,10 +217,8 @@ class ChunkManager:
         if prefetch > 0:
             self.residency.prefetch(prefetch)
         if TierName.DISK in self._placement.tiers:  # [Note: disk read-ahead and write-behind]
-            # within this step: the next step's first chunks, read ahead now, would hold the
-            # read-ahead window through the optimizer step ([Note: read-ahead window])
-            ahead = min(_DISK_AHEAD, num_moments - 1 - moment)
-            if ahead > 0:
+            ahead = min(_DISK_AHEAD, num_moments - 1 - moment)  # [Note: read-ahead window]
+            if ahead > 0:  # this step's only: the next step's would hold the window
                 self.shard_io.read_ahead(self.policy.upcoming(moment, ahead))
 
     def access(self, items: Iterable[Item], *, zero: bool = False, discard: bool = False) -> None:
@@ -264,12 +265,18 @@ class ChunkManager:
                 name = self.registry.views.name(item)
                 self.groups[self.registry.views.chunk_of[name]].twin(twin).set_state(name, state)
             return
+        chunks, views = self.registry.chunks, self.registry.views
         touched: dict[int, Chunk] = {}
-        for cid, names in self.registry.by_chunk(items)[0].items():
-            c = self.chunks[cid]
-            for name in names:
+        for item in items:
+            if isinstance(item, str | torch.Tensor):  # the common case first: names, parameters
+                name = views.name(item)
+                c = chunks[views.chunk_of[name]]
                 c.set_state(name, state)
-            touched[cid] = c
+            else:
+                c = self.registry.chunk(item)
+                for name in c.records:
+                    c.set_state(name, state)
+            touched[c.chunk_id] = c
         self.residency.after_release(list(touched.values()), reshard, self.hooks.keep_gathered)
 
     def reduce(
@@ -343,16 +350,14 @@ class ChunkManager:
         self.close()
 
     # ----- inside the verbs ---------------------------------------------------------------------
-    def _chunks(self) -> dict[int, Chunk]:
-        return self.registry.chunks
-
     def _bind(self, chunk: Chunk) -> None:
         self.registry.views.bind(chunk)
 
     def _access_resident(self, by_chunk: dict[int, list[str]]) -> None:
         """``access`` when every chunk is gathered on the compute tier and fits: states only."""
+        chunks = self.registry.chunks
         for cid, names in by_chunk.items():
-            c = self.chunks[cid]
+            c = chunks[cid]
             for name in names:
                 c.set_state(name, TensorState.COMPUTE)
         self.policy.on_access(list(by_chunk), self.residency.moment)
@@ -392,7 +397,3 @@ class ChunkManager:
         self.policy.on_access(list(by_chunk), moment)
         if self.books.tracking:
             self.books.note_demand()
-
-    def _model_budget(self, moment: int) -> int:
-        cap = self._placement.tiers[ACC].capacity_bytes
-        return self.policy.model_budget(cap, moment)

@@ -135,16 +135,16 @@ class ChunkRegistry:
     def by_chunk(self, items: Iterable[Item]) -> tuple[dict[int, list[str]], bool]:
         """Chunk id -> the names of its tensors that ``items`` (parameters, their names, or chunks:
         every tensor) name, and whether any item was a chunk."""
-        views, whole = self.views, False
+        name_of, chunk_of, whole = self.views.name, self.views.chunk_of, False
         by_chunk: dict[int, list[str]] = {}
         for item in items:
-            if isinstance(item, Chunk | int):
-                chunk = self.chunk(item)
-                by_chunk[chunk.chunk_id] = list(chunk.records)
-                whole = True
+            if isinstance(item, str | torch.Tensor):  # the common case first: names, parameters
+                name = name_of(item)
+                by_chunk.setdefault(chunk_of[name], []).append(name)
                 continue
-            name = views.name(item)
-            by_chunk.setdefault(views.chunk_of[name], []).append(name)
+            chunk = self.chunk(item)
+            by_chunk[chunk.chunk_id] = list(chunk.records)
+            whole = True
         return by_chunk, whole
 
     # ----- filling ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from colossal_contracts import PlacementPolicy, TensorState, TierName
 from ._chunk import Chunk
 from ._pending import InFlightCount
 from ._placement import Placement
+from ._register import ChunkRegistry
 from ._tier import UNLIMITED
 
 __all__ = ["Residency"]
@@ -44,16 +45,16 @@ class Residency:
         self,
         placement: Placement,
         policy: PlacementPolicy,
-        chunks: Callable[[], dict[int, Chunk]],
+        registry: ChunkRegistry,
         *,
         world_size: int,
         in_flight: InFlightCount,
         tracking: Callable[[], bool],
         bind: Callable[[Chunk], None],
     ) -> None:
-        """``chunks`` gives the manager's chunks by id now (a re-pack replaces them);
+        """``registry`` holds the manager's chunks by id now (a re-pack replaces them);
         ``tracking`` says whether the books record demand; ``bind`` re-points a chunk's views."""
-        self._placement, self._policy, self._chunks = placement, policy, chunks
+        self._placement, self._policy, self._registry = placement, policy, registry
         self._world_size, self._in_flight, self._tracking = world_size, in_flight, tracking
         self._bind = bind
         self.moment = 0
@@ -80,7 +81,7 @@ class Residency:
     def resident(self, by_chunk: dict[int, list[str]]) -> bool:
         """Whether every chunk of ``by_chunk`` is gathered on the compute tier and fits: an access
         then only changes states."""
-        chunks = self._chunks()
+        chunks = self._registry.chunks
         for cid in by_chunk:
             c = chunks[cid]
             if c.tier is not ACC or not c.is_gathered:
@@ -98,7 +99,7 @@ class Residency:
         if self._world_size > 1 or self._tracking() or self._in_flight.now:
             return False
         policy = self._policy
-        for c in self._chunks().values():
+        for c in self._registry.chunks.values():
             if c.kind == "param" and (c.tier is not ACC or policy.evict_after_use(c.chunk_id)):
                 return False
         acc = self._placement.tiers[ACC]
@@ -118,7 +119,7 @@ class Residency:
         if tier is ACC:
             pl.room.make_room(
                 pl.room.need_for_access(c, gather=False),
-                self._chunks().values(),
+                self._registry.chunks.values(),
                 exclude={c.chunk_id},
                 moment=self.moment,
                 what=f"moving chunk {c.chunk_id}",
@@ -152,7 +153,7 @@ class Residency:
         """
         next_use = self._policy.next_use
         issued, self.steady = 0, False
-        chunks = self._chunks()
+        chunks = self._registry.chunks
         for cid in self._policy.upcoming(self.moment, horizon):
             if self._placement.prefetch(
                 chunks[cid],
