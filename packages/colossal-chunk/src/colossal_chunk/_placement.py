@@ -31,6 +31,7 @@ import torch
 from colossal_contracts import (
     CapacityError,
     ConfigError,
+    InternalError,
     PlacementPolicy,
     StateTransitionError,
     TierName,
@@ -130,21 +131,36 @@ class Placement:
         With ``spill_reserve``, a chunk that fits on neither may start on the compute tier if
         ``spill_reserve`` bytes of the policy's room stay free there; it is then kept there
         ([Note: kept chunks]): no other tier could take it if it were evicted."""
+        self.reserve_new(chunk, tier, spill_reserve=spill_reserve)
+        return self.allocate_new(chunk)
+
+    def reserve_new(
+        self, chunk: Chunk, tier: TierName, *, spill_reserve: int | None = None
+    ) -> None:
+        """``place_new``'s choice of tier: reserve there and set ``chunk.tier`` (no payload yet:
+        ``allocate_new``)."""
         order = [tier] + [t for t in (HOST, DISK) if t is not tier and t in self.tiers]
         for name in order:
-            t = self.tiers[name]
             if self._fits(chunk, name):
-                t.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
+                self.tiers[name].reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
                 chunk.tier = name
-                return t.allocate(_key(chunk, name), chunk.shard_numel, chunk.dtype)
+                return
         acc = self.tiers[ACC]
         room = self.room.limit(0) - (spill_reserve or 0)
         if spill_reserve is not None and acc.used_bytes + chunk.shard_bytes <= room:
             acc.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
             chunk.tier = ACC
             chunk.kept = True
-            return acc.allocate(_key(chunk, ACC), chunk.shard_numel, chunk.dtype)
+            return
         raise self._no_room_anywhere(chunk)
+
+    def allocate_new(self, chunk: Chunk) -> torch.Tensor:
+        """A first shard for ``chunk`` on the tier ``reserve_new`` chose for it."""
+        if chunk.tier is None:
+            raise InternalError(f"chunk {chunk.chunk_id} has no tier reserved; reserve_new first")
+        return self.tiers[chunk.tier].allocate(
+            _key(chunk, chunk.tier), chunk.shard_numel, chunk.dtype
+        )
 
     def move(self, chunk: Chunk, dst: TierName, *, copy: bool = True) -> None:
         """Copy ``chunk``'s shard to ``dst`` (reserving there first) and free it where it was;
@@ -266,20 +282,31 @@ class Placement:
 
     def forget(self, chunk: Chunk) -> None:
         """Give up ``chunk``'s payloads (its shard and any gathered buffer) on every tier."""
+        self.discard_payload(chunk, self.give_up_room(chunk))
+
+    def give_up_room(self, chunk: Chunk) -> TierName | None:
+        """The first half of ``forget``: the tiers no longer count ``chunk`` (nor keep copies of
+        it), but its shard stays readable until ``discard_payload(chunk, tier)``, ``tier``
+        being what this returns (a streaming re-pack reads it while its room is taken by new
+        chunks: colossal-chunk's [Note: streaming re-pack])."""
         self.settle(chunk)
         self.disk_copies.drop(_key(chunk, DISK))
         self.host_copies.drop(chunk.chunk_id)
         chunk.kept = False
         if chunk.world_size > 1 and chunk.is_gathered:
             self.tiers[ACC].free(chunk.full_bytes)
-        if chunk.tier is not None:
-            t = self.tiers[chunk.tier]
-            t.free(chunk.shard_bytes)
-            t.discard(_key(chunk, chunk.tier))
-            if chunk.tier is DISK:
+        tier, chunk.tier = chunk.tier, None
+        if tier is not None:
+            self.tiers[tier].free(chunk.shard_bytes)
+            if tier is DISK:
                 self.read_ahead_window.drop(chunk)
+        return tier
+
+    def discard_payload(self, chunk: Chunk, tier: TierName | None) -> None:
+        """The second half of ``forget``: ``chunk``'s payload on ``tier`` goes."""
+        if tier is not None:
+            self.tiers[tier].discard(_key(chunk, tier))
         chunk.shard = chunk.full = None
-        chunk.tier = None
 
     def drop_gathered(self, chunk: Chunk, dropped: torch.Tensor | None) -> None:
         """Account for a gathered buffer ``chunk`` gave up (from ``release``/``reduce_scatter``)."""

@@ -29,7 +29,7 @@ parameter chunk's ``ChunkGroup``, the parameters' views, and the lookups over th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,7 +42,7 @@ from ._group import ChunkGroup, ChunkKind
 from ._host_memory import host_empty
 from ._pending import InFlightCount
 from ._placement import Placement
-from ._repack import full_copy
+from ._repack import OldChunks
 from ._views import ParamViews
 from .policies._base import ChunkSummary, PolicyContext
 
@@ -157,6 +157,26 @@ class ChunkRegistry:
         frozen: Iterable[str],
     ) -> list[Chunk]:
         """``ChunkManager.register`` (its defaults and docstring are there)."""
+        fresh, new = self._pack(named_params, order, frozen)
+        for c in new:
+            tensors = {
+                n: materialize(fresh[n]) if materialize else fresh[n].data for n in c.records
+            }
+            self._placement.reserve_new(c, TierName(self.config.home))
+            self._fill(c, tensors)
+            del tensors  # lazy init: this chunk's values go before the next chunk's are made
+            self.views.bind(c)
+        self._bind_policy()
+        return new
+
+    def _pack(
+        self,
+        named_params: Iterable[tuple[str, torch.nn.Parameter]],
+        order: Sequence[str] | None,
+        frozen: Iterable[str],
+    ) -> tuple[dict[str, torch.nn.Parameter], list[Chunk]]:
+        """``register``'s layout: the parameters not registered yet by name, and new chunks
+        (records and name books filled, no payload yet) holding them."""
         self._changed()
         fresh: dict[str, torch.nn.Parameter] = {}
         for name, p in named_params:
@@ -183,17 +203,13 @@ class ChunkRegistry:
                 new.append(c)
             c.add(name, p.shape)
             self.views.add(name, p, c.chunk_id)
-        for c in new:
-            tensors = {
-                n: materialize(fresh[n]) if materialize else fresh[n].data for n in c.records
-            }
-            storage = self._placement.place_new(c, TierName(self.config.home))
-            c.fill_shard(storage, tensors)
-            del tensors  # lazy init: this chunk's values go before the next chunk's are made
-            self._placement.written(c)
-            self.views.bind(c)
-        self._bind_policy()
-        return new
+        return fresh, new
+
+    def _fill(self, chunk: Chunk, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Allocate ``chunk``'s first shard on the tier reserved for it and fill it with this
+        rank's slice of ``tensors`` (full values by name)."""
+        chunk.fill_shard(self._placement.allocate_new(chunk), tensors)
+        self._placement.written(chunk)
 
     def add_parallel(
         self, kind: str, dtype: torch.dtype, *, copy_params: bool, spill_reserve: int | None
@@ -205,23 +221,28 @@ class ChunkRegistry:
         twins = []
         for cid in [c.chunk_id for c in self.chunks.values() if c.kind == "param" and not c.frozen]:
             src = self.chunks[cid]
-            twin = src.same_layout(self._next_id(), dtype, kind)
-            self.chunks[twin.chunk_id] = twin
-            storage = self._placement.place_new(
-                twin, TierName(self.config.home), spill_reserve=spill_reserve
-            )
             if copy_params:
                 vals = {n: self._full_value(src, n) for n in src.records}
             else:
                 # fresh mappings read as zeros without taking memory ([Note: host payloads])
                 vals = {n: host_empty(r.numel, dtype).view(r.shape) for n, r in src.records.items()}
-            twin.fill_shard(storage, vals)
-            self._placement.written(twin)
-            self.groups[cid].twins[kind] = twin
+            twin = self._new_twin(src, kind, dtype, spill_reserve)
+            self._fill(twin, vals)
             twins.append(twin)
         self._spill[kind] = spill_reserve
         self._bind_policy()
         return twins
+
+    def _new_twin(
+        self, src: Chunk, kind: str, dtype: torch.dtype, spill_reserve: int | None
+    ) -> Chunk:
+        """A ``kind`` twin of parameter chunk ``src`` with the next id, its tier reserved as
+        ``add_parallel`` reserves it, on ``src``'s record; no payload yet (``_fill``)."""
+        twin = src.same_layout(self._next_id(), dtype, kind)
+        self.chunks[twin.chunk_id] = twin
+        self._placement.reserve_new(twin, TierName(self.config.home), spill_reserve=spill_reserve)
+        self.groups[src.chunk_id].twins[kind] = twin
+        return twin
 
     def _full_value(self, chunk: Chunk, name: str) -> torch.Tensor:
         # Only this rank's slice is needed by fill_shard; others are zero-filled placeholders.
@@ -247,23 +268,19 @@ class ChunkRegistry:
         self, order: Sequence[str], *, chunk_numel: int | None, frozen_chunk_numel: int | None
     ) -> list[Chunk]:
         """``ChunkManager.repack`` once nothing is in flight: re-pack every chunk in ``order``
-        ([Note: first-use order] in ``_repack.py``), in chunks of the given sizes when given.
-        Returns the new parameter chunks."""
+        ([Note: first-use order], [Note: streaming re-pack] in ``_repack.py``), in chunks of the
+        given sizes when given. Returns the new parameter chunks."""
         busy = [c.chunk_id for c in self.chunks.values() if not c.movable]
         if busy:
             raise StateTransitionError(
                 f"cannot re-pack chunks while chunks {busy[:4]} hold tensors in use; release them"
             )
-        values: dict[str, dict[str, torch.Tensor]] = {}  # kind -> name -> full value
-        dtypes: dict[str, torch.dtype] = {}
-        for c in self.chunks.values():
-            full = full_copy(c, self.group)
-            dtypes[c.kind] = c.dtype
-            kind = values.setdefault(c.kind, {})
-            for name, rec in c.records.items():
-                kind[name] = full[rec.offset : rec.end].view(rec.shape)
-            self._placement.forget(c)
-        params, kinds = dict(self.views.params), dict(self._spill)
+        old = OldChunks(list(self.chunks.values()), self._placement, self.group)
+        spill, dtypes = dict(self._spill), old.kinds()
+        kinds = {k: dtypes[k] for k in spill if k in dtypes}  # in the order they were added
+        params = dict(self.views.params)
+        for name, p in params.items():  # its shape for packing (a sharded one looks empty)
+            p.data = torch.empty(1, dtype=p.dtype).expand(old.shape("param", name))
         frozen = [
             n for c in self.chunks.values() if c.kind == "param" and c.frozen for n in c.records
         ]
@@ -274,16 +291,23 @@ class ChunkRegistry:
         self.chunks = {}
         self.views.clear()
         self.groups, self._spill = {}, {}
-        for name, p in params.items():
-            p.data = values["param"][name]
-        new = self.register(params.items(), order=order, materialize=None, frozen=frozen)
-        for kind in kinds:
-            for twin in self.add_parallel(
-                kind, dtypes[kind], copy_params=False, spill_reserve=kinds[kind]
-            ):
-                for name in twin.records:
-                    part = twin.shard_view(name)
-                    if part is not None:
-                        view, a, b = part
-                        view.copy_(values[kind][name].reshape(-1)[a:b])
+        _, new = self._pack(params.items(), order, frozen)
+        # tiers chosen in the order register and add_parallel (of each kind in turn) choose them,
+        # with the ids they give; the payloads then come chunk by chunk as the old ones go
+        home = TierName(self.config.home)
+        for c in new:
+            self._placement.reserve_new(c, home)
+        trainable = [c for c in new if not c.frozen]
+        for kind, dtype in kinds.items():
+            for c in trainable:
+                self._new_twin(c, kind, dtype, spill[kind])
+        for c in new:
+            self._fill(c, {n: old.value("param", n) for n in c.records})
+            self.views.bind(c)
+            old.taken("param", list(c.records))
+            for kind, twin in self.groups[c.chunk_id].twins.items():
+                self._fill(twin, {n: old.value(kind, n) for n in c.records})
+                old.taken(kind, list(c.records))
+        self._bind_policy()
+        self._spill = spill
         return new

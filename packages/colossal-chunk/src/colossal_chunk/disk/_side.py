@@ -27,8 +27,10 @@ DISK = TierName.DISK
 
 
 def payload_key(chunk: Chunk, tier: TierName) -> str:
-    """The name of ``chunk``'s payload on ``tier`` (a file name on disk)."""
-    return f"{chunk.kind}-{chunk.chunk_id}@{tier.value}"
+    """The name of ``chunk``'s payload on ``tier`` (a file name on disk): unique among live chunks
+    even while a re-pack's new chunks take the ids of old ones not yet given up ([Note:
+    streaming re-pack])."""
+    return f"{chunk.kind}-{chunk.chunk_id}.{id(chunk):x}@{tier.value}"  # one file per kind
 
 
 class DiskSide:
