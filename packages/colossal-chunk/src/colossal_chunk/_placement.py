@@ -14,10 +14,9 @@ Only an explicit ``move`` takes it off; ``forget`` clears the flag. Residency is
 [Note: inline prefetch] On an emulated accelerator a prefetch of a host shard of at most
 ``inline_copy_bytes`` (1 MiB) is made at once by the calling thread, as a move: there the copy is
 a memcpy on the CPU, and handing it to the worker thread costs more than it (submit, wake-up and
-wait: ~65 us of CPU for a 260 KB copy of ~17 us, ~110 us for 1 MiB of ~46 us on a loaded 2-core
-host) and, when the ranks outnumber the cores, a context switch that no idle core absorbs. Larger
-shards still go to the worker, which overlaps them with compute where a core is free. On CUDA
-every prefetch rides the side stream.
+wait: several times the copy, measured in docs/chunk.md) and, when the ranks outnumber the cores,
+a context switch that no idle core absorbs. Larger shards still go to the worker, which overlaps
+them with compute where a core is free. On CUDA every prefetch rides the side stream.
 """
 
 from __future__ import annotations
