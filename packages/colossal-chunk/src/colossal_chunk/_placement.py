@@ -8,7 +8,7 @@ budget; ``_room.py``), its disk side (``disk``: read-ahead, write-out, kept disk
 
 [Note: kept chunks] A ``kept`` chunk stays on the compute tier: eviction and prefetch never
 pick it (an optimizer placed its states there for the whole run, in room the plan showed free).
-Only an explicit ``move`` takes it off; ``forget`` clears the flag. Residency is on the chunk
+Only an explicit ``move`` takes it off; ``give_up_room`` clears the flag. Residency is on the chunk
 ([Note: chunk residency] in ``_chunk.py``).
 
 [Note: inline prefetch] On an emulated accelerator a prefetch of a host shard of at most
@@ -122,22 +122,14 @@ class Placement:
         )
 
     # ----- payloads -----------------------------------------------------------------------------
-    def place_new(
-        self, chunk: Chunk, tier: TierName, *, spill_reserve: int | None = None
-    ) -> torch.Tensor:
-        """Reserve and allocate a first shard for ``chunk`` on ``tier``, spilling host -> disk.
-
-        With ``spill_reserve``, a chunk that fits on neither may start on the compute tier if
-        ``spill_reserve`` bytes of the policy's room stay free there; it is then kept there
-        ([Note: kept chunks]): no other tier could take it if it were evicted."""
-        self.reserve_new(chunk, tier, spill_reserve=spill_reserve)
-        return self.allocate_new(chunk)
-
     def reserve_new(
         self, chunk: Chunk, tier: TierName, *, spill_reserve: int | None = None
     ) -> None:
-        """``place_new``'s choice of tier: reserve there and set ``chunk.tier`` (no payload yet:
-        ``allocate_new``)."""
+        """Choose a tier for new ``chunk``: ``tier``, spilling host -> disk; reserve there and set
+        ``chunk.tier`` (no payload yet: ``allocate_new``). With ``spill_reserve``, a chunk that
+        fits on neither may start on the compute tier if ``spill_reserve`` bytes of the policy's
+        room stay free there; it is then kept there ([Note: kept chunks]): no other tier could
+        take it if it were evicted."""
         order = [tier] + [t for t in (HOST, DISK) if t is not tier and t in self.tiers]
         for name in order:
             if self._fits(chunk, name):
@@ -279,13 +271,9 @@ class Placement:
             self.moves.count(ACC, chunk.current_tier, chunk.shard_bytes)
         return True
 
-    def forget(self, chunk: Chunk) -> None:
-        """Give up ``chunk``'s payloads (its shard and any gathered buffer) on every tier."""
-        self.discard_payload(chunk, self.give_up_room(chunk))
-
     def give_up_room(self, chunk: Chunk) -> TierName | None:
-        """The first half of ``forget``: the tiers no longer count ``chunk`` (nor keep copies of
-        it), but its shard stays readable until ``discard_payload(chunk, tier)``, ``tier``
+        """Give up ``chunk``'s room: the tiers no longer count it (nor keep copies of it, nor a
+        gathered buffer), but its shard stays readable until ``discard_payload(chunk, tier)``, ``tier``
         being what this returns (a streaming re-pack reads it while its room is taken by new
         chunks: colossal-chunk's [Note: streaming re-pack])."""
         self.settle(chunk)
@@ -302,7 +290,7 @@ class Placement:
         return tier
 
     def discard_payload(self, chunk: Chunk, tier: TierName | None) -> None:
-        """The second half of ``forget``: ``chunk``'s payload on ``tier`` goes."""
+        """After ``give_up_room``: ``chunk``'s payload on ``tier`` goes."""
         if tier is not None:
             self.tiers[tier].discard(_key(chunk, tier))
         chunk.shard = chunk.full = None
