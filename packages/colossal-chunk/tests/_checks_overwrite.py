@@ -4,7 +4,8 @@ import torch
 import torch.distributed as dist
 
 from colossal_chunk import Chunk, ChunkConfig
-from colossal_chunk._placement import Placement, build_tiers
+from colossal_chunk._placement import Placement
+from colossal_chunk._tier import build_tiers
 from colossal_contracts import TensorState, TierName
 
 ACC, HOST = TierName.ACCELERATOR, TierName.HOST

@@ -3,6 +3,7 @@ without a GPU."""
 
 from __future__ import annotations
 
+import _checks_update as cu
 import _checks_zero as checks
 import pytest
 import torch
@@ -33,3 +34,17 @@ def test_cuda_bf16_trains():
     model, opt = checks.make(cfg)
     losses = checks.train(model, opt, 10, 8)
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_update_in_backward_equals_the_unfused_step(tmp_path, precision):
+    # [Note: update in backward] with a disk tier, the compute tier on the GPU
+    args = (6, 8)
+    fused = cu.run(str(tmp_path / "fused"), precision, None, *args, accum=2, device="cuda")
+    unfused = cu.run(str(tmp_path / "unfused"), precision, False, *args, accum=2, device="cuda")
+    assert fused[0] == unfused[0] and fused[5] == unfused[5]
+    assert all(torch.equal(fused[1][k], unfused[1][k]) for k in unfused[1])
+    assert fused[2][-1] > 0 and sum(unfused[2]) == 0
+    print(
+        f"{precision}: disk bytes written per step {fused[3]} vs {unfused[3]}, read {fused[4]} vs {unfused[4]}"
+    )

@@ -10,9 +10,8 @@ where the step is. The fast path: when every chunk is already resident and gathe
 compute tier is within this moment's room, ``access`` and ``release`` only change states (no tier
 is touched); otherwise ``access`` first evicts down to the moment's room (which may have shrunk).
 
-The parts are objects the manager holds (composition, not mixins; see the class attributes):
-``_register.py`` (+ ``_repack.py``), ``_resident.py``, ``_collectives.py``, ``_books.py``,
-``_shard_io.py``.
+Its parts are objects it holds (composition, not mixins; see the class attributes): in
+``_register.py`` (+ ``_repack.py``), ``_resident``, ``_collectives``, ``_books``, ``_shard_io``.
 """
 
 from __future__ import annotations
@@ -31,10 +30,11 @@ from ._config import ChunkConfig
 from ._group import ChunkGroup
 from ._hooks import ManagerHooks, NoHooks
 from ._pending import InFlightCount
-from ._placement import Placement, build_tiers
+from ._placement import Placement
 from ._register import ChunkRegistry
 from ._resident import Residency
 from ._shard_io import ShardIO
+from ._tier import build_tiers
 from .disk._read_ahead import window_bytes
 from .policies._base import LruPolicy
 

@@ -29,7 +29,6 @@ import torch
 
 from colossal_contracts import (
     CapacityError,
-    ConfigError,
     InternalError,
     PlacementPolicy,
     StateTransitionError,
@@ -38,7 +37,6 @@ from colossal_contracts import (
 
 from ._accounting import MoveCounts
 from ._chunk import Chunk
-from ._config import ChunkConfig
 from ._group import Lifecycle
 from ._host_copies import HostCopies, down
 from ._prefetch import Prefetcher
@@ -49,40 +47,11 @@ from .disk._copies import DiskCopies
 from .disk._read_ahead import ReadAheadWindow
 from .disk._side import DiskSide
 from .disk._side import payload_key as _key
-from .disk._store import DiskStore
 
-__all__ = ["Placement", "build_tiers"]
+__all__ = ["Placement"]
 
 ACC, HOST, DISK = TierName.ACCELERATOR, TierName.HOST, TierName.DISK
 _INLINE_COPY_BYTES = 1 << 20  # [Note: inline prefetch]
-
-
-def build_tiers(config: ChunkConfig) -> dict[TierName, Tier]:
-    """The accelerator, host and (unless ``disk_bytes == 0``) disk tiers ``config`` describes."""
-    cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but torch sees no CUDA device; use 'auto' or 'cpu'")
-    if cuda:
-        dev = torch.device("cuda", torch.cuda.current_device())
-        acc_cap = config.accelerator_bytes
-        if acc_cap is None:
-            acc_cap = torch.cuda.mem_get_info(dev)[1]
-    else:
-        dev = torch.device("cpu")
-        acc_cap = UNLIMITED if config.accelerator_bytes is None else config.accelerator_bytes
-    tiers = {
-        ACC: Tier(ACC, dev, acc_cap, emulated=not cuda),
-        HOST: Tier(
-            HOST,
-            torch.device("cpu"),
-            UNLIMITED if config.host_bytes is None else config.host_bytes,
-            pin_memory=cuda and config.pin_memory,
-        ),
-    }
-    if config.disk_bytes != 0:
-        cap = UNLIMITED if config.disk_bytes is None else config.disk_bytes
-        tiers[DISK] = Tier(DISK, torch.device("cpu"), cap, store=DiskStore(config.disk_dir))
-    return tiers
 
 
 class Placement:
@@ -154,13 +123,12 @@ class Placement:
         )
 
     def move(self, chunk: Chunk, dst: TierName, *, copy: bool = True) -> None:
-        """Copy ``chunk``'s shard to ``dst`` (reserving there first) and free it where it was;
-        without ``copy`` its values are dead and only storage moves (the new shard's padding is
-        zeroed, the rest left as allocated). Nothing is copied either while a reduce-scatter in
-        flight will overwrite the whole shard (``Chunk.awaits_overwrite``: a gradient shard
-        brought in uncopied to take the result, then evicted before the result came)."""
+        """Copy ``chunk``'s shard to ``dst`` (reserving there first), free it where it was. Only
+        storage moves (new padding zeroed) without ``copy``, while a reduce-scatter in flight will
+        overwrite it, or when dead ([Note: dead shards] in ``_shard_io.py``: to disk unwritten)."""
         self.settle(chunk)
-        copy = copy and not chunk.awaits_overwrite
+        copy = copy and not chunk.awaits_overwrite and not chunk.dead
+        unwritten = chunk.dead and dst is DISK
         src = chunk.current_tier
         if src is dst:
             return
@@ -190,13 +158,15 @@ class Placement:
             chunk.quiesce()
             new = d.put(_key(chunk, dst), chunk.payload)
             old = chunk.replace_shard(new, copy=False)
-        else:
-            new = self.spares.allocate(d, _key(chunk, dst), chunk.shard_numel, chunk.dtype)
-            if not copy:  # padding is zero in every payload: this rank's part of the chunk's tail
+        else:  # a dead shard's padding is zeroed when it is brought back (uncopied)
+            get = d.claim if unwritten else partial(self.spares.allocate, d)
+            new = get(_key(chunk, dst), chunk.shard_numel, chunk.dtype)
+            if not copy and not unwritten:  # padding is zero in every payload: this rank's part
                 new[max(0, chunk.used - chunk.rank * chunk.shard_numel) :].zero_()
             old = chunk.replace_shard(new, copy=copy)
         del new
-        d.write_behind(_key(chunk, dst), chunk.payload)
+        if not unwritten:
+            d.write_behind(_key(chunk, dst), chunk.payload)
         self._rebind(chunk)  # the old storage's views go: it may become a spare
         s = self.tiers[src]
         if chunk.frozen and copy and src is HOST:  # [Note: host copies]

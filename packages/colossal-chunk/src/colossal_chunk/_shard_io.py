@@ -8,6 +8,14 @@ copies] in ``disk/_copies.py``). Without a disk tier most of them only keep the 
 ``shards_to_update`` walks an owner's whole update with all of them ([Note: shards to update] in
 ``_updates.py``).
 
+[Note: dead shards] An owner that consumed a shard's values (an optimizer's gradients after
+the update) says so (``dead``): until a tensor of the chunk is used again (any state change:
+an access, a gradient written) or a reduce-scatter writes it, a move copies nothing, a move to
+disk takes a slot and writes nothing (``Tier.claim``), and nothing reads it ahead. So a gradient
+chunk evicted between the update and the next backward costs no disk traffic; the next backward
+overwrites every slot (brought in uncopied: ``access(chunks, discard=True)``, or a reduce-scatter
+into it).
+
 The manager owns one ``ShardIO`` (``ChunkManager.shard_io``), composed rather than inherited.
 """
 
@@ -117,10 +125,17 @@ class ShardIO:
         loaded): those on disk start being written out of memory in the background."""
         for c in chunks:
             chunk = self._chunk(c)
+            chunk.dead = False  # [Note: dead shards]
             if chunk.frozen:  # [Note: frozen chunks]: counted, so an owner can show it never is
                 self._placement.frozen_written += chunk.shard_bytes
             self._placement.disk.used(chunk)  # [Note: disk fault-ins]
             self._placement.written(chunk)
+
+    def dead(self, chunks: Iterable[Chunk | int]) -> None:
+        """Say that the values of the shards of ``chunks`` are consumed ([Note: dead shards]);
+        how they were used is said as for any shard (``read_done``, ``written``)."""
+        for c in chunks:
+            self._chunk(c).dead = True
 
     def read_done(self, chunks: Iterable[Chunk | int]) -> None:
         """Say that the shards of ``chunks`` were only read in place: those on disk leave this

@@ -51,7 +51,7 @@ class DiskSide:
         """Start reading ``chunk``'s shard into memory if it lives on disk (for a use soon) and
         the read-ahead window has room for it; False when it has not ([Note: read-ahead
         window])."""
-        if chunk.tier is not DISK:
+        if chunk.tier is not DISK or chunk.dead:  # nothing to read ([Note: dead shards])
             return True
         if not self.read_ahead_window.admit(chunk):
             return False

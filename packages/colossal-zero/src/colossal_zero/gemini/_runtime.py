@@ -336,7 +336,7 @@ class GeminiRuntime(GradientCollection):
                 m.release([n for n, r in c.records.items() if r.state is _S.COMPUTE])
         self._finish_kept()
         self._reduce_partial()
-        m.settle()  # the optimizer writes shards next: no copy of one may be in flight
+        self._settle_then_update()  # no copy in flight: the optimizer writes shards next
         self._grad_done.clear()
         self._to(_T.IDLE)
         if self._recording:
