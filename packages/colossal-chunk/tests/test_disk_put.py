@@ -111,5 +111,5 @@ def test_a_chunk_moved_to_disk_is_put_and_reads_back(tmp_path, monkeypatch):
         want = chunk.shard.clone()
         mgr.move(chunk, TierName.DISK)
         assert puts == [payload_key(chunk, TierName.DISK)]
-        mgr.tiers[TierName.DISK].store.drain()  # type: ignore[union-attr]
+        mgr.books.tiers[TierName.DISK].store.drain()  # type: ignore[union-attr]
         assert torch.equal(chunk.shard, want)  # read back from the file

@@ -23,7 +23,7 @@ def _manager(tmp_path) -> ChunkManager:  # type: ignore[no-untyped-def]
 
 def _on_file(mgr: ChunkManager, chunk) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """The chunk's payload as the file holds it (read with pread, not through a mapping)."""
-    store = mgr.tiers[TierName.DISK].store
+    store = mgr.books.tiers[TierName.DISK].store
     assert isinstance(store, DiskStore)
     store.drain()
     p = store._files[payload_key(chunk, TierName.DISK)]
@@ -62,7 +62,7 @@ def test_a_staged_block_that_raises_leaves_the_payload_unchanged(tmp_path):
     with _manager(tmp_path) as mgr:
         chunk = next(c for c in mgr.chunks.values() if c.tier is TierName.DISK)
         mapping, before = chunk.shard, chunk.shard.clone()
-        store = mgr.tiers[TierName.DISK].store
+        store = mgr.books.tiers[TierName.DISK].store
         assert isinstance(store, DiskStore)
         store.drain()
         written = store.io_stats().bytes_written  # by the moves that placed the chunks

@@ -51,20 +51,20 @@ def test_a_repack_with_chunks_on_disk_keeps_every_value(tmp_path):
                     view.copy_(want[name].reshape(-1)[a:b] * 3)
         assert any(c.tier is DISK for c in m.chunks.values())
         m.repack(_order(12))
-        assert m.registration_order() == _order(12)
+        assert m.registry.registration_order() == _order(12)
         assert sorted(m.chunks) == list(range(len(m.chunks)))  # ids as a fresh register gives
-        for c in m.param_chunks():
+        for c in m.registry.param_chunks():
             group = m.groups[c.chunk_id]
             assert list(group.twins) == ["master", "exp_avg"]
         for n, _ in named:
             m.access([n])
             assert torch.equal(dict(named)[n].data, want[n])
             m.release([n])
-            master = m.parallel_chunk("master", m.chunk_of(n)).shard_view(n)[0]
+            master = m.registry.parallel_chunk("master", m.chunk_of(n)).shard_view(n)[0]
             assert torch.equal(master, want[n].double())
-            exp_avg = m.parallel_chunk("exp_avg", m.chunk_of(n)).shard_view(n)[0]
+            exp_avg = m.registry.parallel_chunk("exp_avg", m.chunk_of(n)).shard_view(n)[0]
             assert torch.equal(exp_avg, want[n] * 3)
-        used = sum(t.used_bytes for t in m.tiers.values())
+        used = sum(t.used_bytes for t in m.books.tiers.values())
         assert used == sum(c.shard_bytes for c in m.chunks.values())
 
 

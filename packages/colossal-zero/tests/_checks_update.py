@@ -53,14 +53,14 @@ def run(
     opt = GeminiOptimizer(model, param_groups(model.module), lr=lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7) if schedule else None
     m = model.runtime.manager
-    store = m.tiers[TierName.DISK].store
+    store = m.books.tiers[TierName.DISK].store
     per = batch // world
     losses: list[float] = []
     updated, written, read, norms = [], [], [], []
     data = batches(steps * accum, batch)
     for s in range(steps):
         store.drain()  # type: ignore[union-attr]
-        stats = m.stats()
+        stats = m.books.stats()
         before, faulted = stats.disk_io, stats.disk_faulted_bytes
         for i in range(accum):
             x, y = data[s * accum + i]
@@ -83,7 +83,7 @@ def run(
         if sched is not None:
             sched.step()
         store.drain()  # type: ignore[union-attr]
-        stats = m.stats()
+        stats = m.books.stats()
         io = stats.disk_io - before
         written.append(io.bytes_written)
         read.append(io.bytes_read + stats.disk_faulted_bytes - faulted)

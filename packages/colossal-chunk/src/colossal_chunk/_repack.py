@@ -18,8 +18,10 @@ nearly the order they were registered, so few are open at once: the full copy it
 (16 B per parameter: 4.8 GB for a 302M-parameter GPT with its states on disk) ran a 3.6B one
 out of RAM.
 
-``ChunkManager`` inherits these methods; they rebuild its chunks with ``register``'s and
-``add_parallel``'s parts (``_pack``, ``_new_twin``, ``_fill``).
+``ChunkRegistry.repack`` does it (once the manager has finished everything in flight) with
+``register``'s and ``add_parallel``'s parts (``_pack``, ``_new_twin``, ``_fill``) and the
+``OldChunks`` here; sizes given to it (an owner's fitted ``chunk_numel`` and
+``frozen_chunk_numel``) replace the config's before the new chunks are made.
 """
 
 from __future__ import annotations
@@ -29,17 +31,15 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from colossal_contracts import ChunkStateError, StateTransitionError, TierName
+from colossal_contracts import ChunkStateError
 
 from ._chunk import Chunk, _all_gather
-from ._group import ChunkGroup
 from ._placement import Placement
-from ._views import ParamViews
 
-__all__ = ["ManagerRepack"]
+__all__ = ["OldChunks"]
 
 
-class _OldChunks:
+class OldChunks:
     """The chunks a re-pack replaces: each one's full values, made when first asked for, and
     given up once every tensor it holds has been taken ([Note: streaming re-pack])."""
 
@@ -91,63 +91,3 @@ def _full_values(c: Chunk, group: dist.ProcessGroup | None) -> torch.Tensor:
     full = torch.empty(c.capacity, dtype=c.dtype, device=dev)
     _all_gather(full, shard.detach().to(dev).contiguous(), group=group)
     return full
-
-
-class ManagerRepack:
-    """``repack`` and the layout it reads; see the module docstring. Uses the manager's
-    ``_pack``, ``_new_twin``, ``_fill``, ``_bind``, ``_bind_policy``, ``param_chunks`` and
-    ``settle``."""
-
-    chunks: dict[int, Chunk]  # every chunk by id (the manager's)
-    group: dist.ProcessGroup | None  # the manager's
-    _placement: Placement  # the manager's
-    _views: ParamViews  # the manager's
-    groups: dict[int, ChunkGroup]  # the manager's
-    _spill: dict[str, int | None]  # the manager's: twin kind -> spill_reserve
-
-    def registration_order(self) -> list[str]:
-        """Parameter names in the order they sit in chunks."""
-        return [n for c in self.param_chunks() for n in c.records]
-
-    def repack(self, order: Sequence[str]) -> list[Chunk]:
-        """Re-pack every chunk in ``order``; see [Note: first-use order] and [Note: streaming
-        re-pack]. Collective when chunks are sharded. Every tensor must be HOLD or FREE. Returns
-        the new parameter chunks."""
-        self.settle()
-        busy = [c.chunk_id for c in self.chunks.values() if not c.movable]
-        if busy:
-            raise StateTransitionError(
-                f"cannot re-pack chunks while chunks {busy[:4]} hold tensors in use; release them"
-            )
-        old = _OldChunks(list(self.chunks.values()), self._placement, self.group)
-        spill, dtypes = dict(self._spill), old.kinds()
-        kinds = {k: dtypes[k] for k in spill if k in dtypes}  # in the order they were added
-        params = dict(self._views.params)
-        for name, p in params.items():  # its shape for packing (a sharded one looks empty)
-            p.data = torch.empty(1, dtype=p.dtype).expand(old.shape("param", name))
-        frozen = [
-            n for c in self.chunks.values() if c.kind == "param" and c.frozen for n in c.records
-        ]
-        self.chunks = {}
-        self._views.clear()
-        self.groups, self._spill = {}, {}
-        _, new = self._pack(params.items(), order, frozen)
-        # tiers chosen in the order register and add_parallel (of each kind in turn) choose them,
-        # with the ids they give; the payloads then come chunk by chunk as the old ones go
-        home = TierName(self.config.home)
-        for c in new:
-            self._placement.reserve_new(c, home)
-        trainable = [c for c in new if not c.frozen]
-        for kind, dtype in kinds.items():
-            for c in trainable:
-                self._new_twin(c, kind, dtype, spill[kind])
-        for c in new:
-            self._fill(c, {n: old.value("param", n) for n in c.records})
-            self._bind(c)
-            old.taken("param", list(c.records))
-            for kind, twin in self.groups[c.chunk_id].twins.items():
-                self._fill(twin, {n: old.value(kind, n) for n in c.records})
-                old.taken(kind, list(c.records))
-        self._bind_policy()
-        self._spill = spill
-        return new

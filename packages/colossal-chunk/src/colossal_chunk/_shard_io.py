@@ -13,7 +13,7 @@ the update) says so (``dead``): until a tensor of the chunk is used again (any s
 an access, a gradient written) or a reduce-scatter writes it, a move copies nothing, a move to
 disk takes a slot and writes nothing (``Tier.claim``), and nothing reads it ahead. So a gradient
 chunk evicted between the update and the next backward costs no disk traffic; the next backward
-overwrites every slot (brought in uncopied: ``access_chunks(discard=True)``, or a reduce-scatter
+overwrites every slot (brought in uncopied: ``access(chunks, discard=True)``, or a reduce-scatter
 into it).
 
 The manager owns one ``ShardIO`` (``ChunkManager.shard_io``), composed rather than inherited.
@@ -74,7 +74,7 @@ class ShardIO:
         read-ahead window]: the rest are not read ahead)."""
         for c in chunks:
             chunk = self._chunk(c)
-            if not self._placement.read_ahead(chunk):
+            if not self._placement.disk.read_ahead(chunk):
                 return False
         return True
 
@@ -89,7 +89,7 @@ class ShardIO:
         their read-aheads not taken up by the reader yet are done on this thread now ([Note:
         disk read-ahead and write-behind] in ``disk/_io.py``)."""
         for c in chunks:
-            self._placement.finish_read(self._chunk(c))
+            self._placement.disk.finish_read(self._chunk(c))
 
     @contextmanager
     def staged(self, chunks: Iterable[Chunk | int]) -> Iterator[None]:
@@ -103,16 +103,16 @@ class ShardIO:
         try:
             for c in chunks:
                 chunk = self._chunk(c)
-                mapping = self._placement.stage(chunk)
+                mapping = self._placement.disk.stage(chunk)
                 if mapping is not None:
                     out.append((chunk, mapping))
             yield
         except BaseException:
             for chunk, mapping in out:
-                self._placement.unstage(chunk, mapping, write=False)
+                self._placement.disk.unstage(chunk, mapping, write=False)
             raise
         for chunk, mapping in out:
-            self._placement.unstage(chunk, mapping, write=True)
+            self._placement.disk.unstage(chunk, mapping, write=True)
 
     def keep_disk_copies(self, kinds: Iterable[str] = ()) -> None:
         """Say that chunks of ``kinds`` are not written until the next call: one read off disk
@@ -128,7 +128,7 @@ class ShardIO:
             chunk.dead = False  # [Note: dead shards]
             if chunk.frozen:  # [Note: frozen chunks]: counted, so an owner can show it never is
                 self._placement.frozen_written += chunk.shard_bytes
-            self._placement.used(chunk)  # [Note: disk fault-ins]
+            self._placement.disk.used(chunk)  # [Note: disk fault-ins]
             self._placement.written(chunk)
 
     def dead(self, chunks: Iterable[Chunk | int]) -> None:
@@ -142,5 +142,5 @@ class ShardIO:
         process's memory with nothing written (colossal-chunk's [Note: reads let go])."""
         for c in chunks:
             chunk = self._chunk(c)
-            self._placement.used(chunk)  # [Note: disk fault-ins]
-            self._placement.read_only(chunk)
+            self._placement.disk.used(chunk)  # [Note: disk fault-ins]
+            self._placement.disk.read_only(chunk)

@@ -207,14 +207,14 @@ class GradientCollection(StepGradients):
         elif self.resident:  # [Note: resident steps]
             target = self._grad_chunk(c)
             target.view(name).copy_(grad)
-            target.set_state(name, _S.READY_FOR_REDUCE)
+            self.manager.release([name], state=_S.READY_FOR_REDUCE, twin="grad")
         else:
             if c.state(name) is not _S.COMPUTE:
                 self.stash(c.chunk_id)
                 self.manager.access([name])
             target = self._grad_chunk(c)
             target.view(name).copy_(grad)
-            target.set_state(name, _S.READY_FOR_REDUCE)
+            self.manager.release([name], state=_S.READY_FOR_REDUCE, twin="grad")
             self.manager.release([name], state=_S.HOLD)
         self._grad_done.add(name)
         self.got_grad.add(name)
@@ -239,7 +239,7 @@ class GradientCollection(StepGradients):
             g = self.manager.groups[c.chunk_id].twin("grad")
             for n in rest:
                 g.view(n).zero_()
-                g.set_state(n, _S.READY_FOR_REDUCE)
+            self.manager.release(rest, state=_S.READY_FOR_REDUCE, twin="grad")
             self._reduce(c, g)
 
     def _open(self, c: Chunk) -> None:
@@ -258,7 +258,7 @@ class GradientCollection(StepGradients):
             # the buffer is the shard; every slot is overwritten by its gradient or zeroed in
             # _fill_and_reduce, and padding stays zero: its values (stashed above) are dead,
             # moved to the compute tier uncopied (discard) and not zeroed
-            self.manager.access_chunks([g], discard=True)
+            self.manager.access([g], discard=True)
         return g
 
     def _reduce(self, c: Chunk, target: Chunk) -> None:

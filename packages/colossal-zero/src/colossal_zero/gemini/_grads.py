@@ -201,4 +201,4 @@ class StepGradients:
         is given up (its slice equals the shard: nothing wrote the gathered buffer)."""
         if c.world_size == 1 or not c.is_gathered or not c.all_in(TensorState.HOLD):
             return
-        self.manager.reshard([c])
+        self.manager.settle([c], reshard=True)

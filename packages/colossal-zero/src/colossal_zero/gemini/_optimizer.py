@@ -325,8 +325,7 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         for cid in self.state_plan.chunks:
             states = self._states_of(m.groups[cid].param)
             for ch in states:  # each kept as it lands, so the next move cannot evict it
-                m.move(ch, ACC)
-                m.books.keep_on_compute([ch])
+                m.move(ch, ACC, keep=True)
         self._placed_for = m.groups
         # a chunk's update reads its gradients where its states live for good: a gradient shard
         # on the accelerator would be copied to them anyway. Not before the plan: the step that
