@@ -5,8 +5,8 @@ parameter's ``.data`` to another device, which drops its gradient accumulator (t
 ``set_data``): the tied embedding of ``_Net`` then got two accumulators, its gradient hook ran
 twice per backward, and the first part pinned the gradient chunk until a later access was
 refused (found on an H200: ``test_fp64_precision``'s Gemini case under a 40,000-byte budget). On
-the CPU both tiers are one device, so here a dtype hop on every bind off the compute tier drops
-the accumulator as the device change does there."""
+the CPU both tiers are one device, so here a dtype hop of the tied weight's ``.data`` between its
+two readers drops the accumulator as the device change does there."""
 
 from __future__ import annotations
 
@@ -15,27 +15,22 @@ import torch
 import torch.nn.functional as F
 from test_fp64_precision import CLIP, LR, TOL, _data, _groups, _Net, _reference, _train, _worst
 
-from colossal_chunk import _views
-from colossal_contracts import TierName
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 from colossal_zero.gemini._runtime import GeminiRuntime
 
 
-def _drop_accumulators_off_the_compute_tier(monkeypatch) -> None:
-    """Emulate CUDA's device hop: every bind of a chunk off the compute tier sets its
-    parameters' ``.data`` to another type and back, which drops their accumulators."""
-    bind = _views.ParamViews.bind
+def _drop_accumulator_between_readers(model: _Net) -> None:
+    """Emulate CUDA's device hop: before ``model.ln`` runs (after the embedding read the tied
+    weight, before the head reads it again) set the weight's ``.data`` to another type and back,
+    which drops its gradient accumulator: each reader's gradient then arrives on its own."""
+    weight = model.emb.weight
 
-    def hop(self, chunk):
-        bind(self, chunk)
-        if chunk.kind == "param" and chunk.tier is not TierName.ACCELERATOR:
-            for name in chunk.records:
-                p = self.params[name]
-                data = p.data
-                p.data = torch.empty(0, dtype=torch.float16)
-                p.data = data
+    def hop(*_: object) -> None:
+        data = weight.data
+        weight.data = torch.empty(0, dtype=torch.float16)
+        weight.data = data
 
-    monkeypatch.setattr(_views.ParamViews, "bind", hop)
+    model.ln.register_forward_pre_hook(hop)
 
 
 def _gemini(model: torch.nn.Module) -> tuple[torch.nn.Module, GeminiOptimizer]:
@@ -45,12 +40,12 @@ def _gemini(model: torch.nn.Module) -> tuple[torch.nn.Module, GeminiOptimizer]:
     return gm, GeminiOptimizer(gm, groups, lr=LR, max_grad_norm=CLIP)
 
 
-def test_a_gradient_in_parts_is_collected_once_as_its_sum(monkeypatch):
-    _drop_accumulators_off_the_compute_tier(monkeypatch)
+def test_a_gradient_in_parts_is_collected_once_as_its_sum():
     torch.manual_seed(0)
     model = _Net()
     ref_losses, ref = _reference(model)
     gm, opt = _gemini(model)
+    _drop_accumulator_between_readers(model)
     calls = []  # per backward: how often the tied weight's accumulators ran
     model.emb.weight.register_post_accumulate_grad_hook(lambda p: calls.append(gm.runtime.forwards))
     losses = _train(gm, opt)  # refused at the 2nd step's backward when parts were collected

@@ -2,7 +2,8 @@
 call] in ``_optimizer.py``): in place and joined into one fused call per param group, or alone
 where its states live, with every staging copy counted.
 
-``GeminiOptimizer`` inherits these methods; they read its runtime, param groups and step counts.
+``GeminiOptimizer`` holds one ``ChunkUpdates`` (composed, not inherited): it owns the step counts
+and reads the runtime, the parameters' param groups and their hyperparameters.
 """
 
 from __future__ import annotations
@@ -21,19 +22,35 @@ __all__ = ["STATE_KINDS", "ChunkUpdates", "Rows"]
 
 ACC = TierName.ACCELERATOR
 Rows = dict[int, tuple[list[torch.Tensor], ...]]  # param group -> values, grads, m, v, steps
+Views = dict[int, tuple[tuple, tuple[str, ...], list[tuple]]]  # chunk id -> see join
 
 
 class ChunkUpdates:
-    """The per-chunk update of ``GeminiOptimizer``; see the module docstring."""
+    """The per-chunk update of ``GeminiOptimizer``; see the module docstring.
+
+    ``group_of`` maps each parameter name to its param group's index, ``hyper`` gives a param
+    group's current hyperparameters by index (read at each update: a scheduler may change the
+    lr), ``views`` is where the fused call's views are kept between steps (the runtime's
+    ``AfterStep.views``, dropped as a forward begins).
+    """
 
     rt: Any  # the GeminiRuntime (the optimizer's)
-    adamw: bool
     group_of: dict[str, int]  # parameter name -> param group index
+    hyper: Callable[[int], AdamHyper]  # param group index -> its hyperparameters now
     steps: dict[str, torch.Tensor]  # parameter name -> float32 step count
-    param_groups: list[dict[str, Any]]
-    _views: dict[int, tuple[tuple, tuple[str, ...], list[tuple]]]  # see _join
+    views: Views  # see join
 
-    def _owned_and_steps(self, c: Chunk) -> tuple[list[str], list[torch.Tensor]] | None:
+    def __init__(
+        self,
+        rt: Any,
+        group_of: dict[str, int],
+        hyper: Callable[[int], AdamHyper],
+        views: Views,
+    ) -> None:
+        self.rt, self.group_of, self.hyper, self.views = rt, group_of, hyper, views
+        self.steps = {}
+
+    def owned_and_steps(self, c: Chunk) -> tuple[list[str], list[torch.Tensor]] | None:
         """Of chunk ``c``'s tensors with a gradient this step that the optimizer steps: those
         this rank holds a slice of, and the step count of every one (made at 0 when new); None
         when there are none. Every rank counts every tensor's steps: after a re-pack in first-use
@@ -52,7 +69,7 @@ class ChunkUpdates:
                 owned.append(n)
         return owned, counts
 
-    def _in_place(self, c: Chunk, grads: list[torch.Tensor], disk: bool) -> bool:
+    def in_place(self, c: Chunk, grads: list[torch.Tensor], disk: bool) -> bool:
         """Whether chunk ``c``'s update moves and stages nothing ([Note: one fused call]): no disk
         tier, states on the host or everything already on the accelerator, one device, fp32."""
         if disk:
@@ -68,21 +85,21 @@ class ChunkUpdates:
         sd = rt.precision.state_dtype  # float32, or float64 under fp64
         return all(g.device == dev and g.dtype == sd for g in grads)
 
-    def _join(self, c: Chunk, names: list[str], grads: list[torch.Tensor], rows: Rows) -> None:
+    def join(self, c: Chunk, names: list[str], grads: list[torch.Tensor], rows: Rows) -> None:
         """Add chunk ``c``'s tensors (``names``, their gradient slices ``grads``) to ``rows``,
-        counting the copies its tiers stand for as ``_update`` does. The views of its fp32 and
+        counting the copies its tiers stand for as ``update`` does. The views of its fp32 and
         state shards are kept from the last step while those shards stay the same tensors."""
         rt, m = self.rt, self.rt.manager
         avg, sq = (m.groups[c.chunk_id].twin(k) for k in STATE_KINDS)
         home, fp32, gtier = avg.tier, rt.roles.fp32(c), rt.grad_home(c).tier
         shards, key = (fp32.shard, avg.shard, sq.shard), tuple(names)
-        hit = self._views.get(c.chunk_id)
+        hit = self.views.get(c.chunk_id)
         if hit is None or hit[1] != key or any(a is not b for a, b in zip(hit[0], shards)):
             per = [
                 (self.group_of[n], *(ch.shard_view(n)[0] for ch in (fp32, avg, sq)), self.steps[n])
                 for n in names
             ]
-            hit = self._views[c.chunk_id] = (shards, key, per)
+            hit = self.views[c.chunk_id] = (shards, key, per)
         for (gi, pv, av, sv, step), gv in zip(hit[2], grads, strict=True):
             if fp32.tier is not home:
                 nbytes = pv.numel() * pv.element_size()
@@ -99,17 +116,17 @@ class ChunkUpdates:
             row[3].append(sv)
             row[4].append(step)
 
-    def _run(self, rows: Rows, joined: list[Chunk], grad_scale: float) -> None:
+    def run(self, rows: Rows, joined: list[Chunk], grad_scale: float) -> None:
         """Update the joined chunks' tensors, one call per param group; empties both."""
         for gi, (ps, gs, avgs, sqs, steps) in rows.items():
-            hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
+            hyper = self.hyper(gi)
             adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
         for c in joined:
             self.rt.stepped(c)
         rows.clear()
         joined.clear()
 
-    def _plan(self, grad_scale: float) -> Callable[[tuple[Chunk, list[str]]], ShardUpdate]:
+    def plan(self, grad_scale: float) -> Callable[[tuple[Chunk, list[str]]], ShardUpdate]:
         """What the update of a chunk touches (colossal-chunk's [Note: shards to update]): it
         writes the fp32 values and the states (staged: updated in place) and the parameters
         (restored from the masters after), reads the gradients (written too when divided in
@@ -119,7 +136,7 @@ class ChunkUpdates:
 
         def plan(item: tuple[Chunk, list[str]]) -> ShardUpdate:
             c, rt = item[0], self.rt
-            fp32, states, grads = rt.roles.fp32(c), self._states_of(c), rt.gradients(c)
+            fp32, states, grads = rt.roles.fp32(c), self.states_of(c), rt.gradients(c)
             written = tuple(dict.fromkeys((fp32, *states, c)))
             read: tuple[Chunk, ...] = ()
             if all(w is not grads for w in written):  # with masters: c's own slots
@@ -138,9 +155,9 @@ class ChunkUpdates:
 
         return plan
 
-    def _update(self, c: Chunk, names: list[str], grad_scale: float) -> None:
+    def update(self, c: Chunk, names: list[str], grad_scale: float) -> None:
         """Adam on chunk ``c``'s fp32 slices ``names``, where its states live ([Note: state
-        placement]), in its turn of ``shards_to_update`` (``_plan``: shards on disk are updated
+        placement]), in its turn of ``shards_to_update`` (``plan``: shards on disk are updated
         on host copies, colossal-chunk's [Note: staged updates]): off that tier its fp32 values
         and gradients are staged through copies of this one chunk (counted) and the values
         written back."""
@@ -175,12 +192,12 @@ class ChunkUpdates:
             row[3].append(sq.shard_view(n)[0])
             row[4].append(self.steps[n])
         for gi, (ps, gs, avgs, sqs, steps) in rows.items():
-            hyper = AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
+            hyper = self.hyper(gi)
             adamw_update(ps, gs, avgs, sqs, steps, hyper, grad_scale=grad_scale)
         for dst, src in write_back:
             dst.copy_(src)
 
-    def _states_of(self, c: Chunk) -> list[Chunk]:
+    def states_of(self, c: Chunk) -> list[Chunk]:
         """The chunks that live where ``c``'s Adam states live (the masters with them)."""
         rec = self.rt.manager.groups[c.chunk_id]
         kinds = (*STATE_KINDS, "master") if self.rt.precision.master else STATE_KINDS

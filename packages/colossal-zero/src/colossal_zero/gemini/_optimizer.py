@@ -36,6 +36,7 @@ import torch
 from colossal_chunk import UNLIMITED, AutoPolicy, Chunk, trim_host_heap
 from colossal_contracts import ConfigError, ParamSharding, TierName
 
+from ..optim._adam import AdamHyper
 from ..optim._clip import ClippedAdam
 from ..optim._from_torch import adam_arguments
 from ..optim._mesh_norm import piece_squares, reduce_squares
@@ -50,7 +51,7 @@ __all__ = ["GeminiOptimizer"]
 ACC = TierName.ACCELERATOR
 
 
-class GeminiOptimizer(ChunkUpdates, ClippedAdam):
+class GeminiOptimizer(ClippedAdam):
     """Adam/AdamW for a ``GeminiModule``; see [Note: shard update].
 
     ``params`` are the module's parameters or param groups (as for ``torch.optim.AdamW``);
@@ -88,7 +89,7 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         )
         self.model, self.rt = model, rt
         self.sharding: dict[str, ParamSharding] = dict(sharding or {})
-        self.group_of: dict[str, int] = {}
+        group_of: dict[str, int] = {}  # parameter name -> param group index
         for gi, group in enumerate(self.param_groups):
             for p in group["params"]:
                 name = self.rt.names.get(id(p))
@@ -97,17 +98,16 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
                         f"a parameter of shape {tuple(p.shape)} given to GeminiOptimizer is not "
                         "managed by this GeminiModule; pass model.parameters() or groups of them"
                     )
-                self.group_of[name] = gi
+                group_of[name] = gi
         for kind in STATE_KINDS:
             rt.manager.add_parallel(
                 kind, rt.precision.state_dtype, spill_reserve=self._spill_reserve()
             )
-        self.steps: dict[str, torch.Tensor] = {}  # name -> float32 scalar step count
         self._grad_norm = 0.0
-        # the runtime holds what this keeps after a step ([Note: norm on demand], _join's views)
-        # and lets it go as the next forward begins
+        # the runtime holds what this keeps after a step ([Note: norm on demand], the joined
+        # chunks' views) and lets it go as the next forward begins
         self._after = rt.after_step
-        self._views = self._after.views  # see _join
+        self.updates = ChunkUpdates(rt, group_of, self._hyper, self._after.views)
         if rt.config.states_placement == "host":  # [Note: state placement]: host for good
             rt.read_gradients_with(STATE_KINDS[0])
         self.state_plan = StatePlan(0, (), 0)  # [Note: state placement]
@@ -135,6 +135,14 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         """The Gemini equivalent of a ``torch.optim.Adam``/``AdamW`` built on ``model``'s params."""
         groups, kwargs = adam_arguments(optimizer, who="Gemini")
         return cls(model, groups, max_grad_norm=max_grad_norm, sharding=sharding, **kwargs)
+
+    @property
+    def steps(self) -> dict[str, torch.Tensor]:
+        """Each parameter's Adam step count (float32 scalars) by name."""
+        return self.updates.steps
+
+    def _hyper(self, gi: int) -> AdamHyper:
+        return AdamHyper.from_group(self.param_groups[gi], adamw=self.adamw)
 
     @property
     def last_grad_norm(self) -> float:
@@ -194,7 +202,7 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         if closure is not None:
             with self._in_backward.closure(), torch.enable_grad():
                 loss = closure()
-        rt, m = self.rt, self.rt.manager
+        rt, m, up = self.rt, self.rt.manager, self.updates
         fused = self._in_backward.stepped()  # [Note: update in backward]: chunk id -> squares
         if m.books.tiers[TierName.HOST].capacity_bytes < UNLIMITED:  # [Note: bounded host heap]
             trim_host_heap()  # the heap backward freed (activations) leaves before the update
@@ -205,7 +213,7 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         pieces: dict[int, list[torch.Tensor]] = {}  # chunk id -> gradient slices of its owned
         disk = TierName.DISK in m.books.tiers  # without a disk tier there is nothing to stream
         for c in (g.param for g in m.groups.values() if not g.param.frozen):  # frozen: no grads
-            item = None if c.chunk_id in fused else self._owned_and_steps(c)
+            item = None if c.chunk_id in fused else up.owned_and_steps(c)
             if item is None:  # no gradient, or updated in backward
                 continue
             owned, steps = item
@@ -214,7 +222,7 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
             parts = [(g, self.sharding.get(n)) for n, g in zip(owned, got_pieces, strict=True)]
             todo.append((c, owned))
             norm_parts.append((rt.gradients(c) if disk else None, parts))
-        in_place = {c.chunk_id for c, _ in todo if self._in_place(c, pieces[c.chunk_id], disk)}
+        in_place = {c.chunk_id for c, _ in todo if up.in_place(c, pieces[c.chunk_id], disk)}
         scale = self.loss_scale
         streamed: dict[int, Squares] | None = None  # squares taken as chunks stream through
         # [Note: norm on demand]: without clipping or a scaler nothing needs it before the update
@@ -243,32 +251,32 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         # chunks on disk stream through memory: the manager reads ahead each update set and up
         # to two after it, and writes behind each one updated (colossal-chunk's [Note: shards
         # to update]); the fast case, joined chunks, needs none of it
-        plan = self._plan(grad_scale)
+        plan = up.plan(grad_scale)
         for i, ((c, owned), turn) in enumerate(m.shard_io.shards_to_update(todo, plan)):
             if c.chunk_id in in_place and not moving:
                 if streamed is not None:
                     streamed[c.chunk_id] = piece_squares(norm_parts[i][1])
-                self._join(c, owned, pieces[c.chunk_id], rows)
+                up.join(c, owned, pieces[c.chunk_id], rows)
                 joined.append(c)
                 continue
             moving = True
-            self._run(rows, joined, grad_scale)  # first the joined ones before it
+            up.run(rows, joined, grad_scale)  # first the joined ones before it
             if streamed is not None:  # this chunk's pieces now (moves may have replaced views)
                 got = rt.grad_pieces(c, owned)
                 streamed[c.chunk_id] = piece_squares(
                     (g, self.sharding.get(n)) for n, g in zip(owned, got, strict=True)
                 )
             with turn.running():  # staged, brought where the states live
-                self._update(c, owned, grad_scale)
+                up.update(c, owned, grad_scale)
             rt.stepped(c)
-        self._run(rows, joined, grad_scale)
+        up.run(rows, joined, grad_scale)
         if streamed is not None:  # in chunk order, those updated in backward among them
             streamed.update(fused)
             squares = [s for cid in m.groups if cid in streamed for s in streamed[cid]]
             found = reduce_squares(squares, group=rt.group, shardings=self.sharding)
             self._grad_norm = found.norm / scale
-        for cid in [cid for cid in self._views if cid not in in_place or moving]:
-            del self._views[cid]  # moved or re-packed (or maybe, in a step that moved); the
+        for cid in [cid for cid in up.views if cid not in in_place or moving]:
+            del up.views[cid]  # moved or re-packed (or maybe, in a step that moved); the
         # rest go as the next forward begins when that step may move shards (AfterStep)
         rt.clear_grads()
         self._stepped()
@@ -320,10 +328,10 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
             self._tracking_for = m.groups
             return
         m.settle()
-        self.state_plan = plan_states(m, policy, self._states_of, self._update_bytes, mode)
+        self.state_plan = plan_states(m, policy, self.updates.states_of, self._update_bytes, mode)
         m.books.track_demand(False)
         for cid in self.state_plan.chunks:
-            states = self._states_of(m.groups[cid].param)
+            states = self.updates.states_of(m.groups[cid].param)
             for ch in states:  # each kept as it lands, so the next move cannot evict it
                 m.move(ch, ACC, keep=True)
         self._placed_for = m.groups

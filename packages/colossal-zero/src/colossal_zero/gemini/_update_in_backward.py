@@ -4,7 +4,7 @@
 clipping, no fp16 loss scaler), no closure re-runs the step, and the backward is the last of
 its step, the optimizer updates each chunk right after its gradients are reduced (after the
 next chunk's when the reduce-scatter is still in flight, so that it overlaps that chunk's
-backward): ``step``'s own update (``_update`` through ``shards_to_update``) with the same step
+backward): ``step``'s own update (``ChunkUpdates.update`` through ``shards_to_update``) with the same step
 counts and the param group's weight decay and lr, then the gradients are dropped (the phase
 goes to EMPTY, a "grad" chunk's values dead: colossal-chunk's [Note: dead shards]). So with a
 disk tier no reduced gradient is written to disk and read back for the step. ``step`` updates
@@ -188,7 +188,7 @@ class UpdateInBackward(UpdateHooks):
         todo: list[tuple[Chunk, list[str]]] = []
         counts: list[torch.Tensor] = []
         for c in chunks:
-            got = opt._owned_and_steps(c)
+            got = opt.updates.owned_and_steps(c)
             if got is None or self._brings(c):  # no gradient the optimizer steps; or later
                 continue
             owned, steps = got
@@ -201,19 +201,19 @@ class UpdateInBackward(UpdateHooks):
             m = rt.manager
             m.settle([ch for c, _ in todo for ch in (c, rt.working(c))])  # reductions in flight
             io = m.shard_io
-            for (c, owned), turn in io.shards_to_update(todo, opt._plan(1.0)):
+            for (c, owned), turn in io.shards_to_update(todo, opt.updates.plan(1.0)):
                 got = rt.grad_pieces(c, owned) if owned else []
                 self.squares[c.chunk_id] = piece_squares(
                     (g, opt.sharding.get(n)) for n, g in zip(owned, got, strict=True)
                 )
                 with turn.running():
-                    opt._update(c, owned, 1.0)
+                    opt.updates.update(c, owned, 1.0)
                 rt.stepped(c)
 
     def _brings(self, c: Chunk) -> bool:
         """Whether ``c``'s update moves chunks onto the compute tier (its states live there, its
         fp32 values or gradients do not): left to the step."""
         opt, rt = self._opt, self._opt.rt
-        if opt._states_of(c)[0].tier is not ACC:
+        if opt.updates.states_of(c)[0].tier is not ACC:
             return False
         return any(ch.tier is not ACC for ch in (rt.roles.fp32(c), rt.grad_home(c)))
