@@ -48,7 +48,7 @@ from colossal_models.sharding import (
 from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
 from colossal_zero import LazyInit, adam_arguments
 
-from ._groups import GroupMap
+from ._groups import GroupMap, rebuilt
 from ._lazy_fill import sharding_lazily
 
 __all__ = [
@@ -121,11 +121,9 @@ def shard_for_tp(
     with sharding_lazily(lazy):
         parallelize(model, mesh)
     sharding = describe_sharding(model, mesh)
-    keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
-    hyper = {k: v for k, v in optimizer.defaults.items() if k in keep}
     named = original_names(model)  # wrapped key/value projections keep their groups
     groups = group_map.groups((named[n], p) for n, p in model.named_parameters())
-    return type(optimizer)(groups, **hyper), sharding
+    return rebuilt(optimizer, groups), sharding
 
 
 def tp_folder(path: Path, mesh: ProcessMesh) -> Path:

@@ -13,7 +13,7 @@ from torch import nn
 
 from colossal_contracts import ConfigError
 
-__all__ = ["GroupMap", "group_of_names"]
+__all__ = ["GroupMap", "group_of_names", "rebuilt"]
 
 HYPER = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
 
@@ -44,6 +44,13 @@ class GroupMap:
                 )
             out[self.by_name[name]]["params"].append(p)
         return out
+
+
+def rebuilt(
+    optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]
+) -> torch.optim.Optimizer:
+    """``optimizer``'s class with its defaults (those in ``HYPER``) over new param ``groups``."""
+    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in HYPER})
 
 
 def group_of_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> GroupMap:

@@ -12,7 +12,7 @@ from colossal_contracts import ParamSharding, ShardAxis
 from colossal_parallel import ProcessMesh, all_reduce_grads
 from colossal_zero import LowLevelZeroOptimizer, ZeroConfig, mesh_grad_norm
 
-from ._groups import GroupMap
+from ._groups import GroupMap, rebuilt
 
 __all__ = ["mesh_layout", "rank_optimizer", "reduce_and_clip"]
 
@@ -85,13 +85,11 @@ def rank_optimizer(
     each in the group of its unsharded original (``user_names``: name in ``model`` -> the user's
     name); with ``zero`` converted as any Adam is (amsgrad/maximize refused), else with the
     reduction and clip as a step pre-hook. Also the parameters in group order."""
-    keep = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
-    hyper = {k: v for k, v in optimizer.defaults.items() if k in keep}
     named_out = [(user_names[n], p) for n, p in model.named_parameters()]
     groups = group_map.groups(named_out, keep=("lr", "betas", "eps", "weight_decay"))
     params = [p for g in groups for p in g["params"]]
     if zero is not None:
-        nonempty = type(optimizer)([g for g in groups if g["params"]], **hyper)
+        nonempty = rebuilt(optimizer, [g for g in groups if g["params"]])
         opt: torch.optim.Optimizer = LowLevelZeroOptimizer.from_torch(
             model,
             nonempty,
@@ -101,7 +99,7 @@ def rank_optimizer(
             sharding=sharding,
         )
         return opt, params
-    opt = type(optimizer)(groups, **hyper)
+    opt = rebuilt(optimizer, groups)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt.register_step_pre_hook(
         lambda *_: reduce_and_clip(named, mesh, sp=sp, max_grad_norm=max_grad_norm, layout=sharding)
