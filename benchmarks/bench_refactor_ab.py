@@ -136,7 +136,7 @@ def run(quick: bool, out_dir: Path) -> Report:
     presets = ["tiny"] if quick else ["tiny", "mini"]
     ranks = (1, 2)
     batch, seq = (4, 64) if quick else (8, 64)
-    pairs = {"tiny": 12 if quick else 30, "mini": 16}
+    pairs = {"tiny": 40 if quick else 120, "mini": 40}
     load_before = os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
@@ -187,7 +187,9 @@ def run(quick: bool, out_dir: Path) -> Report:
         "commit, extracted with git archive; current: this checkout. Each side runs in its own "
         "worker processes (benchmarks/_ab_worker.py, one per rank) importing only its own "
         "tree's packages (checked on start); a worker builds each case once and steps on "
-        "command, so the two sides alternate step by step.",
+        "command, so the two sides alternate step by step. 'Current' holds every change since "
+        "that commit, the refactor's and the other work merged meanwhile (update in backward, "
+        "dead shards, the streaming re-pack): the ratio bounds them together.",
         "GPT presets " + ", ".join(presets) + f", fp32, a global batch of {batch} x {seq} tokens "
         "split over the ranks; apply_gemini(GeminiConfig(precision='fp32', accelerator_bytes="
         "budget)) + GeminiOptimizer.from_torch(AdamW lr 1e-3), the APIs both trees share. One "
@@ -202,6 +204,8 @@ def run(quick: bool, out_dir: Path) -> Report:
         "alternating (ABBA); 'paired median' is the median over the pairs of current / before, "
         "which cancels load that drifts between steps; the aim reads it. 'same losses': both "
         "sides computed bit-identical losses at every step (behaviour unchanged).",
+        "The noise floor: BENCH_AB_BEFORE=HEAD runs the current tree against itself (an A/A "
+        "run); the spread of its paired medians around 1 is what a ratio here can resolve.",
         load_note(load_before, "both sides share that load, step by step"),
     ]
     return Report(
