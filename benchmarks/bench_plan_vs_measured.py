@@ -73,23 +73,28 @@ def _plans(prof: dict[str, Any], seq: int) -> dict[str, Any]:
 
 
 def _half_on_disk(shape: Any, lay: Any, seq: int, hw: Any) -> Any:
-    """``hw`` with the host memory under which ``gemini-disk`` keeps half of its optimizer
-    states on the host and spills the other half to disk: this model's states would otherwise
-    all fit the host, and the disk tier's bytes would be modelled but never measured."""
+    """``hw`` with the largest host memory under which ``gemini-disk`` keeps half of its
+    optimizer states on the host and spills the other half to disk (so the host budget also
+    holds the disk tier's read-ahead window): this model's states would otherwise all fit the
+    host, and the disk tier's bytes would be modelled but never measured."""
     spilled = device_memory(shape, lay, seq, precision="fp32", host_memory=0.0)
-    per_device = spilled.host + spilled.disk / 2  # parameters, gradients, spare + half the states
-    return hw.with_(host_memory=int(per_device * WORLD))
+    half = spilled.disk / 2
+    host = best = int(spilled.host_budget)
+    while host < spilled.host_budget + 4 * spilled.disk:  # the window is at most 4 shards
+        host += 4096
+        disk = device_memory(shape, lay, seq, precision="fp32", host_memory=host).disk
+        if disk < half:
+            break
+        if disk == half:
+            best = host
+    return hw.with_(host_memory=best * WORLD)
 
 
 def _build(text: str, plan: Any, seq: int, disk_dir: str) -> tuple[Any, ...]:
     """The layout's plugin, boosted model and optimizer, and its batch on this rank."""
-    flags = layout_flags(parse_layout(text), plan)
+    flags = layout_flags(parse_layout(text), plan)  # the budgets `colossal train --layout` gives
     if flags.get("disk_budget") is not None:
         flags["disk_dir"] = disk_dir
-        # the job's accelerator budget (twice the plan, at least 16 MiB) would hold this small
-        # model's parameters and gradients, which the plan puts on the host: the planned bytes
-        # with a quarter's room, so the tiers hold what the plan says and the host spills
-        flags["accelerator_budget"] = str(int(plan.memory.device_total * 1.25))
     cfg = TrainConfig.from_flags(model="gpt", preset="nano", seq_len=seq, **flags)
     torch.manual_seed(0)
     plugin = build_plugin(cfg.parallel.plugin, cfg)
@@ -199,8 +204,9 @@ def run(quick: bool, out_dir: Path) -> Report:
         step = statistics.median(slowest)
         p = plans[text]
         pred_peak = p.memory.device_total
-        if "gemini" in text:  # the emulated accelerator and the host are the same memory
-            pred_peak += p.memory.host
+        if "gemini" in text:  # the emulated accelerator, the host and the mapped disk payloads
+            # are all live CPU storages; the read-ahead pages are the disk payloads' own
+            pred_peak += p.memory.host + p.memory.disk - p.memory.read_ahead
         rows.append(
             {
                 "layout": text,
