@@ -259,14 +259,15 @@ def run(quick: bool, out_dir: Path) -> Report:
         },
         notes=[
             "Measured peak: live CPU tensor bytes (the accelerator is emulated); for Gemini the "
-            "emulated accelerator and the host are the same memory, so its rows compare the "
-            "predicted device + host bytes (the host's spare payload, and the states the tiers "
-            "put there) with it. Gemini's tier bytes are its chunk manager's at rest after the "
-            "steps. gemini-disk is planned with a host memory that holds half of its optimizer "
-            "states (the other half on disk) and run with the planned host bytes as its host "
-            "budget and 1.25x the planned device bytes as its accelerator budget (the job's "
-            "default, twice the plan and at least 16 MiB, holds this small model's parameters "
-            "and gradients, which the plan puts on the host), so its disk bytes are measured.",
+            "emulated accelerator, the host and the memory-mapped disk payloads are all live CPU "
+            "storages, so its rows compare the predicted device + host + disk bytes (less the "
+            "disk pages read ahead, which the plan counts as host but are the disk payloads' "
+            "own) with it. Gemini's tier bytes are its chunk manager's at rest after the steps "
+            "(the host tier's include the read-ahead window it reserves, not the spare payload "
+            "beside it). gemini-disk is planned with the largest host memory under which half "
+            "of its optimizer states spill to disk (they would otherwise all fit the host) and "
+            "run with the budgets and --states-placement host that `colossal train --layout` "
+            "gives it, so its disk tier and read-ahead window are exercised.",
             "Step time: median over the timed steps of the slowest rank, the layouts stepping in "
             "turns (the order reversed every other round); 4 ranks share the machine's cores, so "
             "compute and gloo's collectives contend, and other work on the machine adds noise.",
