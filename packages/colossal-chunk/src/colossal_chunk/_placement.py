@@ -293,12 +293,15 @@ class Placement(ComputeRoom, HostSide, DiskSide):
 
     def release_gathered(self, chunk: Chunk) -> bool:
         """Drop ``chunk``'s gathered buffer (``Chunk.release``: this rank's slice is copied back
-        into the shard, counted when the shard lives off the compute tier). True if dropped."""
+        into the shard, counted when the shard lives off the compute tier). True if dropped.
+        [Note: books follow storage] Views leave a buffer before its bytes leave the books: a
+        tracer's non-model bytes (live - books) saw a viewed buffer as a chunk of activations."""
         copies = chunk.lifecycle is not Lifecycle.REDUCING and chunk.tier is not ACC
         copies = copies and not chunk.frozen  # dropped without a copy back ([Note: frozen chunks])
         dropped = chunk.release()
         if dropped is None:
             return False
+        self._rebind(chunk)  # [Note: books follow storage]
         self.tiers[ACC].free(chunk.full_bytes)
         if copies:
             self._count(ACC, chunk.current_tier, chunk.shard_bytes)
@@ -324,6 +327,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
     def drop_gathered(self, chunk: Chunk, dropped: torch.Tensor | None) -> None:
         """Account for a gathered buffer ``chunk`` gave up (from ``release``/``reduce_scatter``)."""
         if dropped is not None:
+            self._rebind(chunk)  # [Note: books follow storage]
             self.tiers[ACC].free(chunk.full_bytes)
 
     # ----- prefetch -----------------------------------------------------------------------------
