@@ -320,6 +320,7 @@ def _flags(args: argparse.Namespace) -> dict:
         out=args.out,
         plugin=args.plugin,
         placement=args.placement,
+        states_placement=args.states_placement,
         accelerator_budget=args.accelerator_budget,
         host_budget=args.host_budget,
         disk_budget=args.disk_budget,
