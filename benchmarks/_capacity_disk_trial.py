@@ -85,7 +85,7 @@ def _gemini_disk_fits(depth: int, width: int, b: int, h: int, d: int, where: Pat
                 io0, t0, dev0 = st.disk_io, time.perf_counter(), _io()
                 unwritten0 = st.disk_unwritten_bytes
                 gm.runtime.manager.books.reset_stats()
-                store = gm.runtime.manager.tiers[TierName.DISK].store
+                store = gm.runtime.manager.books.tiers[TierName.DISK].store
                 store.record_reads()  # type: ignore[union-attr]  # from here on
             loss = gm(x, y)
             gopt.backward(loss)

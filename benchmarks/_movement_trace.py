@@ -91,9 +91,9 @@ def _manager_replay(kinds, sizes, steps, chunk_numel, capacity, schedule) -> flo
             mgr.books.reset_stats()
             for m, step in enumerate(steps):
                 mgr.set_moment(m)
-                mgr.access_chunks(step)
-                mgr.release_chunks(step)
-            per_iter.append(mgr.stats().bytes_moved)
+                mgr.access(step)
+                mgr.release(step)
+            per_iter.append(mgr.books.stats().bytes_moved)
     return _steady(per_iter)
 
 

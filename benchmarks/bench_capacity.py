@@ -129,7 +129,7 @@ def _gemini_fits(
         "host_peak_MiB": hst.peak_bytes / MiB,
         "moved_MiB_per_step": stats.bytes_moved / STEPS / MiB,
         "states_on_acc_MiB": on_acc / MiB,
-        "chunk_MiB": m.chunk_numel * 4 / MiB,
+        "chunk_MiB": m.registry.chunk_numel * 4 / MiB,
         "step_s": dt,
         "finite": all(v == v for v in losses),
         "_where": where,

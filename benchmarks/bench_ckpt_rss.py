@@ -97,7 +97,7 @@ def _old_save(gm, opt, directory: Path) -> None:  # type: ignore[no-untyped-def]
     ``save_file`` (which serializes the whole dict to bytes in memory before writing)."""
     m = gm.runtime.manager
     tensors = {}
-    for c in m.param_chunks():
+    for c in m.registry.param_chunks():
         fp32 = gm.runtime.roles.fp32(c)
         for name in c.records:
             part = fp32.shard_view(name)
@@ -105,7 +105,9 @@ def _old_save(gm, opt, directory: Path) -> None:  # type: ignore[no-untyped-def]
                 continue
             tensors[f"param/{name}"] = part[0].float().cpu().clone()
             for kind in ("exp_avg", "exp_avg_sq"):
-                tensors[f"{kind}/{name}"] = m.parallel_chunk(kind, c).shard_view(name)[0].clone()
+                tensors[f"{kind}/{name}"] = (
+                    m.registry.parallel_chunk(kind, c).shard_view(name)[0].clone()
+                )
     save_file(tensors, str(directory / "old-shard.safetensors"))
 
 

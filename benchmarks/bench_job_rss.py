@@ -94,7 +94,7 @@ def _setup(plugin: str, method: str, preset: str, out: dict) -> None:
         stop.set()
         out.update(peak=max(peak[0], proc.memory_info().rss), t1=time.perf_counter())
         gm = getattr(self.plugin, "_model", None)
-        out["chunk"] = gm.runtime.manager.chunk_numel * 4 if gm is not None else 0
+        out["chunk"] = gm.runtime.manager.registry.chunk_numel * 4 if gm is not None else 0
         raise _SetupDone
 
     loop.build_model, Booster.boost = measured_build, measured_boost

@@ -170,7 +170,7 @@ def _trial(layers: int, width: int, method: str, b: int, h: int, disk: Path) -> 
         losses, seconds = _steps(booster, gm, gopt, x, 3)
     stats = plugin.memory_stats()
     manager = gm.runtime.manager
-    chunk = manager.chunk_numel * 4  # fp32 chunks
+    chunk = manager.registry.chunk_numel * 4  # fp32 chunks
     win = manager.shard_io.read_ahead_window
     manager.close()
     budgets = h + b

@@ -121,7 +121,7 @@ def _tier_bytes(model: Any) -> dict[str, int]:
     runtime = getattr(model, "runtime", None)
     if runtime is None:
         return {"host": 0, "disk": 0}
-    tiers = runtime.manager.stats().tiers
+    tiers = runtime.manager.books.stats().tiers
     return {k: tiers[k].used_bytes if k in tiers else 0 for k in ("host", "disk")}
 
 

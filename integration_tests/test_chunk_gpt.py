@@ -96,7 +96,7 @@ def test_gpt_forward_in_chunks_under_half_the_parameter_bytes(traced):
     with ChunkManager(cfg, policy=policy) as mgr:
         mgr.register(params, order=first_use)
         assert policy.warm  # MemStats satisfied MemStatsSource: Belady from its compute order
-        assert mgr.stats().tiers["disk"].used_bytes > 0  # the host budget spilled to disk
+        assert mgr.books.stats().tiers["disk"].used_bytes > 0  # the host budget spilled to disk
         checks = []
         handles = _drive(model, mgr, stats, checks)
         try:
@@ -107,7 +107,7 @@ def test_gpt_forward_in_chunks_under_half_the_parameter_bytes(traced):
         finally:
             for h in handles:
                 h.remove()
-        st = mgr.stats()
+        st = mgr.books.stats()
         assert checks and all(checks)
         assert st.tiers["accelerator"].peak_bytes <= cap
         assert st.moved("accelerator", "host").count + st.moved("accelerator", "disk").count > 0

@@ -39,7 +39,7 @@ def gemini_rank(budget: int | None, steps: int = STEPS) -> dict:
     gm = apply_gemini(plain, cfg, recorder=MomentRecorder())
     opt = GeminiOptimizer.from_torch(gm, torch.optim.AdamW(plain.parameters(), lr=LR))
     rt, m = gm.runtime, gm.runtime.manager
-    acc = m.tiers[TierName.ACCELERATOR]
+    acc = m.books.tiers[TierName.ACCELERATOR]
     peaks: list[int] = []  # chunk bytes: before moment 0, then one per moment
     gathered_grads: set[int] = set()
     probing = False
@@ -64,7 +64,7 @@ def gemini_rank(budget: int | None, steps: int = STEPS) -> dict:
         if probing:
             rt.measure_next_step(MomentRecorder())
             m.books.reset_peaks()
-        before = m.stats().bytes_moved
+        before = m.books.stats().bytes_moved
         loss = gm(x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per])
         opt.backward(loss)
         if probing:
@@ -76,7 +76,7 @@ def gemini_rank(budget: int | None, steps: int = STEPS) -> dict:
         t = torch.tensor([loss.item()])
         dist.all_reduce(t)
         losses.append(float(t) / world)
-        moved.append(m.stats().bytes_moved - before)
+        moved.append(m.books.stats().bytes_moved - before)
     measured = rt.measured
     live = [measured.non_model_peak(i, "accelerator") for i in range(measured.num_moments())]
     return {

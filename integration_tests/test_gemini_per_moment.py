@@ -32,7 +32,7 @@ def _gemini(budget: int | None, probe_step: int = 2):  # type: ignore[no-untyped
     gm = apply_gemini(plain, cfg, group=None, recorder=MomentRecorder())
     opt = GeminiOptimizer.from_torch(gm, torch.optim.AdamW(plain.parameters(), lr=LR))
     rt, m = gm.runtime, gm.runtime.manager
-    acc = m.tiers[TierName.ACCELERATOR]
+    acc = m.books.tiers[TierName.ACCELERATOR]
     peaks: list[int] = []  # chunk bytes: before moment 0, then one per moment
     probing = False
     real = m.set_moment
@@ -50,7 +50,7 @@ def _gemini(budget: int | None, probe_step: int = 2):  # type: ignore[no-untyped
         if probing:
             rt.measure_next_step(MomentRecorder())
             m.books.reset_peaks()
-        before = m.stats().bytes_moved
+        before = m.books.stats().bytes_moved
         loss = gm(x, y)
         opt.backward(loss)
         if probing:
@@ -59,7 +59,7 @@ def _gemini(budget: int | None, probe_step: int = 2):  # type: ignore[no-untyped
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-        moved.append(m.stats().bytes_moved - before)
+        moved.append(m.books.stats().bytes_moved - before)
     return losses, gm.full_state_dict(), moved, rt.measured, peaks
 
 

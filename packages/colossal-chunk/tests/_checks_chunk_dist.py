@@ -25,7 +25,7 @@ def gathered_chunks_equal_unsharded(seed, chunk_numel):
     with ChunkManager(cfg, group=dist.group.WORLD) as mgr:
         mgr.register(params)
         shard_total = sum(c.shard_bytes for c in mgr.chunks.values())
-        assert mgr.stats().tiers["host"].used_bytes == shard_total
+        assert mgr.books.stats().tiers["host"].used_bytes == shard_total
         for name, p in params:
             assert p.data.numel() == 0  # sharded and not gathered: no full payload
             assert mgr.chunk_of(p).state(name) is TensorState.FREE
@@ -34,9 +34,9 @@ def gathered_chunks_equal_unsharded(seed, chunk_numel):
             assert torch.equal(p.data, ref[name]), (rank, name)
             assert mgr.chunk_of(p).state(name) is TensorState.COMPUTE
             mgr.release([p])
-        assert mgr.stats().tiers["accelerator"].peak_bytes <= 3 * one_chunk
+        assert mgr.books.stats().tiers["accelerator"].peak_bytes <= 3 * one_chunk
         # every chunk's shard is this rank's slice of the flat chunk
-        for c in mgr.param_chunks():
+        for c in mgr.registry.param_chunks():
             full = torch.zeros(c.capacity)
             for r in c:
                 full[r.offset : r.end] = ref[r.name].reshape(-1)
@@ -47,7 +47,7 @@ def gathered_chunks_equal_unsharded(seed, chunk_numel):
             mgr.access([p])
             assert torch.equal(p.data, ref[name])
             mgr.release([p])
-        return len(mgr.param_chunks())
+        return len(mgr.registry.param_chunks())
 
 
 def reduce_scattered_grads_equal_all_reduced_slices(seed, chunk_numel):
@@ -60,14 +60,14 @@ def reduce_scattered_grads_equal_all_reduced_slices(seed, chunk_numel):
         masters = mgr.add_parallel("master", torch.float64, copy_params=True)
         grads = mgr.add_parallel("grad", torch.float32)
         g = torch.Generator().manual_seed(1000 + rank)
-        for pc, gc, mc in zip(mgr.param_chunks(), grads, masters):
-            mgr.access_chunks([gc], zero=True)  # a zero full buffer, no communication
+        for pc, gc, mc in zip(mgr.registry.param_chunks(), grads, masters):
+            mgr.access([gc], zero=True)  # a zero full buffer, no communication
             mine = torch.zeros(gc.capacity)
             for r in gc:
                 val = torch.randint(-50, 50, r.shape, generator=g).float()  # exact sums
                 gc.view(r.name).copy_(val)
                 mine[r.offset : r.end] = val.reshape(-1)
-            mgr.release_chunks([gc], state=TensorState.READY_FOR_REDUCE)
+            mgr.release([gc], state=TensorState.READY_FOR_REDUCE)
             mgr.reduce(gc)
             dist.all_reduce(mine)
             mine /= ws
@@ -83,7 +83,7 @@ def reduce_scattered_grads_equal_all_reduced_slices(seed, chunk_numel):
                     expect = ref[r.name].reshape(-1)[a:b].double()
                     assert torch.equal(view, expect)
             del pc
-        acc = mgr.stats().tiers["accelerator"]
+        acc = mgr.books.stats().tiers["accelerator"]
         assert acc.used_bytes == sum(
             c.shard_bytes for c in mgr.chunks.values() if c.tier is TierName.ACCELERATOR
         )
@@ -113,9 +113,9 @@ def random_accesses_under_budget(seed, n_accesses):
                 p.data.add_(1.0)  # every rank writes the same update
                 ref[name] = ref[name] + 1.0
             mgr.release([p])
-            for t in mgr.stats().tiers.values():
+            for t in mgr.books.stats().tiers.values():
                 assert t.peak_bytes <= t.capacity_bytes
-        moved = mgr.stats()
+        moved = mgr.books.stats()
         for name, p in params:
             mgr.access([p])
             assert torch.equal(p.data, ref[name])
@@ -134,7 +134,7 @@ def views_leave_a_buffer_before_its_bytes_leave_the_books(seed, chunk_numel):
     cfg = ChunkConfig(chunk_numel, device="cpu")
     with ChunkManager(cfg, group=dist.group.WORLD) as mgr:
         mgr.register(params)
-        acc = mgr.tiers[TierName.ACCELERATOR]
+        acc = mgr.books.tiers[TierName.ACCELERATOR]
         over: list[int] = []
 
         class _Check(TorchDispatchMode):

@@ -36,7 +36,7 @@ def lifecycle_through_collectives() -> dict[str, object]:
     out["accessed"], out["in flight after access"] = c0.lifecycle, len(m.in_flight)
     m.release(["p0"])  # the hooks keep it gathered
     out["kept gathered"] = c0.lifecycle
-    m.reshard([c0])  # whatever the hooks say
+    m.settle([c0], reshard=True)  # whatever the hooks say
     out["resharded"] = c0.lifecycle
     m.access(["p1"])
     params[1].data.fill_(dist.get_rank() + 1.0)

@@ -32,7 +32,7 @@ def gathers_ahead_evict_only_later_chunks() -> dict[str, object]:
     out["issued at 0"] = m.gather_ahead([c1])
     out["c1 at 0"] = (c1.tier.value, c1.in_flight)
     out["c2 at 0"] = c2.tier.value  # evicted: used after c1
-    out["within budget at 0"] = m.tiers[ACC].used_bytes <= budget
+    out["within budget at 0"] = m.books.tiers[ACC].used_bytes <= budget
     m.release(["p0"])  # c0's shard stays on the compute tier: nothing is copied off it
     out["host -> acc after 0"] = _moved(m, "host", "accelerator")
     out["acc -> host after 0"] = _moved(m, "accelerator", "host")
@@ -53,7 +53,7 @@ def gathers_ahead_evict_only_later_chunks() -> dict[str, object]:
 
 
 def _moved(m: ChunkManager, src: str, dst: str) -> int:
-    row = m.stats().moves.get((src, dst))
+    row = m.books.stats().moves.get((src, dst))
     return 0 if row is None else row.num_bytes
 
 
@@ -74,7 +74,7 @@ def reduce_in_flight_makes_room() -> dict[str, object]:
     out: dict[str, object] = {"in flight": c0.in_flight}
     m.access(["p1"])
     out["c0 in flight after"] = c0.in_flight
-    out["within budget"] = m.tiers[ACC].used_bytes <= full + shard
+    out["within budget"] = m.books.tiers[ACC].used_bytes <= full + shard
     out["p1 equal"] = torch.equal(params[1].data, torch.arange(N, dtype=torch.float32) + 1000)
     m.release(["p1"])
     out["c0 shard"] = c0.shard.clone()  # type: ignore[union-attr]

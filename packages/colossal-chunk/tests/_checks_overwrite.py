@@ -4,7 +4,8 @@ import torch
 import torch.distributed as dist
 
 from colossal_chunk import Chunk, ChunkConfig
-from colossal_chunk._placement import Placement, build_tiers
+from colossal_chunk._placement import Placement
+from colossal_chunk._tier import build_tiers
 from colossal_contracts import TensorState, TierName
 
 ACC, HOST = TierName.ACCELERATOR, TierName.HOST
@@ -35,7 +36,8 @@ def evicting_a_reduce_target_copies_nothing() -> dict[str, object]:
     grad = param.same_layout(1, torch.float32, "grad")
     for c in (param, grad):
         zeros = {n: torch.zeros(r.shape) for n, r in c.records.items()}
-        c.fill_shard(pl.place_new(c, ACC if c is param else HOST), zeros)
+        pl.reserve_new(c, ACC if c is param else HOST)
+        c.fill_shard(pl.allocate_new(c), zeros)
     pl.gather(param, zero=True)
     every = [
         torch.randn(param.capacity, generator=torch.Generator().manual_seed(r))
@@ -74,7 +76,8 @@ def accumulating_reduce_keeps_the_copy() -> list[bool]:
     pl = Placement(tiers, policy=None, budget=lambda moment: 1 << 40)  # type: ignore[arg-type]
     grad = Chunk(0, 8 * world, torch.float32, kind="grad", group=group)
     grad.add("w", (8 * world,))
-    grad.fill_shard(pl.place_new(grad, ACC), {"w": torch.ones(8 * world)})
+    pl.reserve_new(grad, ACC)
+    grad.fill_shard(pl.allocate_new(grad), {"w": torch.ones(8 * world)})
     pl.gather(grad, zero=True)
     grad.full.fill_(2.0)  # type: ignore[union-attr]
     for name in grad.records:

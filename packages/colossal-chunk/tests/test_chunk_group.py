@@ -19,8 +19,8 @@ from colossal_chunk import (
     ChunkManager,
     GradPhase,
     Lifecycle,
-    NoHooks,
 )
+from colossal_chunk._hooks import NoHooks
 from colossal_contracts import ConfigError, StateTransitionError, TierName
 
 ACC, HOST = TierName.ACCELERATOR, TierName.HOST
@@ -72,19 +72,19 @@ def test_each_parameter_chunk_has_one_group_with_its_twins():
     m, _ = _manager()
     masters = m.add_parallel(ChunkKind.MASTER, torch.float64, copy_params=True)
     m.add_parallel("state", torch.float32)
-    assert m.twin_kinds == ("master", "state")
-    assert sorted(m.groups) == [c.chunk_id for c in m.param_chunks()]
-    for c, master in zip(m.trainable_chunks(), masters, strict=True):
-        group = m.group_of(c)
+    assert m.registry.twin_kinds == ("master", "state")
+    assert sorted(m.groups) == [c.chunk_id for c in m.registry.param_chunks()]
+    for c, master in zip(m.registry.trainable_chunks(), masters, strict=True):
+        group = m.registry.group_of(c)
         assert group.param is c and group.twin("master") is master
-        assert m.parallel_chunk(ChunkKind.MASTER, c) is master
+        assert m.registry.parallel_chunk(ChunkKind.MASTER, c) is master
         assert group.grads is GradPhase.EMPTY and not group.holds_gradients
     frozen = m.chunk_of("p2")
-    assert m.group_of(frozen).twins == {}
+    assert m.registry.group_of(frozen).twins == {}
     with pytest.raises(ConfigError, match=r"no 'master' twin.*frozen"):
-        m.parallel_chunk("master", frozen)
+        m.registry.parallel_chunk("master", frozen)
     with pytest.raises(ConfigError, match="not a parameter chunk"):
-        m.group_of(masters[0])
+        m.registry.group_of(masters[0])
     m.close()
 
 
@@ -93,16 +93,16 @@ def test_a_repack_makes_new_groups_with_the_same_twin_kinds():
     m.add_parallel("master", torch.float64, copy_params=True)
     old = dict(m.groups)
     m.repack(["p1", "p0", "p2"])
-    assert m.twin_kinds == ("master",)
+    assert m.registry.twin_kinds == ("master",)
     assert all(m.groups[i] is not old.get(i) for i in m.groups)
-    twin = m.parallel_chunk("master", m.chunk_of("p1"))
+    twin = m.registry.parallel_chunk("master", m.chunk_of("p1"))
     assert torch.equal(twin.shard_view("p1")[0], params[1].data.double().reshape(-1))
     m.close()
 
 
 def test_gradient_state_is_cleared_in_one_place():
     m, _ = _manager()
-    group = m.group_of(m.chunk_of("p0"))
+    group = m.registry.group_of(m.chunk_of("p0"))
     group.grads, group.accumulated = GradPhase.REDUCED, True
     group.kept_grads["p0"] = torch.ones(NUMEL)
     assert group.holds_gradients

@@ -32,32 +32,32 @@ def _manager(**kw) -> tuple[ChunkManager, dict[str, torch.Tensor]]:
 
 def test_each_kind_has_its_own_chunk_size_and_twins_follow():
     mgr, want = _manager(chunk_numel=256, frozen_chunk_numel=6144)
-    assert (mgr.chunk_numel, mgr.frozen_chunk_numel) == (256, 6144)
-    frozen = [c for c in mgr.param_chunks() if c.frozen]
-    trained = mgr.trainable_chunks()
+    assert (mgr.registry.chunk_numel, mgr.registry.frozen_chunk_numel) == (256, 6144)
+    frozen = [c for c in mgr.registry.param_chunks() if c.frozen]
+    trained = mgr.registry.trainable_chunks()
     assert [c.capacity for c in frozen] == [6144, 6144]  # two base matrices a chunk
     assert [c.capacity for c in trained] == [256, 256]  # two side paths a chunk
     twins = mgr.add_parallel("master", torch.float32, copy_params=True)
     assert sorted(t.capacity for t in twins) == [256, 256]
     # padding: 2 x 144 frozen and 2 x 56 trainable elements; with one size (6144) for both,
     # the trainable chunk would be 6144 - 400 elements of padding, each with a master
-    assert sum(c.padding for c in mgr.param_chunks()) == 2 * 144 + 2 * 56
-    for c in mgr.param_chunks():
+    assert sum(c.padding for c in mgr.registry.param_chunks()) == 2 * 144 + 2 * 56
+    for c in mgr.registry.param_chunks():
         for name in c.records:
-            assert torch.equal(mgr._views.params[name].data, want[name])
-    # a re-pack (and a new size) keeps each kind at its own size
-    mgr.config = ChunkConfig(chunk_numel=128, frozen_chunk_numel=3072, device="cpu")
-    new = mgr.repack([n for n, _ in reversed(_params())])
+            assert torch.equal(mgr.registry.views.params[name].data, want[name])
+    # a re-pack with new (fitted) sizes keeps each kind at its own size
+    new = mgr.repack([n for n, _ in reversed(_params())], chunk_numel=128, frozen_chunk_numel=3072)
+    assert (mgr.config.chunk_numel, mgr.config.frozen_chunk_numel) == (128, 3072)
     assert sorted({c.capacity for c in new if c.frozen}) == [3072]
     assert sorted({c.capacity for c in new if not c.frozen}) == [128]
     for name, value in want.items():
-        assert torch.equal(mgr._views.params[name].data, value)
+        assert torch.equal(mgr.registry.views.params[name].data, value)
 
 
 def test_frozen_chunk_numel_defaults_to_chunk_numel():
     mgr, _ = _manager(chunk_numel=4096)
-    assert mgr.frozen_chunk_numel == 4096
-    assert {c.capacity for c in mgr.param_chunks()} == {4096}
+    assert mgr.registry.frozen_chunk_numel == 4096
+    assert {c.capacity for c in mgr.registry.param_chunks()} == {4096}
 
 
 @pytest.mark.parametrize("bad", [0, -5])
@@ -78,7 +78,7 @@ def test_views_are_bound_once_and_follow_every_move(monkeypatch):
     mgr.access(names)  # host -> compute tier: new storage, the views follow
     assert len(views) == len(names)
     for n in names:
-        assert torch.equal(mgr._views.params[n].data, want[n])
+        assert torch.equal(mgr.registry.views.params[n].data, want[n])
     mgr.release(names)
     views.clear()
     for _ in range(3):  # storage unchanged: nothing is re-pointed
@@ -89,9 +89,9 @@ def test_views_are_bound_once_and_follow_every_move(monkeypatch):
     mgr.move(chunk, HOST)  # storage changed: re-pointed once, at the host payload
     assert views == names
     for n in names:
-        assert torch.equal(mgr._views.params[n].data, want[n])
-        assert mgr._views.params[n].data.data_ptr() == chunk.view(n).data_ptr()
+        assert torch.equal(mgr.registry.views.params[n].data, want[n])
+        assert mgr.registry.views.params[n].data.data_ptr() == chunk.view(n).data_ptr()
     mgr.access(names)
     assert all(chunk.state(n) is TensorState.COMPUTE for n in names)
     for n in names:
-        assert mgr._views.params[n].data.data_ptr() == chunk.view(n).data_ptr()
+        assert mgr.registry.views.params[n].data.data_ptr() == chunk.view(n).data_ptr()

@@ -34,8 +34,8 @@ def _manager(tmp_path, disk_shards: int | None = None) -> ChunkManager:
 
 
 def _written(mgr: ChunkManager) -> int:
-    mgr.tiers[DISK].store.drain()  # type: ignore[union-attr]
-    return mgr.stats().disk_io.bytes_written  # type: ignore[union-attr]
+    mgr.books.tiers[DISK].store.drain()  # type: ignore[union-attr]
+    return mgr.books.stats().disk_io.bytes_written  # type: ignore[union-attr]
 
 
 def _round_trip(mgr: ChunkManager, chunk) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -48,7 +48,7 @@ def _round_trip(mgr: ChunkManager, chunk) -> torch.Tensor:  # type: ignore[no-un
 
 def test_a_kept_payload_goes_back_to_disk_without_a_write(tmp_path):
     mgr = _manager(tmp_path)
-    disk = mgr.tiers[DISK]
+    disk = mgr.books.tiers[DISK]
     c = next(c for c in mgr.chunks.values() if c.tier is DISK)
     before = c.shard.clone()
     base = _written(mgr)
@@ -58,9 +58,9 @@ def test_a_kept_payload_goes_back_to_disk_without_a_write(tmp_path):
     assert disk.used_bytes == used  # the payload stays, counted
     mgr.move(c, DISK)
     assert _written(mgr) == base  # nothing written
-    assert mgr.stats().disk_unwritten_bytes == SHARD
+    assert mgr.books.stats().disk_unwritten_bytes == SHARD
     assert c.tier is DISK and torch.equal(c.shard, before)
-    p = mgr._views.params[next(iter(c.records))]
+    p = mgr.registry.views.params[next(iter(c.records))]
     assert p.data.data_ptr() == c.shard.data_ptr()  # the views follow the mapping
     # the window over: nothing kept; a chunk copied off disk now frees its payload there
     mgr.shard_io.keep_disk_copies()
@@ -85,12 +85,12 @@ def test_other_kinds_and_written_chunks_are_written_again(tmp_path):
     after = c.shard.clone()
     mgr.move(c, DISK)
     assert _written(mgr) == base + 2 * SHARD and torch.equal(c.shard, after)
-    assert mgr.stats().disk_unwritten_bytes == 0
+    assert mgr.books.stats().disk_unwritten_bytes == 0
 
 
 def test_kept_payloads_make_way_when_the_disk_is_full(tmp_path):
     mgr = _manager(tmp_path, disk_shards=4)  # exactly the four chunks off the host
-    disk = mgr.tiers[DISK]
+    disk = mgr.books.tiers[DISK]
     on_disk = [c for c in mgr.chunks.values() if c.tier is DISK]
     host = [c for c in mgr.chunks.values() if c.tier is HOST]
     assert len(on_disk) == 4 and disk.free_bytes == 0
@@ -105,5 +105,5 @@ def test_kept_payloads_make_way_when_the_disk_is_full(tmp_path):
     mgr.move(on_disk[0], HOST)  # its disk copy is gone: the move frees nothing there
     assert disk.free_bytes == 0 and torch.equal(on_disk[0].shard, moved)
     mgr.shard_io.keep_disk_copies()
-    assert disk.used_bytes == 4 * SHARD and mgr.stats().disk_unwritten_bytes == 0
+    assert disk.used_bytes == 4 * SHARD and mgr.books.stats().disk_unwritten_bytes == 0
     assert _written(mgr) == base

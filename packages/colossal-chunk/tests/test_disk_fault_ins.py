@@ -27,8 +27,8 @@ def _manager(tmp_path, read_ahead_bytes: int) -> ChunkManager:
 
 
 def _faulted_and_read(mgr: ChunkManager) -> tuple[int, int]:
-    mgr.tiers[DISK].store.drain()  # type: ignore[union-attr]
-    stats = mgr.stats()
+    mgr.books.tiers[DISK].store.drain()  # type: ignore[union-attr]
+    stats = mgr.books.stats()
     return stats.disk_faulted_bytes, stats.disk_io.bytes_read  # type: ignore[return-value,union-attr]
 
 
@@ -80,5 +80,5 @@ def test_a_use_after_a_read_ahead_is_no_fault_in(tmp_path):
 def test_no_disk_tier_no_figure(tmp_path):
     mgr = ChunkManager(ChunkConfig(N, disk_bytes=0, device="cpu"))
     mgr.register([("p", torch.nn.Parameter(torch.randn(N)))])
-    assert mgr.stats().disk_faulted_bytes is None and mgr.stats().disk_io is None
+    assert mgr.books.stats().disk_faulted_bytes is None and mgr.books.stats().disk_io is None
     mgr.close()

@@ -88,7 +88,7 @@ def test_manager_spills_to_disk_and_counts_background_io(tmp_path):
             mgr.access([n])
             assert torch.equal(p.data, values[n])
             mgr.release([n])
-        stats = mgr.stats()
+        stats = mgr.books.stats()
         assert stats.disk_io is not None and stats.disk_io.bytes_written >= 3 * 4096
     assert not (tmp_path / "d").exists()
 

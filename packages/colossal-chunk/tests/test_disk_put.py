@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from colossal_chunk import ChunkConfig, ChunkManager
+from colossal_chunk.disk._side import payload_key
 from colossal_chunk.disk._store import DiskStore
 from colossal_contracts import TierName
 
@@ -109,6 +110,6 @@ def test_a_chunk_moved_to_disk_is_put_and_reads_back(tmp_path, monkeypatch):
         chunk.shard.mul_(-2.0)  # written where it is computed on
         want = chunk.shard.clone()
         mgr.move(chunk, TierName.DISK)
-        assert puts == [f"{chunk.kind}-{chunk.chunk_id}@disk"]
-        mgr.tiers[TierName.DISK].store.drain()  # type: ignore[union-attr]
+        assert puts == [payload_key(chunk, TierName.DISK)]
+        mgr.books.tiers[TierName.DISK].store.drain()  # type: ignore[union-attr]
         assert torch.equal(chunk.shard, want)  # read back from the file

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from colossal_chunk import ChunkConfig, ChunkManager
+from colossal_chunk.disk._side import payload_key
 from colossal_chunk.disk._store import DiskStore
 from colossal_contracts import TierName
 
@@ -22,10 +23,10 @@ def _manager(tmp_path) -> ChunkManager:  # type: ignore[no-untyped-def]
 
 def _on_file(mgr: ChunkManager, chunk) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """The chunk's payload as the file holds it (read with pread, not through a mapping)."""
-    store = mgr.tiers[TierName.DISK].store
+    store = mgr.books.tiers[TierName.DISK].store
     assert isinstance(store, DiskStore)
     store.drain()
-    p = store._files[f"{chunk.kind}-{chunk.chunk_id}@disk"]
+    p = store._files[payload_key(chunk, TierName.DISK)]
     import os
 
     raw = os.pread(p.fd, p.nbytes, p.offset)
@@ -51,7 +52,7 @@ def test_a_staged_update_is_computed_on_a_host_copy_and_written_back(tmp_path, m
             assert other.shard is other_shard  # not on disk: left as it is
             chunk.shard.mul_(-2.0)
             assert torch.equal(_on_file(mgr, chunk), want / -2.0)  # nothing written yet
-        assert chunk.shard is mapping and unstaged == [f"{chunk.kind}-{chunk.chunk_id}@disk"]
+        assert chunk.shard is mapping and unstaged == [payload_key(chunk, TierName.DISK)]
         mgr.shard_io.written([chunk])  # written out in the background, as after an update in place
         assert torch.equal(_on_file(mgr, chunk), want)  # in the file
         assert torch.equal(chunk.shard, want)  # and through the mapping
@@ -61,7 +62,7 @@ def test_a_staged_block_that_raises_leaves_the_payload_unchanged(tmp_path):
     with _manager(tmp_path) as mgr:
         chunk = next(c for c in mgr.chunks.values() if c.tier is TierName.DISK)
         mapping, before = chunk.shard, chunk.shard.clone()
-        store = mgr.tiers[TierName.DISK].store
+        store = mgr.books.tiers[TierName.DISK].store
         assert isinstance(store, DiskStore)
         store.drain()
         written = store.io_stats().bytes_written  # by the moves that placed the chunks

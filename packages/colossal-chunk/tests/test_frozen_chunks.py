@@ -39,15 +39,15 @@ def _manager(tmp_path, *, host_shards: int | None = None) -> ChunkManager:
 
 def test_frozen_parameters_get_chunks_of_their_own_and_no_twins(tmp_path):
     mgr = _manager(tmp_path)
-    frozen = [c for c in mgr.param_chunks() if c.frozen]
-    trained = mgr.trainable_chunks()
+    frozen = [c for c in mgr.registry.param_chunks() if c.frozen]
+    trained = mgr.registry.trainable_chunks()
     assert len(frozen) == 2 and len(trained) == 2
-    assert all(not mgr._views.params[n].requires_grad for c in frozen for n in c.records)
-    assert all(mgr._views.params[n].requires_grad for c in trained for n in c.records)
+    assert all(not mgr.registry.views.params[n].requires_grad for c in frozen for n in c.records)
+    assert all(mgr.registry.views.params[n].requires_grad for c in trained for n in c.records)
     masters = mgr.add_parallel("master", torch.float32, copy_params=True)
     mgr.add_parallel("grad", torch.float32)
     assert {m.chunk_id for m in masters} == {
-        mgr.parallel_chunk("master", c).chunk_id for c in trained
+        mgr.registry.parallel_chunk("master", c).chunk_id for c in trained
     }
     assert mgr.books.payload_bytes() == {
         "frozen": 2 * SHARD,
@@ -57,16 +57,16 @@ def test_frozen_parameters_get_chunks_of_their_own_and_no_twins(tmp_path):
     }
     # a re-pack keeps them apart
     new = mgr.repack([f"p{i}" for i in reversed(range(8))])
-    assert sum(c.frozen for c in new) == 2 and len(mgr.trainable_chunks()) == 2
+    assert sum(c.frozen for c in new) == 2 and len(mgr.registry.trainable_chunks()) == 2
     for c in new:
-        assert all(mgr._views.params[n].requires_grad != c.frozen for n in c.records)
+        assert all(mgr.registry.views.params[n].requires_grad != c.frozen for n in c.records)
 
 
 def test_a_frozen_chunk_leaves_the_compute_tier_without_a_copy(tmp_path):
     mgr = _manager(tmp_path)
-    host = mgr.tiers[HOST]
-    f = next(c for c in mgr.param_chunks() if c.frozen)
-    t = mgr.trainable_chunks()[0]
+    host = mgr.books.tiers[HOST]
+    f = next(c for c in mgr.registry.param_chunks() if c.frozen)
+    t = mgr.registry.trainable_chunks()[0]
     before = f.shard.clone()
     used = host.used_bytes
     mgr.move(f, ACC)
@@ -76,22 +76,22 @@ def test_a_frozen_chunk_leaves_the_compute_tier_without_a_copy(tmp_path):
     mgr.release([next(iter(f.records))])
     mgr.move(f, HOST)
     mgr.move(t, HOST)
-    stats = mgr.stats()
+    stats = mgr.books.stats()
     assert stats.moved("accelerator", "host").num_bytes == SHARD  # only the trainable chunk
     assert stats.host_unwritten_bytes == SHARD and stats.frozen_written_bytes == 0
     assert f.tier is HOST and torch.equal(f.shard, before) and host.used_bytes == used
-    p = mgr._views.params[next(iter(f.records))]
+    p = mgr.registry.views.params[next(iter(f.records))]
     assert p.data.data_ptr() == f.shard.data_ptr()  # the views follow the payload
     mgr.shard_io.written([f])  # a write in place (a checkpoint loaded) is counted
-    assert mgr.stats().frozen_written_bytes == SHARD
+    assert mgr.books.stats().frozen_written_bytes == SHARD
 
 
 def test_frozen_chunks_on_disk_are_read_and_never_written(tmp_path):
     mgr = _manager(tmp_path, host_shards=1)  # one payload on the host, the rest on disk
-    store = mgr.tiers[DISK].store
+    store = mgr.books.tiers[DISK].store
     store.drain()
-    base = mgr.stats().disk_io.bytes_written
-    frozen = [c for c in mgr.param_chunks() if c.frozen and c.tier is DISK]
+    base = mgr.books.stats().disk_io.bytes_written
+    frozen = [c for c in mgr.registry.param_chunks() if c.frozen and c.tier is DISK]
     assert frozen
     values = [c.shard.clone() for c in frozen]
     for _ in range(3):  # computed on, evicted, again: the disk payload is taken back each time
@@ -105,7 +105,7 @@ def test_frozen_chunks_on_disk_are_read_and_never_written(tmp_path):
     mgr.move(frozen[0], ACC)
     mgr._placement.offload(frozen[0])
     store.drain()
-    stats = mgr.stats()
+    stats = mgr.books.stats()
     assert stats.disk_io.bytes_written == base and stats.frozen_written_bytes == 0
     assert stats.disk_unwritten_bytes == (3 * len(frozen) + 1) * SHARD  # each trip back
     for c, v in zip(frozen, values, strict=True):

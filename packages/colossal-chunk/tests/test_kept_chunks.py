@@ -68,7 +68,7 @@ def test_parallel_chunks_with_no_host_room_start_on_the_compute_tier_within_the_
 
 def test_count_copy_shows_in_the_move_stats():
     m, _ = _manager(acc=4 * 1024)
-    before = m.stats().bytes_moved
+    before = m.books.stats().bytes_moved
     m.books.count_copy(ACC, HOST, 100)
     m.books.count_copy(HOST, HOST, 50)  # same tier: not a move
-    assert m.stats().bytes_moved - before == 100
+    assert m.books.stats().bytes_moved - before == 100

@@ -75,7 +75,7 @@ class _Trace:
 
 
 def _check_tiers(mgr):
-    for t in mgr.tiers.values():
+    for t in mgr.books.tiers.values():
         assert t.used_bytes <= t.capacity_bytes
         assert t.peak_bytes <= t.capacity_bytes
 
@@ -119,7 +119,7 @@ def test_budgets_states_and_round_trips(tmp_path_factory, scenario):
                 c = mgr.chunk_of(p)
                 assert c.tier is TierName.ACCELERATOR
                 assert c.state(name) is TensorState.COMPUTE
-                assert p.data.device == mgr.compute_device
+                assert p.data.device == mgr.residency.compute_device
                 assert p.data.data_ptr() == c.view(name).data_ptr()
                 assert torch.equal(p.data, ref[name])
                 new = torch.randn(p.shape, generator=g).to(p.dtype)
@@ -133,15 +133,15 @@ def test_budgets_states_and_round_trips(tmp_path_factory, scenario):
         for name, p in params:
             assert torch.equal(p.data, ref[name]), name
         for c in list(mgr.chunks.values()):
-            if mgr.tiers[TierName.HOST].free_bytes >= c.shard_bytes:
+            if mgr.books.tiers[TierName.HOST].free_bytes >= c.shard_bytes:
                 mgr.move(c, TierName.HOST)
         for name, p in params:
             assert torch.equal(p.data, ref[name]), name
-        stats = mgr.stats()
+        stats = mgr.books.stats()
         event(f"moves to disk: {stats.moved('accelerator', 'disk').count > 0}")
         event(f"evictions: {stats.moved('accelerator', 'host').count > 0}")
         assert stats.bytes_moved == sum(m.num_bytes for m in stats.moves.values())
-        disk_dir = mgr.tiers[TierName.DISK].store.directory
+        disk_dir = mgr.books.tiers[TierName.DISK].store.directory
     assert not list(disk_dir.iterdir())  # close() removed every payload file
 
 

@@ -69,10 +69,10 @@ def test_auto_in_the_manager_keeps_room_for_non_model_data():
         for m, (name,) in enumerate(order):
             mgr.set_moment(m)
             mgr.access([name])
-            acc = mgr.stats().tiers["accelerator"].used_bytes
+            acc = mgr.books.stats().tiers["accelerator"].used_bytes
             assert acc <= cap - stats.peaks[m]
             mgr.release([name])
-        assert mgr.stats().moved("accelerator", "host").count >= 1
+        assert mgr.books.stats().moved("accelerator", "host").count >= 1
 
 
 def test_capacity_error_names_sizes_and_fixes():
@@ -110,8 +110,8 @@ def test_manager_reports_model_data_per_tier():
     params = [(f"p{i}", torch.nn.Parameter(torch.ones(16))) for i in range(3)]
     with ChunkManager(ChunkConfig(16, accelerator_bytes=128, host_bytes=64, device="cpu")) as mgr:
         mgr.register(params)
-        assert mgr.model_data_bytes("host") == 64
-        assert mgr.model_data_bytes(TierName.DISK) == 128
+        assert mgr.books.model_data_bytes("host") == 64
+        assert mgr.books.model_data_bytes(TierName.DISK) == 128
         mgr.access(["p2"])
-        assert mgr.model_data_bytes("accelerator") == 64
-        assert sum(mgr.model_data_bytes(t) for t in TierName) == 3 * 64
+        assert mgr.books.model_data_bytes("accelerator") == 64
+        assert sum(mgr.books.model_data_bytes(t) for t in TierName) == 3 * 64

@@ -57,12 +57,12 @@ def test_a_small_shard_is_prefetched_at_once_a_large_one_by_the_worker(inline):
     placement = m._placement
     if not inline:
         placement.inline_copy_bytes = chunks[0].shard_bytes - 1
-    moved = m.stats().bytes_moved
+    moved = m.books.stats().bytes_moved
     m.set_moment(0, prefetch=1)  # moment 1's chunk
     c1 = chunks[1]
     assert (c1.tier is TierName.ACCELERATOR) is inline  # a move made at once
     assert (c1.prefetch is not None) is not inline  # a copy on the worker
-    assert m.stats().bytes_moved - moved == c1.shard_bytes  # counted either way
+    assert m.books.stats().bytes_moved - moved == c1.shard_bytes  # counted either way
     m.access(["p1"])
     assert c1.tier is TierName.ACCELERATOR and torch.equal(c1.view("p1"), params[1][1].data)
     assert torch.all(c1.view("p1") == 1.0)

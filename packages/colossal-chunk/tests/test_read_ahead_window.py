@@ -27,12 +27,12 @@ def _host_payloads(mgr: ChunkManager) -> int:
 
 def test_read_ahead_stops_at_the_window_and_slides_as_chunks_are_used(tmp_path):
     mgr, values = _manager(tmp_path, host_bytes=4 * SHARD, read_ahead_bytes=2 * SHARD)
-    host, window = mgr.tiers[TierName.HOST], mgr.shard_io.read_ahead_window
+    host, window = mgr.books.tiers[TierName.HOST], mgr.shard_io.read_ahead_window
     assert _host_payloads(mgr) == 2 * SHARD  # the window's two shards are not for payloads
     assert host.used_bytes == 4 * SHARD
     on_disk = [c for c in mgr.chunks.values() if c.tier is TierName.DISK]
     assert len(on_disk) == 6
-    store = mgr.tiers[TierName.DISK].store
+    store = mgr.books.tiers[TierName.DISK].store
     assert not mgr.shard_io.read_ahead(on_disk)  # room for two of six
     assert window.ahead_bytes == 2 * SHARD
     store.drain()
@@ -61,9 +61,9 @@ def test_read_ahead_stops_at_the_window_and_slides_as_chunks_are_used(tmp_path):
 def test_default_window_is_taken_from_the_host_budget(tmp_path):
     mgr, _ = _manager(tmp_path, host_bytes=16 * SHARD)  # four shards, a quarter of the budget
     assert mgr.shard_io.read_ahead_window.window_bytes == 4 * SHARD
-    assert mgr.tiers[TierName.HOST].used_bytes == 12 * SHARD  # all eight payloads, the window
+    assert mgr.books.tiers[TierName.HOST].used_bytes == 12 * SHARD  # all eight payloads, the window
     # the window holds no payload: a tracer's model data (live - model = non-model) leaves it out
-    assert mgr.model_data_bytes(TierName.HOST) == _host_payloads(mgr) == 8 * SHARD
+    assert mgr.books.model_data_bytes(TierName.HOST) == _host_payloads(mgr) == 8 * SHARD
     mgr.close()
     mgr, _ = _manager(tmp_path, host_bytes=3 * SHARD)  # a quarter holds no shard: no window
     assert mgr.shard_io.read_ahead_window.window_bytes == 0

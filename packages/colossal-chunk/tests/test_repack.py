@@ -18,19 +18,19 @@ def test_repack_in_first_use_order_keeps_values_of_every_kind():
     with ChunkManager(ChunkConfig(chunk_numel=80, accelerator_bytes=1000)) as m:
         m.register(named)
         m.add_parallel("master", torch.float64, copy_params=True)
-        assert [list(c.records) for c in m.param_chunks()] == [["a", "b"], ["c", "d"]]
+        assert [list(c.records) for c in m.registry.param_chunks()] == [["a", "b"], ["c", "d"]]
         m.access(["b"])  # states and residency must not matter
         m.release(["b"])
         m.repack(["d", "a", "c"])  # "b" was never used: it follows in registration order
-        assert m.registration_order() == ["d", "a", "c", "b"]
-        assert [list(c.records) for c in m.param_chunks()] == [["d", "a"], ["c", "b"]]
+        assert m.registry.registration_order() == ["d", "a", "c", "b"]
+        assert [list(c.records) for c in m.registry.param_chunks()] == [["d", "a"], ["c", "b"]]
         for n, p in named:
             m.access([n])
             assert torch.equal(p.data, want[n])
             m.release([n])
-            twin = m.parallel_chunk("master", m.chunk_of(n))
+            twin = m.registry.parallel_chunk("master", m.chunk_of(n))
             assert torch.equal(twin.shard_view(n)[0], want[n].double())
-        assert sum(t.used_bytes for t in m.tiers.values()) == sum(
+        assert sum(t.used_bytes for t in m.books.tiers.values()) == sum(
             c.shard_bytes for c in m.chunks.values()
         )
 

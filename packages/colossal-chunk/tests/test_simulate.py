@@ -117,9 +117,9 @@ def _manager_replay(policy, steps, n_chunks, numel, cap, n_iter, prefetch):
                     assert torch.all(params[i][1].data == i)
                 mgr.release(ps)
                 if prefetch:
-                    mgr.prefetch(prefetch)
-            per_iter.append(mgr.stats().bytes_moved)
-            assert mgr.stats().tiers["accelerator"].peak_bytes <= cap
+                    mgr.residency.prefetch(prefetch)
+            per_iter.append(mgr.books.stats().bytes_moved)
+            assert mgr.books.stats().tiers["accelerator"].peak_bytes <= cap
     return per_iter
 
 

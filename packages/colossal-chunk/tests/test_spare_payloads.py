@@ -25,7 +25,7 @@ def _manager() -> ChunkManager:
 
 def test_a_move_copies_into_the_payload_the_last_move_freed():
     m = _manager()
-    a, b = m.param_chunks()[:2]
+    a, b = m.registry.param_chunks()[:2]
     m.move(a, ACC)
     freed = weakref.ref(a.shard)  # a's accelerator payload, freed by the next move
     m.move(a, HOST)
@@ -33,7 +33,7 @@ def test_a_move_copies_into_the_payload_the_last_move_freed():
     m.move(b, ACC)
     assert b.shard is freed()  # b's copy went into it
     assert m._placement.spares.nbytes == a.shard_bytes  # b's host payload is the spare now
-    for i, c in enumerate(m.param_chunks()):
+    for i, c in enumerate(m.registry.param_chunks()):
         m.move(c, ACC)
         m.move(c, HOST)
         assert torch.equal(c.view(f"p{i}"), torch.full((NUMEL,), float(i)))
@@ -42,7 +42,7 @@ def test_a_move_copies_into_the_payload_the_last_move_freed():
 @pytest.mark.parametrize("how", ["view", "storage"])
 def test_a_payload_still_viewed_is_never_reused(how: str):
     m = _manager()
-    a, b = m.param_chunks()[:2]
+    a, b = m.registry.param_chunks()[:2]
     m.move(a, ACC)
     # someone (a saved tensor, say) still views a's payload: a view of the tensor, or another
     # tensor on the same storage (no Python reference to the payload tensor at all)
@@ -63,7 +63,7 @@ def test_a_payload_still_viewed_is_never_reused(how: str):
 def test_disabled_spares_keep_nothing():
     m = _manager()
     m._placement.spares.enabled = False
-    a = m.param_chunks()[0]
+    a = m.registry.param_chunks()[0]
     m.move(a, ACC)
     old = weakref.ref(a.shard)
     m.move(a, HOST)

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from colossal_contracts import ConfigError, MemStatsSource, TierName
-from colossal_memtrace import MemStats, Moment, StepSummary
+from colossal_memtrace import MemStats
+from colossal_memtrace._stats import Moment, StepSummary
 
 
 def _stats() -> MemStats:

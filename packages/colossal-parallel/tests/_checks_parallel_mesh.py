@@ -14,9 +14,9 @@ from colossal_parallel import (
     reduce_from_axis,
     reduce_scatter_along,
     release_shared_groups,
-    shared_group_stats,
     split_along,
 )
+from colossal_parallel._group_cache import shared_group_stats
 
 
 def describe_mesh(cfg: MeshConfig) -> dict:

@@ -101,6 +101,8 @@ def streamed_export_case(settings: dict, root: str, layers: int = 2, steps: int 
         out["whole_held"] = whole_held
         out["model_bytes"] = sum(t.nbytes for t in whole.values())
         out["largest_tensor"] = max(t.nbytes for t in whole.values())
-        out["largest_chunk"] = max(c.capacity * 4 for c in model.runtime.manager.param_chunks())
+        out["largest_chunk"] = max(
+            c.capacity * 4 for c in model.runtime.manager.registry.param_chunks()
+        )
     plugin.close()
     return out

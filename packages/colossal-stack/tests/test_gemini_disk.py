@@ -147,3 +147,38 @@ def test_cli_bad_disk_settings(run, capsys, extra, message):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
     assert _snapshot(run["out"]) == before  # nothing previously saved is touched
+
+
+def _train_steps(tmp_path: Path, update: bool | None, steps: int) -> tuple[list, dict, list]:
+    """``steps`` of ``booster.train_step`` in 2 micro-batches with a disk tier: the losses, the
+    weights, and per step the chunks already updated when the last backward ended."""
+    x, y = (torch.cat([t, t.flip(0)]) for t in _batch())
+    tmp_path.mkdir()
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    config = GeminiConfig(
+        accelerator_bytes=976 << 10, host_bytes=300 << 10, disk_bytes=64 << 20,
+        disk_dir=tmp_path, update_in_backward=update,
+    )  # fmt: skip
+    booster = Booster(GeminiPlugin(config=config))
+    gm, opt = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    groups = gm.runtime.manager.groups
+    losses, updated = [], []
+    for _ in range(steps):
+        losses.append(booster.train_step(x, y, gm, opt, microbatches=2))
+        updated.append(sum(g.grads.value == "empty" for g in groups.values()))
+        opt.step()
+        opt.zero_grad()
+    state = gm.full_state_dict()
+    gm.runtime.manager.close()
+    return losses, state, updated
+
+
+def test_train_step_in_micro_batches_updates_in_the_last_backward(tmp_path):
+    # the plugin runs the earlier micro-batch inside optimizer.accumulating(), so automatic
+    # update in backward (colossal-zero's [Note: update in backward]) runs in the last one
+    fused = _train_steps(tmp_path / "fused", None, 5)
+    unfused = _train_steps(tmp_path / "unfused", False, 5)
+    assert fused[0] == unfused[0]
+    assert all(torch.equal(fused[1][k], unfused[1][k]) for k in unfused[1])
+    assert fused[2][-1] > 0 and sum(unfused[2]) == 0

@@ -54,8 +54,8 @@ def _run(method: str, precision: str) -> tuple[int, int, int]:
             opt.zero_grad()
             peaks.append(tracker.cut()[TierName.ACCELERATOR].total)
         manager = model.runtime.manager
-        chunks = len(manager.param_chunks())
-        return manager.chunk_numel, chunks, min(peaks[1:])
+        chunks = len(manager.registry.param_chunks())
+        return manager.registry.chunk_numel, chunks, min(peaks[1:])
 
 
 def test_param_numels_are_gpts():
@@ -92,7 +92,7 @@ def test_planned_frozen_chunk_size_is_the_runtimes(precision):
     mem = device_memory(shape, lay, CFG.max_seq_len, precision=precision)
     planned = gemini_bytes(shape, lay, precision, mem.activations)
     manager = apply_gemini(model, GeminiConfig(precision=precision)).runtime.manager
-    frozen = [c for c in manager.param_chunks() if c.frozen]
+    frozen = [c for c in manager.registry.param_chunks() if c.frozen]
     assert planned.frozen_chunk_numel == manager.config.frozen_chunk_numel
     assert planned.frozen_chunks == len(frozen) > 0
 

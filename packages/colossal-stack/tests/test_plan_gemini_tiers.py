@@ -112,7 +112,7 @@ def test_one_rank_run_puts_on_each_tier_what_the_plan_says(precision, tmp_path):
             opt.step()
             opt.zero_grad()
             peaks.append(tracker.cut()[TierName.ACCELERATOR].total)
-        tiers = model.runtime.manager.stats().tiers
+        tiers = model.runtime.manager.books.stats().tiers
         model.runtime.manager.close()
     assert tiers["disk"].used_bytes == mem.disk
     # the host tier at registration: its payloads and the window, before the chunk in flight

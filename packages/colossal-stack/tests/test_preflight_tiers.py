@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import json
 import math
+import shutil
+import tempfile
 from collections import namedtuple
 
 import pytest
@@ -19,7 +21,6 @@ from colossal.train._preflight import (
     gemini_host_bytes,
     gemini_state_bytes,
 )
-from colossal_chunk.disk import _check
 from colossal_contracts import ConfigError
 
 HOST = 64 * 2**20  # a 64 MiB host budget
@@ -80,14 +81,15 @@ def test_cli_read_only_disk_dir(tmp_path, capsys, monkeypatch):
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(_check.tempfile, "TemporaryFile", read_only)
+    # the disk tier's probe (colossal_chunk.check_disk_dir) writes a temporary file there
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
     err = _cli(tmp_path, capsys, ["--disk-budget", "1MiB", "--disk-dir", str(tmp_path)])
     assert "not writable (Read-only file system)" in err
 
 
 def test_cli_disk_dir_on_a_full_filesystem(tmp_path, capsys, monkeypatch):
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(_check.shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 0))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 0))
     err = _cli(tmp_path, capsys, ["--disk-budget", "1MiB", "--disk-dir", str(tmp_path)])
     assert "full filesystem" in err
 

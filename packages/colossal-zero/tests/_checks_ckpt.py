@@ -48,7 +48,7 @@ def train_and_save(
         bases.append(weakref.ref(t if t._base is None else t._base))
         del t
         most = max(most, _alive(bases))
-    chunks = len(model.runtime.manager.param_chunks())
+    chunks = len(model.runtime.manager.registry.param_chunks())
     return model.full_state_dict(), streamed, most, chunks
 
 

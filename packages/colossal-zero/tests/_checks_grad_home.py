@@ -32,13 +32,15 @@ def _run(config: GeminiConfig, steps: int, batch: int, *, hint: bool) -> dict:
     for i in range(steps):
         step[0] = i
         losses += train(model, opt, 1, batch, start=i)
-    states_acc = [m.parallel_chunk("exp_avg", c).tier is ACC for c in m.param_chunks()]
+    states_acc = [
+        m.registry.parallel_chunk("exp_avg", c).tier is ACC for c in m.registry.param_chunks()
+    ]
     return {
         "losses": losses,
         "weights": model.full_state_dict(),
         "grad_moves": grad_moves,
         "states_on_acc": sum(states_acc),
-        "moved": m.stats().bytes_moved,
+        "moved": m.books.stats().bytes_moved,
     }
 
 

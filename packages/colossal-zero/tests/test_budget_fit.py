@@ -44,7 +44,7 @@ def _recorded(budget: int, steps: int, *, chunk_numel: int) -> list[float]:
 def _chunk_numel(config: GeminiConfig) -> tuple[list[float], dict, int]:
     model, opt = checks.make(config)
     losses = checks.train(model, opt, STEPS, BATCH)
-    return losses, model.full_state_dict(), model.runtime.manager.chunk_numel
+    return losses, model.full_state_dict(), model.runtime.manager.registry.chunk_numel
 
 
 def test_chunks_shrink_when_the_chosen_size_leaves_no_room_and_training_stays_exact():

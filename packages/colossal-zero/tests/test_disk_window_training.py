@@ -56,7 +56,7 @@ def test_host_payloads_and_pages_read_ahead_stay_within_the_host_budget(tmp_path
     m = gm.runtime.manager
     window = m.shard_io.read_ahead_window
     assert window.window_bytes == 2 * SHARD  # the default: a quarter of the host budget
-    host = m.tiers[TierName.HOST]
+    host = m.books.tiers[TierName.HOST]
     checks, refused = [0], [0]
 
     def check() -> None:
@@ -89,7 +89,7 @@ def test_host_payloads_and_pages_read_ahead_stay_within_the_host_budget(tmp_path
     states = sum(c.shard_bytes for c in m.chunks.values())
     assert states >= 3 * host.capacity_bytes  # most of the model lives on disk
     assert checks[0] > 50 and refused[0] > 0 and window.peak_bytes == window.window_bytes
-    assert m.stats().disk_io.bytes_read > 0
+    assert m.books.stats().disk_io.bytes_read > 0
     m.close()
     torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-5)
 
@@ -110,7 +110,7 @@ def _train(tmp_path, max_grad_norm: float, x, y, *, keep: bool = True, acc_shard
         gm.runtime._read_only_kinds = ()
     gopt = GeminiOptimizer.from_torch(gm, opt, max_grad_norm=max_grad_norm)
     m = gm.runtime.manager
-    disk = m.tiers[TierName.DISK]
+    disk = m.books.tiers[TierName.DISK]
     losses, norms, faulted = [], [], []
     for _ in range(3):
         loss = gm(x, y)
@@ -122,8 +122,8 @@ def _train(tmp_path, max_grad_norm: float, x, y, *, keep: bool = True, acc_shard
         gopt.zero_grad()
         losses.append(loss.item())
     disk.store.drain()  # type: ignore[union-attr]
-    written = m.stats().disk_io.bytes_written  # type: ignore[union-attr]
-    after = (gm.full_state_dict(), written, m.stats().disk_unwritten_bytes)
+    written = m.books.stats().disk_io.bytes_written  # type: ignore[union-attr]
+    after = (gm.full_state_dict(), written, m.books.stats().disk_unwritten_bytes)
     m.close()
     return losses, norms, faulted, *after
 
@@ -171,7 +171,7 @@ def test_the_step_lets_gradients_on_disk_go_without_writing_them(tmp_path):
     x, y, ref = _two_steps_of_adamw()
     gm, gopt = _gemini(tmp_path, 4, 4)
     m = gm.runtime.manager
-    store = m.tiers[TierName.DISK].store
+    store = m.books.tiers[TierName.DISK].store
     kinds, write_behind = [], store.write_behind  # type: ignore[union-attr]
 
     def spied(key, tensor):  # type: ignore[no-untyped-def]

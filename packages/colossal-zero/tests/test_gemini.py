@@ -141,8 +141,10 @@ def test_prefetch_after_warmup_keeps_results_exact():
     cfg = GeminiConfig(precision="fp32", accelerator_bytes=200_000, chunk_numel=8192, prefetch=2)
     model, opt = checks.make(cfg)
     manager, issued = model.runtime.manager, []
-    real_prefetch = manager.prefetch
-    manager.prefetch = lambda horizon=1: issued.append(real_prefetch(horizon)) or issued[-1]
+    real_prefetch = manager.residency.prefetch
+    manager.residency.prefetch = lambda horizon=1: (
+        issued.append(real_prefetch(horizon)) or issued[-1]
+    )
     losses = checks.train(model, opt, 6, BATCH)
     ref_losses, ref_weights = reference(6, BATCH)
     assert_losses_close(losses, ref_losses, 1e-5)

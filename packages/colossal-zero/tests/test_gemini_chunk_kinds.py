@@ -76,7 +76,7 @@ def _largest(model: nn.Module, frozen: bool) -> int:
 def _check_kinds(manager) -> None:  # type: ignore[no-untyped-def]
     for c in manager.chunks.values():
         if c.kind == "param":
-            want = manager.frozen_chunk_numel if c.frozen else manager.chunk_numel
+            want = manager.registry.frozen_chunk_numel if c.frozen else manager.registry.chunk_numel
             assert c.capacity == want
     for cid, group in manager.groups.items():
         for kind, twin in group.twins.items():
@@ -98,17 +98,17 @@ def test_each_kind_is_sized_for_its_own_tensors_and_trains_like_adamw(budget):
     m = gm.runtime.manager
     plain = _model()
     # trainable chunks below the largest frozen matrix: one size would be at least that
-    assert _largest(plain, True) <= m.frozen_chunk_numel
-    assert _largest(plain, False) <= m.chunk_numel < _largest(plain, True)
+    assert _largest(plain, True) <= m.registry.frozen_chunk_numel
+    assert _largest(plain, False) <= m.registry.chunk_numel < _largest(plain, True)
     _check_kinds(m)
     assert gm.memory_stats().frozen_written_bytes == 0
     # fewer trainable bytes of padding than with the frozen size for both (the one size before)
     one = GeminiConfig(
-        precision="fp32", device="cpu", chunk_numel=m.frozen_chunk_numel, **BUDGETS[budget]
+        precision="fp32", device="cpu", chunk_numel=m.registry.frozen_chunk_numel, **BUDGETS[budget]
     )
     old, _ = _train(_model(), one)
     pad = {
-        k: sum(c.padding for c in g.runtime.manager.trainable_chunks())
+        k: sum(c.padding for c in g.runtime.manager.registry.trainable_chunks())
         for k, g in (("kinds", gm), ("one", old))
     }
     assert pad["kinds"] < pad["one"]
@@ -118,17 +118,20 @@ def test_without_frozen_parameters_one_size_as_before():
     gm, _ = _train(_model(freeze=False), GeminiConfig(precision="fp32", device="cpu"))
     m = gm.runtime.manager
     assert m.config.frozen_chunk_numel is None
-    assert m.frozen_chunk_numel == m.chunk_numel
-    assert {c.capacity for c in m.chunks.values()} == {m.chunk_numel}
+    assert m.registry.frozen_chunk_numel == m.registry.chunk_numel
+    assert {c.capacity for c in m.chunks.values()} == {m.registry.chunk_numel}
 
 
 def test_configured_sizes_are_kept():
     both = GeminiConfig(precision="fp32", device="cpu", chunk_numel=8192)
     m = _train(_model(), both)[0].runtime.manager
-    assert (m.chunk_numel, m.frozen_chunk_numel) == (8192, 8192)  # one size for both, as given
+    assert (m.registry.chunk_numel, m.registry.frozen_chunk_numel) == (
+        8192,
+        8192,
+    )  # one size for both, as given
     apart = GeminiConfig(precision="fp32", device="cpu", chunk_numel=1024, frozen_chunk_numel=8192)
     m = _train(_model(), apart)[0].runtime.manager
-    assert (m.chunk_numel, m.frozen_chunk_numel) == (1024, 8192)
+    assert (m.registry.chunk_numel, m.registry.frozen_chunk_numel) == (1024, 8192)
     _check_kinds(m)
 
 
@@ -166,6 +169,6 @@ def test_the_warmup_fit_halves_both_kinds_and_training_stays_exact():
         opt.zero_grad()
         losses.append(loss.item())
     m = gm.runtime.manager
-    assert (m.chunk_numel, m.frozen_chunk_numel) == (2048, 8192)
+    assert (m.registry.chunk_numel, m.registry.frozen_chunk_numel) == (2048, 8192)
     _check_kinds(m)
     assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) <= 1e-5

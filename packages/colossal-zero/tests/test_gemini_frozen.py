@@ -138,10 +138,10 @@ def test_frozen_parameters_cost_their_compute_dtype_only(precision):
     trained = sum(p.numel() for p in _trainable(_model()))
     elem = 4 if precision == "fp32" else 2
     held = m.books.payload_bytes()
-    pad = sum(c.padding * c.element_size for c in m.param_chunks() if c.frozen)
+    pad = sum(c.padding * c.element_size for c in m.registry.param_chunks() if c.frozen)
     assert held["frozen"] == frozen * elem + pad  # the value, in the compute dtype
     assert chunk_bytes_per_param(precision, frozen=True) == elem
-    for c in m.param_chunks():  # no master, gradient or Adam state of a frozen chunk
+    for c in m.registry.param_chunks():  # no master, gradient or Adam state of a frozen chunk
         twins = [
             t
             for t in m.chunks.values()

@@ -23,7 +23,7 @@ def test_the_gradient_phase_follows_backward_accumulation_and_step(precision):
     seen_kept = False
     for i, (x, y) in enumerate(batches(STEPS * ACCUM, BATCH)):
         opt.backward(model(x, y) / ACCUM)
-        groups = [m.group_of(c) for c in m.trainable_chunks()]
+        groups = [m.registry.group_of(c) for c in m.registry.trainable_chunks()]
         assert all(g.grads is GradPhase.REDUCED for g in groups)
         assert all(bool(g.kept_grads) is rt.keeping for g in groups)
         seen_kept |= rt.keeping

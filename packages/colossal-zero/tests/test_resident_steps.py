@@ -44,7 +44,7 @@ def _run(case: str, *, resident: bool) -> tuple[list[float], dict[str, torch.Ten
     opt = GeminiOptimizer(model, groups, lr=1e-2, max_grad_norm=clip)
     manager = model.runtime.manager
     if not resident:  # the general path: the manager never reports a resident step
-        manager.fully_resident = lambda headroom=0: False  # type: ignore[method-assign]
+        manager.residency.fully_resident = lambda headroom=0: False  # type: ignore[method-assign]
     seen: list[bool] = []
     begin = model.runtime.begin_forward
 

@@ -27,7 +27,7 @@ def run(cfg: GeminiConfig):  # type: ignore[no-untyped-def]
 
 def tiers(model, kind: str) -> list[TierName]:  # type: ignore[no-untyped-def]
     m = model.runtime.manager
-    return [m.parallel_chunk(kind, c).tier for c in m.param_chunks()]
+    return [m.registry.parallel_chunk(kind, c).tier for c in m.registry.param_chunks()]
 
 
 def assert_same_weights(a, b) -> None:  # type: ignore[no-untyped-def]
@@ -64,12 +64,12 @@ def test_under_a_budget_demand_splits_states_and_free_displaces_no_chunk(precisi
     host, _, host_losses, host_moved = run(GeminiConfig(**base, states_placement="host"))
     placed = set(opt.state_plan.chunks)
     m = demand.runtime.manager
-    ids = [c.chunk_id for c in m.param_chunks()]
+    ids = [c.chunk_id for c in m.registry.param_chunks()]
     assert placed and placed != set(ids), "the budget should take some chunks' states, not all"
     kinds = ("exp_avg", "exp_avg_sq", "master") if precision == "bf16" else ("exp_avg",)
     for kind in kinds:  # masters live with their chunk's states
         assert tiers(demand, kind) == [ACC if i in placed else HOST for i in ids], kind
-    assert m.stats().tiers["accelerator"].peak_bytes <= budget
+    assert m.books.stats().tiers["accelerator"].peak_bytes <= budget
     # the budget is full of cached chunks at some moment: "free" places nothing, moves the same
     assert free_opt.state_plan.chunks == () and free_moved == host_moved
     assert losses == host_losses == free_losses
@@ -81,7 +81,9 @@ def test_states_that_fit_on_no_host_start_on_the_accelerator_and_stay_there():
     whole, _, losses, _ = run(GeminiConfig(**base, states_placement="host"))
     m = whole.runtime.manager
     params_and_grads = sum(c.shard_bytes for c in m.chunks.values() if c.kind in ("param", "grad"))
-    one_state = sum(m.parallel_chunk("exp_avg", c).shard_bytes for c in m.param_chunks())
+    one_state = sum(
+        m.registry.parallel_chunk("exp_avg", c).shard_bytes for c in m.registry.param_chunks()
+    )
     # room on the host for parameters, gradients and half of one Adam moment
     cfg = GeminiConfig(**base, host_bytes=params_and_grads + one_state // 2)
     spilled, _, spilled_losses, _ = run(cfg)

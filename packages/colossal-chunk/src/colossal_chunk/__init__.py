@@ -5,15 +5,15 @@ from ._accounting import ManagerStats
 from ._chunk import Chunk, PendingReduce
 from ._config import ChunkConfig
 from ._group import ChunkGroup, ChunkKind, GradPhase, Lifecycle
-from ._hooks import ManagerHooks, NoHooks
+from ._hooks import ManagerHooks
 from ._host_memory import host_empty, map_large_host_blocks, trim_host_heap
 from ._manager import ChunkManager
 from ._order import OrderStats
 from ._search import pack, search_chunk_size
 from ._tier import UNLIMITED
-from ._updates import ShardUpdate, UpdateTurn
+from ._updates import ShardUpdate
 from .disk._read_ahead import window_bytes
-from .disk._store import DiskIOStats, check_disk_dir
+from .disk._store import check_disk_dir
 from .policies._auto import AutoPolicy
 from .policies._static import StaticPolicy
 
@@ -26,17 +26,14 @@ __all__ = [
     "ChunkGroup",
     "ChunkKind",
     "ChunkManager",
-    "DiskIOStats",
     "GradPhase",
     "Lifecycle",
     "ManagerHooks",
     "ManagerStats",
-    "NoHooks",
     "OrderStats",
     "PendingReduce",
     "ShardUpdate",
     "StaticPolicy",
-    "UpdateTurn",
     "check_disk_dir",
     "host_empty",
     "map_large_host_blocks",

@@ -1,12 +1,15 @@
-"""Read-only snapshots of a manager's accounting: per-tier bytes and peaks, moves per direction."""
+"""A manager's accounting: the move counters, and read-only snapshots of per-tier bytes and peaks
+and of moves per direction."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from colossal_contracts import TierName
+
 from .disk._store import DiskIOStats
 
-__all__ = ["ManagerStats", "MoveStats", "TierStats"]
+__all__ = ["ManagerStats", "MoveCounts", "MoveStats", "TierStats"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +92,29 @@ class ManagerStats:
     def moved(self, src: str, dst: str) -> MoveStats:
         """The copies from ``src`` to ``dst`` (zeros when there were none)."""
         return self.moves.get((src, dst), MoveStats(src, dst, 0, 0))
+
+
+class MoveCounts:
+    """Bytes and payload moves per (src, dst) tier pair, counted as ``Placement`` moves payloads
+    (and for copies made outside it: ``count_copy``)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], list[int]] = {}  # (src, dst) -> [bytes, count]
+
+    def count(self, src: TierName, dst: TierName, nbytes: int) -> None:
+        """Count one move of ``nbytes`` from ``src`` to ``dst``."""
+        row = self._rows.setdefault((src.value, dst.value), [0, 0])
+        row[0] += nbytes
+        row[1] += 1
+
+    def count_copy(self, src: TierName, dst: TierName, nbytes: int) -> None:
+        """Count a copy between tiers made outside a move (an optimizer's staging copy); a copy
+        within one tier, or of nothing, is not a move."""
+        if src is not dst and nbytes > 0:
+            self.count(src, dst, nbytes)
+
+    def stats(self) -> dict[tuple[str, str], MoveStats]:
+        return {k: MoveStats(k[0], k[1], v[0], v[1]) for k, v in self._rows.items()}
+
+    def clear(self) -> None:
+        self._rows.clear()

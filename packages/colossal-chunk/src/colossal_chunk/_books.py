@@ -2,9 +2,8 @@
 with), kept chunks, copies made outside the manager, per-tier bytes and peaks, and the payload
 tensors a memory tracer counts as model data.
 
-The manager owns one ``Books`` (``ChunkManager.books``), composed rather than inherited; its
-facade keeps ``stats``, ``model_data_bytes`` and ``tiers`` (what a memory tracer and a plugin
-read); the rest is read and said here (an owner such as Gemini reads all of it here).
+The manager owns one ``Books`` (``ChunkManager.books``), composed rather than inherited: what a
+memory tracer, a plugin or an owner such as Gemini reads of the accounting is read here.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ class Books:
         if demand is None:  # not tracking
             return
         row = demand.setdefault(self._moment(), [0, 0])
-        row[0] = max(row[0], self._placement.demand_bytes(self._chunks().values()))
+        row[0] = max(row[0], self._placement.room.demand_bytes(self._chunks().values()))
         row[1] = max(row[1], self.tiers[ACC].used_bytes)
 
     def track_demand(self, on: bool = True) -> None:
@@ -96,7 +95,7 @@ class Books:
     def count_copy(self, src: TierName | str, dst: TierName | str, nbytes: int) -> None:
         """Count ``nbytes`` copied from tier ``src`` to ``dst`` outside the manager (a staging
         copy of an optimizer step), so that ``stats`` shows every byte that crossed tiers."""
-        self._placement.count_copy(TierName(src), TierName(dst), nbytes)
+        self._placement.moves.count_copy(TierName(src), TierName(dst), nbytes)
 
     def stats(self) -> ManagerStats:
         """Per-tier bytes in use and peak, bytes/count of moves per direction (a prefetch is
@@ -110,10 +109,10 @@ class Books:
         disk = self.tiers.get(TierName.DISK)
         return ManagerStats(
             tiers,
-            self._placement.move_stats(),
+            self._placement.moves.stats(),
             len(self._chunks()),
             padding,
-            self._placement.disk_io(),
+            self._placement.disk.disk_io(),
             None if disk is None else disk.faulted_bytes,
             self._placement.disk_copies.reused_bytes,  # [Note: disk copies]
             self._placement.host_copies.reused_bytes,  # [Note: host copies]

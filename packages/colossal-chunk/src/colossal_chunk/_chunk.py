@@ -28,8 +28,9 @@ chunk ([Note: one record per chunk] in ``_group.py``): ``tier`` (where the shard
 ``prefetch`` (a copy to the compute tier in flight and the tier it comes from: the shard counts
 on the compute tier already), ``kept`` (stays on the compute tier: [Note: kept chunks] in
 ``_placement.py``) and ``read_ahead_bytes`` (its disk pages read ahead within the window:
-[Note: read-ahead window] in ``disk/_read_ahead.py``). ``Placement`` sets them; nothing else
-keeps a set of chunks beside them.
+[Note: read-ahead window] in ``disk/_read_ahead.py``), ``dead`` (its values consumed: [Note:
+dead shards] in ``_shard_io.py``). ``Placement`` sets them; nothing else keeps a set of chunks
+beside them.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from colossal_contracts import (
     ChunkStateError,
     ConfigError,
     StateTransitionError,
+    TensorState,
     TierName,
 )
 
@@ -81,6 +83,7 @@ class Chunk(ChunkLayout):
     )  # a copy to the compute tier in flight, and its source
     kept: bool  # stays on the compute tier ([Note: kept chunks])
     read_ahead_bytes: int  # of its disk shard, read ahead within the window
+    dead: bool  # its shard's values are consumed until it is used again ([Note: dead shards])
     flights: InFlightCount | None  # its manager's count of collectives in flight
     _inflight: PendingReduce | _PendingGather | None  # [Note: one collective in flight]
     _incoming: PendingReduce | None  # a reduce in flight that will overwrite this whole shard
@@ -99,7 +102,7 @@ class Chunk(ChunkLayout):
         super().__init__(chunk_id, capacity, dtype, kind=kind, group=group, frozen=frozen)
         self.shard, self.full, self.tier = None, None, None
         self.lifecycle = Lifecycle.SHARDED
-        self.prefetch, self.kept, self.read_ahead_bytes = None, False, 0
+        self.prefetch, self.kept, self.read_ahead_bytes, self.dead = None, False, 0, False
         self.flights = None
         self._inflight = None
         self._incoming = None
@@ -336,7 +339,7 @@ class Chunk(ChunkLayout):
             out.div_(self.world_size)
         dst = self.shard if into is None else into.shard
         if into is not None:
-            into._incoming = None
+            into._incoming, into.dead = None, False
         if dst is None:
             raise ChunkStateError(f"chunk {self.chunk_id}: no shard storage to reduce into")
         if accumulate:
@@ -350,6 +353,11 @@ class Chunk(ChunkLayout):
         return old
 
     # ----- tensors ------------------------------------------------------------------------------
+    def set_state(self, name: str, new: TensorState) -> None:
+        """``ChunkLayout.set_state``; a tensor in use makes the values live ([Note: dead shards])."""
+        self.dead = False
+        super().set_state(name, new)
+
     def view(self, name: str) -> torch.Tensor:
         """The tensor ``name`` as a view into the gathered buffer (raises if not gathered)."""
         rec = self.records[name]

@@ -30,7 +30,8 @@ quarter budget, per step and rank: 16 shard moves each way -> 10 (plus the count
 copies), evictions of a chunk whose reduce-scatter is in flight 10 -> 9. On one rank nothing
 changes (a shard is the gathered buffer), nor where everything fits.
 
-``ChunkManager`` inherits these methods; they read its chunks, placement, policy and moment.
+The manager holds one ``Collectives`` (``ChunkManager.collectives``); it reads the manager's chunks,
+placement, policy and hooks, and the moment from its ``Residency``.
 """
 
 from __future__ import annotations
@@ -43,56 +44,52 @@ from ._chunk import Chunk
 from ._hooks import ManagerHooks
 from ._pending import InFlightCount
 from ._placement import Placement
-from ._tier import Tier
+from ._register import ChunkRegistry
+from ._resident import Residency
 
-__all__ = ["ManagerCollectives"]
+__all__ = ["Collectives"]
 
 ACC = TierName.ACCELERATOR
 
 
-class ManagerCollectives:
+class Collectives:
     """Collectives on chunks; see the module docstring."""
 
-    chunks: dict[int, Chunk]  # every chunk by id (the manager's)
-    policy: PlacementPolicy  # the manager's
-    in_flight: InFlightCount  # the manager's: collectives in flight on its chunks
-    hooks: ManagerHooks  # the manager's
-    _placement: Placement  # the manager's
-    _moment: int  # the manager's
-    _steady: bool  # [Note: resident fast path]: the manager's
-    tiers: dict[TierName, Tier]  # the manager's (a property there)
-    _bind: Callable[[Chunk], None]  # the manager's: re-points a chunk's parameter views
+    def __init__(
+        self,
+        placement: Placement,
+        policy: PlacementPolicy,
+        registry: ChunkRegistry,
+        *,
+        hooks: ManagerHooks,
+        residency: Residency,
+        in_flight: InFlightCount,
+        bind: Callable[[Chunk], None],
+    ) -> None:
+        """``registry`` holds the manager's chunks by id now; ``residency`` the moment and the fast
+        path's flag; ``bind`` re-points a chunk's views."""
+        self._placement, self._policy, self._registry = placement, policy, registry
+        self._hooks, self._residency, self._bind = hooks, residency, bind
+        self._in_flight = in_flight  # [Note: collectives in flight]
+
+    def _chunk(self, item: Chunk | int) -> Chunk:
+        return self._registry.chunks[item.chunk_id if isinstance(item, Chunk) else item]
 
     def reduce(
-        self,
-        chunk: Chunk | int,
-        *,
-        into: Chunk | int | None = None,
-        average: bool = True,
-        async_op: bool = False,
-        read_on_host: bool = False,
-    ) -> None:
-        """Reduce-scatter a chunk whose tensors are all READY_FOR_REDUCE into each rank's shard
-        (averaged over ranks), or into the shard of ``into``, a chunk of the same layout
-        ([Note: chunk gradients] in ``_chunk.py``; see ``_reduce_target``); collective over the
-        manager's group. Tensors end in HOLD/FREE. With ``async_op`` the shard is written when
-        the chunk's collective is finished ([Note: collectives in flight]). ``read_on_host``:
-        the result is next read on the host (an optimizer that updates ``into``'s chunk there),
-        so a host shard of ``into`` takes it where it is."""
-        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
-        dst = (
-            None
-            if into is None
-            else self.chunks[into.chunk_id if isinstance(into, Chunk) else into]
-        )
+        self, chunk: Chunk | int, into: Chunk | int | None, *, average: bool, async_op: bool,
+        read_on_host: bool,
+    ) -> None:  # fmt: skip
+        """``ChunkManager.reduce`` (its defaults and docstring are there)."""
+        c = self._chunk(chunk)
+        dst = None if into is None else self._chunk(into)
         if dst is c or c.world_size == 1:
             dst = None
         if c.world_size > 1:
-            self.hooks.before_collective("reduce-scatter", c)
+            self._hooks.before_collective("reduce-scatter", c)
         if dst is not None:
             self._reduce_target(dst, read_on_host=read_on_host)
         elif c.world_size > 1 and c.tier is not ACC:  # gathered from the host: the result lands
-            self._placement.count_copy(ACC, c.current_tier, c.shard_bytes)
+            self._placement.moves.count_copy(ACC, c.current_tier, c.shard_bytes)
         if async_op:
             c.start_reduce_scatter(average=average, into=dst)
             return
@@ -107,52 +104,53 @@ class ManagerCollectives:
         compute tier, as FSDP2's CPU offload copies reduced gradients to the host), and a disk
         shard is brought in as an access would bring it. (A shard brought in for a reader on the
         host would be evicted again, or copied there, before that reader: two moves for none.)"""
-        pl, acc = self._placement, self.tiers[ACC]
+        pl, acc, moment = self._placement, self._placement.tiers[ACC], self._residency.moment
         pl.settle(dst)
         if dst.tier is ACC:
             return
         if dst.tier is TierName.HOST and (
-            read_on_host or acc.used_bytes + dst.shard_bytes > pl.limit(self._moment)
+            read_on_host or acc.used_bytes + dst.shard_bytes > pl.room.limit(moment)
         ):
-            pl.count_copy(ACC, TierName.HOST, dst.shard_bytes)
+            pl.moves.count_copy(ACC, TierName.HOST, dst.shard_bytes)
             return
-        pl.make_room(
+        pl.room.make_room(
             dst.shard_bytes,
-            self.chunks.values(),
+            self._registry.chunks.values(),
             exclude={dst.chunk_id},
-            moment=self._moment,
+            moment=moment,
             what=f"the reduce-scatter into chunk {dst.chunk_id}",
         )
         pl.move(dst, ACC, copy=False)
-        self._steady = False
+        self._residency.unsteady()
 
     def gather_ahead(self, chunks: Iterable[Chunk | int]) -> int:
         """Start all-gathering sharded ``chunks`` for a coming moment, while their shards and
         gathered buffers fit in this moment's room, making room by evicting only chunks used
         after them ([Note: gathers ahead]); returns how many started. Collective: every rank
         must pass the same chunks in the same state."""
-        pl, acc, issued = self._placement, self.tiers[ACC], 0
-        self._steady = False
-        next_use = self.policy.next_use
+        pl, acc, issued = self._placement, self._placement.tiers[ACC], 0
+        moment = self._residency.moment
+        self._residency.unsteady()
+        next_use = self._policy.next_use
         for item in chunks:
-            c = self.chunks[item.chunk_id if isinstance(item, Chunk) else item]
+            c = self._chunk(item)
             if c.world_size == 1 or c.is_gathered:
                 continue
             if c.tier is TierName.DISK:
                 continue  # brought in by its access, after the disk read-ahead
-            staged = pl.from_host(c, self._moment)  # [Note: gathers from the host]
-            if not pl.room_before(
-                c.full_bytes if staged else pl.need_for_access(c, gather=True),
-                moment=self._moment,
-                target_use=next_use(c.chunk_id, self._moment),
-                chunks=self.chunks.values(),
+            staged = pl.room.from_host(c, moment)  # [Note: gathers from the host]
+            if not pl.room.room_before(
+                c.full_bytes if staged else pl.room.need_for_access(c, gather=True),
+                moment=moment,
+                target_use=next_use(c.chunk_id, moment),
+                chunks=self._registry.chunks.values(),
                 skip=c,
             ):
                 break
-            self._finish(c)
+            self.finish(c)
             if c.tier is not ACC and not staged:
                 pl.move(c, ACC)  # finishes its prefetch, or copies the shard in now
-            self.hooks.before_collective("all-gather", c)
+            self._hooks.before_collective("all-gather", c)
             pl.count_staging(c)
             acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
             c.start_gather(acc.allocate_gathered(c.capacity, c.dtype))
@@ -166,15 +164,16 @@ class ManagerCollectives:
         in flight too ([Note: collectives in flight])."""
         if chunks is not None:
             for c in chunks:
-                self._finish(c)
+                self.finish(c)
                 self._placement.settle(c)
             return
-        if self.in_flight.now:
-            for c in self.chunks.values():
-                self._finish(c)
-        self._placement.settle_all(self.chunks)
+        everything = self._registry.chunks
+        if self._in_flight.now:
+            for c in everything.values():
+                self.finish(c)
+        self._placement.settle_all(everything)
 
-    def _finish(self, chunk: Chunk) -> None:
+    def finish(self, chunk: Chunk) -> None:
         """Finish ``chunk``'s collective if one is in flight (its ``Lifecycle``), freeing a
         gathered buffer a reduce-scatter dropped and re-pointing the views."""
         if chunk.lifecycle.in_flight:

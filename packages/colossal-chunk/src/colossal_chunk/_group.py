@@ -8,8 +8,8 @@ prefetch copy in flight, kept, disk bytes read ahead) and the ``ChunkGroup`` of 
 holds a chunk's state: "is a collective in flight" is ``chunk.lifecycle``, "is it kept" is
 ``chunk.kept``, "where are its reduced gradients" is ``group.grads``. (What remains beside them
 are caches and schedules: disk payloads kept for reuse, an overlap schedule, an optimizer's shard
-views.) The manager owns the groups (``ChunkManager.groups``, ``group_of``); a re-pack makes new
-ones.
+views.) The manager's registry owns the groups (``ChunkManager.groups``, ``registry.group_of``); a
+re-pack makes new ones.
 """
 
 from __future__ import annotations

@@ -14,16 +14,13 @@ place (a checkpoint loaded into it) or forgotten.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from colossal_contracts import TierName
 
-from ._chunk import Chunk
 from ._tier import Tier
 
-__all__ = ["HostCopies", "HostSide", "down"]
+__all__ = ["HostCopies", "down"]
 
 
 class HostCopies:
@@ -76,16 +73,3 @@ def down(src: TierName, dst: TierName) -> bool:
     """Whether a move from ``src`` to ``dst`` goes to a lower tier (accelerator > host > disk)."""
     order = (TierName.ACCELERATOR, TierName.HOST, TierName.DISK)
     return order.index(dst) > order.index(src)
-
-
-class HostSide:
-    """What ``Placement`` does with kept host copies; see [Note: host copies]."""
-
-    tiers: dict[TierName, Tier]  # the placement's
-    host_copies: HostCopies  # the placement's
-    _take_kept: Callable[[Chunk, torch.Tensor, TierName], None]  # the disk side's
-
-    def _back_to_host(self, chunk: Chunk) -> None:
-        """Evict frozen ``chunk`` by taking its kept host payload back as its shard: nothing is
-        copied or written."""
-        self._take_kept(chunk, self.host_copies.reuse(chunk.chunk_id), TierName.HOST)

@@ -2,21 +2,21 @@
 
 This is the half of the chunk manager that owns bytes. Every payload change goes through
 ``Placement`` so that tier accounting ([Note: tier accounting]) and the move counters are exact.
-Its disk side (read-ahead, write-out, kept disk copies) is in ``disk/_side.py``, its compute-tier
-room in ``_room.py``.
+It is composed of its compute-tier room (``room``: what chunks hold there, eviction under the
+budget; ``_room.py``), its disk side (``disk``: read-ahead, write-out, kept disk copies;
+``disk/_side.py``) and its move counters (``moves``).
 
 [Note: kept chunks] A ``kept`` chunk stays on the compute tier: eviction and prefetch never
 pick it (an optimizer placed its states there for the whole run, in room the plan showed free).
-Only an explicit ``move`` takes it off; ``forget`` clears the flag. Residency is on the chunk
+Only an explicit ``move`` takes it off; ``give_up_room`` clears the flag. Residency is on the chunk
 ([Note: chunk residency] in ``_chunk.py``).
 
 [Note: inline prefetch] On an emulated accelerator a prefetch of a host shard of at most
 ``inline_copy_bytes`` (1 MiB) is made at once by the calling thread, as a move: there the copy is
 a memcpy on the CPU, and handing it to the worker thread costs more than it (submit, wake-up and
-wait: ~65 us of CPU for a 260 KB copy of ~17 us, ~110 us for 1 MiB of ~46 us on a loaded 2-core
-host) and, when the ranks outnumber the cores, a context switch that no idle core absorbs. Larger
-shards still go to the worker, which overlaps them with compute where a core is free. On CUDA
-every prefetch rides the side stream.
+wait: several times the copy, measured in docs/chunk.md) and, when the ranks outnumber the cores,
+a context switch that no idle core absorbs. Larger shards still go to the worker, which overlaps
+them with compute where a core is free. On CUDA every prefetch rides the side stream.
 """
 
 from __future__ import annotations
@@ -29,17 +29,16 @@ import torch
 
 from colossal_contracts import (
     CapacityError,
-    ConfigError,
+    InternalError,
     PlacementPolicy,
     StateTransitionError,
     TierName,
 )
 
-from ._accounting import MoveStats
+from ._accounting import MoveCounts
 from ._chunk import Chunk
-from ._config import ChunkConfig
 from ._group import Lifecycle
-from ._host_copies import HostCopies, HostSide, down
+from ._host_copies import HostCopies, down
 from ._prefetch import Prefetcher
 from ._room import ComputeRoom
 from ._spare import SparePayloads
@@ -48,47 +47,20 @@ from .disk._copies import DiskCopies
 from .disk._read_ahead import ReadAheadWindow
 from .disk._side import DiskSide
 from .disk._side import payload_key as _key
-from .disk._store import DiskStore
 
-__all__ = ["Placement", "build_tiers"]
+__all__ = ["Placement"]
 
 ACC, HOST, DISK = TierName.ACCELERATOR, TierName.HOST, TierName.DISK
 _INLINE_COPY_BYTES = 1 << 20  # [Note: inline prefetch]
 
 
-def build_tiers(config: ChunkConfig) -> dict[TierName, Tier]:
-    """The accelerator, host and (unless ``disk_bytes == 0``) disk tiers ``config`` describes."""
-    cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but torch sees no CUDA device; use 'auto' or 'cpu'")
-    if cuda:
-        dev = torch.device("cuda", torch.cuda.current_device())
-        acc_cap = config.accelerator_bytes
-        if acc_cap is None:
-            acc_cap = torch.cuda.mem_get_info(dev)[1]
-    else:
-        dev = torch.device("cpu")
-        acc_cap = UNLIMITED if config.accelerator_bytes is None else config.accelerator_bytes
-    tiers = {
-        ACC: Tier(ACC, dev, acc_cap, emulated=not cuda),
-        HOST: Tier(
-            HOST,
-            torch.device("cpu"),
-            UNLIMITED if config.host_bytes is None else config.host_bytes,
-            pin_memory=cuda and config.pin_memory,
-        ),
-    }
-    if config.disk_bytes != 0:
-        cap = UNLIMITED if config.disk_bytes is None else config.disk_bytes
-        tiers[DISK] = Tier(DISK, torch.device("cpu"), cap, store=DiskStore(config.disk_dir))
-    return tiers
-
-
-class Placement(ComputeRoom, HostSide, DiskSide):
+class Placement:
     """Moves chunk payloads between tiers under their budgets; see the module docstring."""
 
     tiers: dict[TierName, Tier]
-    moves: dict[tuple[str, str], list[int]]  # (src, dst) -> [bytes, count]
+    room: ComputeRoom  # the compute tier's room: bytes held there, evictions
+    disk: DiskSide  # read-ahead, write-out, kept disk payloads
+    moves: MoveCounts  # bytes and moves per (src, dst)
 
     def __init__(
         self,
@@ -103,97 +75,60 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         into the old storage (parameters' ``.data``) are re-pointed and the old storage freed.
         ``read_ahead_bytes``: the host bytes disk pages read ahead may take ([Note: read-ahead
         window]), reserved on the host tier now."""
-        self.tiers, self.policy, self._budget = tiers, policy, budget
+        self.tiers = tiers
         self.read_ahead_window = ReadAheadWindow(tiers[HOST], read_ahead_bytes)
         self._rebind = rebind
-        self.moves = {}
+        self.moves = MoveCounts()
         self._prefetcher: Prefetcher | None = None
         self.spares = SparePayloads()  # [Note: spare payloads]
         self.disk_copies = DiskCopies(tiers.get(DISK))  # [Note: disk copies]
         self.host_copies = HostCopies(tiers[HOST])  # [Note: host copies]
         self.frozen_written = 0  # bytes written into frozen chunks ([Note: frozen chunks])
         self.inline_copy_bytes = _INLINE_COPY_BYTES  # [Note: inline prefetch]
-
-    # ----- accounting ---------------------------------------------------------------------------
-    def acc_bytes(self, chunk: Chunk) -> int:
-        """Bytes ``chunk`` holds on the compute tier now (shard there, plus a gathered buffer)."""
-        n = chunk.shard_bytes if chunk.tier is ACC or chunk.prefetch is not None else 0
-        if chunk.world_size > 1 and chunk.is_gathered:
-            n += chunk.full_bytes
-        return n
-
-    def need_for_access(self, chunk: Chunk, *, gather: bool) -> int:
-        """Bytes to add on the compute tier to make ``chunk`` ready for compute (its shard is
-        not brought in when it is gathered from the host: ``from_host``)."""
-        n = 0 if chunk.tier is ACC or chunk.prefetch is not None else chunk.shard_bytes
-        if gather and chunk.world_size > 1:
-            if chunk.is_gathered:
-                return 0 if chunk.tier is HOST else n
-            n += chunk.full_bytes
-        return n
-
-    def from_host(self, chunk: Chunk, moment: int) -> bool:
-        """Whether sharded ``chunk`` is (to be) gathered straight from its host shard ([Note:
-        gathers from the host]): it is so already, or its shard and gathered buffer together
-        do not fit in ``moment``'s room beside what is there."""
-        if chunk.world_size == 1 or chunk.tier is not HOST or chunk.prefetch is not None:
-            return False
-        if chunk.is_gathered:
-            return True
-        need = chunk.shard_bytes + chunk.full_bytes
-        return self.tiers[ACC].used_bytes + need > self.limit(moment)
-
-    def demand_bytes(self, chunks: Iterable[Chunk]) -> int:
-        """Compute-tier bytes of the chunks that may not leave it now (tensors in COMPUTE or
-        awaiting reduction) and of kept chunks: what no eviction can free."""
-        return sum(self.acc_bytes(c) for c in chunks if not c.movable or c.kept)
-
-    def count_copy(self, src: TierName, dst: TierName, nbytes: int) -> None:
-        """Count a copy between tiers made outside a move (an optimizer's staging copy)."""
-        if src is not dst and nbytes > 0:
-            self._count(src, dst, nbytes)
-
-    def _count(self, src: TierName, dst: TierName, nbytes: int) -> None:
-        row = self.moves.setdefault((src.value, dst.value), [0, 0])
-        row[0] += nbytes
-        row[1] += 1
-
-    def move_stats(self) -> dict[tuple[str, str], MoveStats]:
-        return {k: MoveStats(k[0], k[1], v[0], v[1]) for k, v in self.moves.items()}
+        self.room = ComputeRoom(tiers, policy, budget, self.offload)
+        self.disk = DiskSide(
+            tiers, self.read_ahead_window, self.disk_copies, self.spares, self._rebind
+        )
 
     # ----- payloads -----------------------------------------------------------------------------
-    def place_new(
+    def reserve_new(
         self, chunk: Chunk, tier: TierName, *, spill_reserve: int | None = None
-    ) -> torch.Tensor:
-        """Reserve and allocate a first shard for ``chunk`` on ``tier``, spilling host -> disk.
-
-        With ``spill_reserve``, a chunk that fits on neither may start on the compute tier if
-        ``spill_reserve`` bytes of the policy's room stay free there; it is then kept there
-        ([Note: kept chunks]): no other tier could take it if it were evicted."""
+    ) -> None:
+        """Choose a tier for new ``chunk``: ``tier``, spilling host -> disk; reserve there and set
+        ``chunk.tier`` (no payload yet: ``allocate_new``). With ``spill_reserve``, a chunk that
+        fits on neither may start on the compute tier if ``spill_reserve`` bytes of the policy's
+        room stay free there; it is then kept there ([Note: kept chunks]): no other tier could
+        take it if it were evicted."""
         order = [tier] + [t for t in (HOST, DISK) if t is not tier and t in self.tiers]
         for name in order:
-            t = self.tiers[name]
             if self._fits(chunk, name):
-                t.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
+                self.tiers[name].reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
                 chunk.tier = name
-                return t.allocate(_key(chunk, name), chunk.shard_numel, chunk.dtype)
+                return
         acc = self.tiers[ACC]
-        room = self.limit(0) - (spill_reserve or 0)
+        room = self.room.limit(0) - (spill_reserve or 0)
         if spill_reserve is not None and acc.used_bytes + chunk.shard_bytes <= room:
             acc.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
             chunk.tier = ACC
             chunk.kept = True
-            return acc.allocate(_key(chunk, ACC), chunk.shard_numel, chunk.dtype)
+            return
         raise self._no_room_anywhere(chunk)
 
+    def allocate_new(self, chunk: Chunk) -> torch.Tensor:
+        """A first shard for ``chunk`` on the tier ``reserve_new`` chose for it."""
+        if chunk.tier is None:
+            raise InternalError(f"chunk {chunk.chunk_id} has no tier reserved; reserve_new first")
+        return self.tiers[chunk.tier].allocate(
+            _key(chunk, chunk.tier), chunk.shard_numel, chunk.dtype
+        )
+
     def move(self, chunk: Chunk, dst: TierName, *, copy: bool = True) -> None:
-        """Copy ``chunk``'s shard to ``dst`` (reserving there first) and free it where it was;
-        without ``copy`` its values are dead and only storage moves (the new shard's padding is
-        zeroed, the rest left as allocated). Nothing is copied either while a reduce-scatter in
-        flight will overwrite the whole shard (``Chunk.awaits_overwrite``: a gradient shard
-        brought in uncopied to take the result, then evicted before the result came)."""
+        """Copy ``chunk``'s shard to ``dst`` (reserving there first), free it where it was. Only
+        storage moves (new padding zeroed) without ``copy``, while a reduce-scatter in flight will
+        overwrite it, or when dead ([Note: dead shards] in ``_shard_io.py``: to disk unwritten)."""
         self.settle(chunk)
-        copy = copy and not chunk.awaits_overwrite
+        copy = copy and not chunk.awaits_overwrite and not chunk.dead
+        unwritten = chunk.dead and dst is DISK
         src = chunk.current_tier
         if src is dst:
             return
@@ -202,10 +137,10 @@ class Placement(ComputeRoom, HostSide, DiskSide):
                 f"chunk {chunk.chunk_id} cannot move while a tensor is in COMPUTE; release it first"
             )
         if dst is DISK and self.disk_copies.has(_key(chunk, DISK)):
-            self._back_to_disk(chunk)
+            self.disk.back_to_disk(chunk)
             return
         if dst is HOST and self.host_copies.has(chunk.chunk_id):
-            self._back_to_host(chunk)
+            self.disk.take_kept(chunk, self.host_copies.reuse(chunk.chunk_id), HOST)
             return
         d = self.tiers[dst]
         if dst is DISK:
@@ -217,35 +152,37 @@ class Placement(ComputeRoom, HostSide, DiskSide):
             self.frozen_written += chunk.shard_bytes  # no unchanged copy below: written
         d.reserve(chunk.shard_bytes, what=f"chunk {chunk.chunk_id}")
         if copy:
-            self.used(chunk)
-            self.finish_read(chunk)
+            self.disk.used(chunk)
+            self.disk.finish_read(chunk)
         if copy and dst is DISK:  # written into its file ([Note: payloads put] in disk/_store.py)
             chunk.quiesce()
             new = d.put(_key(chunk, dst), chunk.payload)
             old = chunk.replace_shard(new, copy=False)
-        else:
-            new = self.spares.allocate(d, _key(chunk, dst), chunk.shard_numel, chunk.dtype)
-            if not copy:  # padding is zero in every payload: this rank's part of the chunk's tail
+        else:  # a dead shard's padding is zeroed when it is brought back (uncopied)
+            get = d.claim if unwritten else partial(self.spares.allocate, d)
+            new = get(_key(chunk, dst), chunk.shard_numel, chunk.dtype)
+            if not copy and not unwritten:  # padding is zero in every payload: this rank's part
                 new[max(0, chunk.used - chunk.rank * chunk.shard_numel) :].zero_()
             old = chunk.replace_shard(new, copy=copy)
         del new
-        d.write_behind(_key(chunk, dst), chunk.payload)
+        if not unwritten:
+            d.write_behind(_key(chunk, dst), chunk.payload)
         self._rebind(chunk)  # the old storage's views go: it may become a spare
         s = self.tiers[src]
         if chunk.frozen and copy and src is HOST:  # [Note: host copies]
             self.host_copies.hold(chunk.chunk_id, old)
         else:
             self.spares.give(old, s)
-            self._leave(chunk, s, copied=copy)
+            self.disk.leave(chunk, s, copied=copy)
         del old
         chunk.tier = dst
-        self._count(src, dst, chunk.shard_bytes)
+        self.moves.count(src, dst, chunk.shard_bytes)
 
     def written(self, chunk: Chunk) -> None:
         """``chunk``'s shard was written in place: a host copy kept for it is stale now, and on
         disk the shard starts being written out (``DiskSide.written``)."""
         self.host_copies.drop(chunk.chunk_id)
-        DiskSide.written(self, chunk)
+        self.disk.written(chunk)
 
     def offload(self, chunk: Chunk) -> int:
         """Release ``chunk``'s gathered buffer and move its shard off the compute tier.
@@ -289,7 +226,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         """A gather of ``chunk`` from its shard off the compute tier copies the shard in (into
         the gathered buffer's own slice): count it as a move of the shard."""
         if chunk.tier is not ACC and chunk.world_size > 1:
-            self._count(chunk.current_tier, ACC, chunk.shard_bytes)
+            self.moves.count(chunk.current_tier, ACC, chunk.shard_bytes)
 
     def release_gathered(self, chunk: Chunk) -> bool:
         """Drop ``chunk``'s gathered buffer (``Chunk.release``: this rank's slice is copied back
@@ -304,25 +241,32 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         self._rebind(chunk)  # [Note: books follow storage]
         self.tiers[ACC].free(chunk.full_bytes)
         if copies:
-            self._count(ACC, chunk.current_tier, chunk.shard_bytes)
+            self.moves.count(ACC, chunk.current_tier, chunk.shard_bytes)
         return True
 
-    def forget(self, chunk: Chunk) -> None:
-        """Give up ``chunk``'s payloads (its shard and any gathered buffer) on every tier."""
+    def give_up_room(self, chunk: Chunk) -> TierName | None:
+        """Give up ``chunk``'s room: the tiers no longer count it (nor keep copies of it, nor a
+        gathered buffer), but its shard stays readable until ``discard_payload(chunk, tier)``, ``tier``
+        being what this returns (a streaming re-pack reads it while its room is taken by new
+        chunks: colossal-chunk's [Note: streaming re-pack])."""
         self.settle(chunk)
         self.disk_copies.drop(_key(chunk, DISK))
         self.host_copies.drop(chunk.chunk_id)
         chunk.kept = False
         if chunk.world_size > 1 and chunk.is_gathered:
             self.tiers[ACC].free(chunk.full_bytes)
-        if chunk.tier is not None:
-            t = self.tiers[chunk.tier]
-            t.free(chunk.shard_bytes)
-            t.discard(_key(chunk, chunk.tier))
-            if chunk.tier is DISK:
+        tier, chunk.tier = chunk.tier, None
+        if tier is not None:
+            self.tiers[tier].free(chunk.shard_bytes)
+            if tier is DISK:
                 self.read_ahead_window.drop(chunk)
+        return tier
+
+    def discard_payload(self, chunk: Chunk, tier: TierName | None) -> None:
+        """After ``give_up_room``: ``chunk``'s payload on ``tier`` goes."""
+        if tier is not None:
+            self.tiers[tier].discard(_key(chunk, tier))
         chunk.shard = chunk.full = None
-        chunk.tier = None
 
     def drop_gathered(self, chunk: Chunk, dropped: torch.Tensor | None) -> None:
         """Account for a gathered buffer ``chunk`` gave up (from ``release``/``reduce_scatter``)."""
@@ -339,10 +283,10 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         [Note: inline prefetch]). Returns True when a copy was issued or made."""
         if chunk.tier is ACC or chunk.prefetch is not None or chunk.pinned:
             return False
-        if self.from_host(chunk, moment):  # its gather stages the shard ([Note: gathers from
+        if self.room.from_host(chunk, moment):  # its gather stages the shard ([Note: gathers from
             return False  # the host]): a copy now would only take room from gathered buffers
         acc = self.tiers[ACC]
-        if not self.room_before(
+        if not self.room.room_before(
             chunk.shard_bytes, moment=moment, target_use=target_use, chunks=chunks, skip=chunk
         ):
             return False
@@ -354,13 +298,13 @@ class Placement(ComputeRoom, HostSide, DiskSide):
         if self._prefetcher is None:
             self._prefetcher = Prefetcher(acc.device)
         src_tier = self.tiers[chunk.current_tier]
-        self.used(chunk)
+        self.disk.used(chunk)
         before = None  # a read-ahead the reader has not taken up: done where the copy runs
         if src_tier.name is DISK:
             before = partial(src_tier.finish_read, _key(chunk, DISK))
         pending = self._prefetcher.copy(dst, chunk.shard, before=before)
         chunk.prefetch = (pending, src_tier)
-        self._count(src_tier.name, ACC, chunk.shard_bytes)  # counted when issued
+        self.moves.count(src_tier.name, ACC, chunk.shard_bytes)  # counted when issued
         return True
 
     def settle(self, chunk: Chunk) -> None:
@@ -376,7 +320,7 @@ class Placement(ComputeRoom, HostSide, DiskSide):
             self.host_copies.hold(chunk.chunk_id, old)
         else:
             self.spares.give(old, src)
-            self._leave(chunk, src, copied=True)
+            self.disk.leave(chunk, src, copied=True)
         del old
         chunk.tier = ACC
 
@@ -393,6 +337,21 @@ class Placement(ComputeRoom, HostSide, DiskSide):
             if t.store is not None:
                 with suppress(Exception):
                     t.store.close()
+
+    def _fits(self, chunk: Chunk, name: TierName) -> bool:
+        """Whether ``chunk``'s shard fits on tier ``name`` (on disk: its kept payload, or room
+        made by dropping others: [Note: disk copies]; on the host: its kept host payload, or
+        room made by dropping others when there is no disk tier: [Note: host copies])."""
+        if name is DISK:
+            if self.disk_copies.has(_key(chunk, DISK)):
+                return True
+            self.disk_copies.make_room(chunk.shard_bytes)
+        elif name is HOST:
+            if self.host_copies.has(chunk.chunk_id):
+                return True
+            if DISK not in self.tiers:  # else the payload goes to disk: the copies stay
+                self.host_copies.make_room(chunk.shard_bytes)
+        return self.tiers[name].free_bytes >= chunk.shard_bytes
 
     def _no_room_anywhere(self, chunk: Chunk) -> CapacityError:
         room = ", ".join(f"{n.value} {t.free_bytes:,}" for n, t in self.tiers.items())

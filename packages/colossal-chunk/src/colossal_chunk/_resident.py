@@ -12,98 +12,138 @@ Until the layout or the moment changes (``register``, ``add_parallel``, ``move``
 fast paths then skip their room check too: it held for every moment when ``fully_resident``
 answered.
 
-``ChunkManager`` inherits these methods (``move``, ``prefetch``, ``fully_resident``); they read its chunks, placement, policy and moment.
+The manager holds one ``Residency`` (``ChunkManager.residency``): the moment the step is at, the
+fast path's steady flag, moves and prefetches to the compute tier, and ``fully_resident``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from colossal_contracts import PlacementPolicy, TensorState, TierName
 
-from ._books import Books
 from ._chunk import Chunk
 from ._pending import InFlightCount
 from ._placement import Placement
-from ._tier import UNLIMITED, Tier
+from ._register import ChunkRegistry
+from ._tier import UNLIMITED
 
-__all__ = ["ManagerResident"]
+__all__ = ["Residency"]
 
 ACC = TierName.ACCELERATOR
 
 
-class ManagerResident:
-    """Residency verbs and the states-only access; see the module docstring."""
+class Residency:
+    """Where the chunks reside through a step; see the module docstring."""
 
-    world_size: int  # the manager's
-    policy: PlacementPolicy  # the manager's
-    chunks: dict[int, Chunk]  # every chunk by id (the manager's)
-    tiers: dict[TierName, Tier]  # the manager's (a property there)
-    in_flight: InFlightCount  # the manager's
-    _placement: Placement  # the manager's
-    _moment: int  # the manager's
-    _num_moments: int  # the manager's: moments of the longest step seen
-    _steady: bool  # fully_resident() said yes and nothing changed since
-    books: Books  # the manager's: records demand while tracking
-    _finish: Callable[[Chunk], None]  # the collectives': finishes a chunk's collective
-    _bind: Callable[[Chunk], None]  # the manager's: re-points a chunk's parameter views
+    moment: int  # the moment the step is at (``set_moment``)
+    steady: bool  # fully_resident() said yes and nothing changed since
 
-    def _access_resident(self, by_chunk: dict[int, list[str]]) -> None:
-        """``access`` when every chunk is gathered on the compute tier and fits: states only."""
-        for cid, names in by_chunk.items():
-            c = self.chunks[cid]
-            for name in names:
-                c.set_state(name, TensorState.COMPUTE)
-        self.policy.on_access(list(by_chunk), self._moment)
-        if self.books.tracking:
-            self.books.note_demand()
+    def __init__(
+        self,
+        placement: Placement,
+        policy: PlacementPolicy,
+        registry: ChunkRegistry,
+        *,
+        world_size: int,
+        in_flight: InFlightCount,
+        tracking: Callable[[], bool],
+        bind: Callable[[Chunk], None],
+    ) -> None:
+        """``registry`` holds the manager's chunks by id now (a re-pack replaces them);
+        ``tracking`` says whether the books record demand; ``bind`` re-points a chunk's views."""
+        self._placement, self._policy, self._registry = placement, policy, registry
+        self._world_size, self._in_flight, self._tracking = world_size, in_flight, tracking
+        self._bind = bind
+        self.moment = 0
+        self._num_moments = 0  # moments of the longest step seen (set_moment), for the room check
+        self.steady = False
 
-    def _resident(self, by_chunk: dict[int, list[str]]) -> bool:
+    @property
+    def compute_device(self) -> torch.device:
+        """The compute tier's device."""
+        return self._placement.tiers[ACC].device
+
+    def set_moment(self, moment: int) -> int:
+        """Record that the step reached ``moment``; returns the moments of the longest step seen."""
+        self.moment, self.steady = moment, False
+        if moment >= self._num_moments:
+            self._num_moments = moment + 1
+        return self._num_moments
+
+    def unsteady(self) -> None:
+        """What the fast path checked changed: it checks its room again ([Note: resident fast
+        path])."""
+        self.steady = False
+
+    def resident(self, by_chunk: dict[int, list[str]]) -> bool:
+        """Whether every chunk of ``by_chunk`` is gathered on the compute tier and fits: an access
+        then only changes states."""
+        chunks = self._registry.chunks
         for cid in by_chunk:
-            c = self.chunks[cid]
+            c = chunks[cid]
             if c.tier is not ACC or not c.is_gathered:
                 return False
-        return self._steady or self.tiers[ACC].used_bytes <= self._placement.limit(self._moment)
+        pl = self._placement
+        return self.steady or pl.tiers[ACC].used_bytes <= pl.room.limit(self.moment)
 
     def fully_resident(self, headroom: int = 0) -> bool:
         """See [Note: resident fast path]; ``headroom``: compute-tier bytes that must stay free at
         every moment besides what is there now. Costs one pass over chunks and moments."""
-        self._steady = self._fully_resident(headroom)
-        return self._steady
+        self.steady = self._fully_resident(headroom)
+        return self.steady
 
     def _fully_resident(self, headroom: int) -> bool:
-        if self.world_size > 1 or self.books.tracking or self.in_flight.now:
+        if self._world_size > 1 or self._tracking() or self._in_flight.now:
             return False
-        policy = self.policy
-        for c in self.chunks.values():
+        policy = self._policy
+        for c in self._registry.chunks.values():
             if c.kind == "param" and (c.tier is not ACC or policy.evict_after_use(c.chunk_id)):
                 return False
-        acc = self.tiers[ACC]
+        acc = self._placement.tiers[ACC]
         if acc.capacity_bytes >= UNLIMITED:
             return True
         need = acc.used_bytes + headroom
-        return all(self._placement.limit(m) >= need for m in range(max(1, self._num_moments)))
+        limit = self._placement.room.limit
+        return all(limit(m) >= need for m in range(max(1, self._num_moments)))
 
-    def move(self, chunk: Chunk | int, tier: TierName | str) -> None:
-        """Move a chunk's shard to ``tier`` (releasing its gathered buffer if it leaves the compute
-        tier). Raises ``CapacityError`` if ``tier`` is full, ``StateTransitionError`` if a tensor
-        is in COMPUTE."""
-        c = self.chunks[chunk.chunk_id if isinstance(chunk, Chunk) else chunk]
-        tier = TierName(tier)
-        self._steady = False
-        self._finish(c)
+    def move(self, c: Chunk, tier: TierName) -> None:
+        """Move chunk ``c``'s shard (no collective in flight) to ``tier``, releasing its gathered
+        buffer if it leaves the compute tier and making room when it comes there."""
+        pl = self._placement
+        self.steady = False
         if tier is not ACC and c.world_size > 1 and c.is_gathered:
-            self._placement.release_gathered(c)
+            pl.release_gathered(c)
         if tier is ACC:
-            self._placement.make_room(
-                self._placement.need_for_access(c, gather=False),
-                self.chunks.values(),
+            pl.room.make_room(
+                pl.room.need_for_access(c, gather=False),
+                self._registry.chunks.values(),
                 exclude={c.chunk_id},
-                moment=self._moment,
+                moment=self.moment,
                 what=f"moving chunk {c.chunk_id}",
             )
-        self._placement.move(c, tier)
+        pl.move(c, tier)
         self._bind(c)
+
+    def after_release(
+        self, chunks: list[Chunk], reshard: bool, keep: Callable[[Chunk], bool]
+    ) -> None:
+        """Released ``chunks``: with ``reshard``, a sharded one whose tensors are all HOLD drops
+        its gathered buffer unless ``keep(chunk)``; one the policy evicts after use leaves the
+        compute tier."""
+        evict_after = self._policy.evict_after_use
+        for c in chunks:
+            moved = False
+            if reshard and c.world_size > 1 and c.all_in(TensorState.HOLD) and not keep(c):
+                self._placement.release_gathered(c)
+                moved = True
+            if c.movable and evict_after(c.chunk_id):
+                self._placement.offload(c)
+                moved = True
+            if moved:  # else storage is unchanged: the views still point at it
+                self._bind(c)
 
     def prefetch(self, horizon: int = 1) -> int:
         """Start copying chunks the policy says the next ``horizon`` moments need; returns how many.
@@ -111,15 +151,15 @@ class ManagerResident:
         Needs a policy with ``upcoming`` (``AutoPolicy`` after warmup); never breaks the budget and
         evicts only chunks needed later than the one fetched.
         """
-        next_use = self.policy.next_use
-        issued, self._steady = 0, False
-        for cid in self.policy.upcoming(self._moment, horizon):
-            c = self.chunks[cid]
+        next_use = self._policy.next_use
+        issued, self.steady = 0, False
+        chunks = self._registry.chunks
+        for cid in self._policy.upcoming(self.moment, horizon):
             if self._placement.prefetch(
-                c,
-                moment=self._moment,
-                chunks=self.chunks.values(),
-                target_use=next_use(cid, self._moment),
+                chunks[cid],
+                moment=self.moment,
+                chunks=chunks.values(),
+                target_use=next_use(cid, self.moment),
             ):
                 issued += 1
         return issued

@@ -1,7 +1,8 @@
 """Room on the compute tier: the budget at a moment, and evictions that make room for an access
 (the policy's choice) or for a prefetch (only chunks needed later than the one fetched).
 
-``Placement`` inherits these methods; they read its tiers, policy and budget, and the chunks' residency.
+``Placement`` holds one (``Placement.room``); it reads the placement's tiers, policy and budget,
+and the chunks' residency, and evicts through the placement's ``offload``.
 
 [Note: warmup loan] The automatic policy's warmup step measures what a step needs; before it ends
 nothing is known to size chunks by. So, when the policy was built with ``warmup_loan``, an access
@@ -26,18 +27,57 @@ from .policies._base import SimpleChunkInfo
 
 __all__ = ["ComputeRoom"]
 
-ACC = TierName.ACCELERATOR
+ACC, HOST = TierName.ACCELERATOR, TierName.HOST
 
 
 class ComputeRoom:
-    """Eviction under the compute tier's budget; see the module docstring."""
+    """The compute tier's room: what chunks hold there, and eviction under its budget; see the
+    module docstring."""
 
-    tiers: dict[TierName, Tier]
-    policy: PlacementPolicy
-    _budget: Callable[[int], int]  # moment -> the policy's model-data budget
+    def __init__(
+        self,
+        tiers: dict[TierName, Tier],
+        policy: PlacementPolicy,
+        budget: Callable[[int], int],
+        offload: Callable[[Chunk], int],
+    ) -> None:
+        """``budget(moment)``: the policy's model-data budget; ``offload(chunk)`` moves a chunk
+        off the compute tier and returns the bytes freed (the placement's)."""
+        self.tiers, self.policy = tiers, policy
+        self._budget, self._offload = budget, offload
 
-    acc_bytes: Callable[[Chunk], int]  # bytes a chunk holds on the compute tier (the placement's)
-    offload: Callable[[Chunk], int]  # moves a chunk off the compute tier, returns bytes freed
+    def acc_bytes(self, chunk: Chunk) -> int:
+        """Bytes ``chunk`` holds on the compute tier now (shard there, plus a gathered buffer)."""
+        n = chunk.shard_bytes if chunk.tier is ACC or chunk.prefetch is not None else 0
+        if chunk.world_size > 1 and chunk.is_gathered:
+            n += chunk.full_bytes
+        return n
+
+    def need_for_access(self, chunk: Chunk, *, gather: bool) -> int:
+        """Bytes to add on the compute tier to make ``chunk`` ready for compute (its shard is
+        not brought in when it is gathered from the host: ``from_host``)."""
+        n = 0 if chunk.tier is ACC or chunk.prefetch is not None else chunk.shard_bytes
+        if gather and chunk.world_size > 1:
+            if chunk.is_gathered:
+                return 0 if chunk.tier is HOST else n
+            n += chunk.full_bytes
+        return n
+
+    def from_host(self, chunk: Chunk, moment: int) -> bool:
+        """Whether sharded ``chunk`` is (to be) gathered straight from its host shard ([Note:
+        gathers from the host] in ``_collectives.py``): it is so already, or its shard and
+        gathered buffer together do not fit in ``moment``'s room beside what is there."""
+        if chunk.world_size == 1 or chunk.tier is not HOST or chunk.prefetch is not None:
+            return False
+        if chunk.is_gathered:
+            return True
+        need = chunk.shard_bytes + chunk.full_bytes
+        return self.tiers[ACC].used_bytes + need > self.limit(moment)
+
+    def demand_bytes(self, chunks: Iterable[Chunk]) -> int:
+        """Compute-tier bytes of the chunks that may not leave it now (tensors in COMPUTE or
+        awaiting reduction) and of kept chunks: what no eviction can free."""
+        return sum(self.acc_bytes(c) for c in chunks if not c.movable or c.kept)
 
     def limit(self, moment: int) -> int:
         acc = self.tiers[ACC]
@@ -81,11 +121,11 @@ class ComputeRoom:
                     f"policy {self.policy.name!r} chose chunk {cid}, which is not an eviction "
                     "candidate; a policy must return ids from the candidates it is given"
                 )
-            short -= self.offload(cands.pop(cid))
+            short -= self._offload(cands.pop(cid))
             if short <= 0:
                 return
         for c in list(cands.values()):  # the policy chose too little: take the rest in order
-            short -= self.offload(c)
+            short -= self._offload(c)
             if short <= 0:
                 return
         held = acc.used_bytes
@@ -147,7 +187,7 @@ class ComputeRoom:
         for _, c in later:
             if short <= 0:
                 break
-            short -= self.offload(c)
+            short -= self._offload(c)
         return True
 
 

@@ -8,6 +8,14 @@ copies] in ``disk/_copies.py``). Without a disk tier most of them only keep the 
 ``shards_to_update`` walks an owner's whole update with all of them ([Note: shards to update] in
 ``_updates.py``).
 
+[Note: dead shards] An owner that consumed a shard's values (an optimizer's gradients after
+the update) says so (``dead``): until a tensor of the chunk is used again (any state change:
+an access, a gradient written) or a reduce-scatter writes it, a move copies nothing, a move to
+disk takes a slot and writes nothing (``Tier.claim``), and nothing reads it ahead. So a gradient
+chunk evicted between the update and the next backward costs no disk traffic; the next backward
+overwrites every slot (brought in uncopied: ``access(chunks, discard=True)``, or a reduce-scatter
+into it).
+
 The manager owns one ``ShardIO`` (``ChunkManager.shard_io``), composed rather than inherited.
 """
 
@@ -66,7 +74,7 @@ class ShardIO:
         read-ahead window]: the rest are not read ahead)."""
         for c in chunks:
             chunk = self._chunk(c)
-            if not self._placement.read_ahead(chunk):
+            if not self._placement.disk.read_ahead(chunk):
                 return False
         return True
 
@@ -81,7 +89,7 @@ class ShardIO:
         their read-aheads not taken up by the reader yet are done on this thread now ([Note:
         disk read-ahead and write-behind] in ``disk/_io.py``)."""
         for c in chunks:
-            self._placement.finish_read(self._chunk(c))
+            self._placement.disk.finish_read(self._chunk(c))
 
     @contextmanager
     def staged(self, chunks: Iterable[Chunk | int]) -> Iterator[None]:
@@ -95,16 +103,16 @@ class ShardIO:
         try:
             for c in chunks:
                 chunk = self._chunk(c)
-                mapping = self._placement.stage(chunk)
+                mapping = self._placement.disk.stage(chunk)
                 if mapping is not None:
                     out.append((chunk, mapping))
             yield
         except BaseException:
             for chunk, mapping in out:
-                self._placement.unstage(chunk, mapping, write=False)
+                self._placement.disk.unstage(chunk, mapping, write=False)
             raise
         for chunk, mapping in out:
-            self._placement.unstage(chunk, mapping, write=True)
+            self._placement.disk.unstage(chunk, mapping, write=True)
 
     def keep_disk_copies(self, kinds: Iterable[str] = ()) -> None:
         """Say that chunks of ``kinds`` are not written until the next call: one read off disk
@@ -117,15 +125,22 @@ class ShardIO:
         loaded): those on disk start being written out of memory in the background."""
         for c in chunks:
             chunk = self._chunk(c)
+            chunk.dead = False  # [Note: dead shards]
             if chunk.frozen:  # [Note: frozen chunks]: counted, so an owner can show it never is
                 self._placement.frozen_written += chunk.shard_bytes
-            self._placement.used(chunk)  # [Note: disk fault-ins]
+            self._placement.disk.used(chunk)  # [Note: disk fault-ins]
             self._placement.written(chunk)
+
+    def dead(self, chunks: Iterable[Chunk | int]) -> None:
+        """Say that the values of the shards of ``chunks`` are consumed ([Note: dead shards]);
+        how they were used is said as for any shard (``read_done``, ``written``)."""
+        for c in chunks:
+            self._chunk(c).dead = True
 
     def read_done(self, chunks: Iterable[Chunk | int]) -> None:
         """Say that the shards of ``chunks`` were only read in place: those on disk leave this
         process's memory with nothing written (colossal-chunk's [Note: reads let go])."""
         for c in chunks:
             chunk = self._chunk(c)
-            self._placement.used(chunk)  # [Note: disk fault-ins]
-            self._placement.read_only(chunk)
+            self._placement.disk.used(chunk)  # [Note: disk fault-ins]
+            self._placement.disk.read_only(chunk)

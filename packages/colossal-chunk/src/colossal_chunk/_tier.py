@@ -27,10 +27,13 @@ import torch
 
 from colossal_contracts import CapacityError, ConfigError, InternalError, TierName
 
+from ._config import ChunkConfig
 from ._host_memory import host_empty
 from .disk._store import DiskStore
 
-__all__ = ["UNLIMITED", "Tier"]
+__all__ = ["UNLIMITED", "Tier", "build_tiers"]
+
+ACC, HOST, DISK = TierName.ACCELERATOR, TierName.HOST, TierName.DISK
 
 UNLIMITED = sys.maxsize
 """Capacity of a tier without a budget."""
@@ -140,6 +143,13 @@ class Tier:
         # CUDA memory, or pinned host memory (the CUDA host allocator caches those blocks)
         return torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
 
+    def claim(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A new 1-D payload whose values are dead ([Note: dead shards] in ``_shard_io.py``): on
+        disk a slot mapped with whatever it holds, nothing written; elsewhere ``allocate``."""
+        if self.store is not None:
+            return self.store.claim(key, numel, dtype)
+        return self.allocate(key, numel, dtype)
+
     def put(self, key: str, src: torch.Tensor) -> torch.Tensor:
         """A new 1-D payload on this tier holding ``src``'s values (on disk, written into its
         file: [Note: payloads put] in ``disk/_store.py``). Does not reserve."""
@@ -198,3 +208,31 @@ class Tier:
         nothing written (disk only)."""
         if self.store is not None:
             self.store.let_go(key, payload)
+
+
+def build_tiers(config: ChunkConfig) -> dict[TierName, Tier]:
+    """The accelerator, host and (unless ``disk_bytes == 0``) disk tiers ``config`` describes."""
+    cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but torch sees no CUDA device; use 'auto' or 'cpu'")
+    if cuda:
+        dev = torch.device("cuda", torch.cuda.current_device())
+        acc_cap = config.accelerator_bytes
+        if acc_cap is None:
+            acc_cap = torch.cuda.mem_get_info(dev)[1]
+    else:
+        dev = torch.device("cpu")
+        acc_cap = UNLIMITED if config.accelerator_bytes is None else config.accelerator_bytes
+    tiers = {
+        ACC: Tier(ACC, dev, acc_cap, emulated=not cuda),
+        HOST: Tier(
+            HOST,
+            torch.device("cpu"),
+            UNLIMITED if config.host_bytes is None else config.host_bytes,
+            pin_memory=cuda and config.pin_memory,
+        ),
+    }
+    if config.disk_bytes != 0:
+        cap = UNLIMITED if config.disk_bytes is None else config.disk_bytes
+        tiers[DISK] = Tier(DISK, torch.device("cpu"), cap, store=DiskStore(config.disk_dir))
+    return tiers

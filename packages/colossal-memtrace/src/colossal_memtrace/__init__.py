@@ -4,22 +4,21 @@ Probes (host, CUDA + NVML, live tensors), tracers (sampling, hooks), ``MemStats`
 ``colossal_contracts.MemStatsSource``), a static meta-device estimate, and reports.
 """
 
-from ._cuda import CudaMemoryDetail, CudaProbe
+from ._cuda import CudaProbe
 from ._estimate import estimate_step, run_step, trace_step
 from ._hooks import HookTracer, TraceConfig
 from ._host import HostProbe
-from ._live import LiveTensorProbe, LiveTensorTracker, WindowPeak
+from ._live import LiveTensorProbe, LiveTensorTracker
 from ._moments import MomentRecorder
 from ._profile import ProfileRequest, profile_step
 from ._report import plot_timeline, print_report, stats_table
-from ._sampler import SampledWindow, SamplingTracer
+from ._sampler import SamplingTracer
 from ._sources import ModelDataSource
-from ._stats import MemStats, Moment, StepSummary
+from ._stats import MemStats
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CudaMemoryDetail",
     "CudaProbe",
     "HookTracer",
     "HostProbe",
@@ -27,14 +26,10 @@ __all__ = [
     "LiveTensorTracker",
     "MemStats",
     "ModelDataSource",
-    "Moment",
     "MomentRecorder",
     "ProfileRequest",
-    "SampledWindow",
     "SamplingTracer",
-    "StepSummary",
     "TraceConfig",
-    "WindowPeak",
     "estimate_step",
     "plot_timeline",
     "print_report",

@@ -7,10 +7,8 @@ Every model folder has the same shape: ``config`` (dataclass and presets), ``mod
 """
 
 from . import hf, sharding
-from ._attention import CausalAttention
 from ._checkpointing import apply_activation_checkpointing
-from ._corpus import Corpus, default_corpus_path, load_corpus
-from ._io import LMIO
+from ._corpus import default_corpus_path, load_corpus
 from ._kv_cache import KVCache
 from ._long_seq import apply_sequence_parallel
 from ._parallelize import parallelize
@@ -25,11 +23,8 @@ __all__ = [
     "EVOFORMER_PRESETS",
     "GPT",
     "GPT_PRESETS",
-    "LMIO",
     "PALM_PRESETS",
     "ByteTokenizer",
-    "CausalAttention",
-    "Corpus",
     "Evoformer",
     "EvoformerConfig",
     "GPTConfig",

@@ -5,18 +5,17 @@ from . import grid, pipeline, sequence, tp1d
 from ._autograd import (
     copy_to_axis,
     gather_along,
-    local_chunk,
     reduce_from_axis,
     reduce_scatter_along,
     split_along,
 )
-from ._axial import PendingSwitch, switch_shard_dim, switch_shard_dim_async
+from ._axial import switch_shard_dim, switch_shard_dim_async
 from ._comm import CountedComm
-from ._config import TP_MODES, MeshConfig, TpMode, divide
-from ._counter import COMM_OPS, CommCounter, CommStat
+from ._config import TP_MODES, MeshConfig
+from ._counter import CommCounter, CommStat
 from ._grads import all_reduce_grads
-from ._group_cache import GroupStats, release_shared_groups, shared_group_stats
-from ._launch import LaunchInfo, launch_from_torch, seed_everything
+from ._group_cache import release_shared_groups
+from ._launch import launch_from_torch, seed_everything
 from ._mesh import ProcessMesh
 from ._p2p import exchange
 from ._torch_op import torch_function_op
@@ -24,32 +23,24 @@ from ._torch_op import torch_function_op
 __version__ = "0.1.0"
 
 __all__ = [
-    "COMM_OPS",
     "TP_MODES",
     "CommCounter",
     "CommStat",
     "CountedComm",
-    "GroupStats",
-    "LaunchInfo",
     "MeshConfig",
-    "PendingSwitch",
     "ProcessMesh",
-    "TpMode",
     "all_reduce_grads",
     "copy_to_axis",
-    "divide",
     "exchange",
     "gather_along",
     "grid",
     "launch_from_torch",
-    "local_chunk",
     "pipeline",
     "reduce_from_axis",
     "reduce_scatter_along",
     "release_shared_groups",
     "seed_everything",
     "sequence",
-    "shared_group_stats",
     "split_along",
     "switch_shard_dim",
     "switch_shard_dim_async",

@@ -18,7 +18,7 @@ from .booster import (
     load_layout_checkpoint,
 )
 from .export import export_hf
-from .inference import GenerationResult, generate
+from .inference import generate
 from .train import NonFiniteError, TrainConfig, TrainResult, build_plugin, train
 
 __version__ = "0.1.0"
@@ -26,7 +26,6 @@ __all__ = [
     "Booster",
     "DDPPlugin",
     "GeminiPlugin",
-    "GenerationResult",
     "HybridParallelPlugin",
     "LowLevelZeroPlugin",
     "NonFiniteError",

@@ -12,7 +12,7 @@ from . import checkpoint
 from ._lazy import LazyInit
 from .checkpoint._reader import consolidate
 from .gemini._checkpoint import load_sharded, save_sharded
-from .gemini._config import PLACEMENTS, GeminiConfig
+from .gemini._config import GeminiConfig
 from .gemini._module import GeminiModule, apply_gemini
 from .gemini._optimizer import GeminiOptimizer
 from .gemini._setup import chunk_bytes_per_param, gemini_chunk_numel, gemini_num_chunks
@@ -30,7 +30,6 @@ from .optim._scaler import LossScalerConfig
 __version__ = "0.1.0"
 __all__ = [
     "MATMUL_ENV",
-    "PLACEMENTS",
     "PRECISIONS",
     "AdamHyper",
     "Fp32Matmul",

@@ -18,9 +18,16 @@ payload's pages on the caller's thread (``MADV_DONTNEED``: dirty data moves to t
 then the writer writes out every write-behind queued when it runs, each run of consecutive slots
 in pieces ([Note: reads first]), and drops it from the page cache ([Note: dropped whole]). A
 write job holds its tensor and a read its mapping, so the mapping stays alive. A writer waits once
-more than ``_MAX_BEHIND`` bytes are behind (back-pressure): the page cache the tier dirties stays
-bounded. The caller does not start a write itself (that left pages cached after the writer's
-drop).
+more than ``behind_limit`` bytes are behind (back-pressure): the page cache the tier dirties stays
+bounded ([Note: deeper writes while no read waits]). The caller does not start a write itself
+(that left pages cached after the writer's drop).
+
+[Note: deeper writes while no read waits] While a read-ahead is queued or in flight, write-behinds
+wait once ``_MAX_BEHIND`` bytes are behind, so a read never finds the device behind a long
+queue; while none is, the queue deepens to ``_MAX_BEHIND_IDLE``, so a burst of write-behinds (an
+optimizer update set, a chunk evicted per moment) does not hold up the training thread while the
+device has nothing else to do. ``_MAX_BEHIND_IDLE`` is the bound on the host memory dirty pages
+take, whatever the reads.
 
 [Note: reads first] A read is on the step's path, a write-behind is not, and the device serves
 both at once more slowly than either alone: a write-out starts once no read-ahead is in flight,
@@ -64,7 +71,8 @@ __all__ = ["DiskIO", "Payload"]
 
 _READ_BLOCK = 8 << 20  # bytes per pread of a read-ahead
 _READERS = 2  # reader threads: read-aheads in flight on the device at once ([Note: two readers])
-_MAX_BEHIND = 32 << 20  # bytes written but not yet written behind before a writer waits
+_MAX_BEHIND = 32 << 20  # bytes behind before a writer waits while a read waits
+_MAX_BEHIND_IDLE = 96 << 20  # the same while none does: the bound on dirty host memory
 _READS_FIRST_S = 0.02  # longest a write-out waits for the reads in flight ([Note: reads first])
 _WRITE_PIECE = 1 << 20  # bytes a write-out gives the device at once ([Note: reads first])
 _WRITE_PIECE_IDLE = 4 << 20  # the same while no read is in flight ([Note: whole payloads ...])
@@ -124,7 +132,7 @@ class DiskIO:
 
     def write_behind(self, p: Payload, tensor: torch.Tensor) -> None:
         """Queue ``p`` (``tensor``, its mapping, already unmapped) for the writer; waits while
-        more than ``_MAX_BEHIND`` bytes are behind."""
+        more than ``behind_limit`` bytes are behind."""
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, "colossal-disk-write")
         if not p.put_open:  # else in flight since its put
@@ -138,9 +146,16 @@ class DiskIO:
         p.jobs.append(job)
         self._behind.append((job, p.nbytes))
         # back-pressure: dirty pages are host memory until written out, so bound them
-        while sum(n for _, n in self._behind) > _MAX_BEHIND and len(self._behind) > 1:
+        while sum(n for _, n in self._behind) > self.behind_limit and len(self._behind) > 1:
             self._behind.pop(0)[0].result()
         self._behind = [(j, n) for j, n in self._behind if not j.done()]
+
+    @property
+    def behind_limit(self) -> int:
+        """Bytes behind at which a write-behind waits: ``_MAX_BEHIND`` while a read-ahead is
+        queued or in flight, else ``_MAX_BEHIND_IDLE`` ([Note: deeper writes while no read
+        waits])."""
+        return _MAX_BEHIND if self._reads or self.in_flight[0].open else _MAX_BEHIND_IDLE
 
     def wait(self, p: Payload, *, drop_read: bool = False) -> None:
         """Wait for ``p``'s read-ahead (with ``drop_read``, one not taken by a reader yet is

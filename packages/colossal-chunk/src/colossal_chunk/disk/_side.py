@@ -2,8 +2,8 @@
 in place, and the disk payloads kept for chunks read elsewhere ([Note: disk copies] in
 ``disk/_copies.py``).
 
-``Placement`` inherits these methods; they read its tiers, read-ahead window, kept disk copies,
-spare payloads and rebind callback.
+``Placement`` holds one (``Placement.disk``), given its tiers, read-ahead window, kept disk
+copies, spare payloads and rebind callback.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import torch
 from colossal_contracts import TierName
 
 from .._chunk import Chunk
-from .._host_copies import HostCopies
 from .._spare import SparePayloads
 from .._tier import Tier
 from ._copies import DiskCopies
@@ -28,25 +27,31 @@ DISK = TierName.DISK
 
 
 def payload_key(chunk: Chunk, tier: TierName) -> str:
-    """The name of ``chunk``'s payload on ``tier`` (a file name on disk)."""
-    return f"{chunk.kind}-{chunk.chunk_id}@{tier.value}"
+    """The name of ``chunk``'s payload on ``tier`` (a file name on disk): unique among live chunks
+    even while a re-pack's new chunks take the ids of old ones not yet given up ([Note:
+    streaming re-pack])."""
+    return f"{chunk.kind}-{chunk.chunk_id}.{id(chunk):x}@{tier.value}"  # one file per kind
 
 
 class DiskSide:
     """What ``Placement`` does with the disk tier; see the module docstring."""
 
-    tiers: dict[TierName, Tier]  # the placement's
-    read_ahead_window: ReadAheadWindow  # the placement's
-    disk_copies: DiskCopies  # the placement's
-    host_copies: HostCopies  # the placement's
-    spares: SparePayloads  # the placement's
-    _rebind: Callable[[Chunk], None]  # the placement's
+    def __init__(
+        self,
+        tiers: dict[TierName, Tier],
+        read_ahead_window: ReadAheadWindow,
+        disk_copies: DiskCopies,
+        spares: SparePayloads,
+        rebind: Callable[[Chunk], None],
+    ) -> None:
+        self.tiers, self.read_ahead_window = tiers, read_ahead_window
+        self.disk_copies, self.spares, self._rebind = disk_copies, spares, rebind
 
     def read_ahead(self, chunk: Chunk) -> bool:
         """Start reading ``chunk``'s shard into memory if it lives on disk (for a use soon) and
         the read-ahead window has room for it; False when it has not ([Note: read-ahead
         window])."""
-        if chunk.tier is not DISK:
+        if chunk.tier is not DISK or chunk.dead:  # nothing to read ([Note: dead shards])
             return True
         if not self.read_ahead_window.admit(chunk):
             return False
@@ -102,13 +107,13 @@ class DiskSide:
         disk = self.tiers.get(DISK)
         return None if disk is None or disk.store is None else disk.store.io_stats()
 
-    def _back_to_disk(self, chunk: Chunk) -> None:
+    def back_to_disk(self, chunk: Chunk) -> None:
         """Move ``chunk``'s shard to disk by mapping its kept payload again: nothing is copied
         or written ([Note: disk copies])."""
         kept = self.disk_copies.reuse(payload_key(chunk, DISK), chunk.shard_numel, chunk.dtype)
-        self._take_kept(chunk, kept, DISK)
+        self.take_kept(chunk, kept, DISK)
 
-    def _take_kept(self, chunk: Chunk, kept: torch.Tensor, dst: TierName) -> None:
+    def take_kept(self, chunk: Chunk, kept: torch.Tensor, dst: TierName) -> None:
         """Make ``kept``, an unchanged copy of ``chunk``'s shard held on ``dst``, its shard: the
         payload it leaves goes back to the spares, nothing is copied or written."""
         old = chunk.replace_shard(kept, copy=False)
@@ -117,10 +122,10 @@ class DiskSide:
         s = self.tiers[chunk.current_tier]
         self.spares.give(old, s)
         del old
-        self._leave(chunk, s, copied=False)
+        self.leave(chunk, s, copied=False)
         chunk.tier = dst
 
-    def _leave(self, chunk: Chunk, src: Tier, *, copied: bool) -> None:
+    def leave(self, chunk: Chunk, src: Tier, *, copied: bool) -> None:
         """``chunk``'s shard left ``src``: free its payload there, or, when it was copied off
         disk and the owner keeps such chunks' disk payloads, keep it ([Note: disk copies])."""
         key = payload_key(chunk, src.name)
@@ -131,17 +136,3 @@ class DiskSide:
                 return
         src.free(chunk.shard_bytes)
         src.discard(key)
-
-    def _fits(self, chunk: Chunk, name: TierName) -> bool:
-        """Whether ``chunk``'s shard fits on tier ``name`` (on disk: its kept payload, or room
-        made by dropping others: [Note: disk copies])."""
-        if name is DISK:
-            if self.disk_copies.has(payload_key(chunk, DISK)):
-                return True
-            self.disk_copies.make_room(chunk.shard_bytes)
-        elif name is TierName.HOST:  # [Note: host copies] in ``_host_copies.py``
-            if self.host_copies.has(chunk.chunk_id):
-                return True
-            if DISK not in self.tiers:  # else the payload goes to disk: the copies stay
-                self.host_copies.make_room(chunk.shard_bytes)
-        return self.tiers[name].free_bytes >= chunk.shard_bytes

@@ -114,6 +114,11 @@ class DiskStore:
             t.zero_()
         return t
 
+    def claim(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A payload for ``key`` holding whatever its slot holds (dead values: colossal-chunk's
+        [Note: dead shards]), mapped with nothing mapped in and nothing to write out."""
+        return self._new(key, numel, dtype, zeros=False)[0]
+
     def put(self, key: str, src: torch.Tensor) -> torch.Tensor:
         """A payload holding ``src``'s values (a 1-D contiguous tensor), as a 1-D tensor mapping
         it ([Note: payloads put]). The caller issues its ``write_behind`` next; the write is in

@@ -6,6 +6,7 @@ import math
 import os
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,12 @@ class GeminiPlugin(Plugin):
             optimizer.backward(loss * self.sp_size if self.sp_size > 1 else loss)
         else:
             loss.backward()
+
+    def accumulating(self, optimizer: torch.optim.Optimizer) -> AbstractContextManager[Any]:
+        """``GeminiOptimizer.accumulating`` (colossal-zero's [Note: update in backward])."""
+        if isinstance(optimizer, GeminiOptimizer):
+            return optimizer.accumulating()
+        return nullcontext()
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, GeminiModule) else model

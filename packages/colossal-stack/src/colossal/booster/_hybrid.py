@@ -48,7 +48,14 @@ from ..checkpoint._layout_load import load_layout
 from ..lora._tp import parallelize_lora
 from ._device import move_model, resolve_device, to_device
 from ._groups import GroupMap
-from ._hybrid_checks import check_model_and_optimizer, check_settings, describe_mesh
+from ._hybrid_checks import (
+    check_model_and_optimizer,
+    check_settings,
+    check_sizes,
+    describe_mesh,
+    mesh_config,
+    settings,
+)
 from ._hybrid_grads import mesh_layout, rank_optimizer
 from ._hybrid_lora import prepare_lora
 from ._hybrid_pipeline import PipelineModule, pipeline_loss, pipeline_step
@@ -67,6 +74,28 @@ class HybridParallelPlugin(Plugin):
     Invariant: ``backward`` + ``step`` (or ``execute_pipeline`` + ``step``) equals AdamW on the
     global batch of the unsharded model, within tensor parallelism's rounding. Settings are
     checked before any process group is created.
+
+    Attributes:
+        tp_size: tensor-parallel ranks (1: none); ``tp_mode`` "1d", "2d", "2.5d" or "3d";
+            ``tp_depth``: 2.5D's depth d (tp_size = q * q * d).
+        sequence_parallel: None, "megatron" (over the tp ranks), "ring" or "ulysses" (over
+            ``sp_size`` ranks per sequence), or "ring+megatron" / "ulysses+megatron".
+        pp_size: pipeline stages; ``microbatches`` per batch, run by ``schedule`` ("1f1b",
+            "interleaved", "gpipe") with ``num_virtual`` model chunks per rank (0: 2 for the
+            interleaved schedule, else 1).
+        zero_stage: 0 (the user's optimizer, [Note: hybrid gradients]), 1 or 2 (ZeRO over
+            ``dp``, in flat buckets of ``bucket_numel`` elements).
+        precision: "fp32", "bf16", "fp16" (fp32 masters; fp16 with loss scaling) or "fp64".
+        activation_checkpointing: recompute every block in backward.
+        max_grad_norm: clip the norm over the whole mesh (0: no clipping).
+        name: the plugin's label; ``sharded_checkpoint``: every rank writes its blocks.
+        save_frozen: write frozen parameters' values into checkpoints ([Note: LoRA layout
+            checkpoint]: ``colossal train`` clears it for LoRA runs).
+        device: where this rank's shards live ([Note: plugin device]); "auto": its CUDA
+            device, else the CPU.
+        lazy: the ``colossal.lazy_init()`` context the model was built in ([Note: lazy fill]).
+        mesh, sharding: the process mesh and the parameters' tensor-parallel layout, set by
+            ``Booster.boost``.
     """
 
     tp_size: int = 1
@@ -105,7 +134,8 @@ class HybridParallelPlugin(Plugin):
         if self.zero_stage:
             self._zero_config()  # validates precision and bucket size
         spec = Precision.parse(self.precision)  # ConfigError naming the choices
-        self._check_combination()
+        check_sizes(self)
+        check_combination(self.combination(), what=f"HybridParallelPlugin({settings(self)})")
         self.device = resolve_device(self.device)
         spec.check_device(self.device)  # fp64 needs float64
 
@@ -121,25 +151,6 @@ class HybridParallelPlugin(Plugin):
             lazy=self.lazy is not None,
         )
 
-    def _check_combination(self) -> None:
-        MeshConfig(tp=self.tp_size, tp_mode=self.tp_mode, tp_depth=self.tp_depth).check_tp()  # type: ignore[arg-type]
-        if long_sequence(self.sequence_parallel) is None and self.sp_size != 1:
-            raise ConfigError(
-                f"sp_size={self.sp_size} needs sequence_parallel='ring' or 'ulysses' (Megatron "
-                "sequence parallelism uses the tp ranks); set sp_size=1"
-            )
-        if self.pp_size == 1 and self.microbatches != 1:
-            raise ConfigError("microbatches > 1 needs pp_size > 1 (pipeline micro-batches)")
-        check_combination(self.combination(), what=f"HybridParallelPlugin({self._settings()})")
-
-    def _settings(self) -> str:
-        names = ("tp_size", "tp_mode", "sequence_parallel", "pp_size", "schedule", "zero_stage")
-        names += ("precision", "activation_checkpointing")
-        d = HybridParallelPlugin.__dataclass_fields__
-        return ", ".join(
-            f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != d[n].default
-        )
-
     def _zero_config(self) -> ZeroConfig:
         return ZeroConfig(
             stage=self.zero_stage, precision=self.precision, bucket_numel=self.bucket_numel
@@ -151,22 +162,7 @@ class HybridParallelPlugin(Plugin):
 
     def mesh_config(self, world_size: int) -> MeshConfig:
         """The mesh for ``world_size`` ranks; ``ConfigError`` when tp*pp*sp does not divide it."""
-        block = self.tp_size * self.pp_size * self.sp
-        if world_size % block:
-            raise ConfigError(
-                f"tp*pp*sp = {self.tp_size}*{self.pp_size}*{self.sp} = {block} does not divide the "
-                f"world size {world_size}; launch a multiple of {block} ranks or change the sizes"
-            )
-        cfg = MeshConfig(
-            dp=world_size // block,
-            pp=self.pp_size,
-            tp=self.tp_size,
-            tp_mode=self.tp_mode,  # type: ignore[arg-type]
-            tp_depth=self.tp_depth,
-            sp=self.sp,
-        )
-        cfg.validate(world_size)
-        return cfg
+        return mesh_config(self, world_size)
 
     def data_rank(self) -> tuple[int, int]:
         """``(coordinate, size)`` of this rank along ``dp``: which slice of the batch it gets."""
@@ -206,7 +202,7 @@ class HybridParallelPlugin(Plugin):
         ``peft`` model of a Hugging Face GPT-2 or Llama in ``HFCausalLM`` trains as our GPT or
         PaLM, its adapters under their own names ([Note: Hugging Face LoRA under tp])."""
         group_map = GroupMap(model, optimizer)  # by name: the sharded model keeps the groups
-        what = f"HybridParallelPlugin({self._settings()})"
+        what = f"HybridParallelPlugin({settings(self)})"
         model, self._names, lora = prepare_lora(
             model, self.combination(), what=what, lazy=self.lazy
         )

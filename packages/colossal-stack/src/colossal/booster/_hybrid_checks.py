@@ -18,7 +18,14 @@ from .._capability import SP_KINDS, long_sequence, megatron_sequence
 if TYPE_CHECKING:
     from ._hybrid import HybridParallelPlugin
 
-__all__ = ["check_model_and_optimizer", "check_settings", "describe_mesh"]
+__all__ = [
+    "check_model_and_optimizer",
+    "check_settings",
+    "check_sizes",
+    "describe_mesh",
+    "mesh_config",
+    "settings",
+]
 
 _SP_METHODS = (None, *SP_KINDS[1:])  # "ring+megatron": ring over sp, Megatron over tp
 
@@ -45,6 +52,49 @@ def check_settings(plugin: HybridParallelPlugin) -> None:
         raise ConfigError(
             f"sequence_parallel must be one of {_SP_METHODS}, got {plugin.sequence_parallel!r}"
         )
+
+
+def check_sizes(plugin: HybridParallelPlugin) -> None:
+    """``ConfigError`` for sizes that cannot compose: a tp layout ``MeshConfig`` refuses, an
+    ``sp_size`` without ring or Ulysses, micro-batches without a pipeline."""
+    MeshConfig(tp=plugin.tp_size, tp_mode=plugin.tp_mode, tp_depth=plugin.tp_depth).check_tp()  # type: ignore[arg-type]
+    if long_sequence(plugin.sequence_parallel) is None and plugin.sp_size != 1:
+        raise ConfigError(
+            f"sp_size={plugin.sp_size} needs sequence_parallel='ring' or 'ulysses' (Megatron "
+            "sequence parallelism uses the tp ranks); set sp_size=1"
+        )
+    if plugin.pp_size == 1 and plugin.microbatches != 1:
+        raise ConfigError("microbatches > 1 needs pp_size > 1 (pipeline micro-batches)")
+
+
+def settings(plugin: HybridParallelPlugin) -> str:
+    """The settings that differ from the defaults, for messages (``tp_size=2, zero_stage=1``)."""
+    names = ("tp_size", "tp_mode", "sequence_parallel", "pp_size", "schedule", "zero_stage")
+    names += ("precision", "activation_checkpointing")
+    d = type(plugin).__dataclass_fields__
+    return ", ".join(
+        f"{n}={getattr(plugin, n)!r}" for n in names if getattr(plugin, n) != d[n].default
+    )
+
+
+def mesh_config(plugin: HybridParallelPlugin, world_size: int) -> MeshConfig:
+    """``HybridParallelPlugin.mesh_config``: ``dp = world / (tp * pp * sp)``."""
+    block = plugin.tp_size * plugin.pp_size * plugin.sp
+    if world_size % block:
+        raise ConfigError(
+            f"tp*pp*sp = {plugin.tp_size}*{plugin.pp_size}*{plugin.sp} = {block} does not divide "
+            f"the world size {world_size}; launch a multiple of {block} ranks or change the sizes"
+        )
+    cfg = MeshConfig(
+        dp=world_size // block,
+        pp=plugin.pp_size,
+        tp=plugin.tp_size,
+        tp_mode=plugin.tp_mode,  # type: ignore[arg-type]
+        tp_depth=plugin.tp_depth,
+        sp=plugin.sp,
+    )
+    cfg.validate(world_size)
+    return cfg
 
 
 def check_model_and_optimizer(

@@ -13,6 +13,7 @@ every member itself (``Booster`` checks with ``isinstance(plugin, Plugin)``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -119,17 +120,24 @@ class Plugin(Protocol):
         ``loss.item()``.
 
         Default: the rows are split into ``microbatches`` blocks, each loss scaled by
-        ``1 / microbatches`` in its backward, so the gradients are the whole batch's. A plugin
-        with a pipeline schedule runs the batch through it (its own micro-batches) and reports
-        one loss."""
+        ``1 / microbatches`` in its backward, so the gradients are the whole batch's; every
+        backward but the last runs inside ``accumulating``. A plugin with a pipeline schedule
+        runs the batch through it (its own micro-batches) and reports one loss."""
         n, report = microbatches, on_loss or _item
         total = 0.0
-        for x, y in zip(inputs.chunk(n), targets.chunk(n), strict=True):
+        for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n), strict=True)):
             loss = model(x, y)
             value = report(loss)
-            self.backward(loss / n if n > 1 else loss, optimizer)
+            with self.accumulating(optimizer) if i < n - 1 else nullcontext():
+                self.backward(loss / n if n > 1 else loss, optimizer)
             total += value
         return total / n
+
+    def accumulating(self, optimizer: torch.optim.Optimizer) -> AbstractContextManager[Any]:
+        """The context the backwards of a step's earlier micro-batches run in: their gradients
+        wait for the last one's. Default: none (Gemini's says so to its optimizer, which may
+        then update in the last backward)."""
+        return nullcontext()
 
     def evaluate(
         self, inputs: torch.Tensor, targets: torch.Tensor, model: nn.Module

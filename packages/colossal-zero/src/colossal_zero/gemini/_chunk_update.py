@@ -33,6 +33,25 @@ class ChunkUpdates:
     param_groups: list[dict[str, Any]]
     _views: dict[int, tuple[tuple, tuple[str, ...], list[tuple]]]  # see _join
 
+    def _owned_and_steps(self, c: Chunk) -> tuple[list[str], list[torch.Tensor]] | None:
+        """Of chunk ``c``'s tensors with a gradient this step that the optimizer steps: those
+        this rank holds a slice of, and the step count of every one (made at 0 when new); None
+        when there are none. Every rank counts every tensor's steps: after a re-pack in first-use
+        order ([Note: first-use order]) a rank may come to hold a slice it did not hold."""
+        got, group_of = self.rt.got_grad, self.group_of
+        names = [n for n in c.records if n in got and n in group_of]
+        if not names:
+            return None
+        fp32, owned, counts = self.rt.roles.fp32(c), [], []
+        for n in names:
+            step = self.steps.get(n)
+            if step is None:
+                step = self.steps[n] = torch.zeros((), dtype=torch.float32)
+            counts.append(step)
+            if fp32.shard_view(n) is not None:
+                owned.append(n)
+        return owned, counts
+
     def _in_place(self, c: Chunk, grads: list[torch.Tensor], disk: bool) -> bool:
         """Whether chunk ``c``'s update moves and stages nothing ([Note: one fused call]): no disk
         tier, states on the host or everything already on the accelerator, one device, fp32."""

@@ -51,6 +51,7 @@ from colossal_contracts import TensorState
 from ..optim._precision import Precision
 from ._grads import StepGradients
 from ._hooks import label
+from ._update_in_backward import NO_HOOKS, UpdateHooks
 
 __all__ = ["GradientCollection"]
 
@@ -76,6 +77,25 @@ class GradientCollection(StepGradients):
     _used: set[str]  # names an operator read since the forward began
     _overlap: bool  # [Note: overlap] in ``_comm.py``
     _start_backward: Callable[[], None]  # the runtime's: enters BACKWARD once per backward
+    _recording: bool  # the warmup step runs
+    _probing: bool | None  # a step measured by ``measure_next_step`` runs (True)
+    _update_hooks: UpdateHooks = NO_HOOKS  # [Note: update in backward]
+
+    def register_update_hooks(self, hooks: UpdateHooks) -> None:
+        """Tell ``hooks`` (an optimizer's) of each chunk reduced in backward and of the end of
+        backward ([Note: update in backward] in ``_update_in_backward.py``); one at a time."""
+        self._update_hooks = hooks
+
+    @property
+    def measuring(self) -> bool:
+        """Whether this step is measured (the warmup, or a probe): only the planned work runs."""
+        return self._recording or self._probing is True
+
+    def _settle_then_update(self) -> None:
+        """End of backward: finish every collective in flight (the optimizer writes shards
+        next), then the update hooks hear that backward ended."""
+        self.manager.settle()
+        self._update_hooks.backward_ends()
 
     def _grad_hook(self, name: str) -> Callable[[nn.Parameter], None]:
         # A weak reference: the hook lives in the parameter's C++ hook list, which the garbage
@@ -187,14 +207,14 @@ class GradientCollection(StepGradients):
         elif self.resident:  # [Note: resident steps]
             target = self._grad_chunk(c)
             target.view(name).copy_(grad)
-            target.set_state(name, _S.READY_FOR_REDUCE)
+            self.manager.release([name], state=_S.READY_FOR_REDUCE, twin="grad")
         else:
             if c.state(name) is not _S.COMPUTE:
                 self.stash(c.chunk_id)
                 self.manager.access([name])
             target = self._grad_chunk(c)
             target.view(name).copy_(grad)
-            target.set_state(name, _S.READY_FOR_REDUCE)
+            self.manager.release([name], state=_S.READY_FOR_REDUCE, twin="grad")
             self.manager.release([name], state=_S.HOLD)
         self._grad_done.add(name)
         self.got_grad.add(name)
@@ -219,7 +239,7 @@ class GradientCollection(StepGradients):
             g = self.manager.groups[c.chunk_id].twin("grad")
             for n in rest:
                 g.view(n).zero_()
-                g.set_state(n, _S.READY_FOR_REDUCE)
+            self.manager.release(rest, state=_S.READY_FOR_REDUCE, twin="grad")
             self._reduce(c, g)
 
     def _open(self, c: Chunk) -> None:
@@ -238,7 +258,7 @@ class GradientCollection(StepGradients):
             # the buffer is the shard; every slot is overwritten by its gradient or zeroed in
             # _fill_and_reduce, and padding stays zero: its values (stashed above) are dead,
             # moved to the compute tier uncopied (discard) and not zeroed
-            self.manager.access_chunks([g], discard=True)
+            self.manager.access([g], discard=True)
         return g
 
     def _reduce(self, c: Chunk, target: Chunk) -> None:
@@ -249,6 +269,7 @@ class GradientCollection(StepGradients):
         with label("Gemini::reduce_scatter"):
             self.manager.reduce(target, into=into, async_op=self._overlap, read_on_host=on_host)
         self.manager.groups[c.chunk_id].grads = _G.REDUCED
+        self._update_hooks.gradients_reduced(c)
 
     def _reduce_partial(self) -> None:
         """End of backward: reduce every chunk that got some gradients, the rest as zeros."""

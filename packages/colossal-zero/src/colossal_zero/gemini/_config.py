@@ -56,6 +56,11 @@ class GeminiConfig:
             extra moves), "demand" also into room that cached parameter chunks filled but no
             moment needed (fewer host bytes, more moves), "host" keeps them on the host.
         loss_scaler: dynamic loss scaling settings (used with fp16 only).
+        update_in_backward: run each chunk's Adam update in backward as soon as its gradients
+            are reduced, so gradients on a disk tier are neither written nor read back
+            ([Note: update in backward]); None: on when there is a disk tier and it can run
+            (no clipping, no fp16 loss scaler, and a step without undeclared accumulation);
+            True: also without a disk tier, a ``ConfigError`` where it cannot run; False: off.
     """
 
     precision: str = "fp32"
@@ -74,6 +79,7 @@ class GeminiConfig:
     overlap_comm: bool = True
     states_placement: str = "free"
     loss_scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
+    update_in_backward: bool | None = None
 
     def __post_init__(self) -> None:
         Precision.parse(self.precision)
@@ -103,6 +109,11 @@ class GeminiConfig:
             )
         if self.non_model_bytes < 0 or self.prefetch < 0 or self.non_model_margin < 0:
             raise ConfigError("non_model_bytes, non_model_margin and prefetch must be >= 0")
+        if self.update_in_backward not in (None, True, False):
+            raise ConfigError(
+                f"update_in_backward must be True, False or None (auto), got "
+                f"{self.update_in_backward!r}"
+            )
         if self.states_placement not in STATE_PLACEMENTS:
             raise ConfigError(
                 f"unknown states_placement {self.states_placement!r}; choose one of: "

@@ -35,14 +35,12 @@ with the chosen size, and an access that finds no room names a budget as ``make_
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 
-from colossal_chunk import ChunkManager
-from colossal_chunk._search import pack
+from colossal_chunk import ChunkManager, pack
 from colossal_contracts import CapacityError, TierName
 
 __all__ = ["RERUN_HEADROOM", "fit_chunk_size", "moment_need"]
@@ -109,9 +107,10 @@ def fit_chunk_size(
     grad_twin: bool,
     *,
     peak: Callable[[int], int] | None = None,
-) -> bool:
-    """Apply [Note: feasibility rule]: keep the chunk size, or set a smaller one in the manager's
-    config (True: the caller re-packs before the next step), or raise ``CapacityError``.
+) -> dict[str, int] | None:
+    """Apply [Note: feasibility rule]: keep the chunk size (None), or return smaller sizes as
+    ``ChunkManager.repack``'s keywords (the caller re-packs with them before the next step), or
+    raise ``CapacityError``.
     ``packing``: every parameter name in the order a re-pack packs them; ``ws``: the manager's
     world size; ``grad_twin``: gradients have chunks of their own; ``peak``: a moment's own
     measured non-model peak (no margin, no lookahead), what the floor counts (None: ``reserve``)."""
@@ -169,7 +168,7 @@ def fit_chunk_size(
 
     need, floor = budgets(numels)
     if need <= capacity:
-        return False
+        return None
     while True:
         smaller = tuple(
             max(-(-(n // 2) // (1024 * ws)) * 1024 * ws, -(-big // ws) * ws)
@@ -180,15 +179,11 @@ def fit_chunk_size(
         numels = (min(smaller[0], numels[0]), min(smaller[1], numels[1]))
         need, floor = budgets(numels)
         if need <= capacity:
-            frozen = any(t[2] for t in tensors.values())
-            manager.config = dataclasses.replace(
-                manager.config,
-                chunk_numel=numels[0],
-                frozen_chunk_numel=numels[1] if frozen else manager.config.frozen_chunk_numel,
-            )
-            return True
+            if any(t[2] for t in tensors.values()):  # frozen tensors: their size too
+                return {"chunk_numel": numels[0], "frozen_chunk_numel": numels[1]}
+            return {"chunk_numel": numels[0]}
     if floor <= capacity:  # the rule counts more than may be held: try the chosen size
-        return False
+        return None
     numel = max(numels[k] for k in {t[2] for t in tensors.values()})  # of the kinds there are
     if ws > 1:  # a gather ahead and a reduction in flight: two whole chunks more than the rule
         need += 2 * numel * max(t[1].itemsize for t in tensors.values())

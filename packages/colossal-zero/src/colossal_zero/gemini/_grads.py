@@ -167,11 +167,16 @@ class StepGradients:
             else:
                 view.copy_(grad.reshape(-1))
         rec.kept_grads.clear()
+        self.manager.shard_io.written([g])  # live again ([Note: dead shards] in colossal-chunk)
 
     def stepped(self, c: Chunk) -> None:
-        """The optimizer updated chunk ``c``'s fp32 shard: refresh low-precision parameters."""
+        """The optimizer updated chunk ``c``'s fp32 shard: refresh low-precision parameters.
+        Without masters its "grad" chunk's values are consumed: moves until the next backward
+        fills it copy and write nothing (colossal-chunk's [Note: dead shards])."""
         if self.precision.master:
             self.restore_params(c)
+        else:
+            self.manager.shard_io.dead([self.working(c)])
         rec = self.manager.groups[c.chunk_id]
         if rec.grads is GradPhase.REDUCED:
             rec.grads = GradPhase.EMPTY
@@ -196,4 +201,4 @@ class StepGradients:
         is given up (its slice equals the shard: nothing wrote the gathered buffer)."""
         if c.world_size == 1 or not c.is_gathered or not c.all_in(TensorState.HOLD):
             return
-        self.manager.reshard([c])
+        self.manager.settle([c], reshard=True)

@@ -39,7 +39,7 @@ class GeminiModule(nn.Module):
         self.runtime = runtime
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        dev = self.runtime.manager.compute_device
+        dev = self.runtime.manager.residency.compute_device
         if dev.type != "cpu":
             args, kwargs = tree_map(lambda t: _to(t, dev), (args, kwargs))
         self.runtime.begin_forward()
@@ -58,7 +58,7 @@ class GeminiModule(nn.Module):
     @property
     def compute_device(self) -> torch.device:
         """Where chunks compute: the accelerator tier's device (CUDA, or the CPU emulating it)."""
-        return self.runtime.manager.compute_device
+        return self.runtime.manager.residency.compute_device
 
     def reset_peaks(self) -> None:
         """Start every tier's peak bytes over: the next ``memory_stats`` reports the peaks since."""

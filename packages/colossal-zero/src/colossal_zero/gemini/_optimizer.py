@@ -27,7 +27,8 @@ so the same value).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ from ._chunk_update import STATE_KINDS, ChunkUpdates, Rows
 from ._module import GeminiModule
 from ._setup import working_set_bytes
 from ._state_placement import StatePlan, plan_states
+from ._update_in_backward import Squares, UpdateInBackward, check_update_in_backward
 
 __all__ = ["GeminiOptimizer"]
 
@@ -111,6 +113,15 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         self.state_plan = StatePlan(0, (), 0)  # [Note: state placement]
         self._tracking_for: object = None  # the chunk layout whose demand is being measured
         self._placed_for: object = None  # the chunk layout the states were placed for
+        setting = rt.config.update_in_backward  # [Note: update in backward]
+        allowed = check_update_in_backward(
+            setting, max_grad_norm=max_grad_norm, loss_scaling=rt.precision.loss_scaling
+        )
+        disk = TierName.DISK in rt.manager.books.tiers
+        self._in_backward = UpdateInBackward(
+            self, allowed=allowed and (disk or setting is True), auto=setting is None
+        )
+        rt.register_update_hooks(self._in_backward)
 
     @classmethod
     def from_torch(
@@ -142,6 +153,24 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
             self._grad_norm = reduce_squares(piece_squares(parts)).norm
         return self._grad_norm
 
+    @contextmanager
+    def accumulating(self) -> Iterator[None]:
+        """Backwards inside are earlier micro-batches of a gradient accumulation: their
+        gradients wait for the next backward, and the update runs in the first backward outside
+        (or in ``step``); see [Note: update in backward]. Without an update in backward it
+        changes nothing."""
+        with self._in_backward.accumulating():
+            yield
+
+    @property
+    def states_placed(self) -> bool:
+        """Whether the Adam states are where they stay for this chunk layout ([Note: state
+        placement]): no step is measured for their placement."""
+        rt = self.rt
+        if rt.config.states_placement == "host" or not isinstance(rt.policy, AutoPolicy):
+            return True
+        return self._placed_for is rt.manager.groups
+
     def backward(self, loss: torch.Tensor) -> None:
         """``ClippedAdam.backward``; when backward raises (the refusal right after the warmup:
         [Note: feasibility rule]), the recorders' dispatch modes are removed here, outside
@@ -154,53 +183,48 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget collected gradients (restoring parameters whose storage held them)."""
+        self._in_backward.zero_grad()
         if self._after.norm_due is not None:  # [Note: norm on demand]: its pieces go too
             self._after.norm_due = ([], -1)
         self.rt.clear_grads()
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        loss = closure() if closure is not None else None
+        loss = None
+        if closure is not None:
+            with self._in_backward.closure(), torch.enable_grad():
+                loss = closure()
         rt, m = self.rt, self.rt.manager
+        fused = self._in_backward.stepped()  # [Note: update in backward]: chunk id -> squares
         if m.books.tiers[TierName.HOST].capacity_bytes < UNLIMITED:  # [Note: bounded host heap]
             trim_host_heap()  # the heap backward freed (activations) leaves before the update
         self._place_states()
         todo: list[tuple[Chunk, list[str]]] = []  # chunks with gradients, their owned names
         norm_parts: list[tuple[Chunk | None, list[tuple[torch.Tensor, ParamSharding | None]]]] = []
-        elsewhere: list[torch.Tensor] = []  # step counts of tensors other ranks hold
+        counts: list[torch.Tensor] = []  # step counts of every tensor with a gradient
         pieces: dict[int, list[torch.Tensor]] = {}  # chunk id -> gradient slices of its owned
         disk = TierName.DISK in m.books.tiers  # without a disk tier there is nothing to stream
-        roles, got, group_of = rt.roles, rt.got_grad, self.group_of
         for c in (g.param for g in m.groups.values() if not g.param.frozen):  # frozen: no grads
-            names = [n for n in c.records if n in got and n in group_of]
-            if not names:
+            item = None if c.chunk_id in fused else self._owned_and_steps(c)
+            if item is None:  # no gradient, or updated in backward
                 continue
-            fp32 = roles.fp32(c)
-            owned = []
-            for n in names:
-                # every rank counts every tensor's steps: after a re-pack in first-use order
-                # ([Note: first-use order]) a rank may come to hold a slice it did not hold
-                step = self.steps.get(n)
-                if step is None:
-                    step = self.steps[n] = torch.zeros((), dtype=torch.float32)
-                if fp32.shard_view(n) is None:
-                    elsewhere.append(step)
-                    continue
-                owned.append(n)
+            owned, steps = item
+            counts += steps
             got_pieces = pieces[c.chunk_id] = rt.grad_pieces(c, owned) if owned else []
             parts = [(g, self.sharding.get(n)) for n, g in zip(owned, got_pieces, strict=True)]
             todo.append((c, owned))
             norm_parts.append((rt.gradients(c) if disk else None, parts))
         in_place = {c.chunk_id for c, _ in todo if self._in_place(c, pieces[c.chunk_id], disk)}
         scale = self.loss_scale
-        streamed: list[tuple[float, bool]] | None = None  # squares taken as chunks stream through
+        streamed: dict[int, Squares] | None = None  # squares taken as chunks stream through
         # [Note: norm on demand]: without clipping or a scaler nothing needs it before the update
         not_first = self.max_grad_norm == 0 and self.scaler is None
-        if not_first and rt.world_size == 1 and not self.sharding and len(in_place) == len(todo):
+        alone = rt.world_size == 1 and not self.sharding and len(in_place) == len(todo)
+        if not_first and alone and not fused:
             self._after.norm_due = ([p for _, parts in norm_parts for p in parts], rt.forwards)
             overflow = False
-        elif not_first and disk:
-            self._after.norm_due, overflow, streamed = None, False, []
+        elif not_first and (disk or fused):
+            self._after.norm_due, overflow, streamed = None, False, {}
         else:
             found = reduce_squares(
                 self._squares(norm_parts), group=rt.group, shardings=self.sharding
@@ -211,7 +235,6 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
             rt.clear_grads()
             return loss
         grad_scale = self._divisor(lambda: self.last_grad_norm)
-        counts = elsewhere + [self.steps[n] for n in {n: None for _, ow in todo for n in ow}]
         if counts:
             torch._foreach_add_(counts, 1.0)
         rows: Rows = {}  # [Note: one fused call]: param group -> its tensors
@@ -224,7 +247,7 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         for i, ((c, owned), turn) in enumerate(m.shard_io.shards_to_update(todo, plan)):
             if c.chunk_id in in_place and not moving:
                 if streamed is not None:
-                    streamed += piece_squares(norm_parts[i][1])
+                    streamed[c.chunk_id] = piece_squares(norm_parts[i][1])
                 self._join(c, owned, pieces[c.chunk_id], rows)
                 joined.append(c)
                 continue
@@ -232,15 +255,17 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
             self._run(rows, joined, grad_scale)  # first the joined ones before it
             if streamed is not None:  # this chunk's pieces now (moves may have replaced views)
                 got = rt.grad_pieces(c, owned)
-                streamed += piece_squares(
+                streamed[c.chunk_id] = piece_squares(
                     (g, self.sharding.get(n)) for n, g in zip(owned, got, strict=True)
                 )
             with turn.running():  # staged, brought where the states live
                 self._update(c, owned, grad_scale)
             rt.stepped(c)
         self._run(rows, joined, grad_scale)
-        if streamed is not None:
-            found = reduce_squares(streamed, group=rt.group, shardings=self.sharding)
+        if streamed is not None:  # in chunk order, those updated in backward among them
+            streamed.update(fused)
+            squares = [s for cid in m.groups if cid in streamed for s in streamed[cid]]
+            found = reduce_squares(squares, group=rt.group, shardings=self.sharding)
             self._grad_norm = found.norm / scale
         for cid in [cid for cid in self._views if cid not in in_place or moving]:
             del self._views[cid]  # moved or re-packed (or maybe, in a step that moved); the
@@ -300,8 +325,7 @@ class GeminiOptimizer(ChunkUpdates, ClippedAdam):
         for cid in self.state_plan.chunks:
             states = self._states_of(m.groups[cid].param)
             for ch in states:  # each kept as it lands, so the next move cannot evict it
-                m.move(ch, ACC)
-                m.books.keep_on_compute([ch])
+                m.move(ch, ACC, keep=True)
         self._placed_for = m.groups
         # a chunk's update reads its gradients where its states live for good: a gradient shard
         # on the accelerator would be copied to them anyway. Not before the plan: the step that

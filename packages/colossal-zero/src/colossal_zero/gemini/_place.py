@@ -63,7 +63,7 @@ def place_module(
     else:
         manager.add_parallel("grad", precision.state_dtype)  # float64 under fp64
     del originals
-    dev = manager.compute_device
+    dev = manager.residency.compute_device
     for buf_owner in module.modules():
         for bname, buf in buf_owner.named_buffers(recurse=False):
             if buf.is_meta:

@@ -104,7 +104,7 @@ class GeminiRuntime(GradientCollection):
         self._warmup = WarmupTrace(recorder, config.non_model_bytes)
         self._digest = OrderDigest()
         self._recording = True
-        self._repack_due = False
+        self._repack: dict[str, int] | None = None  # a re-pack due, with the sizes fitted
         self._never_read: set[str] = set()  # names that got no gradient in the warmup step
         self._probe: StepRecorder | None = None  # measures one later step (measure_next_step)
         self._probing: bool | None = False  # None: armed by measure_next_step
@@ -179,10 +179,10 @@ class GeminiRuntime(GradientCollection):
             else:
                 self._probe = None
         busy = any(g.holds_gradients for g in self.manager.groups.values())
-        repacked = self._repack_due and not busy
+        repacked = self._repack is not None and not busy
         if repacked:
-            self._repack_due = False
-            self.manager.repack(self._warmup.first_use())
+            sizes, self._repack = self._repack, None
+            self.manager.repack(self._warmup.first_use(), **(sizes or {}))
             self._index_chunks()
         m = self.manager
         resident = not self._probing and self.comm is None
@@ -191,9 +191,9 @@ class GeminiRuntime(GradientCollection):
             resident
             and self.world_size == 1
             and not self.precision.master
-            and m.fully_resident(headroom + self._kept_bytes)
+            and m.residency.fully_resident(headroom + self._kept_bytes)
         )
-        self.resident = self.keeping or (resident and m.fully_resident(headroom))
+        self.resident = self.keeping or (resident and m.residency.fully_resident(headroom))
         # steady: a resident step with no chunk replaced moves no shard before the next step
         self.after_step.forward_begins(self.resident and not repacked)
 
@@ -336,7 +336,7 @@ class GeminiRuntime(GradientCollection):
                 m.release([n for n, r in c.records.items() if r.state is _S.COMPUTE])
         self._finish_kept()
         self._reduce_partial()
-        m.settle()  # the optimizer writes shards next: no copy of one may be in flight
+        self._settle_then_update()  # no copy in flight: the optimizer writes shards next
         self._grad_done.clear()
         self._to(_T.IDLE)
         if self._recording:
@@ -355,13 +355,13 @@ class GeminiRuntime(GradientCollection):
             done = set(first)
             layout = list(self._cid_of)  # parameter names in the order they sit in chunks
             packing = first + [n for n in layout if n not in done]  # [Note: first-use order]
-            self._repack_due = packing != layout
+            self._repack = {} if packing != layout else None
             reserve = getattr(self.policy, "non_model_reserve", None)
             if reserve is not None and self._warmup.order:  # [Note: feasibility rule] in _fit.py
                 w, grad_twin = self._warmup, not self.precision.master  # [Note: chunk roles]
                 bwd = len(w.order) if w.backward_from is None else w.backward_from
-                self._repack_due |= fit_chunk_size(m, reserve, w.order, bwd, packing, self.world_size,
-                    grad_twin, peak=getattr(self.policy, "non_model_peak", None))  # fmt: skip
+                self._repack = fit_chunk_size(m, reserve, w.order, bwd, packing, self.world_size,
+                    grad_twin, peak=getattr(self.policy, "non_model_peak", None)) or self._repack  # fmt: skip
         else:
             if self._probing and self._probe is not None:
                 self.measured = self._probe.finish()
