@@ -5,10 +5,11 @@
 home tier) in the order they are made: the parameter chunks, then per trainable chunk its fp32
 twin (fp32: the gradient chunk; bf16: the master), then Adam's ``exp_avg`` and ``exp_avg_sq``.
 A chunk that does not fit the host budget ``H`` goes to disk, and a later, smaller one may still
-fit the host. With a disk tier, ``H`` also holds the read-ahead window ``W`` (colossal-chunk's
-``window_bytes``, [Note: read-ahead window]): payloads fit in ``H - W``, and the disk pages read
-ahead (at most ``W``, at most what is on disk) are host memory too. Nothing moves a state back
-up from disk (the job keeps the states where they started: ``--states-placement host``).
+fit the host. With a disk tier, ``H`` also holds the read-ahead window ``W``
+(``colossal_zero.read_ahead_bytes``, colossal-chunk's [Note: read-ahead window]): payloads fit
+in ``H - W``, and the disk pages read ahead (at most ``W``, at most what is on disk) are host
+memory too. Nothing moves a state back up from disk (the job keeps the states where they
+started: ``--states-placement host``).
 
 At the step's peak (the start of backward) the chunks in flight (``GATHERED_IN_FLIGHT``: in use,
 kept for the next moment, gathered ahead; fewer when the model has fewer chunks) are on the
@@ -26,9 +27,10 @@ memory one device's job may use; the optimizer states fill what is left, then sp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from colossal_chunk import UNLIMITED, ChunkConfig, window_bytes
+from colossal_zero import GeminiConfig, read_ahead_bytes
 
 from ._gemini import GeminiBytes, tier_budget
 
@@ -76,14 +78,10 @@ def registration_order(gem: GeminiBytes, dp: int, precision: str) -> list[tuple[
 
 
 def _window(gem: GeminiBytes, dp: int, host: int) -> int:
-    """colossal-chunk's W for a host budget of ``host`` bytes (with a disk tier)."""
-    cfg = ChunkConfig(
-        chunk_numel=max(1, gem.chunk_numel),
-        frozen_chunk_numel=gem.frozen_chunk_numel or None,
-        host_bytes=host,
-        disk_bytes=None,
-    )
-    return window_bytes(cfg, dp)
+    """The runtime's W for a host budget of ``host`` bytes with a disk tier behind it."""
+    cfg = GeminiConfig(host_bytes=host, disk_bytes=None)
+    frozen = gem.frozen_chunk_numel or None
+    return read_ahead_bytes(cfg, max(1, gem.chunk_numel), dp, frozen_chunk_numel=frozen)
 
 
 def disk_host_budget(gem: GeminiBytes, dp: int, *, host_memory: float | None) -> int:
@@ -110,7 +108,7 @@ def gemini_tiers(
     host budget of ``host_budget`` bytes with a disk tier behind it (None: no budget, no disk:
     ``gemini-host-all``)."""
     window = 0 if host_budget is None else _window(gem, dp, host_budget)
-    room = UNLIMITED if host_budget is None else host_budget - window
+    room = math.inf if host_budget is None else host_budget - window
     on_host = on_disk = params_on_host = 0.0
     for kind, nbytes in registration_order(gem, dp, precision):
         if on_host + nbytes <= room:
