@@ -73,23 +73,28 @@ def _plans(prof: dict[str, Any], seq: int) -> dict[str, Any]:
 
 
 def _half_on_disk(shape: Any, lay: Any, seq: int, hw: Any) -> Any:
-    """``hw`` with the host memory under which ``gemini-disk`` keeps half of its optimizer
-    states on the host and spills the other half to disk: this model's states would otherwise
-    all fit the host, and the disk tier's bytes would be modelled but never measured."""
+    """``hw`` with the largest host memory under which ``gemini-disk`` keeps half of its
+    optimizer states on the host and spills the other half to disk (so the host budget also
+    holds the disk tier's read-ahead window): this model's states would otherwise all fit the
+    host, and the disk tier's bytes would be modelled but never measured."""
     spilled = device_memory(shape, lay, seq, precision="fp32", host_memory=0.0)
-    per_device = spilled.host + spilled.disk / 2  # parameters, gradients, spare + half the states
-    return hw.with_(host_memory=int(per_device * WORLD))
+    half = spilled.disk / 2
+    host = best = int(spilled.host_budget)
+    while host < spilled.host_budget + 4 * spilled.disk:  # the window is at most 4 shards
+        host += 4096
+        disk = device_memory(shape, lay, seq, precision="fp32", host_memory=host).disk
+        if disk < half:
+            break
+        if disk == half:
+            best = host
+    return hw.with_(host_memory=best * WORLD)
 
 
 def _build(text: str, plan: Any, seq: int, disk_dir: str) -> tuple[Any, ...]:
     """The layout's plugin, boosted model and optimizer, and its batch on this rank."""
-    flags = layout_flags(parse_layout(text), plan)
+    flags = layout_flags(parse_layout(text), plan)  # the budgets `colossal train --layout` gives
     if flags.get("disk_budget") is not None:
         flags["disk_dir"] = disk_dir
-        # the job's accelerator budget (twice the plan, at least 16 MiB) would hold this small
-        # model's parameters and gradients, which the plan puts on the host: the planned bytes
-        # with a quarter's room, so the tiers hold what the plan says and the host spills
-        flags["accelerator_budget"] = str(int(plan.memory.device_total * 1.25))
     cfg = TrainConfig.from_flags(model="gpt", preset="nano", seq_len=seq, **flags)
     torch.manual_seed(0)
     plugin = build_plugin(cfg.parallel.plugin, cfg)
@@ -199,8 +204,9 @@ def run(quick: bool, out_dir: Path) -> Report:
         step = statistics.median(slowest)
         p = plans[text]
         pred_peak = p.memory.device_total
-        if "gemini" in text:  # the emulated accelerator and the host are the same memory
-            pred_peak += p.memory.host
+        if "gemini" in text:  # the emulated accelerator, the host and the mapped disk payloads
+            # are all live CPU storages; the read-ahead pages are the disk payloads' own
+            pred_peak += p.memory.host + p.memory.disk - p.memory.read_ahead
         rows.append(
             {
                 "layout": text,
@@ -253,14 +259,15 @@ def run(quick: bool, out_dir: Path) -> Report:
         },
         notes=[
             "Measured peak: live CPU tensor bytes (the accelerator is emulated); for Gemini the "
-            "emulated accelerator and the host are the same memory, so its rows compare the "
-            "predicted device + host bytes (the host's spare payload, and the states the tiers "
-            "put there) with it. Gemini's tier bytes are its chunk manager's at rest after the "
-            "steps. gemini-disk is planned with a host memory that holds half of its optimizer "
-            "states (the other half on disk) and run with the planned host bytes as its host "
-            "budget and 1.25x the planned device bytes as its accelerator budget (the job's "
-            "default, twice the plan and at least 16 MiB, holds this small model's parameters "
-            "and gradients, which the plan puts on the host), so its disk bytes are measured.",
+            "emulated accelerator, the host and the memory-mapped disk payloads are all live CPU "
+            "storages, so its rows compare the predicted device + host + disk bytes (less the "
+            "disk pages read ahead, which the plan counts as host but are the disk payloads' "
+            "own) with it. Gemini's tier bytes are its chunk manager's at rest after the steps "
+            "(the host tier's include the read-ahead window it reserves, not the spare payload "
+            "beside it). gemini-disk is planned with the largest host memory under which half "
+            "of its optimizer states spill to disk (they would otherwise all fit the host) and "
+            "run with the budgets and --states-placement host that `colossal train --layout` "
+            "gives it, so its disk tier and read-ahead window are exercised.",
             "Step time: median over the timed steps of the slowest rank, the layouts stepping in "
             "turns (the order reversed every other round); 4 ranks share the machine's cores, so "
             "compute and gloo's collectives contend, and other work on the machine adds noise.",

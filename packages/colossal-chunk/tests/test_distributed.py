@@ -25,3 +25,9 @@ def test_reduce_scattered_grads_equal_all_reduced_slices(world, n):
 def test_random_accesses_keep_values_and_budgets(world, n):
     evictions = world(n).run(checks.random_accesses_under_budget, 11, 40)
     assert min(evictions) > 0
+
+
+def test_views_leave_a_released_buffer_before_its_bytes_leave_the_books(world):
+    # before [Note: books follow storage] the views held a whole chunk the books had let go
+    over = world(2).run(checks.views_leave_a_buffer_before_its_bytes_leave_the_books, 5, 64)
+    assert max(over) <= 0, over

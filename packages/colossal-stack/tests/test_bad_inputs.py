@@ -111,6 +111,8 @@ CLI_CASES = [
     ("model-unknown", [*TRAIN, "--model", "bert"], "unknown --model 'bert'"),
     ("plugin-unknown", [*TRAIN, "--plugin", "nope"], "unknown --plugin 'nope'"),
     ("placement-unknown", [*TRAIN, "--placement", "lru"], "unknown --placement 'lru'"),
+    ("states-unknown", [*TRAIN, "--states-placement", "gpu"], "unknown --states-placement 'gpu'"),
+    ("ddp-states", [*TRAIN, "--plugin", "ddp", "--states-placement", "host"], "gemini only"),
     ("precision-unknown", [*TRAIN, "--precision", "fp8"], "unknown --precision 'fp8'"),
     ("ddp-precision", [*TRAIN, "--plugin", "ddp", "--precision", "bf16"], "fp32 masters"),
     ("ddp-budget", [*TRAIN, "--plugin", "ddp", "--accelerator-budget", "1GiB"], "gemini only"),

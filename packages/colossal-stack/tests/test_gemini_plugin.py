@@ -111,13 +111,36 @@ def test_train_job_with_gemini_flags_logs_tiers_and_moves(tmp_path, small_corpus
 
 @pytest.mark.parametrize(
     ("kw", "match"),
-    [({"placement": "lazy"}, "unknown --placement 'lazy'"), ({"precision": "fp8"}, "--precision")],
+    [
+        ({"placement": "lazy"}, "unknown --placement 'lazy'"),
+        ({"precision": "fp8"}, "--precision"),
+        ({"states_placement": "gpu"}, "unknown --states-placement 'gpu'"),
+    ],
 )
 def test_train_config_rejects_unknown_gemini_settings(kw, match):
     from colossal import TrainConfig
 
     with pytest.raises(ConfigError, match=match):
         TrainConfig.from_flags(**kw)
+
+
+def test_gemini_disk_layout_keeps_the_states_where_the_plan_split_them():
+    # [Note: layout flags]: the host budget the planner split the tiers under, states kept there
+    from colossal import TrainConfig, build_plugin
+    from colossal.plan import PlanRequest, evaluate, from_gpt_config
+    from colossal.plan._hardware import Hardware
+    from colossal.plan._layout import parse_layout
+    from colossal.train._layout import layout_flags
+    from colossal_models import GPTConfig
+
+    shape = from_gpt_config(GPTConfig.preset("nano"), "gpt-nano")
+    lay = parse_layout("dp1 gemini-disk mb2x1")
+    hw = Hardware("t", 1 << 34, 1e11, 1, 1e9, 1e9, 1e9, 0)
+    plan = evaluate(PlanRequest(shape, hw, 1, 2, 64, 1.0, "fp32"), lay)
+    flags = layout_flags(lay, plan)
+    assert flags["host_budget"] == str(int(plan.memory.host_budget)) != "0"
+    cfg = TrainConfig.from_flags(model="gpt", preset="nano", seq_len=64, **flags)
+    assert build_plugin("gemini", cfg).config.states_placement == "host"
 
 
 def test_budgeted_run_keeps_memtraces_activation_estimate_free(tmp_path, small_corpus):

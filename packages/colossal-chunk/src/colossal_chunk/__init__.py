@@ -12,6 +12,7 @@ from ._order import OrderStats
 from ._search import pack, search_chunk_size
 from ._tier import UNLIMITED
 from ._updates import ShardUpdate
+from .disk._read_ahead import window_bytes
 from .disk._store import check_disk_dir
 from .policies._auto import AutoPolicy
 from .policies._static import StaticPolicy
@@ -40,4 +41,5 @@ __all__ = [
     "policies",
     "search_chunk_size",
     "trim_host_heap",
+    "window_bytes",
 ]

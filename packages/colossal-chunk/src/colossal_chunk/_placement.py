@@ -230,12 +230,15 @@ class Placement:
 
     def release_gathered(self, chunk: Chunk) -> bool:
         """Drop ``chunk``'s gathered buffer (``Chunk.release``: this rank's slice is copied back
-        into the shard, counted when the shard lives off the compute tier). True if dropped."""
+        into the shard, counted when the shard lives off the compute tier). True if dropped.
+        [Note: books follow storage] Views leave a buffer before its bytes leave the books: a
+        tracer's non-model bytes (live - books) saw a viewed buffer as a chunk of activations."""
         copies = chunk.lifecycle is not Lifecycle.REDUCING and chunk.tier is not ACC
         copies = copies and not chunk.frozen  # dropped without a copy back ([Note: frozen chunks])
         dropped = chunk.release()
         if dropped is None:
             return False
+        self._rebind(chunk)  # [Note: books follow storage]
         self.tiers[ACC].free(chunk.full_bytes)
         if copies:
             self.moves.count(ACC, chunk.current_tier, chunk.shard_bytes)
@@ -268,6 +271,7 @@ class Placement:
     def drop_gathered(self, chunk: Chunk, dropped: torch.Tensor | None) -> None:
         """Account for a gathered buffer ``chunk`` gave up (from ``release``/``reduce_scatter``)."""
         if dropped is not None:
+            self._rebind(chunk)  # [Note: books follow storage]
             self.tiers[ACC].free(chunk.full_bytes)
 
     # ----- prefetch -----------------------------------------------------------------------------

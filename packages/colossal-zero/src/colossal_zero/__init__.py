@@ -15,7 +15,12 @@ from .gemini._checkpoint import load_sharded, save_sharded
 from .gemini._config import GeminiConfig
 from .gemini._module import GeminiModule, apply_gemini
 from .gemini._optimizer import GeminiOptimizer
-from .gemini._setup import chunk_bytes_per_param, gemini_chunk_numel, gemini_num_chunks
+from .gemini._setup import (
+    chunk_bytes_per_param,
+    gemini_chunk_numel,
+    gemini_num_chunks,
+    read_ahead_bytes,
+)
 from .low_level._checkpoint import load_zero_sharded, save_zero_sharded
 from .low_level._config import ZeroConfig
 from .low_level._formula import model_state_bytes_per_param, zero3_device_bytes
@@ -57,6 +62,7 @@ __all__ = [
     "load_zero_sharded",
     "mesh_grad_norm",
     "model_state_bytes_per_param",
+    "read_ahead_bytes",
     "save_sharded",
     "save_zero_sharded",
     "zero3_device_bytes",

@@ -166,6 +166,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="gemini chunk placement: auto or static (default: %(default)s)",
     )
     p.add_argument(
+        "--states-placement",
+        default=d["states_placement"],
+        help="where gemini's Adam states live after the first step: free (to the accelerator "
+        "into room no moment used), demand (also room cached chunks filled) or host (where "
+        "they started: host, then disk) (default: %(default)s)",
+    )
+    p.add_argument(
         "--accelerator-budget",
         default=d["accelerator_budget"],
         help="gemini byte budget on the accelerator, e.g. 512MiB (default: all of it)",
@@ -313,6 +320,7 @@ def _flags(args: argparse.Namespace) -> dict:
         out=args.out,
         plugin=args.plugin,
         placement=args.placement,
+        states_placement=args.states_placement,
         accelerator_budget=args.accelerator_budget,
         host_budget=args.host_budget,
         disk_budget=args.disk_budget,

@@ -18,7 +18,9 @@ The tiers' accelerator budget (``colossal train --layout``'s, [Note: layout flag
 ``tier_budget`` of the layout's predicted peak, and the chunk size the runtime picks depends on
 that budget, while the peak depends on the chunk size; the planner takes the largest chunk size
 that is its own budget's choice (iterating down from the size with no budget), the budget the job
-then passes. The job keeps the planned activations free of chunks (``non_model_bytes``).
+then passes. The job keeps the planned activations free of chunks (``non_model_bytes``). Where
+the tiers put the parameters off the accelerator, the chunks in flight bring their parameter
+shards there ([Note: gemini tiers] in ``_gemini_tiers``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from ._shape import ModelShape
 __all__ = [
     "GATHERED_IN_FLIGHT",
     "GeminiBytes",
-    "disk_tier_split",
     "gemini_bytes",
     "param_numels",
     "tier_budget",
@@ -51,21 +52,6 @@ _ITERATIONS = 8
 def tier_budget(nbytes: float) -> int:
     """The byte budget ``colossal train --layout`` gives a Gemini tier of ``nbytes`` planned."""
     return max(MIN_BUDGET, int(nbytes * ROOM))
-
-
-def disk_tier_split(
-    host: float, optimizer: float, *, host_memory: float | None = None
-) -> tuple[float, float]:
-    """``gemini-disk``'s host and disk bytes: the job's host budget is ``tier_budget`` of the
-    ``host`` bytes that must live there (parameters, gradients, the spare), capped at the
-    ``host_memory`` one device's job may use (a run given ``--host-budget``: that budget), and
-    Gemini spills optimizer states to disk only once that budget is full, so its room holds
-    them first; what it cannot hold goes to disk."""
-    budget = tier_budget(host)
-    if host_memory is not None:
-        budget = min(budget, max(host, host_memory))
-    on_host = min(optimizer, max(0.0, budget - host))
-    return host + on_host, optimizer - on_host
 
 
 def _block_tensors(shape: ModelShape, small: float) -> list[float]:
@@ -141,7 +127,9 @@ class GeminiBytes:
             (frozen among them: ``frozen_chunks``, of ``frozen_chunk_numel`` elements each).
         params: parameter shards; grads: fp32's gradient twins (0 in bf16: the masters count as
             ``optimizer``); optimizer: Adam's moments (and bf16's fp32 masters).
-        gathered: whole chunks gathered at once; spare: the spare payloads kept on the host.
+        gathered: whole chunks gathered at once; in_flight: the parameter shards of those
+            chunks (of the chunks in use on one rank), on the accelerator at the peak;
+        spare: the spare payload kept on the host.
         frozen: the part of ``params`` frozen chunks take.
     """
 
@@ -155,6 +143,7 @@ class GeminiBytes:
     gathered: float
     spare: float
     frozen: float
+    in_flight: float
 
 
 def _count(
@@ -169,7 +158,8 @@ def _count(
         frozen, trainable = 0, gemini_num_chunks(numels, c)
     shard, frozen_shard = c / lay.dp, cf / lay.dp
     total = frozen + trainable
-    gathered = min(GATHERED_IN_FLIGHT, total) * max(c, cf) * w if lay.dp > 1 else 0.0
+    flying = min(GATHERED_IN_FLIGHT, total)
+    gathered = flying * max(c, cf) * w if lay.dp > 1 else 0.0
     return GeminiBytes(
         c,
         total,
@@ -181,6 +171,7 @@ def _count(
         gathered,
         max(shard, frozen_shard) * w,
         frozen * frozen_shard * w,
+        flying * max(shard, frozen_shard) * w,
     )
 
 
@@ -197,7 +188,7 @@ def gemini_bytes(shape: ModelShape, lay: Layout, precision: str, activations: fl
     sizes = _sizes(numels, adapters, prec, _UNBOUNDED, act, lay.dp)
     for _ in range(_ITERATIONS):
         b = _count(numels, sizes, lay, prec, adapters)
-        device = {"gemini-host": b.params + b.grads, "gemini-host-all": 0.0}.get(lay.method, 0.0)
+        device = b.params + b.grads if lay.method == "gemini-host" else b.in_flight
         budget = tier_budget(device + b.gathered + activations)
         nxt = _sizes(numels, adapters, prec, budget, act, lay.dp)
         if nxt[0] >= sizes[0] and nxt[1] >= sizes[1]:

@@ -10,7 +10,9 @@ biases). Gemini counts whole chunks as its runtime lays them out ([Note: gemini 
 ``_gemini``: padding, fp32's gradient twins, the chunks gathered at once, a spare payload on the
 host); its tiers move the optimizer states (``gemini-host``), all model states
 (``gemini-host-all``) or the parameters to the host and the optimizer states to disk beyond
-what the host budget holds (``gemini-disk``), the device then holding the gathered chunks.
+what the host budget holds (``gemini-disk``), the device then holding the chunks in flight
+(gathered buffers and parameter shards) and the host the disk tier's read-ahead window
+([Note: gemini tiers] in ``_gemini_tiers``).
 
 Activations are the runtime's (``_activation``, fused attention): per layer, times the layers of a
 stage, times the micro-batches a 1F1B first stage holds (``min(pp, m)``), plus one layer's full
@@ -46,7 +48,8 @@ from colossal_contracts import ConfigError
 from colossal_zero import model_state_bytes_per_param
 
 from ._activation import head_activation_bytes, layer_activation_bytes, layer_backward_bytes
-from ._gemini import disk_tier_split, gemini_bytes
+from ._gemini import gemini_bytes
+from ._gemini_tiers import disk_host_budget, gemini_tiers
 from ._layout import ZERO_STAGE, Layout
 from ._shape import ModelShape
 
@@ -62,7 +65,9 @@ class MemoryBreakdown:
 
     ``transient`` and ``overlap``: see [Note: memory model]; ``device_total`` is the peak.
     ``frozen``: the part of ``params`` (or of ``host``, where the tiers put the 16-bit
-    parameters) that frozen parameters take ([Note: frozen parameters]).
+    parameters) that frozen parameters take ([Note: frozen parameters]). ``read_ahead``: the
+    part of ``host`` that is disk pages read ahead; ``host_budget``: ``gemini-disk``'s host
+    tier budget, 0 otherwise ([Note: gemini tiers]).
     """
 
     params: float
@@ -75,6 +80,8 @@ class MemoryBreakdown:
     transient: float = 0.0
     overlap: float = 0.0
     frozen: float = 0.0
+    read_ahead: float = 0.0
+    host_budget: float = 0.0
 
     @property
     def device_total(self) -> float:
@@ -195,7 +202,10 @@ def device_memory(
         return MemoryBreakdown(p, g, o, act, working, host=spare, **kw)
     if lay.method == "gemini-host":
         return MemoryBreakdown(p, g, 0.0, act, working, host=o + spare, **kw)
-    if lay.method == "gemini-host-all":
-        return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=p + g + o + spare, **kw)
-    host, disk = disk_tier_split(p + g + spare, o, host_memory=host_memory)  # gemini-disk
-    return MemoryBreakdown(0.0, 0.0, 0.0, act, working, host=host, disk=disk, **kw)
+    if lay.method == "gemini-host-all":  # [Note: gemini tiers]: no host budget, no disk
+        t = gemini_tiers(gem, lay.dp, precision, host_budget=None)
+        return MemoryBreakdown(0.0, 0.0, 0.0, act, t.device, host=t.host, **kw)
+    budget = disk_host_budget(gem, lay.dp, host_memory=host_memory)  # gemini-disk
+    t = gemini_tiers(gem, lay.dp, precision, host_budget=budget)
+    kw.update(read_ahead=t.read_ahead, host_budget=t.host_budget)
+    return MemoryBreakdown(0.0, 0.0, 0.0, act, t.device, host=t.host, disk=t.disk, **kw)

@@ -171,6 +171,7 @@ class TrainConfig:
         if not (math.isfinite(t.weight_decay) and t.weight_decay >= 0):
             raise ConfigError(f"weight_decay must be finite and >= 0, got {t.weight_decay}")
         _choose("--placement", m.placement, ("auto", "static"))
+        _choose("--states-placement", m.states_placement, ("free", "demand", "host"))
         _choose("--precision", m.precision, ("fp32", "bf16", "fp16"))
         if not (math.isfinite(t.max_grad_norm) and t.max_grad_norm >= 0):
             raise ConfigError(f"--max-grad-norm must be finite and >= 0, got {t.max_grad_norm}")
@@ -255,6 +256,7 @@ def _choose(flag: str, value: str, choices: tuple[str, ...]) -> None:
 def _gemini_flags(m: MemorySection, *, precision: bool) -> list[str]:
     """Gemini's flags given away from their defaults (``precision``: that one too)."""
     given = [("placement", m.placement, "auto"), ("accelerator_budget", m.accelerator_bytes, None)]
+    given.append(("states_placement", m.states_placement, "free"))
     if precision:
         given.append(("precision", m.precision, "fp32"))
     return [f"--{k.replace('_', '-')} {v}" for k, v, default in given if v != default]

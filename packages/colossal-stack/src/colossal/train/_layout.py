@@ -7,9 +7,10 @@ step over every data-parallel rank), which ``auto`` plans for and an explicit la
 (``dp x micro_batch x num_micro``). Gemini's tiers become byte budgets from the layout's predicted
 memory: ``gemini`` keeps everything on the accelerator (no budget); the tiers budget the
 accelerator for the layout's predicted peak (its device-resident states, working set and
-activations), and ``gemini-disk`` adds a host budget for the 16-bit model states and a disk
-budget for the optimizer states, each ``tier_budget`` of its planned bytes (the planner
-counts the chunks the runtime picks under that budget: [Note: gemini chunks]).
+activations), and ``gemini-disk`` adds the host budget the planner split the tiers under
+([Note: gemini tiers]) and a disk budget, ``tier_budget`` of its planned bytes, and keeps the
+optimizer states where they start (``--states-placement host``) (the planner counts the chunks
+the runtime picks under these budgets: [Note: gemini chunks]).
 """
 
 from __future__ import annotations
@@ -161,9 +162,15 @@ def _tier_budgets(lay: Layout, plan: Plan | None) -> dict[str, Any]:
     device = _budget(m.device_total)  # the accelerator budget holds activations too
     if lay.method in ("gemini-host", "gemini-host-all"):
         return {"accelerator_budget": device}
-    # a host that spills to disk is full: its planned bytes are the budget (disk_tier_split)
-    host = str(int(m.host)) if m.disk else _budget(m.host)
-    return {"accelerator_budget": device, "host_budget": host, "disk_budget": _budget(m.disk)}
+    # the host budget the planner split the tiers under, and the states kept where that split
+    # puts them: with the accelerator's room (twice the plan) the runtime would move them up
+    # ([Note: state placement] in colossal-zero), and the layout would not be what was planned
+    return {
+        "accelerator_budget": device,
+        "host_budget": str(int(m.host_budget)),
+        "disk_budget": _budget(m.disk),
+        "states_placement": "host",
+    }
 
 
 _MESH_KEYS = ("tp", "tp_mode", "tp_depth", "sp", "sp_size", "pp", "microbatches", "zero")

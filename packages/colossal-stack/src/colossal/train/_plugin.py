@@ -47,6 +47,7 @@ def _gemini_plugin(cfg: TrainConfig) -> Plugin:
         host_bytes=cfg.memory.host_bytes,
         disk_bytes=cfg.memory.disk_bytes,
         disk_dir=cfg.memory.disk_dir,
+        states_placement=cfg.memory.states_placement,
     )
     return GeminiPlugin(
         config=config,

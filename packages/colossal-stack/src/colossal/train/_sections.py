@@ -67,6 +67,7 @@ _CHECKS: dict[str, tuple[tuple[type, ...], tuple[int, int] | None]] = {
     "schedule": ((str,), None),
     "layout": ((str, _NONE), None),
     "placement": ((str,), None),
+    "states_placement": ((str,), None),
     "precision": ((str,), None),
     "accelerator_budget": ((int, _NONE), None),
     "host_budget": ((int, _NONE), None),
@@ -253,6 +254,10 @@ class MemorySection(_Section):
             number (None, a disk tier without a limit, is refused).
         disk_dir: directory of the disk tier (must exist, be writable and have ``disk_bytes``
             free); None: the system's temporary directory.
+        states_placement: where Gemini's Adam states (and fp32 masters) live once the first
+            step is measured: "free" (to the accelerator into room no moment used), "demand"
+            (also into room cached chunks filled) or "host" (where they started: the host,
+            spilling to disk). ``colossal_zero.GeminiConfig.states_placement``.
     """
 
     _SECTION = "memory"
@@ -262,6 +267,7 @@ class MemorySection(_Section):
     host_bytes: int | None = None
     disk_bytes: int | None = 0
     disk_dir: Path | None = None
+    states_placement: str = "free"
 
 
 @dataclass(frozen=True)

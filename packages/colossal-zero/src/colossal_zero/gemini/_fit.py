@@ -51,6 +51,9 @@ __all__ = ["RERUN_HEADROOM", "fit_chunk_size", "moment_need"]
 # a larger figure in 1 of 3 tries; with 10% a clean CI run saw a rerun's reserve 3,287,153 bytes
 # where its own warmup had named 4,006,657 in all). So the named budget holds this share of the
 # largest reserve beyond the rule's need: a rerun whose peaks grow by less than it still trains.
+# (Most of that growth was a released gathered buffer read as activations, now gone: colossal-
+# chunk's [Note: books follow storage]; what remains is a buffer gloo's worker thread holds a
+# moment past ``wait()``, up to one whole chunk at one moment: docs/gemini.md.)
 RERUN_HEADROOM = 0.25
 
 

@@ -28,6 +28,7 @@ from colossal_chunk import (
     StaticPolicy,
     pack,
     search_chunk_size,
+    window_bytes,
 )
 from colossal_contracts import ConfigError, PlacementPolicy, TierName
 
@@ -39,6 +40,7 @@ __all__ = [
     "chunk_bytes_per_param",
     "gemini_chunk_numel",
     "gemini_num_chunks",
+    "read_ahead_bytes",
     "working_set_bytes",
 ]
 
@@ -159,6 +161,27 @@ def gemini_num_chunks(numels: Sequence[int], chunk_numel: int) -> int:
     """Chunks of ``chunk_numel`` elements that parameters of ``numels`` elements (registered
     together, in this order) fill: colossal-chunk's packing, a tensor never split."""
     return len(pack(numels, chunk_numel))
+
+
+def read_ahead_bytes(
+    config: GeminiConfig,
+    chunk_numel: int,
+    world_size: int = 1,
+    *,
+    frozen_chunk_numel: int | None = None,
+) -> int:
+    """The host bytes ``build_manager``'s chunk manager reserves under ``config`` for disk pages
+    read ahead (colossal-chunk's [Note: read-ahead window]) with chunks of ``chunk_numel``
+    (frozen: ``frozen_chunk_numel``) elements over ``world_size`` ranks: what a planner takes
+    out of the host budget. ``colossal_chunk.UNLIMITED`` without a host budget or disk tier."""
+    cfg = ChunkConfig(
+        chunk_numel=chunk_numel,
+        frozen_chunk_numel=frozen_chunk_numel,
+        host_bytes=config.host_bytes,
+        disk_bytes=config.disk_bytes,
+        read_ahead_bytes=config.read_ahead_bytes,
+    )
+    return window_bytes(cfg, world_size)
 
 
 def _policy(config: GeminiConfig, total_param_bytes: int, working: int) -> PlacementPolicy:
