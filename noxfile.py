@@ -5,7 +5,6 @@ nox -s "tests(package='colossal-chunk')"    # one package installed alone, its o
 nox -s integration                          # integration_tests/ against the meta-package
 nox -s build                                # every wheel, installed alone in a fresh venv
 nox -s demo                                 # the main job: `colossal train` on the default corpus
-nox -s layouts                              # the tests too long for CI (marked outside_ci)
 """
 
 from __future__ import annotations
@@ -167,13 +166,3 @@ def ci(session: nox.Session) -> None:
         "pytest", "-q", "-n", "2", "--durations=15", "-m", "not outside_ci", *suites,
         *session.posargs,
     )  # fmt: skip
-
-
-@nox.session
-def layouts(session: nox.Session) -> None:
-    """The tests CI leaves out (marked ``outside_ci``): every layout ``colossal plan`` lists for
-    GPT-nano built and trained one step on 4 and 8 ranks, and the long exactness runs beside
-    them (about 15 minutes on two cores; see docs/plan.md)."""
-    _install_local(session, "colossal-stack", editable=True, all_tests=True)
-    suites = [f"packages/{package}/tests" for package in PACKAGES] + ["integration_tests"]
-    session.run("pytest", "-q", "--durations=10", "-m", "outside_ci", *suites, *session.posargs)

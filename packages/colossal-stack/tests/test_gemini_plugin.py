@@ -143,6 +143,15 @@ def test_gemini_disk_layout_keeps_the_states_where_the_plan_split_them():
     assert build_plugin("gemini", cfg).config.states_placement == "host"
 
 
+def test_a_states_placement_the_gemini_disk_layout_overrides_is_refused():
+    from colossal.train._layout import apply_layout
+
+    kw = {"model": "gpt", "preset": "nano", "seq_len": 64, "batch_size": 2, "disk_budget": "1GiB"}
+    assert apply_layout("dp1 gemini-disk mb2x1", kw)["states_placement"] == "host"
+    with pytest.raises(ConfigError, match="--states-placement demand conflicts with --layout"):
+        apply_layout("dp1 gemini-disk mb2x1", {**kw, "states_placement": "demand"})
+
+
 def test_budgeted_run_keeps_memtraces_activation_estimate_free(tmp_path, small_corpus):
     import json
 

@@ -235,6 +235,17 @@ def apply_layout(text: str, kw: dict[str, Any], *, profile: Path | None = None) 
                     f"{plan.cost.step:.3g} s",
                     flush=True,
                 )
-    out = {**kw, **layout_flags(choice.layout, choice.pick)}
+    planned = layout_flags(choice.layout, choice.pick)
+    mine = kw.get("states_placement", defaults["states_placement"])
+    if "states_placement" in planned and mine not in (
+        defaults["states_placement"],
+        planned["states_placement"],
+    ):
+        raise ConfigError(
+            f"--states-placement {mine} conflicts with --layout {text!r}, whose plan "
+            f"({choice.layout.describe()}) keeps Gemini's states where its tiers put them "
+            f"(--states-placement {planned['states_placement']}); drop --states-placement"
+        )
+    out = {**kw, **planned}
     out["layout"] = choice.layout.describe()
     return out
