@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _gemini_peaks import step_peaks
 
 from colossal.plan import Layout, device_memory, from_gpt_config
 from colossal.plan._gemini import gemini_bytes, param_numels, tier_budget
-from colossal_contracts import TierName
 from colossal_memtrace import LiveTensorTracker
 from colossal_models import GPT, GPTConfig
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
@@ -46,13 +46,7 @@ def _run(method: str, precision: str) -> tuple[int, int, int]:
         model = apply_gemini(GPT(CFG), _gemini_config(method, precision))
         opt = GeminiOptimizer(model, lr=1e-3)
         x, y = torch.randint(0, CFG.vocab_size, (2, BATCH, CFG.max_seq_len))
-        peaks = []
-        for _ in range(3):
-            tracker.cut()
-            opt.backward(model(x, y))
-            opt.step()
-            opt.zero_grad()
-            peaks.append(tracker.cut()[TierName.ACCELERATOR].total)
+        peaks = step_peaks(tracker, model, opt, x, y)
         manager = model.runtime.manager
         chunks = len(manager.registry.param_chunks())
         return manager.registry.chunk_numel, chunks, min(peaks[1:])

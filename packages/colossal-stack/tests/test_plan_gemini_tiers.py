@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _gemini_peaks import step_peaks
 
 from colossal.plan import Layout, device_memory, from_gpt_config
 from colossal.plan._gemini import GeminiBytes, gemini_bytes, tier_budget
 from colossal.plan._gemini_tiers import disk_host_budget, gemini_tiers, registration_order
-from colossal_contracts import TierName
 from colossal_memtrace import LiveTensorTracker
 from colossal_models import GPT, GPTConfig
 from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
@@ -105,13 +105,7 @@ def test_one_rank_run_puts_on_each_tier_what_the_plan_says(precision, tmp_path):
         model = apply_gemini(GPT(CFG), cfg)
         opt = GeminiOptimizer(model, lr=1e-3)
         x, y = torch.randint(0, CFG.vocab_size, (2, 2, CFG.max_seq_len))
-        peaks = []
-        for _ in range(3):
-            tracker.cut()
-            opt.backward(model(x, y))
-            opt.step()
-            opt.zero_grad()
-            peaks.append(tracker.cut()[TierName.ACCELERATOR].total)
+        peaks = step_peaks(tracker, model, opt, x, y)
         tiers = model.runtime.manager.books.stats().tiers
         model.runtime.manager.close()
     assert tiers["disk"].used_bytes == mem.disk
