@@ -43,6 +43,8 @@ import torch
 from colossal_chunk import ChunkManager, pack
 from colossal_contracts import CapacityError, TierName
 
+from ._fit_cost import StepCost, step_cost
+
 __all__ = ["RERUN_HEADROOM", "fit_chunk_size", "moment_need"]
 
 # [Note: re-run headroom] The budget a refusal names is checked again by the run that follows it,
@@ -95,6 +97,33 @@ def _layout(
                 chunk_of[group[j]] = base + i
         base += len(packed)
     return chunk_of
+
+
+def _ladder(
+    numels: tuple[int, int], largest: Sequence[int], ws: int, *, halving_only: bool = False
+) -> list[tuple[int, int]]:
+    """The (trainable, frozen) chunk sizes below ``numels`` the fit tries, largest first: every
+    halving, and steps of 0.85 (at least one rounding unit each), each rounded up to a multiple
+    of ``1024 * ws`` elements and not below its kind's largest tensor; both ladders end at the
+    same smallest size."""
+    unit = 1024 * ws
+
+    def halved(n: int, big: int) -> int:
+        return min(max(-(-(n // 2) // unit) * unit, -(-big // ws) * ws), n)
+
+    def stepped(n: int, big: int) -> int:
+        return min(max(min(-(-(n * 17 // 20) // unit) * unit, n - unit), -(-big // ws) * ws), n)
+
+    out: set[tuple[int, int]] = set()
+    for step in (halved,) if halving_only else (halved, stepped):
+        cur = numels
+        while True:
+            nxt = (step(cur[0], largest[0]), step(cur[1], largest[1]))
+            if nxt == cur:
+                break
+            out.add(nxt)
+            cur = nxt
+    return sorted(out, reverse=True)
 
 
 def fit_chunk_size(
@@ -166,22 +195,37 @@ def fit_chunk_size(
         rule = max(r + h for r, h in zip(reserves, held, strict=True)) + kept
         return rule, max(r + h for r, h in zip(peaks, own, strict=True)) + kept
 
+    def _cost(numels: tuple[int, int]) -> StepCost:
+        """[Note: fit objective] of the layout with chunk sizes ``numels``."""
+        chunk_of = _layout(names, tensors, numels)
+        whole = {c: numels[tensors[n][2]] * tensors[n][1].itemsize for n, c in chunk_of.items()}
+        frozen = {c for n, c in chunk_of.items() if tensors[n][2]}
+        room = [capacity - r - kept for r in reserves]
+        return step_cost(
+            order, backward_from, chunk_of, whole, room, ws=ws, grad_twin=grad_twin, frozen=frozen
+        )
+
     need, floor = budgets(numels)
     if need <= capacity:
         return None
-    while True:
-        smaller = tuple(
-            max(-(-(n // 2) // (1024 * ws)) * 1024 * ws, -(-big // ws) * ws)
-            for n, big in zip(numels, largest, strict=True)
-        )
-        if smaller[0] >= numels[0] and smaller[1] >= numels[1]:
+    ladder = _ladder(numels, largest, ws, halving_only=ws < 2)
+    best: tuple[int, tuple[int, int]] | None = None  # (cost, sizes) of the cheapest size kept
+    for cand in ladder:  # the last one is the smallest size, whose figures a refusal names
+        need, floor = budgets(cand)
+        if need > capacity:
+            continue
+        if ws < 2:  # one rank: the largest size the rule allows ([Note: fit objective])
+            best = (0, cand)
             break
-        numels = (min(smaller[0], numels[0]), min(smaller[1], numels[1]))
-        need, floor = budgets(numels)
-        if need <= capacity:
-            if any(t[2] for t in tensors.values()):  # frozen tensors: their size too
-                return {"chunk_numel": numels[0], "frozen_chunk_numel": numels[1]}
-            return {"chunk_numel": numels[0]}
+        cost = _cost(cand).cost
+        if best is None or cost < best[0]:
+            best = (cost, cand)
+    if best is not None:
+        numels = best[1]
+        if any(t[2] for t in tensors.values()):  # frozen tensors: their size too
+            return {"chunk_numel": numels[0], "frozen_chunk_numel": numels[1]}
+        return {"chunk_numel": numels[0]}
+    numels = ladder[-1] if ladder else numels
     if floor <= capacity:  # the rule counts more than may be held: try the chosen size
         return None
     numel = max(numels[k] for k in {t[2] for t in tensors.values()})  # of the kinds there are
