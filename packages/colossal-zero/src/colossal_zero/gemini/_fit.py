@@ -16,10 +16,13 @@ frozen chunk has none: colossal-chunk's [Note: frozen chunks]). ``kept`` is what
 The warmup itself always finishes: an access that finds no room borrows beyond the budget
 ([Note: warmup loan] in colossal-chunk), so the rule below decides with the whole step measured.
 After the warmup, when the current chunk size breaks the rule, chunks are halved (never below the
-largest tensor) until one size keeps it (frozen and trainable chunks, each of its own size:
-colossal-chunk's [Note: chunk size per kind], are halved together, each not below its own
-kind's largest tensor); the run re-packs to that size before the next step. When
-none does, the rule (an upper bound: it counts the previous moment's chunks and gradient twins that
+largest tensor; frozen and trainable chunks, each of its own size: colossal-chunk's [Note: chunk
+size per kind], are halved together, each not below its own kind's largest tensor) until one
+size keeps it. On one rank that size is taken; on several ranks, of the sizes between it and
+the current one (it, and steps of 0.85 from the current size) that keep the rule, the one
+[Note: fit objective] (``_fit_cost.py``) finds cheapest. Either way the size taken keeps the
+rule, and the run re-packs to it before the next step. When no halving keeps
+it, the rule (an upper bound: it counts the previous moment's chunks and gradient twins that
 a step may already have let go) does not refuse by itself: the run stops with a ``CapacityError``
 only when even a moment's own chunks (in backward with the gradient twins still filling: those
 of chunks whose gradients began at an earlier backward moment and end at or after this one; a
@@ -208,24 +211,21 @@ def fit_chunk_size(
     need, floor = budgets(numels)
     if need <= capacity:
         return None
-    ladder = _ladder(numels, largest, ws, halving_only=ws < 2)
-    best: tuple[int, tuple[int, int]] | None = None  # (cost, sizes) of the cheapest size kept
-    for cand in ladder:  # the last one is the smallest size, whose figures a refusal names
+    halvings = _ladder(numels, largest, ws, halving_only=True)
+    for cand in halvings:  # when none keeps the rule, the figures of the smallest size stay
         need, floor = budgets(cand)
-        if need > capacity:
-            continue
-        if ws < 2:  # one rank: the largest size the rule allows ([Note: fit objective])
-            best = (0, cand)
-            break
-        cost = _cost(cand).cost
-        if best is None or cost < best[0]:
-            best = (cost, cand)
-    if best is not None:
-        numels = best[1]
-        if any(t[2] for t in tensors.values()):  # frozen tensors: their size too
-            return {"chunk_numel": numels[0], "frozen_chunk_numel": numels[1]}
-        return {"chunk_numel": numels[0]}
-    numels = ladder[-1] if ladder else numels
+        if need <= capacity:
+            if ws > 1:  # [Note: fit objective]: the cheapest size down to this halving
+                keeping = [
+                    c
+                    for c in _ladder(numels, largest, ws)
+                    if c[0] >= cand[0] and c[1] >= cand[1] and budgets(c)[0] <= capacity
+                ]
+                cand = min(keeping, key=lambda c: _cost(c).cost)  # a tie: the larger size
+            if any(t[2] for t in tensors.values()):  # frozen tensors: their size too
+                return {"chunk_numel": cand[0], "frozen_chunk_numel": cand[1]}
+            return {"chunk_numel": cand[0]}
+    numels = halvings[-1] if halvings else numels
     if floor <= capacity:  # the rule counts more than may be held: try the chosen size
         return None
     numel = max(numels[k] for k in {t[2] for t in tensors.values()})  # of the kinds there are

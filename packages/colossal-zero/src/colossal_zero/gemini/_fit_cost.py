@@ -18,7 +18,10 @@ less held at each moment, so more room and fewer moves; halving (the choice befo
 largest size on the halving ladder, often far more chunks than a size between two halvings (GPT
 tiny on 4 ranks at 0.6 of its states: 9 where 7 keep the rule), while the fewest chunks alone
 moves more (GPT mini on 2 ranks: 5 chunks moved 155 MB a step where 7 moved 141, and ran 4%
-slower). The choice is a pure function of the warmup's trace, the same on every rank. On one
+slower). Sizes below the first halving that keeps the rule are not tried: the replay
+over-counts what smaller chunks save (stock GPT tiny on 2 ranks at a quarter of its resident
+bytes: a step of 0.85 kept the rule where no halving did, 14 chunks where the run had gone on
+with 6, and ran 9% slower). The choice is a pure function of the warmup's trace, the same on every rank. On one
 rank there are no collectives and the fit keeps the largest size the rule allows on the halving
 ladder (fewer chunks: fewer hooks and copies, which ``moved`` does not count).
 """
