@@ -42,7 +42,9 @@ def test_step_cost_counts_gathers_per_run_reduce_scatters_and_belady_moves():
     assert roomy.collectives == 5
     # everything goes home for the update: shards of a and b in (1000), out with both twins (2000)
     assert roomy.moved == 3000
-    assert roomy.cost == 5 * COLLECTIVE_HOP_BYTES + 3000
+    # unoverlapped: this rank's half of a's first all-gather and of a's last reduce-scatter
+    assert roomy.exposed == 1000
+    assert roomy.cost == 5 * COLLECTIVE_HOP_BYTES + 3000 + 1000
     # room for one moment's chunk and buffer only: a is evicted for b and loaded again
     tight = step_cost(order, 3, chunk_of, whole, [1500] * 5, ws=2, grad_twin=True)
     assert tight.collectives == 5

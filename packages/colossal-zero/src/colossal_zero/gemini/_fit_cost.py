@@ -1,9 +1,10 @@
 """What a chunk size costs one step under a budget: the fit's objective among the sizes it allows.
 
-[Note: fit objective] On several ranks, among the chunk sizes that keep [Note: feasibility rule]
-in ``_fit.py``, the fit takes the one whose step costs least:
+[Note: fit objective] On several ranks, of the chunk sizes between the current one and the
+first halving that keeps [Note: feasibility rule] (``_fit.py``) that keep it, the fit takes the
+one whose step costs least:
 
-    cost = collectives x (ws - 1) x COLLECTIVE_HOP_BYTES + moved
+    cost = collectives x (ws - 1) x COLLECTIVE_HOP_BYTES + moved + exposed
 
 ``collectives``: per step, one all-gather per run of consecutive moments that read a chunk and
 one reduce-scatter per trainable chunk. ``moved``: the bytes Belady's MIN (the auto policy's
@@ -11,19 +12,20 @@ eviction: [Note: Belady eviction] in colossal-chunk) moves in the second of two 
 when each moment needs its chunks' shards (in backward with their gradient twins' shards, made
 there rather than loaded) resident in the room it leaves (the budget less its reserve, what kept
 chunks hold and its chunks' gathered buffers), and every shard goes home for the update (as with
-states on the host). The model is coarse (it over-counts by about a third) but ranks sizes as
-measured moves do: GPT tiny and mini on 2 ranks at 0.6 of their states, over every size the rule
-allows, rose and fell together with the measured bytes. Smaller chunks mean more collectives but
-less held at each moment, so more room and fewer moves; halving (the choice before) took the
-largest size on the halving ladder, often far more chunks than a size between two halvings (GPT
-tiny on 4 ranks at 0.6 of its states: 9 where 7 keep the rule), while the fewest chunks alone
-moves more (GPT mini on 2 ranks: 5 chunks moved 155 MB a step where 7 moved 141, and ran 4%
-slower). Sizes below the first halving that keeps the rule are not tried: the replay
-over-counts what smaller chunks save (stock GPT tiny on 2 ranks at a quarter of its resident
-bytes: a step of 0.85 kept the rule where no halving did, 14 chunks where the run had gone on
-with 6, and ran 9% slower). The choice is a pure function of the warmup's trace, the same on every rank. On one
-rank there are no collectives and the fit keeps the largest size the rule allows on the halving
-ladder (fewer chunks: fewer hooks and copies, which ``moved`` does not count).
+states on the host); GPT tiny and mini on 2 ranks at 0.6 of their states, over every size the
+rule allows, measured moves within 10% of it and rising and falling with it. ``exposed``: this
+rank's ``(ws - 1) / ws`` of the chunks the first moment gathers and the last one reduces, which
+nothing overlaps ([Note: overlap] in ``_comm.py``). Bigger chunks: fewer collectives, more held
+at each moment (less room, more moves) and more exposed. Halving alone took the largest size on
+the halving ladder, often far more chunks than a size between two halvings (GPT tiny on 4 ranks
+at 0.6 of its states: 9 where 7 keep the rule, 0.91-0.96 of its step time); the fewest chunks
+alone was slower for GPT mini on 2 ranks (5 chunks where halving took 7: 1.04 and 1.21 of its
+step in two runs), which ``exposed`` counts against. Sizes below that halving are not tried:
+there the replay over-counts what smaller chunks save (stock GPT tiny on 2 ranks at a quarter
+of its resident bytes: a step of 0.85 kept the rule where no halving did, 14 chunks where the
+run had gone on with 6, 1.09 of its step). The choice is a pure function of the warmup's trace,
+the same on every rank. On one rank there are no collectives and the fit takes that halving
+(fewer chunks: fewer hooks and copies, which ``moved`` does not count).
 """
 
 from __future__ import annotations
@@ -48,11 +50,15 @@ class StepCost:
     Attributes:
         collectives: all-gathers and reduce-scatters per step.
         moved: bytes moved between tiers per step (replayed, Belady).
-        cost: ``collectives`` weighed in bytes plus ``moved``: what the fit minimises.
+        exposed: bytes on the wire that no compute overlaps (this rank's share of the first
+            moment's all-gathers and of the last moment's reduce-scatters).
+        cost: ``collectives`` weighed in bytes plus ``moved`` and ``exposed``: what the fit
+            minimises.
     """
 
     collectives: int
     moved: int
+    exposed: int
     cost: int
 
 
@@ -91,4 +97,9 @@ def step_cost(
     made = {c for step in steps for c in step if c >= twin}  # a twin is made there, not loaded
     moved = simulate(steps, sizes, caps, iterations=2).per_iteration[-1]
     moved -= sum(sizes[c] for c in made)
-    return StepCost(collectives, moved, collectives * (ws - 1) * COLLECTIVE_HOP_BYTES + moved)
+    # nothing overlaps the first moment's all-gathers nor the last moment's reduce-scatters
+    ends = sum(chunk_bytes[c] for c in ids[0]) if ids else 0
+    ends += sum(chunk_bytes[c] for c in ids[-1] if c in trainable) if ids else 0
+    exposed = ends * (ws - 1) // ws
+    cost = collectives * (ws - 1) * COLLECTIVE_HOP_BYTES + moved + exposed
+    return StepCost(collectives, moved, exposed, cost)
