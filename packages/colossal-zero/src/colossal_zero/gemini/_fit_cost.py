@@ -13,15 +13,17 @@ when each moment needs its chunks' shards (in backward with their gradient twins
 there rather than loaded) resident in the room it leaves (the budget less its reserve, what kept
 chunks hold and its chunks' gathered buffers), and every shard goes home for the update (as with
 states on the host); GPT tiny and mini on 2 ranks at 0.6 of their states, over every size the
-rule allows, measured moves within 10% of it and rising and falling with it. ``exposed``: this
-rank's ``(ws - 1) / ws`` of the chunks the first moment gathers and the last one reduces, which
-nothing overlaps ([Note: overlap] in ``_comm.py``). Bigger chunks: fewer collectives, more held
+rule allows, measured moves within 10% of it and rising and falling with it. ``exposed``: the bytes on the
+wire no compute overlaps: of each collective, this rank's ``(ws - 1) / ws`` of its chunk beyond
+``OVERLAP_BYTES``, and all of the first moment's all-gathers and the last one's reductions
+([Note: overlap] in ``_comm.py``). Bigger chunks: fewer collectives, more held
 at each moment (less room, more moves) and more exposed. Halving alone took the largest size on
 the halving ladder, often far more chunks than a size between two halvings (GPT tiny on 4 ranks
 at 0.6 of its states: 9 where 7 keep the rule, 0.91-0.96 of its step time); the fewest chunks
 alone was slower for GPT mini on 2 ranks (5 chunks where halving took 7: 1.04 and 1.21 of its
-step in two runs), which ``exposed`` counts against. Sizes below that halving are not tried:
-there the replay over-counts what smaller chunks save (stock GPT tiny on 2 ranks at a quarter
+step in two runs), which ``exposed`` counts against; at a quarter of its resident bytes 10
+chunks where halving took 18 ran 0.88-0.97 of its step (three runs). Sizes below that halving
+are not tried: there the replay over-counts what smaller chunks save (stock GPT tiny on 2 ranks at a quarter
 of its resident bytes: a step of 0.85 kept the rule where no halving did, 14 chunks where the
 run had gone on with 6, 1.09 of its step). The choice is a pure function of the warmup's trace,
 the same on every rank. On one rank there are no collectives and the fit takes that halving
@@ -35,12 +37,18 @@ from dataclasses import dataclass
 
 from colossal_chunk.policies import simulate
 
-__all__ = ["COLLECTIVE_HOP_BYTES", "StepCost", "step_cost"]
+__all__ = ["COLLECTIVE_HOP_BYTES", "OVERLAP_BYTES", "StepCost", "step_cost"]
 
 # What one hop of a collective (a ring all-gather or reduce-scatter on ``ws`` ranks has ``ws - 1``)
 # costs beyond its bytes, counted as bytes moved between tiers: gloo on loopback with ranks
 # sharing cores pays about a millisecond a hop, about what copying a MiB takes on the same cores.
 COLLECTIVE_HOP_BYTES = 1 << 20
+# What of a collective's bytes on the wire the compute of the moment before its use hides: a
+# moment is one operator, so a chunk whose share is larger waits (GPT mini on 2 ranks with 5
+# chunks of 19 MB waited 2.5x as long in its pre-forward and pre-backward hooks as with 7 of 13).
+# Set where GPT mini's measured steps turn: shares of 4-6 MiB ran faster than more, smaller
+# chunks; shares of 8-10 MiB slower than fewer, bigger ones.
+OVERLAP_BYTES = 6 << 20
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,9 @@ class StepCost:
     Attributes:
         collectives: all-gathers and reduce-scatters per step.
         moved: bytes moved between tiers per step (replayed, Belady).
-        exposed: bytes on the wire that no compute overlaps (this rank's share of the first
-            moment's all-gathers and of the last moment's reduce-scatters).
+        exposed: bytes on the wire that no compute overlaps: of each collective, this rank's
+            share beyond ``OVERLAP_BYTES``, and all of the first moment's all-gathers and of
+            the last moment's reduce-scatters.
         cost: ``collectives`` weighed in bytes plus ``moved`` and ``exposed``: what the fit
             minimises.
     """
@@ -97,9 +106,12 @@ def step_cost(
     made = {c for step in steps for c in step if c >= twin}  # a twin is made there, not loaded
     moved = simulate(steps, sizes, caps, iterations=2).per_iteration[-1]
     moved -= sum(sizes[c] for c in made)
-    # nothing overlaps the first moment's all-gathers nor the last moment's reduce-scatters
-    ends = sum(chunk_bytes[c] for c in ids[0]) if ids else 0
-    ends += sum(chunk_bytes[c] for c in ids[-1] if c in trainable) if ids else 0
-    exposed = ends * (ws - 1) // ws
+    # a collective's wire bytes beyond what a moment's compute hides are exposed; nothing hides
+    # the first moment's all-gathers nor the last moment's reduce-scatters
+    wire = {c: b * (ws - 1) // ws for c, b in chunk_bytes.items()}
+    runs = [c for m, now in enumerate(ids) for c in now if m > 0 and c not in ids[m - 1]]
+    ends = [*(ids[0] if ids else ()), *(c for c in (ids[-1] if ids else ()) if c in trainable)]
+    rest = [*runs, *(c for c in trainable if c not in ends)]
+    exposed = sum(wire[c] for c in ends) + sum(max(0, wire[c] - OVERLAP_BYTES) for c in rest)
     cost = collectives * (ws - 1) * COLLECTIVE_HOP_BYTES + moved + exposed
     return StepCost(collectives, moved, exposed, cost)
