@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from colossal_chunk import ChunkManager, ManagerHooks
-from colossal_contracts import ConfigError, PlacementPolicy
+from colossal_contracts import ConfigError, PlacementPolicy, TierName
 
 from .._lazy import LazyInit, LazyValues
 from ._config import GeminiConfig
@@ -63,7 +63,7 @@ def place_module(
     else:
         manager.add_parallel("grad", precision.state_dtype)  # float64 under fp64
     del originals
-    dev = manager.residency.compute_device
+    dev = manager.books.tiers[TierName.ACCELERATOR].device
     for buf_owner in module.modules():
         for bname, buf in buf_owner.named_buffers(recurse=False):
             if buf.is_meta:
