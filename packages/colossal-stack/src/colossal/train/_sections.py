@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from colossal_contracts import ConfigError
+from colossal_parallel import TpMode
+from colossal_parallel.pipeline import ScheduleKind
 
 __all__ = [
     "FLAGS",
@@ -221,6 +223,9 @@ class ParallelSection(_Section):
             per rank) or "gpipe".
         layout: the ``colossal plan`` layout the mesh flags came from (``--layout``), recorded
             in metrics.jsonl and the summary; None: flags given one by one.
+
+    ``tp``, ``tp_mode``, ``tp_depth``, ``sp`` and ``sp_size`` are the plugins' mesh fields
+    under their flags' names; ``mesh_fields`` gives them under the plugins' names.
     """
 
     _SECTION = "parallel"
@@ -228,14 +233,26 @@ class ParallelSection(_Section):
     zero: int | None = None
     zero_stage: int = 1
     tp: int = 1
-    tp_mode: str = "1d"
+    tp_mode: TpMode = "1d"
     tp_depth: int = 1
     sp: str | None = None
     sp_size: int = 1
     pp: int = 1
     microbatches: int = 1
-    schedule: str = "1f1b"
+    schedule: ScheduleKind = "1f1b"
     layout: str | None = None
+
+    def mesh_fields(self) -> dict[str, Any]:
+        """The tensor- and sequence-parallel settings as the hybrid and Gemini plugins take
+        them (``colossal.booster``'s [Note: mesh fields]): ``--tp`` is ``tp_size``, ``--sp``
+        ``sequence_parallel``."""
+        return {
+            "tp_size": self.tp,
+            "tp_mode": self.tp_mode,
+            "tp_depth": self.tp_depth,
+            "sequence_parallel": self.sp,
+            "sp_size": self.sp_size,
+        }
 
 
 @dataclass(frozen=True)
