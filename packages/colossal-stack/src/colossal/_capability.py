@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -216,7 +216,8 @@ def _buildable() -> tuple[np.ndarray, tuple[Combination, ...]]:
     """Every combination that builds, and the indices of its choices (one row each)."""
     idx, found = [], []
     for values in itertools.product(*(_CHOICES[n] for n in _NAMES)):
-        cand = Combination(**dict(zip(_NAMES, values)))  # type: ignore[arg-type]
+        choice: dict[str, Any] = dict(zip(_NAMES, values))  # the fields' kinds and flags
+        cand = Combination(**choice)
         if builds(cand):
             idx.append([_CHOICES[n].index(v) for n, v in zip(_NAMES, values)])
             found.append(cand)

@@ -14,9 +14,9 @@ the section says it already (``model.name`` for ``--model``, ``data.path`` for `
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from colossal_contracts import ConfigError
 from colossal_parallel import TpMode
@@ -93,9 +93,10 @@ class _Section:
     ``Path``s."""
 
     _SECTION = ""
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every section is a dataclass
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # type: ignore[arg-type]
+        for f in fields(self):
             flag = _FLAG_OF[(self._SECTION, f.name)]
             value = getattr(self, f.name)
             kinds, bounds = _CHECKS[flag]
@@ -351,7 +352,7 @@ _RENAMED = {
 }
 FLAGS: dict[str, tuple[str, str]] = {}  # [Note: flags]
 for _name, _cls in SECTIONS.items():
-    _fields = {f.name for f in fields(_cls)}  # type: ignore[arg-type]
+    _fields = {f.name for f in fields(_cls)}
     for _flag in _CHECKS:
         _field = _RENAMED.get(_flag, _flag)
         if _field in _fields:
@@ -364,6 +365,6 @@ def flag_defaults() -> dict[str, Any]:
     """Every flag's default value (the sections' field defaults)."""
     out = {}
     for flag, (section, name) in FLAGS.items():
-        f = next(f for f in fields(SECTIONS[section]) if f.name == name)  # type: ignore[arg-type]
+        f = next(f for f in fields(SECTIONS[section]) if f.name == name)
         out[flag] = f.default
     return out
