@@ -180,16 +180,20 @@ class ChunkManager:
         dtype: torch.dtype,
         *,
         copy_params: bool = False,
+        values: Callable[[str], torch.Tensor] | None = None,
         spill_reserve: int | None = None,
     ) -> list[Chunk]:
         """A chunk of ``dtype`` with the same layout beside every parameter chunk (gradients, fp32
         master weights, optimizer states). Zeros, or with ``copy_params`` the parameters' values
-        cast to ``dtype``. They start on ``config.home`` like parameter chunks (spilling to the
-        host, then disk; with ``spill_reserve``, then to the compute tier while that many bytes
-        of its room stay free, kept there: [Note: kept chunks]). Frozen chunks get none ([Note:
-        frozen chunks])."""
+        cast to ``dtype``, or with ``values`` each parameter's full starting value by name (say,
+        the fp32 originals of low-precision parameters), asked for one chunk at a time: each
+        twin is written once, its values in place before it goes out to its tier ([Note: twins
+        filled once] in ``_register.py``). They start on ``config.home`` like parameter chunks
+        (spilling to the host, then disk; with ``spill_reserve``, then to the compute tier while
+        that many bytes of its room stay free, kept there: [Note: kept chunks]). Frozen chunks
+        get none ([Note: frozen chunks])."""
         return self.registry.add_parallel(
-            kind, dtype, copy_params=copy_params, spill_reserve=spill_reserve
+            kind, dtype, copy_params=copy_params, values=values, spill_reserve=spill_reserve
         )
 
     def repack(
