@@ -67,7 +67,7 @@ from ._plugin import Plugin, _item
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
 
 
-@dataclass
+@dataclass(kw_only=True)  # by name: a positional tp_size (the old first field) fails loudly
 class HybridParallelPlugin(MeshFields, Plugin):
     """Tensor (1d/2d/2.5d/3d), pipeline, sequence and data parallelism, ZeRO-1/2 over ``dp``.
 
@@ -78,8 +78,8 @@ class HybridParallelPlugin(MeshFields, Plugin):
 
     Attributes:
         tp_size, tp_mode, tp_depth, sequence_parallel, sp_size: tensor and sequence
-            parallelism, as ``MeshFields`` says (keyword-only; every kind of
-            ``sequence_parallel``).
+            parallelism, as ``MeshFields`` says (every kind of ``sequence_parallel``). Every
+            setting is keyword-only.
         pp_size: pipeline stages; ``microbatches`` per batch, run by ``schedule`` ("1f1b",
             "interleaved", "gpipe") with ``num_virtual`` model chunks per rank (0: 2 for the
             interleaved schedule, else 1).
