@@ -232,9 +232,10 @@ class LiveTensorTracker(TorchDispatchMode):
             self._add(s, key, t.device)
         if params:
             name = params.get(key)
-            use = self.on_param_use
-            if name is not None and use is not None:  # (params are given only with a callback)
-                use(name)
+            if name is not None:
+                use = self.on_param_use  # (params are given only with a callback)
+                if use is not None:
+                    use(name)
 
     def _see_output(self, t: torch.Tensor, entries: dict) -> None:
         try:
