@@ -1,7 +1,9 @@
 """One ``colossal train`` job of ``bench_box_capacity``, run as the command in its own process:
 the GPT it trains (a GPT-2 ``config.json`` of a given depth and width, trained as itself through
 ``--model hf:PATH``, built lazily from the config on the meta device), and what the job did: its
-step records (``metrics.jsonl``), its peak RSS (the kernel's high-water mark, ``VmHWM``), its
+step records (``metrics.jsonl``), its peak RSS (the kernel's high-water mark, ``VmHWM``, which
+counts the disk tier's file pages mapped into the process), its peak anonymous memory (``RssAnon``
++ ``RssShmem``, sampled every 0.2 s: what the process itself holds, the file pages left out), its
 storage I/O (``/proc/<pid>/io``) and how it ended.
 
 ``stop_after``: the job is killed once that many step records are written, before its final save:
@@ -59,6 +61,8 @@ class Job:
             ``stop_after``, exited 0).
         records: its ``metrics.jsonl`` records, one per step.
         peak_rss: the process's RSS high-water mark (bytes; VmHWM, read before it ended).
+        peak_anon: the most anonymous + shared memory seen (bytes; RssAnon + RssShmem, sampled
+            every 0.2 s, so a peak shorter than that can be missed).
         io_read, io_written: storage bytes the process read and wrote (``/proc/<pid>/io``).
         wall_s: seconds from the start of the command to its end.
         why: the last lines of its output when it failed ("" when ok).
@@ -67,19 +71,23 @@ class Job:
     ok: bool
     records: list[dict] = field(default_factory=list)
     peak_rss: int = 0
+    peak_anon: int = 0
     io_read: int = 0
     io_written: int = 0
     wall_s: float = 0.0
     why: str = ""
 
 
-def _proc(pid: int) -> tuple[int, int, int]:
-    """(VmHWM bytes, read_bytes, write_bytes) of ``pid``; zeros where unreadable."""
-    hwm = rb = wb = 0
+def _proc(pid: int) -> tuple[int, int, int, int]:
+    """(VmHWM bytes, RssAnon + RssShmem bytes now, read_bytes, write_bytes) of ``pid``; zeros
+    where unreadable."""
+    hwm = anon = rb = wb = 0
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 hwm = int(line.split()[1]) * 1024
+            elif line.startswith(("RssAnon:", "RssShmem:")):
+                anon += int(line.split()[1]) * 1024
         for line in Path(f"/proc/{pid}/io").read_text().splitlines():
             key, _, val = line.partition(":")
             if key == "read_bytes":
@@ -88,7 +96,7 @@ def _proc(pid: int) -> tuple[int, int, int]:
                 wb = int(val)
     except (OSError, ValueError):
         pass
-    return hwm, rb, wb
+    return hwm, anon, rb, wb
 
 
 def _records(metrics: Path) -> list[dict]:
@@ -115,16 +123,20 @@ def train(
     t0 = time.perf_counter()
     with log.open("w") as sink:
         p = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        hwm = rb = wb = 0
+        hwm = anon = rb = wb = 0
         done = False
         while p.poll() is None:
             time.sleep(0.2)
             got = _proc(p.pid)
             if got[0]:
-                hwm, rb, wb = got
+                hwm, rb, wb = got[0], got[2], got[3]
+                anon = max(anon, got[1])
             recs = _records(out / "metrics.jsonl")
             if stop_after and len(recs) >= steps:  # trained: stop before the final save
-                hwm, rb, wb = _proc(p.pid) if _proc(p.pid)[0] else (hwm, rb, wb)
+                last = _proc(p.pid)
+                if last[0]:
+                    hwm, rb, wb = last[0], last[2], last[3]
+                    anon = max(anon, last[1])
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
                 done = True
@@ -144,7 +156,7 @@ def train(
         why = (errors[-1] if errors else " | ".join(tail[-2:]))[-600:] or f"exit {p.returncode}"
         if time.perf_counter() - t0 > timeout_s:
             why = f"timed out after {timeout_s:.0f} s; {why}"
-    return Job(ok, recs, hwm, rb, wb, wall, why)
+    return Job(ok, recs, hwm, anon, rb, wb, wall, why)
 
 
 def disk_rates(records: list[dict], skip_first: bool = True) -> dict[str, float]:

@@ -26,9 +26,15 @@ def notes(quick: bool, s: dict) -> list[str]:
         "profile, device memory = B, host = H, disk = D, Gemini layouts only; at most 95% of "
         "(B + H + D) / 16, where chunks fragment the last percent), then down by 8% "
         "after a failure or halfway up toward the (B + H + D) / 16 bound after a success.",
-        "peak_rss: the job's VmHWM (kernel high-water mark) read just before it ends; "
-        "memory_err = (plan's device + host bytes - peak RSS) / peak RSS; the plan models no "
-        "Python/torch overhead (~0.4 GiB), which dominates at quick sizes and vanishes at 4B. "
+        "peak_rss: the job's VmHWM (kernel high-water mark) read just before it ends, which "
+        "counts the disk tier's file pages mapped into the process; peak_anon: the most "
+        "RssAnon + RssShmem seen (sampled every 0.2 s), the process's own memory. "
+        "plan_model_MiB: the plan's device + host bytes (the emulated accelerator is RAM too); "
+        "plan_memory_MiB adds the process baseline (the RSS of a fresh Python with torch, "
+        "transformers and colossal loaded, measured once per run: the planner's bytes are the "
+        "model's and leave the process out); memory_err = (plan_memory - peak RSS) / peak RSS, "
+        "anon_err the same against peak_anon; tiers_err compares plan_model with the sum of "
+        "the tiers' own peaks (which need not coincide). "
         "step_err: (plan's step seconds - measured mean of steps 2-3) / measured.",
         "Disk: tier rates from the job's step records (read ahead + faulted in, written behind; "
         "tier_*_MiB_s over the seconds with I/O in flight, steps 2-3); proc_*_MiB_s: the "

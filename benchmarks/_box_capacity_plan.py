@@ -7,6 +7,8 @@ its answers for the GPUs of Colossal-AI's claims (its hardware presets).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -78,16 +80,34 @@ def best_gemini(hw: Hardware, config: Path, *, seq_len: int) -> Any:
     return plans[0] if plans else None
 
 
-def prediction(plan: Any) -> dict[str, float]:
+_LIBRARIES = "import torch, transformers, colossal, colossal_zero, colossal_chunk"
+
+
+def process_baseline() -> int:
+    """Resident bytes of a fresh Python process with the job's libraries loaded (torch,
+    transformers, colossal): what a ``colossal train`` process holds before its model, which the
+    planner's per-device bytes leave out. Measured in a child process."""
+    code = (
+        f"{_LIBRARIES}\n"
+        "print([int(ln.split()[1]) * 1024 for ln in open('/proc/self/status') "
+        "if ln.startswith('VmRSS:')][0])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def prediction(plan: Any, baseline: int = 0) -> dict[str, float]:
     """What a plan predicts of a run: device (the emulated accelerator), host and disk bytes,
-    their sum, and seconds per step."""
+    the model's memory (device + host: the emulated accelerator is host RAM too), that plus
+    ``baseline`` (the process's own, ``process_baseline``), and seconds per step."""
     m = plan.memory
     return {
         "layout": plan.layout.describe(),
         "device": float(m.device_total),
         "host": float(m.host),
         "disk": float(m.disk),
-        "memory": float(m.device_total + m.host),
+        "model_memory": float(m.device_total + m.host),
+        "memory": float(m.device_total + m.host + baseline),
         "step_s": float(plan.cost.step),
     }
 

@@ -32,6 +32,7 @@ from _box_capacity_plan import (
     claim,
     largest_depth,
     prediction,
+    process_baseline,
 )
 from _capacity_disk_baselines import _sequential
 
@@ -60,8 +61,11 @@ _COLUMNS = [
     "plan_step_s",
     "step_err",
     "peak_rss_MiB",
+    "peak_anon_MiB",
+    "plan_model_MiB",
     "plan_memory_MiB",
     "memory_err",
+    "anon_err",
     "tiers_acc_host_MiB",
     "tiers_err",
     "disk_peak_MiB",
@@ -126,7 +130,7 @@ def _trial(part: str, depth: int, s: dict, b: int, h: int, d: int, ctx: dict) ->
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(where / "tier", ignore_errors=True)
     plan = best_gemini(replace(hw, memory=b, host_memory=h, disk=d), cfg, seq_len=s["seq"])
-    pred = prediction(plan) if plan else {}
+    pred = prediction(plan, ctx["baseline"]) if plan else {}
     row = {
         "part": part, "depth": depth, "width": s["width"],
         "params": gpt2_params(depth, s["width"], s["seq"]), "trained": job.ok,
@@ -140,6 +144,7 @@ def _trial(part: str, depth: int, s: dict, b: int, h: int, d: int, ctx: dict) ->
     row.update(
         step_s=rates["step_s"],
         peak_rss_MiB=job.peak_rss / MiB,
+        peak_anon_MiB=job.peak_anon / MiB,
         tiers_acc_host_MiB=pk["accelerator_peak_MiB"] + pk["host_peak_MiB"],
         disk_peak_MiB=pk["disk_peak_MiB"],
         disk_read_MiB_per_step=rates["disk_read_MiB_per_step"],
@@ -154,9 +159,11 @@ def _trial(part: str, depth: int, s: dict, b: int, h: int, d: int, ctx: dict) ->
         row.update(
             plan_step_s=pred["step_s"],
             step_err=_err(row["step_s"], pred["step_s"]),
+            plan_model_MiB=pred["model_memory"] / MiB,
             plan_memory_MiB=pred["memory"] / MiB,
             memory_err=_err(row["peak_rss_MiB"], pred["memory"] / MiB),
-            tiers_err=_err(row["tiers_acc_host_MiB"], pred["memory"] / MiB),
+            anon_err=_err(row["peak_anon_MiB"], pred["memory"] / MiB),
+            tiers_err=_err(row["tiers_acc_host_MiB"], pred["model_memory"] / MiB),
             plan_disk_MiB=pred["disk"] / MiB,
         )
     nbytes = int(min(s["seq_cap"], max(16 * MiB, rates["disk_written_MiB_per_step"] * MiB)))
@@ -275,7 +282,10 @@ def run(quick: bool, out_dir: Path) -> Report:
         hw, prof = box_hardware(width=s["width"], seq_len=s["seq"], accelerator=s["b"],
                                 host=s["h"], disk=s["d"], disk_dir=where, quick=quick)  # fmt: skip
         plan_depth = largest_depth(hw, width=s["width"], seq_len=s["seq"], scratch=where / "p")
-        ctx = dict(where=where, hw=hw, corpus=corpus, plan_depth=max(1, plan_depth))
+        baseline = process_baseline()
+        ctx = dict(
+            where=where, hw=hw, corpus=corpus, plan_depth=max(1, plan_depth), baseline=baseline
+        )
         best = _search(s, ctx, report)
         limit = (s["h"] + s["d"]) / 16
         report.summary.update({
@@ -287,12 +297,16 @@ def run(quick: bool, out_dir: Path) -> Report:
             "largest trained params": best["params"] if best else 0,
             "(H + D) / 16 B per param": int(limit),
             "largest / ((H + D) / 16)": (best["params"] / limit) if best else 0.0,
+            "process baseline (MiB; torch, transformers, colossal loaded)": baseline / MiB,
             "aim: >= 85% of (H + D) / 16": bool(best and best["params"] >= 0.85 * limit),
         })  # fmt: skip
         if best and "plan_step_s" in best:
             report.summary["aim: plan memory within 10% of peak RSS"] = (
                 abs(best["memory_err"]) <= 0.1
             )
+            report.summary["plan memory vs peak anonymous memory (file pages left out)"] = best[
+                "anon_err"
+            ]
             report.summary["aim: plan step time within 30%"] = abs(best["step_err"]) <= 0.3
         if best and quick:
             full = _settings(False, where)

@@ -119,7 +119,7 @@ def test_budgets_states_and_round_trips(tmp_path_factory, scenario):
                 c = mgr.chunk_of(p)
                 assert c.tier is TierName.ACCELERATOR
                 assert c.state(name) is TensorState.COMPUTE
-                assert p.data.device == mgr.residency.compute_device
+                assert p.data.device == mgr.books.tiers[TierName.ACCELERATOR].device
                 assert p.data.data_ptr() == c.view(name).data_ptr()
                 assert torch.equal(p.data, ref[name])
                 new = torch.randn(p.shape, generator=g).to(p.dtype)

@@ -1,8 +1,10 @@
 """MomentRecorder: the runtime cuts moments, the recorder measures non-model bytes in each."""
 
+import threading
+
 import torch
 
-from colossal_contracts import MemStatsSource, StepRecorder
+from colossal_contracts import ConfigError, MemStatsSource, StepRecorder
 from colossal_memtrace import MomentRecorder
 
 
@@ -55,3 +57,28 @@ def test_two_recorders_closed_out_of_order_leave_the_other_active():
     del x
     assert _get_current_dispatch_mode_stack() == []
     assert not is_in_torch_dispatch_mode()  # each mode restored the flags it saved
+
+
+def test_closing_on_another_thread_is_refused_and_the_recorder_stays_open():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    rec = MomentRecorder("cpu")
+    rec.start(lambda tier: 0, [])
+    rec.cut(("a",))
+    rec.finish()
+    errors: list[BaseException] = []
+
+    def close_elsewhere() -> None:
+        try:
+            rec.close()
+        except BaseException as err:  # handed to the main thread
+            errors.append(err)
+
+    t = threading.Thread(target=close_elsewhere)
+    t.start()
+    t.join()
+    assert len(errors) == 1 and isinstance(errors[0], ConfigError)
+    assert "thread that started it" in str(errors[0])
+    assert len(_get_current_dispatch_mode_stack()) == 1  # still here, on this thread
+    rec.close()
+    assert _get_current_dispatch_mode_stack() == []

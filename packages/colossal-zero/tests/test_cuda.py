@@ -22,7 +22,7 @@ def test_cuda_fp32_with_prefetch_matches_adamw_and_pins_host_chunks():
     )
     model, opt = checks.make(cfg)
     assert model.runtime.manager.books.tiers[TierName.HOST].pin_memory
-    assert model.runtime.manager.residency.compute_device.type == "cuda"
+    assert model.compute_device.type == "cuda"
     losses = checks.train(model, opt, 10, 8)
     ref_losses, ref_weights = reference(10, 8)
     assert_losses_close(losses, ref_losses, 1e-4)

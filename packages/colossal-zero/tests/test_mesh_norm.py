@@ -1,4 +1,5 @@
-"""``mesh_grad_norm``: replicated pieces counted once, split pieces each, overflow seen by all."""
+"""``mesh_grad_norm``: replicated pieces counted once, split pieces each, overflow seen by all;
+its clip factor is the one Gemini and ZeRO divide by."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from colossal_contracts import ParamSharding, ShardAxis
 from colossal_zero import mesh_grad_norm
+from colossal_zero.optim._clip import clip_coef, clip_divisor
 
 
 def test_replicas_off_coordinate_zero_are_not_counted_but_their_overflow_is():
@@ -22,6 +24,18 @@ def test_replicas_off_coordinate_zero_are_not_counted_but_their_overflow_is():
     bad = mesh_grad_norm([(g, split), (torch.tensor([float("nan")]), rep)])
     assert bad.overflow and math.isinf(bad.norm)
     assert not mesh_grad_norm([(g, None)]).overflow
+
+
+def test_clip_coef_is_what_the_optimizers_divide_by():
+    g = torch.full((4,), 2.0)  # norm 4
+    coef = mesh_grad_norm([(g, None)]).clip_coef(1.0)
+    assert coef == 1.0 / (4.0 + 1e-6) == clip_coef(1.0, 4.0)
+    assert clip_divisor(8.0, 1.0, lambda: 4.0) == 8.0 / coef  # loss scale 8, clipped
+    assert mesh_grad_norm([(g, None)]).clip_coef(5.0) == 1.0  # within the bound
+    assert mesh_grad_norm([(g, None)]).clip_coef(0.0) == 1.0  # 0: no clipping
+    bad = mesh_grad_norm([(torch.tensor([float("inf")]), None)])
+    assert bad.clip_coef(1.0) == 1.0  # nothing to clip to (was 0.0 in the hybrid plugin's copy)
+    assert clip_divisor(1.0, 1.0, lambda: bad.norm) == 1.0
 
 
 def test_dp2_tp2_every_rank_agrees_and_counts_each_element_once(world):

@@ -10,8 +10,7 @@ where the step is. The fast path: when every chunk is already resident and gathe
 compute tier is within this moment's room, ``access`` and ``release`` only change states (no tier
 is touched); otherwise ``access`` first evicts down to the moment's room (which may have shrunk).
 
-Its parts are objects it holds (composition, not mixins; see the class attributes): in
-``_register.py`` (+ ``_repack.py``), ``_resident``, ``_collectives``, ``_books``, ``_shard_io``.
+Its parts are objects it holds (composition, not mixins): see the class attributes.
 """
 
 from __future__ import annotations
@@ -56,11 +55,11 @@ class ChunkManager:
     policy: PlacementPolicy
     hooks: ManagerHooks  # told before collectives, asked whether to keep chunks gathered
     in_flight: InFlightCount  # [Note: collectives in flight]
-    registry: ChunkRegistry  # the chunks, their records, the parameters' views
-    residency: Residency  # the moment, moves, prefetches, the fast path
-    collectives: Collectives  # reduce-scatters, gathers ahead, finishing them
-    books: Books  # demand, kept chunks, counted copies, stats
-    shard_io: ShardIO  # what an owner says about shards it reads or writes in place
+    registry: ChunkRegistry  # _register (+ _repack): the chunks, their records, their views
+    residency: Residency  # _resident: the moment, moves, prefetches, the fast path
+    collectives: Collectives  # _collectives: reduce-scatters, gathers ahead, finishing them
+    books: Books  # _books: demand, kept chunks, counted copies, stats, tiers
+    shard_io: ShardIO  # _shard_io: what an owner says of shards it reads or writes in place
 
     def __init__(
         self,
@@ -91,7 +90,7 @@ class ChunkManager:
             tiers,
             self.policy,
             lambda moment: self.policy.model_budget(tiers[ACC].capacity_bytes, moment),
-            rebind=self._bind,
+            rebind=lambda chunk: self.registry.views.bind(chunk),
             read_ahead_bytes=window_bytes(config, self.world_size),
         )
         self.in_flight = InFlightCount()
@@ -180,16 +179,20 @@ class ChunkManager:
         dtype: torch.dtype,
         *,
         copy_params: bool = False,
+        values: Callable[[str], torch.Tensor] | None = None,
         spill_reserve: int | None = None,
     ) -> list[Chunk]:
         """A chunk of ``dtype`` with the same layout beside every parameter chunk (gradients, fp32
         master weights, optimizer states). Zeros, or with ``copy_params`` the parameters' values
-        cast to ``dtype``. They start on ``config.home`` like parameter chunks (spilling to the
-        host, then disk; with ``spill_reserve``, then to the compute tier while that many bytes
-        of its room stay free, kept there: [Note: kept chunks]). Frozen chunks get none ([Note:
-        frozen chunks])."""
+        cast to ``dtype``, or with ``values`` each parameter's full starting value by name (say,
+        the fp32 originals of low-precision parameters), asked for one chunk at a time: each
+        twin is written once, its values in place before it goes out to its tier ([Note: twins
+        filled once] in ``_register.py``). They start on ``config.home`` like parameter chunks
+        (spilling to the host, then disk; with ``spill_reserve``, then to the compute tier while
+        that many bytes of its room stay free, kept there: [Note: kept chunks]). Frozen chunks
+        get none ([Note: frozen chunks])."""
         return self.registry.add_parallel(
-            kind, dtype, copy_params=copy_params, spill_reserve=spill_reserve
+            kind, dtype, copy_params=copy_params, values=values, spill_reserve=spill_reserve
         )
 
     def repack(
@@ -350,9 +353,6 @@ class ChunkManager:
         self.close()
 
     # ----- inside the verbs ---------------------------------------------------------------------
-    def _bind(self, chunk: Chunk) -> None:
-        self.registry.views.bind(chunk)
-
     def _access_resident(self, by_chunk: dict[int, list[str]]) -> None:
         """``access`` when every chunk is gathered on the compute tier and fits: states only."""
         chunks = self.registry.chunks
@@ -393,7 +393,7 @@ class ChunkManager:
             pl.gather(c, zero=zero)
             for name in by_chunk[c.chunk_id]:
                 c.set_state(name, TensorState.COMPUTE)
-            self._bind(c)
+            self.registry.views.bind(c)
         self.policy.on_access(list(by_chunk), moment)
         if self.books.tracking:
             self.books.note_demand()

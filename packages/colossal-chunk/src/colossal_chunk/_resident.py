@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from colossal_contracts import PlacementPolicy, TensorState, TierName
 
 from ._chunk import Chunk
@@ -60,11 +58,6 @@ class Residency:
         self.moment = 0
         self._num_moments = 0  # moments of the longest step seen (set_moment), for the room check
         self.steady = False
-
-    @property
-    def compute_device(self) -> torch.device:
-        """The compute tier's device."""
-        return self._placement.tiers[ACC].device
 
     def set_moment(self, moment: int) -> int:
         """Record that the step reached ``moment``; returns the moments of the longest step seen."""

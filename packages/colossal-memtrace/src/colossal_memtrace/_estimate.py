@@ -56,7 +56,13 @@ class _FusedAttentionOnMeta(TorchFunctionMode):
         super().__init__()
         self.target = target
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         outer = _top_saved_tensors_default_hooks(False)
         if outer is None:
             return self._call(func, args, kwargs)

@@ -146,9 +146,9 @@ class HookTracer:
         if self._stats is not None:
             yield
             return
-        self._start()
+        tracker = self._start()
         try:
-            with self._tracker:  # type: ignore[union-attr]
+            with tracker:
                 yield
         finally:
             self._finish()
@@ -160,7 +160,7 @@ class HookTracer:
             tiers.append(TierName.HOST)  # emulated: host chunks are CPU storages too
         return sum(s.model_data_bytes(t) for s in self.sources for t in tiers)
 
-    def _start(self) -> None:
+    def _start(self) -> LiveTensorTracker:
         tracker = LiveTensorTracker(
             self.compute_device, model_bytes_fn=self._model_bytes_fn if self.sources else None
         )
@@ -176,6 +176,7 @@ class HookTracer:
         self._moments = []
         self._cur = _Open("start", "other", (), True)
         self._install_hooks(named)
+        return tracker
 
     def _track_optimizer_states(self, tracker: LiveTensorTracker) -> None:
         if self.optimizer is None:

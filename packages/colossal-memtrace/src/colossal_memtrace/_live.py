@@ -19,7 +19,7 @@ the non-model part are kept per tier since the last ``cut``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,7 +190,13 @@ class LiveTensorTracker(TorchDispatchMode):
     # from inputs only: an operator that returns a parameter's storage also read it. Storages are
     # uncounted by a weak reference's callback (an ``_Entry``), not ``weakref.finalize`` and its
     # registry.
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(
+        self,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         entries = self._entries
         params = self._params if self.on_param_use is not None else None
         for a in args:
@@ -227,7 +233,9 @@ class LiveTensorTracker(TorchDispatchMode):
         if params:
             name = params.get(key)
             if name is not None:
-                self.on_param_use(name)  # type: ignore[misc]
+                use = self.on_param_use  # (params are given only with a callback)
+                if use is not None:
+                    use(name)
 
     def _see_output(self, t: torch.Tensor, entries: dict) -> None:
         try:

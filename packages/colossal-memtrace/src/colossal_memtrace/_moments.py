@@ -11,13 +11,13 @@ data is what the runtime reports (its chunk payloads); non-model = live - model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from colossal_contracts import TierName
+from colossal_contracts import ConfigError, TierName
 
 from ._live import LiveTensorTracker, WindowPeak
 from ._stats import MemStats, Moment, StepSummary
@@ -32,7 +32,13 @@ class _Tracker(LiveTensorTracker):
 
     stopped = False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(
+        self,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         if self.stopped:
             return func(*args, **(kwargs or {}))
         return super().__torch_dispatch__(func, types, args, kwargs)
@@ -101,11 +107,13 @@ class MomentRecorder:
 
     def close(self) -> None:
         """Pop the recorder's dispatch mode; modes entered after it (another runtime's recorder,
-        still stopped until its runtime's next forward) stay active, in their order."""
-        tracker, self._tracker = self._tracker, None
+        still stopped until its runtime's next forward) stay active, in their order. On a thread
+        other than the one that started it: ``ConfigError``, and the recorder stays open."""
+        tracker = self._tracker
         if tracker is None:
             return
         _pop_from_stack(tracker)
+        self._tracker = None
         tracker.close()
 
     # -- figures ----------------------------------------------------------------------------
@@ -158,7 +166,7 @@ def _pop_from_stack(mode: TorchDispatchMode) -> None:
     """
     stack = _get_current_dispatch_mode_stack()
     if mode not in stack:
-        raise RuntimeError(
+        raise ConfigError(
             "MomentRecorder: its dispatch mode is not active on this thread; close the recorder "
             "on the thread that started it"
         )

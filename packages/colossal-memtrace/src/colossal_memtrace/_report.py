@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from colossal_contracts import TierName
@@ -34,10 +34,11 @@ def stats_table(
     """One row per moment (the middle elided beyond ``max_rows``), sizes in MiB."""
     t = TierName(tier).value
     table = Table(title=_title(stats, t), title_justify="left")
-    for col, just in (("#", "right"), ("moment", "left"), ("phase", "left"), ("params", "right"),
+    columns: tuple[tuple[str, JustifyMethod], ...] = (("#", "right"), ("moment", "left"), ("phase", "left"), ("params", "right"),
                       ("model MiB", "right"), ("non-model peak MiB", "right"),
-                      ("total peak MiB", "right")):  # fmt: skip
-        table.add_column(col, justify=just, no_wrap=col == "moment")  # type: ignore[arg-type]
+                      ("total peak MiB", "right"))  # fmt: skip
+    for col, just in columns:
+        table.add_column(col, justify=just, no_wrap=col == "moment")
     peak = stats.peak_bytes(t)
     rows = list(stats.moments)
     if len(rows) > max_rows:

@@ -11,7 +11,7 @@ from ._autograd import (
 )
 from ._axial import switch_shard_dim, switch_shard_dim_async
 from ._comm import CountedComm
-from ._config import TP_MODES, MeshConfig
+from ._config import TP_MODES, MeshConfig, TpMode
 from ._counter import CommCounter, CommStat
 from ._grads import all_reduce_grads
 from ._group_cache import release_shared_groups
@@ -29,6 +29,7 @@ __all__ = [
     "CountedComm",
     "MeshConfig",
     "ProcessMesh",
+    "TpMode",
     "all_reduce_grads",
     "copy_to_axis",
     "exchange",

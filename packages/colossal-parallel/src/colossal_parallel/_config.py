@@ -133,14 +133,10 @@ class MeshConfig:
         self.check_tp()
         if self.tp_mode == "1d":
             return (self.tp,)
-        if self.tp_mode == "2d":
-            q = _int_root(self.tp, 2)
-            return (q, q)  # type: ignore[return-value]
-        if self.tp_mode == "2.5d":
-            q = _int_root(self.tp // self.tp_depth, 2)
-            return (self.tp_depth, q, q)  # type: ignore[return-value]
-        q = _int_root(self.tp, 3)
-        return (q, q, q)  # type: ignore[return-value]
+        k = 3 if self.tp_mode == "3d" else 2
+        q = _int_root(self.tp // self.tp_depth, k)  # tp_depth is 1 except in 2.5d
+        assert q is not None  # check_tp() refuses the sizes that have none
+        return (self.tp_depth, q, q) if self.tp_mode == "2.5d" else (q,) * k
 
     @property
     def axes(self) -> tuple[str, ...]:

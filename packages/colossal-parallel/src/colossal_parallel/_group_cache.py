@@ -41,7 +41,7 @@ class GroupStats:
 
 @dataclass
 class _WorldGroups:
-    groups: dict[tuple[int, ...], object] = field(default_factory=dict)  # ranks -> group
+    groups: dict[tuple[int, ...], dist.ProcessGroup] = field(default_factory=dict)  # ranks -> group
     stats: GroupStats = field(default_factory=GroupStats)
 
 
@@ -75,7 +75,7 @@ def shared_group(ranks: list[int] | tuple[int, ...]) -> dist.ProcessGroup:
     else:
         world.stats.reused += 1
     world.stats.live = len(world.groups)
-    return group  # type: ignore[return-value]
+    return group
 
 
 def shared_group_stats() -> GroupStats:
@@ -101,6 +101,6 @@ def release_shared_groups() -> int:
     destroyed = 0
     for ranks, group in world.groups.items():
         if me in ranks:
-            dist.destroy_process_group(group)  # type: ignore[arg-type]
+            dist.destroy_process_group(group)
             destroyed += 1
     return destroyed

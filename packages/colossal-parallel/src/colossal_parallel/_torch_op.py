@@ -16,25 +16,26 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
 __all__ = ["torch_function_op"]
 
-_F = TypeVar("_F", bound=Callable[..., Any])
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
-def torch_function_op(fn: _F) -> _F:
+def torch_function_op(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """``fn`` made visible to ``__torch_function__`` handlers ([Note: operators a mode sees]):
     its positional tensor arguments are the ones a handler is told about."""
 
     @functools.wraps(fn)
-    def op(*args: Any, **kwargs: Any) -> Any:
+    def op(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
         if tensors and has_torch_function(tensors):
             return handle_torch_function(op, tensors, *args, **kwargs)
         return fn(*args, **kwargs)
 
-    return op  # type: ignore[return-value]
+    return op

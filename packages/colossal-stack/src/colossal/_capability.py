@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Literal
 
 import numpy as np
 
@@ -51,7 +52,6 @@ SP_KINDS = ("none", "megatron", "ring", "ulysses", "ring+megatron", "ulysses+meg
 PP_SCHEDULES = ("none", "1f1b", "interleaved", "gpipe")  # none: one stage
 SHARDINGS = ("zero0", "zero1", "zero2", "gemini")  # gemini: ZeRO-3 over chunks
 PRECISIONS = ("fp32", "bf16", "fp16")
-_LONG = ("ring", "ulysses")
 
 
 def table_precision(precision: str) -> str:
@@ -61,10 +61,10 @@ def table_precision(precision: str) -> str:
     return "fp32" if precision == "fp64" else precision
 
 
-def long_sequence(sp: str | None) -> str | None:
+def long_sequence(sp: str | None) -> Literal["ring", "ulysses"] | None:
     """The ring/Ulysses part of a sequence-parallel kind (``"ring+megatron"`` -> ``"ring"``)."""
     head = (sp or "none").split("+")[0]
-    return head if head in _LONG else None
+    return "ring" if head == "ring" else "ulysses" if head == "ulysses" else None
 
 
 def megatron_sequence(sp: str | None) -> bool:
@@ -216,7 +216,8 @@ def _buildable() -> tuple[np.ndarray, tuple[Combination, ...]]:
     """Every combination that builds, and the indices of its choices (one row each)."""
     idx, found = [], []
     for values in itertools.product(*(_CHOICES[n] for n in _NAMES)):
-        cand = Combination(**dict(zip(_NAMES, values)))  # type: ignore[arg-type]
+        choice: dict[str, Any] = dict(zip(_NAMES, values))  # the fields' kinds and flags
+        cand = Combination(**choice)
         if builds(cand):
             idx.append([_CHOICES[n].index(v) for n, v in zip(_NAMES, values)])
             found.append(cand)

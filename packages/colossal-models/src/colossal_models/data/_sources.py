@@ -13,8 +13,12 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from colossal_contracts import ConfigError
+
+if TYPE_CHECKING:
+    import datasets
 
 from .._corpus import _files, _is_text, default_corpus_path
 
@@ -202,7 +206,7 @@ def _parquet(path: Path, field: str) -> Iterator[Piece]:
             yield Piece(text, True)
 
 
-def _hf_dataset(path: Path, field: str):  # type: ignore[no-untyped-def]
+def _hf_dataset(path: Path, field: str) -> datasets.Dataset:
     """A folder written by ``datasets``' ``save_to_disk`` (its ``train`` split for a
     DatasetDict), memory-mapped by ``datasets``."""
     try:

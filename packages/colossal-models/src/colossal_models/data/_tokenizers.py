@@ -24,9 +24,13 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from colossal_contracts import ConfigError
+
+if TYPE_CHECKING:
+    import tokenizers
 
 __all__ = [
     "BYTES",
@@ -119,7 +123,9 @@ class HFTokenizer:
     """A Hugging Face ``tokenizers.Tokenizer`` read from ``tokenizer.json``, or built from a
     GPT-2 style ``vocab.json`` + ``merges.txt`` (``from_bpe_files``)."""
 
-    def __init__(self, path: Path, tok: object | None = None, raw: str | None = None) -> None:
+    def __init__(
+        self, path: Path, tok: tokenizers.Tokenizer | None = None, raw: str | None = None
+    ) -> None:
         Tokenizer = _library().Tokenizer
 
         self.path = path
@@ -165,7 +171,7 @@ class HFTokenizer:
         return made
 
     @property
-    def backend(self):  # type: ignore[no-untyped-def]
+    def backend(self) -> tokenizers.Tokenizer:
         """The ``tokenizers.Tokenizer`` itself."""
         return self._tok
 
@@ -180,7 +186,7 @@ class HFTokenizer:
         self._tok.save(str(directory / TOKENIZER_FILE))
 
 
-def _library():  # type: ignore[no-untyped-def]
+def _library() -> ModuleType:
     try:
         import tokenizers
     except ImportError:
@@ -198,7 +204,7 @@ def _read(path: Path) -> str:
         raise ConfigError(f"cannot read tokenizer {path} ({err}); give a tokenizer.json") from None
 
 
-def _eot_id(tok: object, path: Path) -> int:
+def _eot_id(tok: tokenizers.Tokenizer, path: Path) -> int:
     """The end-of-text id: the tokenizer_config.json's eos_token beside it, else a known name."""
     names = list(_EOT_CANDIDATES)
     config = path.parent / "tokenizer_config.json"
@@ -212,7 +218,7 @@ def _eot_id(tok: object, path: Path) -> int:
         if isinstance(eos, str):
             names.insert(0, eos)
     for name in names:
-        found = tok.token_to_id(name)  # type: ignore[attr-defined]
+        found = tok.token_to_id(name)
         if found is not None:
             return int(found)
     raise ConfigError(

@@ -10,6 +10,7 @@ are the MSA and pair masks (every position is real).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from colossal_contracts import ConfigError
 
@@ -105,13 +106,13 @@ class EvoformerConfig:
         return self.num_blocks * sum(self.block_params().values()) + single
 
     @classmethod
-    def preset(cls, name: str, **overrides: object) -> EvoformerConfig:
+    def preset(cls, name: str, **overrides: Any) -> EvoformerConfig:
         """The named preset, with fields replaced by ``overrides``; ``ConfigError`` if unknown."""
         if name not in EVOFORMER_PRESETS:
             raise ConfigError(
                 f"unknown Evoformer preset {name!r}; choose one of: {', '.join(EVOFORMER_PRESETS)}"
             )
-        return replace(EVOFORMER_PRESETS[name], **overrides)  # type: ignore[arg-type]
+        return replace(EVOFORMER_PRESETS[name], **overrides)
 
 
 EVOFORMER_PRESETS: dict[str, EvoformerConfig] = {

@@ -7,6 +7,7 @@ gives a rank a slice of the heads (``parallelize.py``) needs no change here.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -129,17 +130,43 @@ class GPT(nn.Module):
         cache.advance(T)
         return lm_head(self.io, self.config, self.ln_f, self.wte.weight, x, None)
 
-    # ``embed`` and ``head`` read only wte, wpe, drop, ln_f, io and config, so a pipeline stage
-    # with those attributes (``GPTStage``) runs them too.
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
-
-        def lookup(ids: torch.Tensor, seq_len: int) -> torch.Tensor:
-            pos = self.io.positions(seq_len, ids.device)  # this rank's positions (all unless split)
-            return self.drop(self.wte(ids) + self.wpe(pos))  # (B, T, C)
-
-        return embed_ids(self.io, self.config, idx, lookup)
+        return embed_with(self, idx)
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
         """The last block's output to logits, or to the mean loss with ``targets``."""
-        return lm_head(self.io, self.config, self.ln_f, self.wte.weight, x, targets)  # tied head
+        return head_with(self, x, targets)
+
+
+class _GPTEnds(Protocol):
+    """What ``embed`` and ``head`` read: a ``GPT``, or a pipeline stage that holds its ends
+    (``GPTStage``)."""
+
+    @property
+    def config(self) -> GPTConfig: ...
+    @property
+    def io(self) -> LMIO: ...
+    @property
+    def wte(self) -> nn.Embedding: ...
+    @property
+    def wpe(self) -> nn.Embedding: ...
+    @property
+    def drop(self) -> nn.Dropout: ...
+    @property
+    def ln_f(self) -> nn.LayerNorm: ...
+
+
+def embed_with(m: _GPTEnds, idx: torch.Tensor) -> torch.Tensor:
+    """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
+
+    def lookup(ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+        pos = m.io.positions(seq_len, ids.device)  # this rank's positions (all unless split)
+        return m.drop(m.wte(ids) + m.wpe(pos))  # (B, T, C)
+
+    return embed_ids(m.io, m.config, idx, lookup)
+
+
+def head_with(m: _GPTEnds, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+    """The last block's output to logits, or to the mean loss with ``targets`` (tied head)."""
+    return lm_head(m.io, m.config, m.ln_f, m.wte.weight, x, targets)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .model import GPT
+from .model import GPT, embed_with, head_with
 
 __all__ = ["GPTStage"]
 
@@ -33,7 +33,7 @@ class GPTStage(nn.Module):
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if self.first:
-            x = GPT.embed(self, x)  # type: ignore[arg-type]  # same attributes as GPT
+            x = embed_with(self, x)
         for block in self.blocks.values():
             x = block(x)
-        return GPT.head(self, x, targets) if self.last else x  # type: ignore[arg-type]
+        return head_with(self, x, targets) if self.last else x

@@ -10,7 +10,7 @@ attention), ``norm="rmsnorm"`` and ``tie_embeddings=False``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from colossal_contracts import ConfigError
 
@@ -108,13 +108,13 @@ class PaLMConfig:
         return replace(self, vocab_size=vocab_size)
 
     @classmethod
-    def preset(cls, name: str, **overrides: object) -> PaLMConfig:
+    def preset(cls, name: str, **overrides: Any) -> PaLMConfig:
         """The named preset, with fields replaced by ``overrides``; ``ConfigError`` if unknown."""
         if name not in PALM_PRESETS:
             raise ConfigError(
                 f"unknown PaLM preset {name!r}; choose one of: {', '.join(PALM_PRESETS)}"
             )
-        return replace(PALM_PRESETS[name], **overrides)  # type: ignore[arg-type]
+        return replace(PALM_PRESETS[name], **overrides)
 
 
 _BYTES = 256

@@ -8,6 +8,7 @@ tensor-parallel plan that gives a rank a slice of the heads needs no change here
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -175,25 +176,50 @@ class PaLM(nn.Module):
         cache.advance(T)
         return lm_head(self.io, self.config, self.ln_f, self.output_weight, x, None)
 
-    # ``embed``, ``rotary`` and ``head`` read only wte, lm_head, ln_f, io and config, so a
-    # pipeline stage with those attributes (``PaLMStage``) runs them too.
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
-        return embed_ids(self.io, self.config, idx, lambda ids, _: self.wte(ids))
+        return embed_with(self, idx)
 
     def rotary(self, seq_len: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin`` tables for the positions this rank's attention sees of ``seq_len``."""
-        cos, sin = rotary_tables(
-            seq_len,
-            self.config.head_size,
-            theta=self.config.rope_theta,
-            device=x.device,
-            dtype=x.dtype,
-        )
-        pos = self.io.positions(seq_len, x.device)
-        return (cos, sin) if pos.numel() == seq_len else (cos[pos], sin[pos])
+        return rotary_with(self, seq_len, x)
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
         """The last block's output to logits, or to the mean loss with ``targets``."""
-        weight = self.wte.weight if self.lm_head is None else self.lm_head.weight
-        return lm_head(self.io, self.config, self.ln_f, weight, x, targets)
+        return head_with(self, x, targets)
+
+
+class _PaLMEnds(Protocol):
+    """What ``embed``, ``rotary`` and ``head`` read: a ``PaLM``, or a pipeline stage that holds
+    its ends (``PaLMStage``)."""
+
+    @property
+    def config(self) -> PaLMConfig: ...
+    @property
+    def io(self) -> LMIO: ...
+    @property
+    def wte(self) -> nn.Embedding: ...
+    @property
+    def ln_f(self) -> nn.Module: ...
+    @property
+    def lm_head(self) -> nn.Linear | None: ...
+
+
+def embed_with(m: _PaLMEnds, idx: torch.Tensor) -> torch.Tensor:
+    """Ids ``(B, T)`` to the first block's input ``(B, T, C)``."""
+    return embed_ids(m.io, m.config, idx, lambda ids, _: m.wte(ids))
+
+
+def rotary_with(m: _PaLMEnds, seq_len: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin`` tables for the positions this rank's attention sees of ``seq_len``."""
+    cos, sin = rotary_tables(
+        seq_len, m.config.head_size, theta=m.config.rope_theta, device=x.device, dtype=x.dtype
+    )
+    pos = m.io.positions(seq_len, x.device)
+    return (cos, sin) if pos.numel() == seq_len else (cos[pos], sin[pos])
+
+
+def head_with(m: _PaLMEnds, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+    """The last block's output to logits, or to the mean loss with ``targets``."""
+    weight = m.wte.weight if m.lm_head is None else m.lm_head.weight
+    return lm_head(m.io, m.config, m.ln_f, weight, x, targets)

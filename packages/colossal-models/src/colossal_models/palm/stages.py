@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .model import PaLM
+from .model import PaLM, embed_with, head_with, rotary_with
 
 __all__ = ["PaLMStage"]
 
@@ -35,10 +35,10 @@ class PaLMStage(nn.Module):
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if self.first:
             seq_len = x.shape[1]
-            x = PaLM.embed(self, x)  # type: ignore[arg-type]  # same attributes as PaLM
+            x = embed_with(self, x)
         else:
             seq_len = x.shape[1] * self.seq_parts
-        cos, sin = PaLM.rotary(self, seq_len, x)  # type: ignore[arg-type]
+        cos, sin = rotary_with(self, seq_len, x)
         for block in self.blocks.values():
             x = block(x, cos, sin)
-        return PaLM.head(self, x, targets) if self.last else x  # type: ignore[arg-type]
+        return head_with(self, x, targets) if self.last else x

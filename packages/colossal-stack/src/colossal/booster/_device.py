@@ -14,6 +14,7 @@ identity when moved (``Module.to`` replaces ``.data``), so an optimizer built on
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -99,7 +100,7 @@ def to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
-def _tensors(model: nn.Module):  # type: ignore[no-untyped-def]
+def _tensors(model: nn.Module) -> Iterator[torch.Tensor]:
     yield from model.parameters()
     yield from model.buffers()
 

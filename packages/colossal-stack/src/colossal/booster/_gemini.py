@@ -32,7 +32,7 @@ from colossal_zero import (
 )
 from colossal_zero.checkpoint import INDEX_FILE
 
-from .._capability import Combination, check_combination, table_precision
+from .._capability import Combination, check_combination, long_sequence, table_precision
 from .._sizes import parse_bytes
 from ..checkpoint._layout import save_layout
 from ..checkpoint._layout_load import load_layout
@@ -40,7 +40,6 @@ from ._device import resolve_device
 from ._full_model import FULL_MODEL_FILE, export_gemini
 from ._gemini_tp import (
     check_sp,
-    check_tp,
     check_tp_inputs,
     shard_for_tp,
     sp_mesh_config,
@@ -50,6 +49,7 @@ from ._gemini_tp import (
     world_size,
 )
 from ._groups import GroupMap
+from ._mesh_fields import MeshFields
 from ._mesh_stats import axis_comm_bytes
 from ._plugin import Plugin
 
@@ -57,7 +57,7 @@ __all__ = ["FULL_MODEL_FILE", "GeminiConfig", "GeminiPlugin", "export_gemini"]
 
 
 @dataclass
-class GeminiPlugin(Plugin):
+class GeminiPlugin(MeshFields, Plugin):
     """Gemini: parameters, gradients and Adam states in chunks that move between the accelerator
     (within ``config.accelerator_bytes``), the host and the disk, sharded across data-parallel
     ranks.
@@ -85,10 +85,10 @@ class GeminiPlugin(Plugin):
         sharding: parameter name -> tensor-parallel layout (``colossal_models.sharding.describe_sharding``)
             so the norm and fp16 overflow agree over the whole mesh; None: data parallelism only.
             Filled by the plugin when ``tp_size > 1``.
-        tp_size, tp_mode, tp_depth: tensor parallelism under Gemini (GPT and PaLM): the plugin
-            builds the mesh ``dp = world / tp_size``, shards the model through its plan, and
-            shards Gemini's chunks over ``dp`` (ZeRO-3 with tp; see [Note: Gemini with tp]).
-            ``tp_mode`` "1d", "2d" (tp = q*q), "2.5d" (q*q*tp_depth) or "3d" (q**3).
+        tp_size, tp_mode, tp_depth: tensor parallelism under Gemini (GPT and PaLM), as
+            ``MeshFields`` says (keyword-only): the plugin builds the mesh ``dp = world /
+            tp_size``, shards the model through its plan, and shards Gemini's chunks over
+            ``dp`` (ZeRO-3 with tp; see [Note: Gemini with tp]).
         sequence_parallel, sp_size: "ring" or "ulysses" over ``sp_size`` ranks (GPT and PaLM,
             with or without 1D tp): the mesh ``dp = world / (sp_size * tp_size)``; Gemini
             shards its chunks over dp and sp together ([Note: Gemini with sp]).
@@ -103,11 +103,6 @@ class GeminiPlugin(Plugin):
     sharded_checkpoint: bool = True
     sharding: Mapping[str, ParamSharding] | None = field(default=None, repr=False)
     lazy: LazyInit | None = field(default=None, repr=False)
-    tp_size: int = 1
-    tp_mode: str = "1d"
-    tp_depth: int = 1
-    sequence_parallel: str | None = None
-    sp_size: int = 1
     mesh: ProcessMesh | None = field(default=None, repr=False)
     _tp_maps: list[dict[str, ShardMap]] | None = field(default=None, repr=False)
     _model: GeminiModule | None = field(default=None, repr=False)
@@ -138,7 +133,7 @@ class GeminiPlugin(Plugin):
                 f"{self.export_shard_bytes!r}"
             )
         self.export_shard_bytes = shard  # parsed once
-        check_tp(self.tp_size, self.tp_mode, self.tp_depth)
+        self.check_mesh_fields((None, "ring", "ulysses"))  # [Note: mesh fields]
         check_sp(self.sequence_parallel, self.sp_size)
         self._check_combination()
         if self.config.disk_bytes != 0:  # [Note: budgets]: 0 is no disk tier
@@ -199,9 +194,10 @@ class GeminiPlugin(Plugin):
         elif self.sp_size > 1:
             check_tp_inputs(model, optimizer)
             self.mesh = ProcessMesh(sp_mesh_config(world_size(), self.sp_size))
-        if self.sp_size > 1:  # [Note: Gemini with sp], after tp as the hybrid plugin does
+        long = long_sequence(self.sequence_parallel)  # ring or ulysses when sp_size > 1
+        if self.sp_size > 1 and long is not None:  # [Note: Gemini with sp], after tp as hybrid
             assert self.mesh is not None
-            apply_sequence_parallel(model, self.mesh, self.sequence_parallel)  # type: ignore[arg-type]
+            apply_sequence_parallel(model, self.mesh, long)
             group = self.mesh.group("dp_sp")
         # the warmup step measures non-model bytes per moment (memtrace, through the contract)
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
@@ -335,7 +331,7 @@ class GeminiPlugin(Plugin):
         if self.export_full_model:
             limit = int(self.export_shard_bytes)
             tp_mesh = self.mesh if self.tp_size > 1 else None
-            export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=tp_mesh, maps=self._tp_maps)  # type: ignore[arg-type]
+            export_gemini(gm, Path(path), max_shard_bytes=limit, mesh=tp_mesh, maps=self._tp_maps)
 
     def load_checkpoint(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, path: Path

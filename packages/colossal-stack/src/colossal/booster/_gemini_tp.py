@@ -45,7 +45,7 @@ from colossal_models.sharding import (
     original_names,
     stream_full_state,
 )
-from colossal_parallel import TP_MODES, MeshConfig, ProcessMesh
+from colossal_parallel import MeshConfig, ProcessMesh, TpMode
 from colossal_zero import LazyInit, adam_arguments
 
 from ._groups import GroupMap, rebuilt
@@ -53,7 +53,6 @@ from ._lazy_fill import sharding_lazily
 
 __all__ = [
     "check_sp",
-    "check_tp",
     "check_tp_inputs",
     "shard_for_tp",
     "sp_mesh_config",
@@ -65,17 +64,7 @@ __all__ = [
 ]
 
 
-def check_tp(size: int, mode: str, depth: int) -> None:
-    """``ConfigError`` unless ``size`` ranks fit ``mode`` (q*q for 2d, q*q*depth, q**3)."""
-    for k, v in (("tp_size", size), ("tp_depth", depth)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"GeminiPlugin.{k} must be a positive int, got {v!r}")
-    if mode not in TP_MODES:
-        raise ConfigError(f"GeminiPlugin.tp_mode must be one of {TP_MODES}, got {mode!r}")
-    MeshConfig(tp=size, tp_mode=mode, tp_depth=depth).check_tp()  # type: ignore[arg-type]
-
-
-def tp_mesh_config(world_size: int, size: int, mode: str, depth: int, sp: int = 1) -> MeshConfig:
+def tp_mesh_config(world_size: int, size: int, mode: TpMode, depth: int, sp: int = 1) -> MeshConfig:
     """``dp = world_size / (size * sp)``; ``ConfigError`` when that does not divide the world."""
     if world_size % size:
         raise ConfigError(
@@ -87,7 +76,7 @@ def tp_mesh_config(world_size: int, size: int, mode: str, depth: int, sp: int = 
             f"tp_size * sp_size = {size}*{sp} does not divide the world size {world_size}; "
             f"launch a multiple of {size * sp} ranks or change the sizes"
         )
-    cfg = MeshConfig(dp=world_size // (size * sp), sp=sp, tp=size, tp_mode=mode, tp_depth=depth)  # type: ignore[arg-type]
+    cfg = MeshConfig(dp=world_size // (size * sp), sp=sp, tp=size, tp_mode=mode, tp_depth=depth)
     cfg.validate(world_size)
     return cfg
 
@@ -154,12 +143,9 @@ def tp_stream_state(
 
 
 def check_sp(method: str | None, size: int) -> None:
-    """``ConfigError`` unless Gemini's sequence-parallel settings are ones it runs (which tp
-    modes they compose with is the capability table's: [Note: capability table])."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"sp_size must be a positive int, got {size!r}")
-    if method not in (None, "ring", "ulysses"):
-        raise ConfigError(f"sequence_parallel must be None, 'ring' or 'ulysses', got {method!r}")
+    """``ConfigError`` unless Gemini's sequence-parallel kind and size go together (each alone
+    is ``MeshFields.check_mesh_fields``'; which tp modes they compose with is the capability
+    table's: [Note: capability table])."""
     if (method is None) != (size == 1):
         raise ConfigError(
             "sequence_parallel='ring' or 'ulysses' goes with sp_size >= 2, and sp_size > 1 needs "

@@ -32,7 +32,7 @@ from colossal_models import (
 )
 from colossal_models.sharding import describe_sharding, original_names
 from colossal_parallel import MeshConfig, ProcessMesh
-from colossal_parallel.pipeline import PipelineSchedule
+from colossal_parallel.pipeline import PipelineSchedule, ScheduleKind
 from colossal_zero import LazyInit, LowLevelZeroOptimizer, Precision, ZeroConfig
 
 from .._capability import (
@@ -60,14 +60,15 @@ from ._hybrid_grads import mesh_layout, rank_optimizer
 from ._hybrid_lora import prepare_lora
 from ._hybrid_pipeline import PipelineModule, pipeline_loss, pipeline_step
 from ._lazy_fill import fill_lazy, sharding_lazily
+from ._mesh_fields import MeshFields
 from ._mesh_stats import axis_comm_bytes
 from ._plugin import Plugin, _item
 
 __all__ = ["HybridParallelPlugin", "PipelineModule"]
 
 
-@dataclass
-class HybridParallelPlugin(Plugin):
+@dataclass(kw_only=True)  # by name: a positional tp_size (the old first field) fails loudly
+class HybridParallelPlugin(MeshFields, Plugin):
     """Tensor (1d/2d/2.5d/3d), pipeline, sequence and data parallelism, ZeRO-1/2 over ``dp``.
 
     Every rank of one data-parallel coordinate (``data_rank``) must be given the same batch.
@@ -76,10 +77,9 @@ class HybridParallelPlugin(Plugin):
     checked before any process group is created.
 
     Attributes:
-        tp_size: tensor-parallel ranks (1: none); ``tp_mode`` "1d", "2d", "2.5d" or "3d";
-            ``tp_depth``: 2.5D's depth d (tp_size = q * q * d).
-        sequence_parallel: None, "megatron" (over the tp ranks), "ring" or "ulysses" (over
-            ``sp_size`` ranks per sequence), or "ring+megatron" / "ulysses+megatron".
+        tp_size, tp_mode, tp_depth, sequence_parallel, sp_size: tensor and sequence
+            parallelism, as ``MeshFields`` says (every kind of ``sequence_parallel``). Every
+            setting is keyword-only.
         pp_size: pipeline stages; ``microbatches`` per batch, run by ``schedule`` ("1f1b",
             "interleaved", "gpipe") with ``num_virtual`` model chunks per rank (0: 2 for the
             interleaved schedule, else 1).
@@ -98,14 +98,9 @@ class HybridParallelPlugin(Plugin):
             ``Booster.boost``.
     """
 
-    tp_size: int = 1
-    tp_mode: str = "1d"
-    tp_depth: int = 1
-    sequence_parallel: str | None = None
-    sp_size: int = 1
     pp_size: int = 1
     microbatches: int = 1
-    schedule: str = "1f1b"
+    schedule: ScheduleKind = "1f1b"
     num_virtual: int = 0  # 0: 2 for the interleaved schedule, else 1
     zero_stage: int = 0
     precision: str = "fp32"
@@ -225,8 +220,9 @@ class HybridParallelPlugin(Plugin):
                 parallelize(
                     model, mesh, sequence_parallel=megatron_sequence(self.sequence_parallel)
                 )
-        if self.sp > 1:
-            apply_sequence_parallel(model, mesh, long_sequence(self.sequence_parallel))  # type: ignore[arg-type]
+        long = long_sequence(self.sequence_parallel)
+        if long is not None and self.sp > 1:
+            apply_sequence_parallel(model, mesh, long)
         if self.activation_checkpointing:
             apply_activation_checkpointing(model)
         if cfg.tp > 1 and not lora:
@@ -294,7 +290,7 @@ class HybridParallelPlugin(Plugin):
             self.backward(loss, optimizer)
             return loss.detach()
         assert self.mesh is not None and self._stages is not None
-        sched = PipelineSchedule(self.schedule, self.microbatches, self.num_virtual)  # type: ignore[arg-type]
+        sched = PipelineSchedule(self.schedule, self.microbatches, self.num_virtual)
         return pipeline_step(
             self._stages,
             self.mesh,

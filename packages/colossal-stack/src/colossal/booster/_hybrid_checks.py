@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from colossal_contracts import ConfigError
-from colossal_parallel import TP_MODES, MeshConfig
-from colossal_parallel.pipeline import SCHEDULES, PipelineSchedule
+from colossal_parallel import MeshConfig
+from colossal_parallel.pipeline import SCHEDULES, PipelineSchedule, ScheduleKind
 from colossal_zero import adam_arguments
 
 from .._capability import SP_KINDS, long_sequence, megatron_sequence
@@ -32,8 +32,10 @@ _SP_METHODS = (None, *SP_KINDS[1:])  # "ring+megatron": ring over sp, Megatron o
 
 def check_settings(plugin: HybridParallelPlugin) -> None:
     """``ConfigError`` (one line) for a size that is not a positive int or a kind that is not
-    known: checked before anything else of the plugin."""
-    for k in ("tp_size", "tp_depth", "sp_size", "pp_size", "microbatches"):
+    known (the mesh fields first, as Gemini checks them: [Note: mesh fields]): checked before
+    anything else of the plugin."""
+    plugin.check_mesh_fields(_SP_METHODS)
+    for k in ("pp_size", "microbatches"):
         v = getattr(plugin, k)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"HybridParallelPlugin.{k} must be a positive int, got {v!r}")
@@ -44,20 +46,13 @@ def check_settings(plugin: HybridParallelPlugin) -> None:
         )
     if plugin.zero_stage not in (0, 1, 2):
         raise ConfigError(f"zero_stage must be 0, 1 or 2, got {plugin.zero_stage!r}")
-    if plugin.tp_mode not in TP_MODES:
-        raise ConfigError(f"tp_mode must be one of {TP_MODES}, got {plugin.tp_mode!r}")
     if plugin.schedule not in SCHEDULES:
         raise ConfigError(f"schedule must be one of {SCHEDULES}, got {plugin.schedule!r}")
-    if plugin.sequence_parallel not in _SP_METHODS:
-        raise ConfigError(
-            f"sequence_parallel must be one of {_SP_METHODS}, got {plugin.sequence_parallel!r}"
-        )
 
 
 def check_sizes(plugin: HybridParallelPlugin) -> None:
-    """``ConfigError`` for sizes that cannot compose: a tp layout ``MeshConfig`` refuses, an
-    ``sp_size`` without ring or Ulysses, micro-batches without a pipeline."""
-    MeshConfig(tp=plugin.tp_size, tp_mode=plugin.tp_mode, tp_depth=plugin.tp_depth).check_tp()  # type: ignore[arg-type]
+    """``ConfigError`` for sizes that cannot compose: an ``sp_size`` without ring or Ulysses,
+    micro-batches without a pipeline (the tp sizes are ``check_settings``')."""
     if long_sequence(plugin.sequence_parallel) is None and plugin.sp_size != 1:
         raise ConfigError(
             f"sp_size={plugin.sp_size} needs sequence_parallel='ring' or 'ulysses' (Megatron "
@@ -89,7 +84,7 @@ def mesh_config(plugin: HybridParallelPlugin, world_size: int) -> MeshConfig:
         dp=world_size // block,
         pp=plugin.pp_size,
         tp=plugin.tp_size,
-        tp_mode=plugin.tp_mode,  # type: ignore[arg-type]
+        tp_mode=plugin.tp_mode,
         tp_depth=plugin.tp_depth,
         sp=plugin.sp,
     )
@@ -101,7 +96,7 @@ def check_model_and_optimizer(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     cfg: MeshConfig,
-    schedule: tuple[str, int, int],
+    schedule: tuple[ScheduleKind, int, int],
     *,
     zero_stage: int,
 ) -> None:
@@ -118,7 +113,7 @@ def check_model_and_optimizer(
             f"for a model of {layers} blocks; use at most {layers} stages"
         )
     if cfg.pp > 1:
-        PipelineSchedule(name, microbatches, num_virtual).validate(cfg.pp)  # type: ignore[arg-type]
+        PipelineSchedule(name, microbatches, num_virtual).validate(cfg.pp)
     if zero_stage:  # ZeRO's Adam: no amsgrad or maximize (before any group)
         adam_arguments(optimizer, who=f"the hybrid plugin's ZeRO-{zero_stage}")
     elif not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):

@@ -52,7 +52,13 @@ def reduce_and_clip(
     layout: dict[str, ParamSharding] | None,
 ) -> None:
     """Sum the gradients over sp, average them over dp, and clip them by the norm over the
-    whole mesh (``layout``: each parameter's split) when ``max_grad_norm`` > 0."""
+    whole mesh (``layout``: each parameter's split) when ``max_grad_norm`` > 0.
+
+    The norm and the clip factor are colossal-zero's (``mesh_grad_norm``, ``GradNorm.clip_coef``:
+    the arithmetic Gemini's and ZeRO-1/2's optimizers clip with). What is the hybrid plugin's
+    own is the reduction over sp and dp before it, and multiplying the gradients in place (the
+    user's optimizer steps on them; ZeRO's divide inside their update). There is no skip: without
+    ZeRO the precision is fp32 or fp64 (the capability table), so there is no loss scaler."""
     params = [p for _, p in named]
     if sp > 1:
         all_reduce_grads(params, mesh.comm, "sp", average=False)
@@ -61,8 +67,7 @@ def reduce_and_clip(
     if max_grad_norm > 0:
         layout = layout or {}
         parts = [(p.grad, layout.get(n)) for n, p in named if p.grad is not None]
-        norm = mesh_grad_norm(parts, shardings=layout).norm
-        coef = max_grad_norm / (norm + 1e-6)
+        coef = mesh_grad_norm(parts, shardings=layout).clip_coef(max_grad_norm)
         if coef < 1.0:
             for p in params:
                 if p.grad is not None:

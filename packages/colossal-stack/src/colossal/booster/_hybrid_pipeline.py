@@ -59,10 +59,10 @@ def pipeline_step(
     # ZeRO-1's .grad are views into its flat buffer; the pipeline replaces the tied
     # gradient by the first+last sum, so that sum is copied back into the view
     views = [q.grad for q in stages.tied]
-    zero = isinstance(optimizer, LowLevelZeroOptimizer)
-    zero2 = zero and zero_stage == 2
+    zero = optimizer if isinstance(optimizer, LowLevelZeroOptimizer) else None
+    zero2 = zero if zero is not None and zero_stage == 2 else None
     # ZeRO: fp16's loss scale, and times sp (ZeRO averages over dp x sp; sp must be summed)
-    scale = optimizer.loss_scale * sp if zero else 1.0  # type: ignore[union-attr]
+    scale = zero.loss_scale * sp if zero is not None else 1.0
     res = run_pipeline(
         stages.chunks,
         mesh,
@@ -71,12 +71,12 @@ def pipeline_step(
         targets,
         boundary_shape=stages.boundary_shape(b // m, t),
         boundary_dtype=boundary_dtype,
-        tied=() if zero2 else stages.tied,  # ZeRO-2: summed after its reduction
+        tied=() if zero2 is not None else stages.tied,  # ZeRO-2: summed after its reduction
         device=device,
         loss_scale=scale,
     )
-    if zero2:
-        sum_tied_zero2_grads(optimizer, stages.tied, mesh)  # type: ignore[arg-type]
+    if zero2 is not None:
+        sum_tied_zero2_grads(zero2, stages.tied, mesh)
     with torch.no_grad():
         for q, view in zip(stages.tied, views):
             if view is not None and q.grad is not view:

@@ -206,22 +206,24 @@ def _held_zero(opt: LowLevelZeroOptimizer, maps: dict[str, ShardMap]) -> list[_H
             _, lo, hi = part
             flats = {"param": part}
             for kind, chunk in (("exp_avg", b.exp_avg), ("exp_avg_sq", b.exp_avg_sq)):
-                flats[kind] = (chunk.shard_view(name)[0], lo, hi)  # type: ignore[index]
+                view = chunk.shard_view(name)
+                assert view is not None  # the states' buckets have the fp32 one's layout
+                flats[kind] = (view[0], lo, hi)
 
             def set_step(v: float, name: str = name) -> None:
                 opt.steps[name] = torch.tensor(v, dtype=torch.float32)
 
             step = float(opt.steps[name]) if name in opt.steps else None
-            out.append(_Held(m, tuple(p.shape), flats, step, set_step))  # type: ignore[arg-type]
+            out.append(_Held(m, tuple(p.shape), flats, step, set_step))
     return out
 
 
 def _model_info(model: nn.Module) -> dict[str, Any] | None:
     config = getattr(_base(model), "config", None)
-    if config is None or not dataclasses.is_dataclass(config):
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
         return None
     kind = type(config).__name__.removesuffix("Config")  # "GPT", "PaLM"
-    return {"class": kind, "config": dataclasses.asdict(config)}  # type: ignore[arg-type]
+    return {"class": kind, "config": dataclasses.asdict(config)}
 
 
 def _world() -> tuple[int, int]:

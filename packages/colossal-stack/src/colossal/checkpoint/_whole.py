@@ -161,8 +161,8 @@ def load_model_and_optimizer(
                 f"another optimizer ({type(err).__name__}: {err}); resume from another step-N"
             ) from err
     model.load_state_dict(tensors, strict=False)
-    if state is not None:
-        optimizer.load_state_dict(state)  # type: ignore[union-attr]
+    if state is not None and optimizer is not None:  # (state is read only with an optimizer)
+        optimizer.load_state_dict(state)
     return meta
 
 

@@ -96,7 +96,7 @@ def check_flags(flags: list[str], target: list[str]) -> None:
     def refuse(message: str) -> NoReturn:
         raise ConfigError(f"colossal run: {message}; torchrun's flags go before the command")
 
-    parser.error = refuse  # type: ignore[method-assign]
+    parser.error = refuse  # type: ignore[method-assign]  # torch builds the parser: raise, not exit
     parser.parse_args([*flags, "--module", "colossal"])
     if target[0].endswith(".py") and not Path(target[0]).is_file():
         raise ConfigError(f"colossal run: script {target[0]} does not exist")

@@ -7,6 +7,7 @@ dense 16-bit tensor peaks and the usual link speeds per direction (see docs/plan
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from colossal_contracts import ConfigError
 
@@ -69,9 +70,9 @@ class Hardware:
     collective_latency: float = 0.0
     oversubscribed: bool = False
 
-    def with_(self, **changes: object) -> Hardware:
+    def with_(self, **changes: Any) -> Hardware:
         """A copy with fields replaced (CLI overrides)."""
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return replace(self, **changes)
 
 
 HARDWARE: dict[str, Hardware] = {

@@ -122,55 +122,66 @@ _TOKEN = re.compile(
 def parse_layout(text: str) -> Layout:
     """The ``Layout`` that ``describe()`` printed as ``text``; ``ConfigError`` naming the token
     that does not read (this checks the spelling only: ``check_layout`` checks that it builds)."""
-    got: dict[str, object] = {}
+    seen: set[str] = set()  # the parts given, each at most once
+    dp: int | None = None
+    method: str | None = None
+    pp, ckpt = 1, False
+    tp: tuple[int, str, int] = (1, "1d", 1)  # size, mode, depth
+    sp: tuple[int, str] = (1, "ring")  # size, kind
+    mb: tuple[int, int] | None = None  # samples per micro-batch, micro-batches
 
-    def put(key: str, value: object, token: str) -> None:
-        if key in got:
+    def once(key: str, token: str) -> None:
+        if key in seen:
             raise ConfigError(f"layout {text!r}: {token!r} repeats a part given before; {_GRAMMAR}")
-        got[key] = value
+        seen.add(key)
 
     for token in text.split():
         if token in METHODS:
-            put("method", token, token)
+            once("method", token)
+            method = token
             continue
         m = _TOKEN.fullmatch(token)
         if m is None:
             raise ConfigError(f"layout {text!r}: cannot read {token!r}; {_GRAMMAR}")
         g = {k: v for k, v in m.groupdict().items() if v is not None}
         if "dp" in g:
-            put("dp", int(g["dp"]), token)
+            once("dp", token)
+            dp = int(g["dp"])
         elif "pp" in g:
-            put("pp", int(g["pp"]), token)
+            once("pp", token)
+            pp = int(g["pp"])
         elif "tp" in g:
+            once("tp", token)
             mode = (g.get("mode") or "").lstrip("-")
             mode = {"": "1d", "sp": "1d-sp"}.get(mode, mode.split("-")[0])
-            put("tp", (int(g["tp"]), mode, int(g.get("d", 1))), token)
+            tp = (int(g["tp"]), mode, int(g.get("d", 1)))
         elif "sp" in g:
-            put("sp", (int(g["sp"]), g["spk"]), token)
+            once("sp", token)
+            sp = (int(g["sp"]), g["spk"])
         elif "mb" in g:
-            put("mb", (int(g["mb"]), int(g["m"])), token)
+            once("mb", token)
+            mb = (int(g["mb"]), int(g["m"]))
         else:
-            put("ckpt", True, token)
-    for need in ("dp", "method", "mb"):
-        if need not in got:
-            raise ConfigError(f"layout {text!r} has no {need} part; {_GRAMMAR}")
-    tp, mode, depth = got.get("tp", (1, "1d", 1))  # type: ignore[misc]
-    sp, kind = got.get("sp", (1, "ring"))  # type: ignore[misc]
-    mb, m = got["mb"]  # type: ignore[misc]
-    sizes = {"dp": got["dp"], "pp": got.get("pp", 1), "tp": tp, "sp": sp, "mb": mb, "x": m}
+            once("ckpt", token)
+            ckpt = True
+    if dp is None or method is None or mb is None:
+        need = "dp" if dp is None else "method" if method is None else "mb"
+        raise ConfigError(f"layout {text!r} has no {need} part; {_GRAMMAR}")
+    (tp_size, mode, depth), (sp_size, kind), (micro, num_micro) = tp, sp, mb
+    sizes = {"dp": dp, "pp": pp, "tp": tp_size, "sp": sp_size, "mb": micro, "x": num_micro}
     for name, v in {**sizes, "d": depth}.items():
-        if v < 1:  # type: ignore[operator]
+        if v < 1:
             raise ConfigError(f"layout {text!r}: {name} must be positive, got {v}")
     return Layout(
-        got["dp"],  # type: ignore[arg-type]
-        got.get("pp", 1),  # type: ignore[arg-type]
-        tp,
+        dp,
+        pp,
+        tp_size,
         mode,
-        sp,
-        got["method"],  # type: ignore[arg-type]
-        mb,
-        m,
-        "full" if got.get("ckpt") else "none",
+        sp_size,
+        method,
+        micro,
+        num_micro,
+        "full" if ckpt else "none",
         depth,
         kind,
     )

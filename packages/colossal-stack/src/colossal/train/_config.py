@@ -86,7 +86,8 @@ class TrainConfig:
         for flag, value in flags.items():
             section, name = FLAGS[flag]
             kw[section][name] = value
-        return cls(**{name: SECTIONS[name](**kw[name]) for name in SECTIONS})  # type: ignore[arg-type]
+        sections: dict[str, Any] = {name: SECTIONS[name](**kw[name]) for name in SECTIONS}
+        return cls(**sections)
 
     def flags(self) -> dict[str, Any]:
         """Every flag's value, keyed as ``from_flags`` takes them (budgets in bytes)."""

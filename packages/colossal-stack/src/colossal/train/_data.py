@@ -37,8 +37,9 @@ def resolve_tokenizer(cfg: TrainConfig) -> TextTokenizer:
     """The run's tokenizer (see the module's docstring for the order of choice)."""
     if cfg.data.tokenizer is not None:
         return load_tokenizer(cfg.data.tokenizer)
-    if is_prepared(cfg.data.path):
-        folder = Path(cfg.data.path).expanduser()  # type: ignore[arg-type]
+    path = cfg.data.path
+    if path is not None and is_prepared(path):
+        folder = Path(path).expanduser()
         return load_tokenizer(f"hf:{folder}" if has_tokenizer(folder) else BYTES)
     if cfg.model.name.startswith(HF_PREFIX):
         path = Path(cfg.model.name[len(HF_PREFIX) :]).expanduser()
@@ -51,8 +52,9 @@ def resolve_tokenizer(cfg: TrainConfig) -> TextTokenizer:
 def open_data(cfg: TrainConfig, tokenizer: TextTokenizer, *, rank: int) -> TokenShards:
     """The prepared shards of ``cfg.data.path`` (raw data: prepared into the cache now, rank 0 first);
     ``ConfigError`` on every rank for bad data, or a prepared folder of another tokenizer."""
-    if is_prepared(cfg.data.path):
-        shards = TokenShards.open(Path(cfg.data.path).expanduser())  # type: ignore[arg-type]
+    path = cfg.data.path
+    if path is not None and is_prepared(path):
+        shards = TokenShards.open(Path(path).expanduser())
         made_by = shards.index["tokenizer"]
         if made_by["fingerprint"] != tokenizer.fingerprint:
             raise ConfigError(

@@ -227,11 +227,7 @@ def _sequence_parts(cfg: TrainConfig) -> int:
 def hybrid_plugin(cfg: TrainConfig) -> HybridParallelPlugin:
     """The hybrid plugin ``cfg`` describes (its own checks run here, before any group)."""
     return HybridParallelPlugin(
-        tp_size=cfg.parallel.tp,
-        tp_mode=cfg.parallel.tp_mode,
-        tp_depth=cfg.parallel.tp_depth,
-        sequence_parallel=cfg.parallel.sp,
-        sp_size=cfg.parallel.sp_size,
+        **cfg.parallel.mesh_fields(),
         pp_size=cfg.parallel.pp,
         microbatches=cfg.parallel.microbatches
         * (cfg.training.grad_accum if cfg.parallel.pp > 1 else 1),  # accumulated

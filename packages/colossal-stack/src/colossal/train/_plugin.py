@@ -52,11 +52,9 @@ def _gemini_plugin(cfg: TrainConfig) -> Plugin:
     return GeminiPlugin(
         config=config,
         max_grad_norm=cfg.training.max_grad_norm,
-        tp_size=cfg.parallel.tp,
-        tp_mode=cfg.parallel.tp_mode,
-        tp_depth=cfg.parallel.tp_depth,
-        sequence_parallel=cfg.parallel.sp if cfg.parallel.sp in ("ring", "ulysses") else None,
-        sp_size=cfg.parallel.sp_size if cfg.parallel.sp in ("ring", "ulysses") else 1,
+        # a TrainConfig gives Gemini ring/Ulysses or no --sp, and --sp-size only with them
+        # (resolve_plugin's flag pairs, the capability table)
+        **cfg.parallel.mesh_fields(),
     )
 
 

@@ -26,7 +26,7 @@ LOCK_FILE = ".lock"
 try:  # POSIX; elsewhere runs are not locked
     import fcntl
 except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # the optional-import idiom mypy has no type for
 
 
 def holder_pid(out: Path) -> int | None:

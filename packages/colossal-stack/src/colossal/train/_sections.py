@@ -14,11 +14,13 @@ the section says it already (``model.name`` for ``--model``, ``data.path`` for `
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from colossal_contracts import ConfigError
+from colossal_parallel import TpMode
+from colossal_parallel.pipeline import ScheduleKind
 
 __all__ = [
     "FLAGS",
@@ -91,9 +93,10 @@ class _Section:
     ``Path``s."""
 
     _SECTION = ""
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every section is a dataclass
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # type: ignore[arg-type]
+        for f in fields(self):
             flag = _FLAG_OF[(self._SECTION, f.name)]
             value = getattr(self, f.name)
             kinds, bounds = _CHECKS[flag]
@@ -221,6 +224,9 @@ class ParallelSection(_Section):
             per rank) or "gpipe".
         layout: the ``colossal plan`` layout the mesh flags came from (``--layout``), recorded
             in metrics.jsonl and the summary; None: flags given one by one.
+
+    ``tp``, ``tp_mode``, ``tp_depth``, ``sp`` and ``sp_size`` are the plugins' mesh fields
+    under their flags' names; ``mesh_fields`` gives them under the plugins' names.
     """
 
     _SECTION = "parallel"
@@ -228,14 +234,26 @@ class ParallelSection(_Section):
     zero: int | None = None
     zero_stage: int = 1
     tp: int = 1
-    tp_mode: str = "1d"
+    tp_mode: TpMode = "1d"
     tp_depth: int = 1
     sp: str | None = None
     sp_size: int = 1
     pp: int = 1
     microbatches: int = 1
-    schedule: str = "1f1b"
+    schedule: ScheduleKind = "1f1b"
     layout: str | None = None
+
+    def mesh_fields(self) -> dict[str, Any]:
+        """The tensor- and sequence-parallel settings as the hybrid and Gemini plugins take
+        them (``colossal.booster``'s [Note: mesh fields]): ``--tp`` is ``tp_size``, ``--sp``
+        ``sequence_parallel``."""
+        return {
+            "tp_size": self.tp,
+            "tp_mode": self.tp_mode,
+            "tp_depth": self.tp_depth,
+            "sequence_parallel": self.sp,
+            "sp_size": self.sp_size,
+        }
 
 
 @dataclass(frozen=True)
@@ -334,7 +352,7 @@ _RENAMED = {
 }
 FLAGS: dict[str, tuple[str, str]] = {}  # [Note: flags]
 for _name, _cls in SECTIONS.items():
-    _fields = {f.name for f in fields(_cls)}  # type: ignore[arg-type]
+    _fields = {f.name for f in fields(_cls)}
     for _flag in _CHECKS:
         _field = _RENAMED.get(_flag, _flag)
         if _field in _fields:
@@ -347,6 +365,6 @@ def flag_defaults() -> dict[str, Any]:
     """Every flag's default value (the sections' field defaults)."""
     out = {}
     for flag, (section, name) in FLAGS.items():
-        f = next(f for f in fields(SECTIONS[section]) if f.name == name)  # type: ignore[arg-type]
+        f = next(f for f in fields(SECTIONS[section]) if f.name == name)
         out[flag] = f.default
     return out

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from colossal_chunk import ManagerStats, map_large_host_blocks, trim_host_heap
-from colossal_contracts import ConfigError, StepRecorder
+from colossal_contracts import ConfigError, StepRecorder, TierName
 
 from .._lazy import LazyInit
 from ._config import GeminiConfig
@@ -39,7 +39,7 @@ class GeminiModule(nn.Module):
         self.runtime = runtime
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        dev = self.runtime.manager.residency.compute_device
+        dev = self.compute_device
         if dev.type != "cpu":
             args, kwargs = tree_map(lambda t: _to(t, dev), (args, kwargs))
         self.runtime.begin_forward()
@@ -58,7 +58,7 @@ class GeminiModule(nn.Module):
     @property
     def compute_device(self) -> torch.device:
         """Where chunks compute: the accelerator tier's device (CUDA, or the CPU emulating it)."""
-        return self.runtime.manager.residency.compute_device
+        return self.runtime.manager.books.tiers[TierName.ACCELERATOR].device
 
     def reset_peaks(self) -> None:
         """Start every tier's peak bytes over: the next ``memory_stats`` reports the peaks since."""

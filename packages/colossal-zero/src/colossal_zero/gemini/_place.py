@@ -5,11 +5,14 @@ moved to the compute device. ``GeminiRuntime`` does this once, as it is built.""
 
 from __future__ import annotations
 
+from functools import partial
+
+import torch
 import torch.distributed as dist
 from torch import nn
 
 from colossal_chunk import ChunkManager, ManagerHooks
-from colossal_contracts import ConfigError, PlacementPolicy
+from colossal_contracts import ConfigError, PlacementPolicy, TierName
 
 from .._lazy import LazyInit, LazyValues
 from ._config import GeminiConfig
@@ -45,28 +48,30 @@ def place_module(
     frozen = [n for n, p in named if not p.requires_grad]  # [Note: frozen chunks]
     fill = lazy_values.fill if lazy_values else None
     manager.register(named, materialize=fill, frozen=frozen)
-    if precision.master:
-        manager.add_parallel("master", precision.state_dtype)
-        for rec in manager.groups.values():
-            c = rec.param
-            if c.frozen:  # frozen chunks have no master ([Note: frozen chunks])
-                continue
-            master = rec.twin("master")
-            for name in c.records:
-                part = master.shard_view(name)
-                if part is not None:
-                    view, a, b = part
-                    value = originals.get(name)
-                    if value is None:  # lazy: materialized again, one tensor at a time
-                        value = lazy_values.original(params[name])
-                    view.copy_(value.reshape(-1)[a:b])
+    if precision.master:  # written once, as each is made (colossal-chunk's [Note: twins
+        # filled once]): the values before the cast, lazy ones materialized again
+        values = partial(_original, originals, lazy_values, params)
+        manager.add_parallel("master", precision.state_dtype, values=values)
+        del values
     else:
         manager.add_parallel("grad", precision.state_dtype)  # float64 under fp64
     del originals
-    dev = manager.residency.compute_device
+    dev = manager.books.tiers[TierName.ACCELERATOR].device
     for buf_owner in module.modules():
         for bname, buf in buf_owner.named_buffers(recurse=False):
             if buf.is_meta:
                 buf = lazy_values.buffer(buf)
             setattr(buf_owner, bname, buf.to(dev))
     return manager, policy
+
+
+def _original(
+    originals: dict[str, torch.Tensor],
+    lazy_values: LazyValues,
+    params: dict[str, nn.Parameter],
+    name: str,
+) -> torch.Tensor:
+    """Parameter ``name``'s value before the cast to the compute dtype (a lazy one materialized
+    again, bit-identical to its first materialization: [Note: lazy init])."""
+    value = originals.get(name)
+    return lazy_values.original(params[name]) if value is None else value

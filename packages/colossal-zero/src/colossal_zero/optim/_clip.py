@@ -1,6 +1,8 @@
 """Gradient clipping by the global norm and skipping fp16 steps that overflowed, as Gemini's
 optimizer and ZeRO-1/2 both do them ([Note: loss scaling] in ``_scaler.py``): ``ClippedAdam``
-is what both optimizers are around their own update."""
+is what both optimizers are around their own update. ``clip_coef`` is the clip factor itself,
+also what the hybrid plugin's own step (no ZeRO) multiplies its gradients by
+(``GradNorm.clip_coef``)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from colossal_contracts import ConfigError
 from ._adam import AdamHyper
 from ._scaler import DynamicLossScaler, LossScalerConfig
 
-__all__ = ["ClippedAdam", "check_max_grad_norm", "clip_divisor", "skip_step"]
+__all__ = ["ClippedAdam", "check_max_grad_norm", "clip_coef", "clip_divisor", "skip_step"]
 
 
 def check_max_grad_norm(max_grad_norm: float) -> None:
@@ -42,12 +44,21 @@ def clip_divisor(loss_scale: float, max_grad_norm: float, grad_norm: Callable[[]
     non-finite norm without a scaler has nothing to clip to: the divisor stays the loss scale and
     the caller's non-finite guard stops the run."""
     if max_grad_norm > 0:
-        norm = grad_norm()
-        if math.isfinite(norm):
-            coef = max_grad_norm / (norm + 1e-6)
-            if coef < 1.0:
-                return loss_scale / coef
+        coef = clip_coef(max_grad_norm, grad_norm())
+        if coef < 1.0:
+            return loss_scale / coef
     return loss_scale
+
+
+def clip_coef(max_grad_norm: float, norm: float) -> float:
+    """The factor that clips gradients of global (unscaled) norm ``norm`` to ``max_grad_norm``:
+    ``max_grad_norm / (norm + 1e-6)`` where that is below 1, else 1.0 (no clipping:
+    ``max_grad_norm`` 0, a norm within it, or a non-finite norm, which has nothing to clip to)."""
+    if max_grad_norm > 0 and math.isfinite(norm):
+        coef = max_grad_norm / (norm + 1e-6)
+        if coef < 1.0:
+            return coef
+    return 1.0
 
 
 class ClippedAdam(torch.optim.Optimizer):

@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from colossal_contracts import ParamSharding, ShardAxis, sharding_axes
 
+from ._clip import clip_coef
+
 __all__ = ["GradNorm", "mesh_grad_norm", "piece_squares", "reduce_squares"]
 
 
@@ -34,6 +36,11 @@ class GradNorm:
 
     norm: float
     overflow: bool
+
+    def clip_coef(self, max_grad_norm: float) -> float:
+        """What the gradients are multiplied by to clip them to ``max_grad_norm`` (1.0: not
+        clipped); Gemini's and ZeRO's arithmetic (``_clip.clip_coef``)."""
+        return clip_coef(max_grad_norm, self.norm)
 
 
 def mesh_grad_norm(
