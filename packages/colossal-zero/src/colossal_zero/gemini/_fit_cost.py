@@ -12,22 +12,18 @@ eviction: [Note: Belady eviction] in colossal-chunk) moves in the second of two 
 when each moment needs its chunks' shards (in backward with their gradient twins' shards, made
 there rather than loaded) resident in the room it leaves (the budget less its reserve, what kept
 chunks hold and its chunks' gathered buffers), and every shard goes home for the update (as with
-states on the host); GPT tiny and mini on 2 ranks at 0.6 of their states, over every size the
-rule allows, measured moves within 15% of it and rising and falling with it. ``exposed``: the bytes on the
-wire no compute overlaps: of each collective, this rank's ``(ws - 1) / ws`` of its chunk beyond
-``OVERLAP_BYTES``, and all of the first moment's all-gathers and the last one's reductions
-([Note: overlap] in ``_comm.py``). Bigger chunks: fewer collectives, more held
-at each moment (less room, more moves) and more exposed. Halving alone took the largest size on
-the halving ladder, often far more chunks than a size between two halvings (GPT tiny on 4 ranks
-at 0.6 of its states: 9 where 7 keep the rule, 0.91-0.96 of its step time); the fewest chunks
-alone was slower for GPT mini on 2 ranks (5 chunks where halving took 7: 1.04 and 1.21 of its
-step in two runs), which ``exposed`` counts against; at a quarter of its resident bytes 10
-chunks where halving took 18 ran 0.88-0.97 of its step (three runs). Sizes below that halving
-are not tried: there the replay over-counts what smaller chunks save (stock GPT tiny on 2 ranks at a quarter
-of its resident bytes: a step of 0.85 kept the rule where no halving did, 14 chunks where the
-run had gone on with 6, 1.09 of its step). The choice is a pure function of the warmup's trace,
-the same on every rank. On one rank there are no collectives and the fit takes that halving
-(fewer chunks: fewer hooks and copies, which ``moved`` does not count).
+states on the host); over every size the rule allowed GPT tiny and mini, measured moves rose and
+fell with it. ``exposed``: the bytes on the wire no compute overlaps: of each collective, this
+rank's ``(ws - 1) / ws`` of its chunk beyond ``OVERLAP_BYTES``, and all of the first moment's
+all-gathers and the last one's reductions ([Note: overlap] in ``_comm.py``). Bigger chunks:
+fewer collectives, more held at each moment (less room, more moves) and more exposed. Halving
+alone takes the largest size on the halving ladder, often far more chunks than a size between
+two halvings; the fewest chunks alone waits on big gathers (``exposed``). Sizes below that
+halving are not tried: there the replay over-counts what smaller chunks save (a size of 0.85
+steps that kept the rule where no halving did took 14 chunks where the run had gone on with 6,
+and was slower). The choice is a pure function of the warmup's trace, the same on every rank. On
+one rank there are no collectives and the fit takes that halving (fewer chunks: fewer hooks and
+copies, which ``moved`` does not count). Measurements: docs/gemini.md, Figures.
 """
 
 from __future__ import annotations
@@ -47,8 +43,8 @@ COLLECTIVE_HOP_BYTES = 1 << 20
 # What of a collective's bytes on the wire the compute of the moment before its use hides: a
 # moment is one operator, so a chunk whose share is larger waits (GPT mini on 2 ranks with 5
 # chunks of 19 MB waited 2.5x as long in its pre-forward and pre-backward hooks as with 7 of 13).
-# Set where GPT mini's measured steps turn: shares of 4-6 MiB ran faster than more, smaller
-# chunks; shares of 8-10 MiB slower than fewer, bigger ones.
+# Set where GPT mini's measured steps turn: fewer chunks with shares up to about 6 MiB sped its
+# step up, fewer with shares of 8-10 MiB slowed it (docs/gemini.md, Figures).
 OVERLAP_BYTES = 6 << 20
 
 
