@@ -27,21 +27,21 @@ def test_every_source_module_is_under_400_lines():
     assert not long, f"split these modules (one concept each, under {MAX_LINES} lines): {long}"
 
 
-def test_no_bare_runtime_error_is_raised():
-    bare = [
+def _lines_matching(pattern: str) -> list[str]:
+    """``path:line`` of every source line that ``pattern`` matches."""
+    return [
         f"{path.relative_to(ROOT)}:{i}"
         for path in _sources()
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if re.search(r"\braise RuntimeError\(", line)
+        if re.search(pattern, line)
     ]
+
+
+def test_no_bare_runtime_error_is_raised():
+    bare = _lines_matching(r"\braise RuntimeError\(")
     assert not bare, f"raise a colossal_contracts error (ConfigError, InternalError ...): {bare}"
 
 
 def test_every_type_ignore_names_its_code():
-    loose = [
-        f"{path.relative_to(ROOT)}:{i}"
-        for path in _sources()
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if re.search(r"type:\s*ignore(?!\[)", line)
-    ]
+    loose = _lines_matching(r"type:\s*ignore(?!\[)")
     assert not loose, f"write the code (# type: ignore[attr-defined]) and why: {loose}"
