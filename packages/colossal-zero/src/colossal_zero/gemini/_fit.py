@@ -38,6 +38,7 @@ with the chosen size, and an access that finds no room names a budget as ``make_
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 
@@ -164,6 +165,7 @@ def fit_chunk_size(
         for kind in (False, True)
     ]
 
+    @functools.cache  # the objective asks again for sizes the halvings measured
     def budgets(numels: tuple[int, int]) -> tuple[int, int]:
         """The rule's smallest budget, and the floor below which the policy cannot place a
         moment's own chunks (in backward with the gradient twins still filling) beside its
