@@ -51,6 +51,7 @@ from colossal_contracts import TensorState
 from ..optim._precision import Precision
 from ._grads import StepGradients
 from ._hooks import label
+from ._index import ChunkIndex
 from ._update_in_backward import NO_HOOKS, UpdateHooks
 
 __all__ = ["GradientCollection"]
@@ -69,7 +70,7 @@ class GradientCollection(StepGradients):
     world_size: int  # ranks in ``group``
     resident: bool  # [Note: resident steps] in ``_runtime.py``
     keeping: bool  # [Note: kept gradients] in ``_grads.py``
-    _cid_of: dict[str, int]  # param name -> its chunk id
+    index: ChunkIndex  # [Note: chunk index] in ``_index.py``: name -> its chunk
     _grad_done: set[str]  # names whose gradient this backward collected
     _readers: dict[str, int]  # name -> readers with backward to come ([Note: gradients in parts])
     _parts: set[str]  # names whose gradient waits in .grad for a later part (same note)
@@ -172,7 +173,7 @@ class GradientCollection(StepGradients):
     def _keep(self, name: str, grad: torch.Tensor) -> None:
         """Keep ``grad`` as ``name``'s gradient of this step ([Note: kept gradients])."""
         self._start_backward()
-        cid = self._cid_of[name]
+        cid = self.index.ids[name]
         group = self.manager.groups[cid]
         if group.grads is not _G.FILLING:  # the first this backward ([Note: kept gradients])
             if group.grads is _G.REDUCED:  # an earlier micro-batch's, not stashed by a forward
@@ -195,7 +196,7 @@ class GradientCollection(StepGradients):
         return self.precision.master or self.world_size > 1
 
     def _collect(self, name: str, grad: torch.Tensor) -> None:
-        c = self.manager.chunk_of(name)
+        c = self.index.chunk(name)
         if self._in_place:  # the parameter's own slot ([Note: gradients in chunks])
             if c.state(name) is not _S.COMPUTE:
                 self.stash(c.chunk_id)

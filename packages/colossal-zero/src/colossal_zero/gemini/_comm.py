@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from colossal_chunk import Chunk, ChunkManager
+from colossal_chunk import Chunk
 from colossal_contracts import MemStatsSource, TierName
+
+from ._index import ChunkIndex
 
 if TYPE_CHECKING:
     from ._runtime import GeminiRuntime
@@ -39,17 +41,15 @@ __all__ = ["CommSchedule", "GeminiHooks", "RankMaxStats"]
 class CommSchedule:
     """Per moment, the parameter chunks the next moment uses ([Note: overlap])."""
 
-    def __init__(self, manager: ChunkManager, order: Sequence[tuple[str, ...]]):
-        self.manager = manager
+    def __init__(self, order: Sequence[tuple[str, ...]], index: ChunkIndex):
         self.order = list(order)
         self._next: list[tuple[int, ...]] = []
         self._next_set: list[frozenset[int]] = []
-        self.reindex()
+        self.reindex(index)
 
-    def reindex(self) -> None:
-        """Map names to chunk ids again (after a re-pack)."""
-        m = self.manager
-        ids = [tuple(dict.fromkeys(m.chunk_of(n).chunk_id for n in names)) for names in self.order]
+    def reindex(self, index: ChunkIndex) -> None:
+        """Map names to chunk ids again with the runtime's ``index`` (after a re-pack)."""
+        ids = [index.chunk_ids(names) for names in self.order]
         self._next = [*ids[1:], ()]  # the last moment's next moment is in the next step
         self._next_set = [frozenset(i) for i in self._next]
 

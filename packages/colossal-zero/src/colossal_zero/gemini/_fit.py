@@ -48,6 +48,7 @@ from colossal_chunk import ChunkManager, pack
 from colossal_contracts import CapacityError, TierName
 
 from ._fit_cost import StepCost, step_cost
+from ._setup import chunk_numels
 
 __all__ = ["RERUN_HEADROOM", "fit_chunk_size", "moment_need"]
 
@@ -157,8 +158,7 @@ def fit_chunk_size(
     kept = manager.books.kept_bytes()
     reserves = [reserve(m) for m in range(len(order))]
     peaks = reserves if peak is None else [peak(m) for m in range(len(order))]
-    cfg = manager.config
-    numels = (cfg.chunk_numel_for(ws), cfg.chunk_numel_for(ws, frozen=True))
+    numels = chunk_numels(manager.groups)  # the sizes in force, each rounded to ``ws``
     # per kind: the size it may not go below (its largest tensor; a kind without tensors stays)
     largest = [
         max((t[0] for t in tensors.values() if t[2] == kind), default=numels[kind])
@@ -224,9 +224,9 @@ def fit_chunk_size(
                     if c[0] >= cand[0] and c[1] >= cand[1] and budgets(c)[0] <= capacity
                 ]
                 cand = min(keeping, key=lambda c: _cost(c).cost)  # a tie: the larger size
-            if any(t[2] for t in tensors.values()):  # frozen tensors: their size too
-                return {"chunk_numel": cand[0], "frozen_chunk_numel": cand[1]}
-            return {"chunk_numel": cand[0]}
+            kinds = {t[2] for t in tensors.values()}  # the sizes of the kinds there are
+            sizes = {"chunk_numel": cand[0]} if False in kinds else {}
+            return sizes | ({"frozen_chunk_numel": cand[1]} if True in kinds else {})
     numels = halvings[-1] if halvings else numels
     if floor <= capacity:  # the rule counts more than may be held: try the chosen size
         return None

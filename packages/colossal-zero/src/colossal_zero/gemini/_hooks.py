@@ -108,8 +108,8 @@ class AccessMode(TorchFunctionMode):
             )
         try:
             if torch.is_grad_enabled():  # [Note: saved parameter views]
-                m = self.rt.manager
-                with saved_param_views(m, {m.chunk_of(n) for n in names}, self._replay):
+                chunks = {self.rt.index.chunk(n) for n in names}
+                with saved_param_views(self.rt.manager, chunks, self._replay):
                     out = func(*args, **kwargs)
             else:
                 out = func(*args, **kwargs)

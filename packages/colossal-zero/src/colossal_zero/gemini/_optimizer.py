@@ -42,7 +42,7 @@ from ..optim._from_torch import adam_arguments
 from ..optim._mesh_norm import piece_squares, reduce_squares
 from ._chunk_update import STATE_KINDS, ChunkUpdates, Rows
 from ._module import GeminiModule
-from ._setup import working_set_bytes
+from ._setup import chunk_numels, working_set_bytes
 from ._state_placement import StatePlan, plan_states
 from ._update_in_backward import Squares, UpdateInBackward, check_update_in_backward
 
@@ -310,11 +310,9 @@ class GeminiOptimizer(ClippedAdam):
         cfg, rt = self.rt.config, self.rt
         if cfg.placement != "auto" or cfg.states_placement == "host":
             return None
-        ws, sizes = rt.world_size, rt.manager.config
-        frozen = working_set_bytes(
-            sizes.chunk_numel_for(ws, frozen=True), rt.precision, ws, frozen=True
-        )
-        return 2 * max(working_set_bytes(sizes.chunk_numel_for(ws), rt.precision, ws), frozen)
+        ws, (numel, frozen_numel) = rt.world_size, chunk_numels(rt.manager.groups)
+        frozen = working_set_bytes(frozen_numel, rt.precision, ws, frozen=True)
+        return 2 * max(working_set_bytes(numel, rt.precision, ws), frozen)
 
     def _place_states(self) -> None:
         """See [Note: state placement]: measure one step once the compute order is known, then

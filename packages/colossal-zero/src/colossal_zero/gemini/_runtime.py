@@ -53,6 +53,7 @@ from ._config import GeminiConfig
 from ._fit import fit_chunk_size
 from ._grads import AfterStep
 from ._hooks import AccessMode, label
+from ._index import ChunkIndex
 from ._place import place_module
 from ._state import TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree
@@ -126,7 +127,6 @@ class GeminiRuntime(GradientCollection):
         self._kept_bytes = sum(  # what kept gradients hold at most: one per trainable parameter
             p.numel() * dtype.itemsize for p in self.params.values() if p.requires_grad
         )
-        self._op_chunks: dict[tuple[str, ...], tuple[int, ...]] = {}  # names -> their chunk ids
         self._index_chunks()
 
     # ----- forward ------------------------------------------------------------------------------
@@ -209,27 +209,22 @@ class GeminiRuntime(GradientCollection):
         self._used.update(names)
         if self.group is not None:
             self._digest.add(names)
-        ids = self._op_chunks.get(names)
-        if ids is None:
-            ids = tuple(dict.fromkeys(self.manager.chunk_of(n).chunk_id for n in names))
-            self._op_chunks[names] = ids
-        for cid in ids:
+        for cid in self.index.chunk_ids(names):
             if self.manager.groups[cid].grads is _G.REDUCED:
                 self.stash(cid)
 
     def pre_op(self, names: tuple[str, ...]) -> None:
         self._used.update(names)
         self._advance(names)
-        for cid in {self.manager.chunk_of(n).chunk_id for n in names}:
+        for cid in {self.index.ids[n] for n in names}:
             self.stash(cid)
         self._access(names)
         self._gather_next()
 
     def post_op(self, names: tuple[str, ...]) -> None:
-        m = self.manager
-        busy = [n for n in names if m.chunk_of(n).state(n) is _S.COMPUTE]
+        busy = [n for n in names if self.index.chunk(n).state(n) is _S.COMPUTE]
         if busy:
-            m.release(busy, state=_S.HOLD)
+            self.manager.release(busy, state=_S.HOLD)
 
     def _access(self, names: Sequence[str]) -> None:
         self.manager.access(names)  # the manager's fast path covers resident chunks
@@ -293,7 +288,7 @@ class GeminiRuntime(GradientCollection):
         self._start_backward()
         self._advance(names)
         todo = [n for n in names if n not in self._grad_done]
-        for cid in {self.manager.chunk_of(n).chunk_id for n in todo}:
+        for cid in {self.index.ids[n] for n in todo}:
             if self.manager.groups[cid].grads is not _G.FILLING:
                 self.stash(cid)
         if todo:
@@ -313,7 +308,7 @@ class GeminiRuntime(GradientCollection):
         now go back to HOLD ([Note: released after backward]); trainable ones keep their chunk
         gathered."""
         m = self.manager
-        busy = [n for n in names if m.chunk_of(n).state(n) is _S.COMPUTE]
+        busy = [n for n in names if self.index.chunk(n).state(n) is _S.COMPUTE]
         frozen = [n for n in busy if not self.params[n].requires_grad]
         if frozen:
             m.release(frozen, state=_S.HOLD)
@@ -346,14 +341,14 @@ class GeminiRuntime(GradientCollection):
             if self.group is not None and self.world_size > 1 and self._warmup.order:
                 stats = RankMaxStats(stats, self.group)  # the same room on every rank
             if self._overlap and self._warmup.order:
-                self.comm = CommSchedule(m, self._warmup.order)
+                self.comm = CommSchedule(self._warmup.order, self.index)
             self._never_read = {n for n in self.params if n not in self.got_grad}
             self._index_chunks()
             if self._warmup.order:
                 self.policy.update(stats)
             first = self._warmup.first_use()
             done = set(first)
-            layout = list(self._cid_of)  # parameter names in the order they sit in chunks
+            layout = list(self.index.ids)  # parameter names in the order they sit in chunks
             packing = first + [n for n in layout if n not in done]  # [Note: first-use order]
             self._repack = {} if packing != layout else None
             reserve = getattr(self.policy, "non_model_reserve", None)
@@ -383,16 +378,15 @@ class GeminiRuntime(GradientCollection):
         self._probe, self._probing = recorder, None
 
     def _index_chunks(self) -> None:
-        """Name -> chunk id, and on each chunk's record (the manager's ``ChunkGroup``) the
-        trainable parameters warmup never read."""
-        self._op_chunks = {}
+        """The runtime's ``ChunkIndex`` ([Note: chunk index] in ``_index.py``), and on each
+        chunk's record (the manager's ``ChunkGroup``) the trainable parameters warmup never read."""
         groups = self.manager.groups
-        self._cid_of = {n: cid for cid, g in groups.items() for n in g.param.records}
+        self.index = ChunkIndex(groups)
         for g in groups.values():
             unused = frozenset(n for n in g.param.records if n in self._never_read)
             g.unused = unused if all(self.params[n].requires_grad for n in unused) else frozenset()
         if self.comm is not None:
-            self.comm.reindex()
+            self.comm.reindex(self.index)
 
 
 def _digest_words(key: list[int]) -> str:

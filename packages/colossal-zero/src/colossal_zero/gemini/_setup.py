@@ -15,7 +15,7 @@ size a few thousand elements larger that packs a block into three full chunks.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ import torch.distributed as dist
 from colossal_chunk import (
     AutoPolicy,
     ChunkConfig,
+    ChunkGroup,
     ChunkManager,
     ManagerHooks,
     StaticPolicy,
@@ -38,6 +39,7 @@ from ._config import GeminiConfig
 __all__ = [
     "build_manager",
     "chunk_bytes_per_param",
+    "chunk_numels",
     "gemini_chunk_numel",
     "gemini_num_chunks",
     "read_ahead_bytes",
@@ -58,6 +60,18 @@ def chunk_bytes_per_param(precision: str | Precision, *, frozen: bool = False) -
     spec = Precision.parse(precision)
     value, state = spec.param_dtype.itemsize, spec.state_dtype.itemsize
     return value if frozen else value + 3 * state  # fp64: 32 ([Note: fp64 precision])
+
+
+def chunk_numels(groups: Mapping[int, ChunkGroup]) -> tuple[int, int]:
+    """The trainable and the frozen chunk size in force (elements), read off the chunks in
+    ``groups`` (a manager's records): every parameter chunk of a kind holds its kind's size,
+    rounded to the world size (``ChunkConfig.chunk_numel_for``; colossal-chunk's [Note: chunk
+    size per kind]), and a re-pack gives every chunk the new sizes. A kind without chunks takes
+    the other's size (its value then sizes nothing)."""
+    sizes = {g.param.frozen: g.param.capacity for g in groups.values()}
+    if not sizes:
+        raise ConfigError("no parameter chunks yet: register the parameters first")
+    return sizes.get(False, sizes.get(True, 0)), sizes.get(True, sizes.get(False, 0))
 
 
 def working_set_bytes(
