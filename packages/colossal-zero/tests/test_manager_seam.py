@@ -20,6 +20,8 @@ from torch import nn
 
 import colossal_zero
 from colossal_chunk import ChunkConfig, ChunkManager
+from colossal_zero.gemini._index import ChunkIndex
+from colossal_zero.gemini._setup import chunk_numels
 
 MAX_MEMBERS = 15
 SRC = Path(colossal_zero.__file__).parent
@@ -151,3 +153,34 @@ def test_every_member_counted_is_the_managers():
         m.register([("p", nn.Parameter(torch.zeros(256)))])
         strangers = [n for n in manager_members(_zero_sources()) if not hasattr(m, n)]
     assert not strangers, f"counted as manager members but not a ChunkManager's: {strangers}"
+
+
+def _two_kinds() -> ChunkManager:
+    """Trainable and frozen parameters in chunks of 128 and 512 elements, several of each."""
+    cfg = ChunkConfig(128, frozen_chunk_numel=512, host_bytes=None, device="cpu", disk_bytes=0)
+    m = ChunkManager(cfg)
+    sizes = [100, 60, 90, 300, 250, 40, 500]
+    params = [(f"p{i}", nn.Parameter(torch.randn(n))) for i, n in enumerate(sizes)]
+    m.register(params, frozen=[n for n, p in params if p.numel() >= 250])
+    return m
+
+
+def test_the_runtimes_index_and_chunk_sizes_answer_as_the_manager_does():
+    """What zero reads instead of ``chunk_of`` and ``config`` gives the same answers, also after
+    a re-pack with new sizes (the runtime rebuilds its index then)."""
+    with _two_kinds() as m:
+        for sizes in ({}, {"chunk_numel": 256, "frozen_chunk_numel": 768}):
+            if sizes:
+                m.repack(sorted(m.registry.views.params, reverse=True), **sizes)
+            index = ChunkIndex(m.groups)
+            assert len(index.ids) == 7
+            for name in index.ids:
+                assert index.chunk(name) is m.chunk_of(name)
+            names = ("p6", "p0", "p1", "p6")
+            want = tuple(dict.fromkeys(m.chunk_of(n).chunk_id for n in names))
+            assert index.chunk_ids(names) == want
+            cfg = m.config
+            assert chunk_numels(m.groups) == (
+                cfg.chunk_numel_for(1),
+                cfg.chunk_numel_for(1, frozen=True),
+            )
