@@ -20,7 +20,7 @@ from torch import nn
 
 import colossal_zero
 from colossal_chunk import ChunkConfig, ChunkManager
-from colossal_zero.gemini._index import ChunkIndex
+from colossal_zero.gemini._chunk_index import ChunkIndex
 from colossal_zero.gemini._setup import chunk_numels
 
 MAX_MEMBERS = 15

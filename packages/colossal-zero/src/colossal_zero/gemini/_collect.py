@@ -49,9 +49,9 @@ from colossal_chunk import Chunk, ChunkManager, GradPhase
 from colossal_contracts import TensorState
 
 from ..optim._precision import Precision
+from ._chunk_index import ChunkIndex
 from ._grads import StepGradients
 from ._hooks import label
-from ._index import ChunkIndex
 from ._update_in_backward import NO_HOOKS, UpdateHooks
 
 __all__ = ["GradientCollection"]
@@ -70,7 +70,7 @@ class GradientCollection(StepGradients):
     world_size: int  # ranks in ``group``
     resident: bool  # [Note: resident steps] in ``_runtime.py``
     keeping: bool  # [Note: kept gradients] in ``_grads.py``
-    index: ChunkIndex  # [Note: chunk index] in ``_index.py``: name -> its chunk
+    index: ChunkIndex  # [Note: chunk index] in ``_chunk_index.py``: name -> its chunk
     _grad_done: set[str]  # names whose gradient this backward collected
     _readers: dict[str, int]  # name -> readers with backward to come ([Note: gradients in parts])
     _parts: set[str]  # names whose gradient waits in .grad for a later part (same note)

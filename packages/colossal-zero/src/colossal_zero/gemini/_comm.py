@@ -30,7 +30,7 @@ import torch.distributed as dist
 from colossal_chunk import Chunk
 from colossal_contracts import MemStatsSource, TierName
 
-from ._index import ChunkIndex
+from ._chunk_index import ChunkIndex
 
 if TYPE_CHECKING:
     from ._runtime import GeminiRuntime

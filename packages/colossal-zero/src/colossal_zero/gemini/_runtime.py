@@ -47,13 +47,13 @@ from colossal_chunk import Chunk, ChunkManager, GradPhase
 from colossal_contracts import PlacementPolicy, StepRecorder, TensorState
 
 from .._lazy import LazyInit
+from ._chunk_index import ChunkIndex
 from ._collect import GradientCollection
 from ._comm import CommSchedule, GeminiHooks, RankMaxStats
 from ._config import GeminiConfig
 from ._fit import fit_chunk_size
 from ._grads import AfterStep
 from ._hooks import AccessMode, label
-from ._index import ChunkIndex
 from ._place import place_module
 from ._state import TrainingState
 from ._warmup import OrderDigest, WarmupTrace, agree
@@ -378,7 +378,7 @@ class GeminiRuntime(GradientCollection):
         self._probe, self._probing = recorder, None
 
     def _index_chunks(self) -> None:
-        """The runtime's ``ChunkIndex`` ([Note: chunk index] in ``_index.py``), and on each
+        """The runtime's ``ChunkIndex`` ([Note: chunk index] in ``_chunk_index.py``), and on each
         chunk's record (the manager's ``ChunkGroup``) the trainable parameters warmup never read."""
         groups = self.manager.groups
         self.index = ChunkIndex(groups)
