@@ -81,3 +81,39 @@ def reduce_in_flight_makes_room() -> dict[str, object]:
     out["mean"] = sum(r + 1.0 for r in range(world)) / world
     m.close()
     return out
+
+
+def coalesced_gathers(coalesce: bool) -> dict[str, object]:
+    """Three one-parameter chunks on 2 ranks, room for all: one ``gather_ahead`` of the three,
+    with torch's coalescing manager used or not ([Note: coalesced gathers]). The collectives it
+    started (torch profiler's ``c10d::`` operators), and the values each access then sees."""
+    from colossal_chunk import _collectives
+
+    saved, _collectives.COALESCING = _collectives.COALESCING, coalesce
+    try:
+        policy = AutoPolicy()
+        config = ChunkConfig(chunk_numel=N, disk_bytes=0, device="cpu")
+        m = ChunkManager(config, policy=policy, group=dist.group.WORLD)
+        values = [torch.arange(N, dtype=torch.float32) * (i + 1) for i in range(4)]
+        params = [torch.nn.Parameter(v.clone()) for v in values]
+        chunks = m.register([(f"p{i}", p) for i, p in enumerate(params)])
+        policy.set_schedule([[c.chunk_id] for c in chunks])
+        m.set_moment(0)
+        m.access(["p0"])
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            issued = m.gather_ahead(chunks[1:])
+        ops = {e.key: e.count for e in prof.key_averages() if e.key.startswith("c10d::")}
+        out: dict[str, object] = {"issued": issued, "ops": ops}
+        out["in flight"] = [c.in_flight for c in chunks[1:]]
+        m.release(["p0"])
+        equal = []
+        for i in (3, 1, 2):  # any chunk's wait finishes the collective for the others
+            m.set_moment(i)
+            m.access([f"p{i}"])
+            equal.append(torch.equal(params[i].data, values[i]))
+            m.release([f"p{i}"])
+        out["equal"] = equal
+        m.close()
+        return out
+    finally:
+        _collectives.COALESCING = saved

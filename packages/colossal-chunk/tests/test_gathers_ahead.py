@@ -39,3 +39,15 @@ def test_an_access_evicts_a_chunk_with_a_reduce_scatter_in_flight(world):
         assert not out["c0 in flight after"]  # finished by its eviction
         assert out["within budget"] and out["p1 equal"]
         assert torch.equal(out["c0 shard"], torch.full_like(out["c0 shard"], out["mean"]))
+
+
+def test_gathers_started_together_are_one_collective(world):
+    """[Note: coalesced gathers]: three chunks of one ``gather_ahead`` are one collective with
+    torch's coalescing manager (three without it); every chunk then holds its own values,
+    whichever of them is waited for first."""
+    for coalesce, collectives in ((True, 1), (False, 3)):
+        for out in world(2).run(checks.coalesced_gathers, coalesce):
+            assert out["issued"] == 3
+            assert out["in flight"] == [True, True, True]
+            assert out["equal"] == [True, True, True]
+            assert sum(out["ops"].values()) == collectives, out["ops"]

@@ -42,3 +42,22 @@ def overlap_and_sync(
     off = _run(replace(config, overlap_comm=False), steps, batch, accum, clip)
     torch.distributed.barrier()
     return on, off
+
+
+def gathers_per_depth(
+    config: GeminiConfig, depths: tuple[int, ...], steps: int, batch: int
+) -> dict:
+    """The same training with each ``gather_ahead`` depth: its losses and weights, and the
+    all-gather collectives the last step started (torch profiler's ``c10d::`` gather operators)."""
+    out = {}
+    for depth in depths:
+        model, opt = make(replace(config, gather_ahead=depth))
+        losses = train(model, opt, steps - 1, batch)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            losses += train(model, opt, 1, batch, start=steps - 1)
+        gathers = sum(
+            e.count for e in prof.key_averages() if e.key.startswith("c10d::") and "gather" in e.key
+        )
+        out[depth] = {"losses": losses, "weights": model.full_state_dict(), "gathers": gathers}
+    torch.distributed.barrier()
+    return out

@@ -123,6 +123,12 @@ def test_unknown_placement_or_precision_is_a_config_error(field, value, match):
         GeminiConfig(**{field: value})
 
 
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "3"])
+def test_gather_ahead_must_be_a_positive_int(value):
+    with pytest.raises(ConfigError, match="gather_ahead must be an int >= 1"):
+        GeminiConfig(gather_ahead=value)
+
+
 def test_a_group_that_is_neither_a_process_group_nor_default_is_a_config_error():
     with pytest.raises(ConfigError, match='"default"'):
         apply_gemini(torch.nn.Linear(4, 4), GeminiConfig(), group="world")

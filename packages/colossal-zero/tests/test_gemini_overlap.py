@@ -37,3 +37,16 @@ def test_overlapped_collectives_give_bit_identical_training(world, case):
         assert on["most"] >= 2
         if config.accelerator_bytes is not None:
             assert on["moved"] > 0 and off["moved"] > 0
+
+
+def test_gathers_several_ahead_are_fewer_collectives_same_bits(world):
+    """[Note: gathers several ahead]: under a budget that shrinks chunks, gathering three chunks
+    ahead starts fewer all-gather collectives per step than one ahead (coalesced), and trains to
+    the same bits."""
+    config = GeminiConfig(precision="fp32", accelerator_bytes=220_000, chunk_numel=8192)
+    for out in world(2).run(checks.gathers_per_depth, config, (1, 3), 4, 8):
+        one, three = out[1], out[3]
+        assert one["losses"] == three["losses"]
+        for name, w in one["weights"].items():
+            assert torch.equal(w, three["weights"][name]), name
+        assert 0 < three["gathers"] < one["gathers"], (three["gathers"], one["gathers"])

@@ -51,7 +51,7 @@ from colossal_contracts import (
 
 from ._group import Lifecycle
 from ._layout import ChunkLayout
-from ._pending import InFlightCount, PendingReduce, _PendingGather
+from ._pending import GatherBatch, InFlightCount, PendingReduce, _PendingGather
 from ._records import FREE, HOLD, READY, TensorRecord
 
 if TYPE_CHECKING:
@@ -200,10 +200,11 @@ class Chunk(ChunkLayout):
         self.start_gather(full)
         self.wait()
 
-    def start_gather(self, full: torch.Tensor) -> None:
+    def start_gather(self, full: torch.Tensor, *, batch: GatherBatch | None = None) -> None:
         """``gather`` as an async collective ([Note: one collective in flight]): ``full`` and the
-        states are set now, the data is there once ``wait()`` ran. Nothing happens when the chunk
-        is already gathered (or gathering)."""
+        states are set now, the data is there once ``wait()`` ran; inside ``with batch:`` the
+        collective starts with the batch's others when the block ends. Nothing happens when the
+        chunk is already gathered (or gathering)."""
         if self.world_size == 1 or self.full is not None:
             return
         if self.shard is None:
@@ -215,7 +216,7 @@ class Chunk(ChunkLayout):
         work = _all_gather(full, src, group=self.group, async_op=True)
         self.full = full
         self._move(Lifecycle.GATHERING)
-        self._inflight = _PendingGather(work)
+        self._inflight = _PendingGather(work if batch is None else batch)
         for rec in self.records.values():
             self._set(rec, HOLD)
 

@@ -30,6 +30,15 @@ quarter budget, per step and rank: 16 shard moves each way -> 10 (plus the count
 copies), evictions of a chunk whose reduce-scatter is in flight 10 -> 9. On one rank nothing
 changes (a shard is the gathered buffer), nor where everything fits.
 
+[Note: coalesced gathers] The chunks one ``gather_ahead`` starts are all-gathered in one
+collective (torch's coalescing manager, ``GatherBatch``), not one each. Where a budget shrinks
+chunks, a step's all-gathers multiply, and each pays a collective's latency whatever its size:
+gloo on loopback with 4 ranks sharing 2 cores measured about 2.5 ms for one 1 MiB all-gather,
+10.6 ms for four started together and 5.7 ms for the same four coalesced. A runtime that asks
+for the chunks of several coming moments at once (Gemini's ``GeminiConfig.gather_ahead``) gets
+fewer, larger collectives that start earlier. The values gathered are the same bits. Without a
+coalescing manager in torch, each chunk starts its own.
+
 The manager holds one ``Collectives`` (``ChunkManager.collectives``); it reads the manager's chunks,
 placement, policy and hooks, and the moment from its ``Residency``.
 """
@@ -38,11 +47,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import torch
+import torch.distributed as dist
+
 from colossal_contracts import PlacementPolicy, TierName
 
 from ._chunk import Chunk
 from ._hooks import ManagerHooks
-from ._pending import InFlightCount
+from ._pending import GatherBatch, InFlightCount
 from ._placement import Placement
 from ._register import ChunkRegistry
 from ._resident import Residency
@@ -50,6 +62,7 @@ from ._resident import Residency
 __all__ = ["Collectives"]
 
 ACC = TierName.ACCELERATOR
+COALESCING = hasattr(dist, "_coalescing_manager")  # torch's, since 2.0: [Note: coalesced gathers]
 
 
 class Collectives:
@@ -126,9 +139,11 @@ class Collectives:
     def gather_ahead(self, chunks: Iterable[Chunk | int]) -> int:
         """Start all-gathering sharded ``chunks`` for a coming moment, while their shards and
         gathered buffers fit in this moment's room, making room by evicting only chunks used
-        after them ([Note: gathers ahead]); returns how many started. Collective: every rank
-        must pass the same chunks in the same state."""
-        pl, acc, issued = self._placement, self._placement.tiers[ACC], 0
+        after them ([Note: gathers ahead]); returns how many started, as one collective when
+        several do ([Note: coalesced gathers]). Collective: every rank must pass the same chunks
+        in the same state, in the order of their use."""
+        pl, acc = self._placement, self._placement.tiers[ACC]
+        started: list[tuple[Chunk, torch.Tensor]] = []
         moment = self._residency.moment
         self._residency.unsteady()
         next_use = self._policy.next_use
@@ -153,9 +168,9 @@ class Collectives:
             self._hooks.before_collective("all-gather", c)
             pl.count_staging(c)
             acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
-            c.start_gather(acc.allocate_gathered(c.capacity, c.dtype))
-            issued += 1
-        return issued
+            started.append((c, acc.allocate_gathered(c.capacity, c.dtype)))
+        _start_gathers(started)
+        return len(started)
 
     def settle(self, chunks: Iterable[Chunk] | None = None) -> None:
         """Finish every prefetch in flight (of ``chunks`` only, when given). Call before writing
@@ -179,3 +194,19 @@ class Collectives:
         if chunk.lifecycle.in_flight:
             self._placement.drop_gathered(chunk, chunk.wait())
             self._bind(chunk)
+
+
+def _start_gathers(started: list[tuple[Chunk, torch.Tensor]]) -> None:
+    """Start the all-gathers of ``(chunk, gathered buffer)`` pairs: one collective for those of
+    one process group when there are several ([Note: coalesced gathers])."""
+    groups: dict[object, list[tuple[Chunk, torch.Tensor]]] = {}
+    for c, full in started:
+        groups.setdefault(c.group, []).append((c, full))
+    for items in groups.values():
+        if len(items) == 1 or not COALESCING:
+            for c, full in items:
+                c.start_gather(full)
+            continue
+        with GatherBatch(items[0][0].group) as batch:
+            for c, full in items:
+                c.start_gather(full, batch=batch)

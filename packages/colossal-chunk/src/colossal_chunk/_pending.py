@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+import torch.distributed as dist
 
 if TYPE_CHECKING:
     from ._chunk import Chunk
 
-__all__ = ["InFlightCount", "PendingReduce"]
+__all__ = ["GatherBatch", "InFlightCount", "PendingReduce"]
 
 
 class _Work(Protocol):
@@ -55,13 +58,47 @@ class PendingReduce:
 
 
 class _PendingGather:
-    """An all-gather in flight (``Chunk.start_gather``)."""
+    """An all-gather in flight (``Chunk.start_gather``), alone or in a ``GatherBatch``."""
 
     def __init__(self, work: _Work):
         self._work = work
 
     def wait(self) -> None:
         self._work.wait()
+
+
+class GatherBatch:
+    """All-gathers of several chunks started as one collective ([Note: coalesced gathers] in
+    ``_collectives.py``). Inside ``with batch:`` each ``Chunk.start_gather(full, batch=batch)``
+    is recorded; leaving the block starts them all as one coalesced collective (torch's
+    coalescing manager: one NCCL group, one gloo all-gather over the concatenated shards), and
+    the first ``wait()`` of any of its chunks finishes it for all of them. Every rank must record
+    the same chunks in the same order, as for any collective."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        self._group = group
+        self._work: _Work | None = None
+        self._ctx: AbstractContextManager[_Work] | None = None
+
+    def __enter__(self) -> GatherBatch:
+        self._ctx = dist._coalescing_manager(self._group, async_ops=True)
+        self._work = self._ctx.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None:
+            ctx.__exit__(kind, exc, tb)
+
+    def wait(self) -> None:
+        work, self._work = self._work, None
+        if work is not None:
+            work.wait()
 
 
 class InFlightCount:

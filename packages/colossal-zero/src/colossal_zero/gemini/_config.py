@@ -50,6 +50,9 @@ class GeminiConfig:
         overlap_comm: on more than one rank, start the next moment's all-gathers and every
             full gradient chunk's reduce-scatter without waiting, so they run while operators
             compute ([Note: overlap]); False waits for each collective (the same values).
+        gather_ahead: with ``overlap_comm``, how many parameter chunks of the coming moments
+            are all-gathered as a moment begins, as one collective where room allows ([Note:
+            gathers several ahead]); 1: the next moment's chunks only.
         states_placement: where Adam states and fp32 masters live, chunk by chunk, once the
             plan is known (placement "auto" only; see [Note: state placement]): "free" moves
             them to the accelerator into room no chunk used at any moment of a measured step (no
@@ -77,6 +80,7 @@ class GeminiConfig:
     non_model_margin: float = 0.1
     prefetch: int = 1
     overlap_comm: bool = True
+    gather_ahead: int = 3
     states_placement: str = "free"
     loss_scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
     update_in_backward: bool | None = None
@@ -109,6 +113,15 @@ class GeminiConfig:
             )
         if self.non_model_bytes < 0 or self.prefetch < 0 or self.non_model_margin < 0:
             raise ConfigError("non_model_bytes, non_model_margin and prefetch must be >= 0")
+        if (
+            isinstance(self.gather_ahead, bool)
+            or not isinstance(self.gather_ahead, int)
+            or (self.gather_ahead < 1)
+        ):
+            raise ConfigError(
+                f"gather_ahead must be an int >= 1 (chunks gathered ahead; 1: the next "
+                f"moment's only), got {self.gather_ahead!r}"
+            )
         if self.update_in_backward not in (None, True, False):
             raise ConfigError(
                 f"update_in_backward must be True, False or None (auto), got "

@@ -250,10 +250,13 @@ class GeminiRuntime(GradientCollection):
         if self.comm is None or self._recording:
             return
         with label("Gemini::gather_ahead"):
-            ahead = self.comm.ahead(self._moment - 1)
-            if self.state is _T.BACKWARD:  # chunks reduced in this backward: done
-                groups = self.manager.groups
-                ahead = tuple(i for i in ahead if groups[i].grads is not _G.REDUCED)
+            groups, backward = self.manager.groups, self.state is _T.BACKWARD
+
+            def started(cid: int) -> bool:  # or, in backward, reduced in it: not needed again
+                rec = groups[cid]
+                return rec.param.is_gathered or (backward and rec.grads is _G.REDUCED)
+
+            ahead = self.comm.ahead(self._moment - 1, started)
             if not ahead:
                 return
             for cid in ahead:  # [Note: accumulation] before the shard is gathered
@@ -341,7 +344,7 @@ class GeminiRuntime(GradientCollection):
             if self.group is not None and self.world_size > 1 and self._warmup.order:
                 stats = RankMaxStats(stats, self.group)  # the same room on every rank
             if self._overlap and self._warmup.order:
-                self.comm = CommSchedule(self._warmup.order, self.index)
+                self.comm = CommSchedule(self._warmup.order, self.index, self.config.gather_ahead)
             self._never_read = {n for n in self.params if n not in self.got_grad}
             self._index_chunks()
             if self._warmup.order:
