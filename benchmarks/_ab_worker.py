@@ -4,7 +4,8 @@ the tree its ``PYTHONPATH`` names, builds a Gemini GPT on command and steps it o
 Commands arrive as JSON lines on stdin; each gets one JSON line back on the protocol stream
 (the process's original stdout; anything a library prints goes to stderr). Only APIs that exist
 both before and after the refactor are used: ``apply_gemini``, ``GeminiConfig(precision=,
-accelerator_bytes=)``, ``GeminiOptimizer.from_torch``, ``GeminiModule.memory_stats()`` and
+accelerator_bytes=)`` (and ``gather_ahead=`` from ``AB_GATHER_AHEAD`` in a tree that has it, so
+that a later speed-up can be left out of the refactor's comparison), ``GeminiOptimizer.from_torch``, ``GeminiModule.memory_stats()`` and
 ``colossal_models.GPT``/``GPTConfig.preset``.
 
     {"op": "build", "preset": "tiny", "budget": null}  -> {"num_chunks": int}
@@ -18,6 +19,7 @@ Environment: ``AB_RANK``, ``AB_WORLD`` and ``AB_PORT`` (a gloo world over loopba
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -39,7 +41,11 @@ class _Side:
         from colossal_zero import GeminiConfig, GeminiOptimizer, apply_gemini
 
         torch.manual_seed(0)
-        cfg = GeminiConfig(precision="fp32", accelerator_bytes=budget)
+        extra: dict[str, Any] = {}
+        ahead = os.environ.get("AB_GATHER_AHEAD")  # a tree whose Gemini has the option
+        if ahead and "gather_ahead" in {f.name for f in dataclasses.fields(GeminiConfig)}:
+            extra["gather_ahead"] = int(ahead)
+        cfg = GeminiConfig(precision="fp32", accelerator_bytes=budget, **extra)
         self.model = apply_gemini(GPT(GPTConfig.preset(preset)), cfg)
         self.opt = GeminiOptimizer.from_torch(
             self.model, torch.optim.AdamW(self.model.module.parameters(), lr=LR)

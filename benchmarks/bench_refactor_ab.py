@@ -56,6 +56,7 @@ class _Side:
         self.label, self.tree = label, tree.resolve()
         srcs = sorted(str(p) for p in (tree / "packages").glob("*/src"))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(srcs), AB_WORLD=str(world))
+        env["AB_GATHER_AHEAD"] = os.environ.get("BENCH_AB_GATHER_AHEAD", "1")
         env["AB_PORT"] = str(_free_port())
         self.logs = [logs / f"{label}-{world}-{r}.log" for r in range(world)]
         self.procs = [
@@ -204,6 +205,9 @@ def run(quick: bool, out_dir: Path) -> Report:
         "alternating (ABBA); 'paired median' is the median over the pairs of current / before, "
         "which cancels load that drifts between steps; the aim reads it. 'same losses': both "
         "sides computed bit-identical losses at every step (behaviour unchanged).",
+        "Gemini's gathers of several chunks ahead in one collective (GeminiConfig."
+        "gather_ahead, after the refactor) are held at 1, the behaviour before, so that the "
+        "ratio is the refactor's alone (BENCH_AB_GATHER_AHEAD sets another depth).",
         "The noise floor: BENCH_AB_BEFORE=HEAD runs the current tree against itself (an A/A "
         "run); the spread of its paired medians around 1 is what a ratio here can resolve.",
         load_note(load_before, "both sides share that load, step by step"),
