@@ -137,7 +137,7 @@ def run(quick: bool, out_dir: Path) -> Report:
     presets = ["tiny"] if quick else ["tiny", "mini"]
     ranks = (1, 2)
     batch, seq = (4, 64) if quick else (8, 64)
-    pairs = {"tiny": 40 if quick else 120, "mini": 40}
+    pairs = {"tiny": 40 if quick else 300, "mini": 40 if quick else 60}
     load_before = os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
