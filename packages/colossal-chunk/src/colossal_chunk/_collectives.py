@@ -197,16 +197,12 @@ class Collectives:
 
 
 def _start_gathers(started: list[tuple[Chunk, torch.Tensor]]) -> None:
-    """Start the all-gathers of ``(chunk, gathered buffer)`` pairs: one collective for those of
-    one process group when there are several ([Note: coalesced gathers])."""
-    groups: dict[object, list[tuple[Chunk, torch.Tensor]]] = {}
-    for c, full in started:
-        groups.setdefault(c.group, []).append((c, full))
-    for items in groups.values():
-        if len(items) == 1 or not COALESCING:
-            for c, full in items:
-                c.start_gather(full)
-            continue
-        with GatherBatch(items[0][0].group) as batch:
-            for c, full in items:
-                c.start_gather(full, batch=batch)
+    """Start the all-gathers of ``(chunk, gathered buffer)`` pairs (one manager's chunks: one
+    process group), as one collective when there are several ([Note: coalesced gathers])."""
+    if len(started) < 2 or not COALESCING:
+        for c, full in started:
+            c.start_gather(full)
+        return
+    with GatherBatch(started[0][0].group) as batch:
+        for c, full in started:
+            c.start_gather(full, batch=batch)

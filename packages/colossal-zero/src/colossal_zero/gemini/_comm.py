@@ -93,14 +93,14 @@ class CommSchedule:
         for m in range(len(ids)):
             ahead = dict.fromkeys(nxt[m])
             load = sum(wire(c) for c in ahead)
-            for later in ids[m + 2 :]:
-                new = [c for c in later if c not in ahead]
+            for j in range(m + 2, len(ids)):  # (no slice: most windows end within a few)
+                new = [c for c in ids[j] if c not in ahead]
                 load += sum(wire(c) for c in new)
                 if len(ahead) >= self.depth or load > cap:
                     break
                 ahead.update(dict.fromkeys(new))
             self._ahead.append(tuple(ahead))
-            self._lead.append(min(len(ahead), len(nxt[m]) + 1) if self.depth > 1 else len(ahead))
+            self._lead.append(min(len(ahead), len(nxt[m]) + 1))  # depth 1: all of ``ahead``
 
     def __len__(self) -> int:
         return len(self.order)

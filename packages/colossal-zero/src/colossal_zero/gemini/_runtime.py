@@ -216,7 +216,7 @@ class GeminiRuntime(GradientCollection):
     def pre_op(self, names: tuple[str, ...]) -> None:
         self._used.update(names)
         self._advance(names)
-        for cid in {self.index.ids[n] for n in names}:
+        for cid in self.index.chunk_ids(names):
             self.stash(cid)
         self._access(names)
         self._gather_next()
@@ -244,9 +244,9 @@ class GeminiRuntime(GradientCollection):
             self.manager.set_moment(moment, prefetch=self.config.prefetch)
 
     def _gather_next(self) -> None:
-        """[Note: overlap]: start the next moment's all-gathers once this moment's chunks are
-        accessed (their room comes first). Sharded gradients need no room of their own in
-        backward ([Note: gradients in chunks] in ``_collect.py``)."""
+        """[Note: overlap], [Note: gathers several ahead]: start the coming moments' all-gathers
+        once this moment's chunks are accessed (their room comes first). Sharded gradients need
+        no room of their own in backward ([Note: gradients in chunks] in ``_collect.py``)."""
         if self.comm is None or self._recording:
             return
         with label("Gemini::gather_ahead"):
