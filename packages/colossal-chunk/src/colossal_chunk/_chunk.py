@@ -53,6 +53,7 @@ from ._group import Lifecycle
 from ._layout import ChunkLayout
 from ._pending import GatherBatch, InFlightCount, PendingReduce, _PendingGather
 from ._records import FREE, HOLD, READY, TensorRecord
+from ._reduce_scatter import launch_reduce_scatter
 
 if TYPE_CHECKING:
     from ._prefetch import PendingCopy
@@ -60,9 +61,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Chunk", "PendingReduce", "TensorRecord"]
 
-# torch 2.13 renamed reduce_scatter_tensor and all_gather_into_tensor (deprecated, warning on
-# every call) to reduce_scatter_single and all_gather_single.
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# torch 2.13 renamed all_gather_into_tensor (deprecated, warning on every call) to
+# all_gather_single.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -318,7 +318,7 @@ class Chunk(ChunkLayout):
                 f"chunk {self.chunk_id} cannot reduce into chunk {into.chunk_id}: layouts differ"
             )
         out = torch.empty_like(self.shard, device=self.full.device)
-        work = _reduce_scatter(out, self.full, group=self.group, async_op=True)
+        work = launch_reduce_scatter(out, self.full, self.group)  # [Note: reduce-scatter on gloo]
         pending = PendingReduce(self, out, work, average=average, accumulate=accumulate, into=into)
         self._inflight = pending
         self._move(Lifecycle.REDUCING)
