@@ -288,7 +288,7 @@ def run(quick: bool, out_dir: Path) -> Report:
         "byte budget, so moves are memory copies, FSDP2's offload copies CPU to CPU, and "
         "collectives run on gloo over loopback. Gemini reduce-scatters a gradient chunk there "
         "as one all-to-all and a local sum (colossal-chunk's [Note: reduce-scatter on gloo]: "
-        "gloo's own reduce_scatter measured 2-5x slower on this host); FSDP2 runs gloo's "
+        "gloo's own reduce_scatter measured 2-3x slower on this host); FSDP2 runs gloo's "
         "reduce_scatter as torch ships it, DDP its all-reduce; on NCCL Gemini runs NCCL's.",
         "Per rank count one process world; every method runs each step (barrier, step, barrier) "
         "in a rotating order; 3 warm-up steps dropped (Gemini's traced warmup, re-pack and "

@@ -2,15 +2,18 @@
 all-to-all and a local sum.
 
 [Note: reduce-scatter on gloo] gloo's ``reduce_scatter_tensor`` (torch 2.13, loopback) takes
-two to five times as long as an all-to-all of the same buffer followed by a local sum of what
-arrives. Median milliseconds, fp32 buffers, on a 2-core host:
+two to three times as long as an all-to-all of the same buffer followed by a local sum of what
+arrives. Median milliseconds, fp32 buffers, on a 2-core host (``python benchmarks/run.py
+collectives``, methods alternated):
 
-    buffer    2 ranks: native / all-to-all + sum    4 ranks: native / all-to-all + sum
-    1 MiB              3.2  / 0.5                            5.6  / 3.0
-    3 MiB              3.4  / 1.7                            8.5  / 2.7
-    16 MiB            14.1  / 7.1                           30.2  / 16.2
+    buffer    2 ranks: gloo / all-to-all + sum    4 ranks: gloo / all-to-all + sum
+    1 MiB              2.3  / 0.7                          7.2  / 2.3
+    3 MiB              4.1  / 1.9                          7.6  / 4.2
+    16 MiB            15.8  / 7.6                         31.3  / 16.8
 
-(gloo's all-gather is not slow that way: an all-to-all in its place was no faster.) Under a
+(gloo's all-gather is not slow that way on 2 ranks, nor at 16 MiB: an all-to-all in its place
+was no faster there, though 1.7-1.9x faster for 1-3 MiB on 4 ranks; gathers stay gloo's and
+go coalesced: [Note: coalesced gathers] in ``_collectives.py``.) Under a
 tight budget chunks are small and a step reduce-scatters one per chunk, so on a gloo group with
 host tensors a chunk is reduce-scattered as an all-to-all: rank ``j`` is sent the ``j``-th
 slice of the buffer, so every rank receives the ``ws`` contributions to its own slice, each in
