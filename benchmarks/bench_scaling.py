@@ -5,6 +5,7 @@ measured side by side in one run (methods alternate step by step, same model and
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +22,13 @@ from _report import Report
 from _stock_gpt import StockGPT
 
 LR = 1e-3
+# Warm-up rounds (every method one step): at least WARM_MIN (Gemini's traced warmup, re-pack and
+# state-placement measurement), then until a round's minor page faults on the most-faulting rank
+# are at most STEADY_FAULTS, or WARM_MAX rounds. Methods alternating in one process share its
+# heap: until it has grown to what all of them hold at once, a step's buffers land on pages
+# touched for the first time (mini on 2 ranks: 10-20 thousand faults and +300-700 ms in a step of
+# 500; Gemini alone settles to a few faults a step after its warmup).
+WARM_MIN, WARM_MAX, STEADY_FAULTS = 3, 10, 1024
 STOCK = "stock-"  # a preset's prefix: the same shapes built from stock torch modules
 GEMINI, GEMINI_S, GEMINI_Q, DDP, FSDP, PLAIN = (
     "Gemini",
@@ -102,6 +110,11 @@ class _Torch:
         self.opt.zero_grad(set_to_none=True)
 
 
+def _minor_faults() -> int:
+    """This process's minor page faults so far (first touches of pages it was given)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _batch(step: int, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's rows of step ``step``'s global batch (the same for every method and every
     rank count: ``batch`` rows split evenly over the ranks)."""
@@ -134,19 +147,30 @@ def timing_rank(preset: str, batch: int, seq: int, steps: int, paired: int = 0) 
     if n == 1:
         methods[PLAIN] = _Torch(preset, PLAIN)
     times: dict[str, list[float]] = {k: [] for k in methods}
-    warm = 3  # Gemini: traced warmup, re-pack, state-placement measurement
-    for i in range(steps + warm):
+    faults: dict[str, list[int]] = {k: [] for k in methods}
+    warm, i = None, 0  # warm-up rounds, decided as they run (below)
+    while warm is None or i < warm + steps:
         order = list(methods.items())
         k = i % len(order)
         order = order[k:] + order[:k]  # rotate: no method always runs first
+        round_faults = 0
         for name, m in order:
             x, y = _batch(i, batch, seq)
             dist.barrier()
-            t0 = time.perf_counter()
+            f0, t0 = _minor_faults(), time.perf_counter()
             m.step(x, y)
             dist.barrier()
-            if i >= warm:
-                times[name].append(time.perf_counter() - t0)
+            t, f = time.perf_counter() - t0, _minor_faults() - f0
+            round_faults += f
+            if warm is not None:
+                times[name].append(t)
+                faults[name].append(f)
+        i += 1
+        if warm is None:  # the same decision on every rank: the most-faulting rank's count
+            most = torch.tensor([round_faults])
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            if i >= WARM_MIN and (int(most) <= STEADY_FAULTS or i >= WARM_MAX):
+                warm, warm_faults = i, int(most)
     moved = methods[GEMINI_Q].model.memory_stats().bytes_moved
     moved_s = methods[GEMINI_S].model.memory_stats().bytes_moved
     ratios: list[float] = []
@@ -170,6 +194,9 @@ def timing_rank(preset: str, batch: int, seq: int, steps: int, paired: int = 0) 
         "moved_states": moved_s,
         "paired": ratios,
         "paired_budget": budget_ratios,
+        "warm": warm,
+        "warm_faults": warm_faults,
+        "faults": {k: statistics.median(v) for k, v in faults.items()},
     }
 
 
@@ -214,8 +241,12 @@ def run(quick: bool, out_dir: Path) -> Report:
                             "vs FSDP2 offload (paired)": pair[name],
                             "vs DDP": med[name] / med[DDP],
                             "vs plain fused (1 rank)": med[name] / base if base else "",
+                            "page faults/step": r["faults"][name],
                         }
                     )
+                summary[f"{preset} {n} ranks: warm-up rounds, faults in the last"] = (
+                    f"{r['warm']}, {r['warm_faults']:,}"
+                )
                 for g in (GEMINI, GEMINI_S, GEMINI_Q):
                     summary[f"{preset} {n} ranks: {g} / FSDP2 offload (medians)"] = (
                         med[g] / med[FSDP]
@@ -291,8 +322,13 @@ def run(quick: bool, out_dir: Path) -> Report:
         "gloo's own reduce_scatter measured 2-3x slower on this host); FSDP2 runs gloo's "
         "reduce_scatter as torch ships it, DDP its all-reduce; on NCCL Gemini runs NCCL's.",
         "Per rank count one process world; every method runs each step (barrier, step, barrier) "
-        "in a rotating order; 3 warm-up steps dropped (Gemini's traced warmup, re-pack and "
-        f"state-placement measurement); {steps['tiny']} (tiny) / {steps['mini']} (mini) timed "
+        "in a rotating order; warm-up rounds dropped: at least 3 (Gemini's traced warmup, "
+        "re-pack and state-placement measurement), then until a round's minor page faults on "
+        f"the most-faulting rank are at most {STEADY_FAULTS:,} (or {WARM_MAX} rounds): methods "
+        "alternating in one process share its heap, and until it has grown to what all of them "
+        "hold, a step's buffers land on pages touched for the first time (tens of thousands of "
+        "faults, +300-700 ms in a 500 ms mini step on 2 ranks); 'page faults/step' is rank 0's "
+        f"median over the timed steps; {steps['tiny']} (tiny) / {steps['mini']} (mini) timed "
         "steps: median and inter-quartile range (rank 0's clock), and 'paired': the median "
         "over the steps of each step's ratio to FSDP2's step (both ran in that step, in "
         "rotated order), which cancels load that drifts between steps; the aim reads the "
@@ -312,7 +348,7 @@ def run(quick: bool, out_dir: Path) -> Report:
         title="Gemini vs DDP vs FSDP2 (CPU offload): step time on 1, 2 and 4 data-parallel ranks",
         columns=["preset", "ranks", "method", "median ms", "IQR ms", "vs FSDP2 offload",
                  "vs FSDP2 offload (paired)",
-                 "vs DDP", "vs plain fused (1 rank)"],
+                 "vs DDP", "vs plain fused (1 rank)", "page faults/step"],
         rows=rows,
         summary=summary,
         notes=notes,
