@@ -10,6 +10,7 @@ repetition runs each method once, in a rotated order, between barriers.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -17,13 +18,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from colossal_chunk._chunk import _all_gather
 from colossal_chunk._reduce_scatter import _native, launch_reduce_scatter
 from colossal_testing import World
 
 from _report import Report
 
 MIB = 2**20
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _methods(numel: int) -> dict:
@@ -100,7 +101,7 @@ def run(quick: bool, out_dir: Path) -> Report:
     notes = [
         "fp32 buffers of 1, 3 and 16 MiB (a gathered chunk; a rank's slice is 1/ranks of it); "
         "torch's gloo backend over loopback, every rank a process on this host's "
-        f"{__import__('os').cpu_count()} cores (4 ranks share them).",
+        f"{os.cpu_count()} cores (4 ranks share them).",
         "Each repetition runs every method once in a rotated order, each between barriers; "
         "2 repetitions dropped, then median and inter-quartile range of rank 0's clock.",
         "'all-to-all + sum': colossal-chunk's reduce-scatter on gloo (one all_to_all_single "

@@ -148,7 +148,7 @@ def timing_rank(preset: str, batch: int, seq: int, steps: int, paired: int = 0) 
         methods[PLAIN] = _Torch(preset, PLAIN)
     times: dict[str, list[float]] = {k: [] for k in methods}
     faults: dict[str, list[int]] = {k: [] for k in methods}
-    warm, i = None, 0  # warm-up rounds, decided as they run (below)
+    warm, warm_faults, i = None, 0, 0  # warm-up rounds, decided as they run (below)
     while warm is None or i < warm + steps:
         order = list(methods.items())
         k = i % len(order)
