@@ -57,6 +57,7 @@ from ._reduce_scatter import launch_reduce_scatter
 
 if TYPE_CHECKING:
     from ._prefetch import PendingCopy
+    from ._spare import SparePayloads
     from ._tier import Tier
 
 __all__ = ["Chunk", "PendingReduce", "TensorRecord"]
@@ -282,7 +283,11 @@ class Chunk(ChunkLayout):
         return old
 
     def reduce_scatter(
-        self, *, average: bool = True, into: Chunk | None = None
+        self,
+        *,
+        average: bool = True,
+        into: Chunk | None = None,
+        workspace: SparePayloads | None = None,
     ) -> torch.Tensor | None:
         """Reduce-scatter the gathered buffer into this rank's shard (or ``into``'s: a chunk of
         the same layout and dtype, [Note: chunk gradients]) and drop it.
@@ -290,17 +295,23 @@ class Chunk(ChunkLayout):
         Every tensor must be READY_FOR_REDUCE; afterwards they are HOLD (one rank) or FREE (sharded).
         Collective. Returns the dropped buffer (None with one rank, where the shard is the buffer).
         """
-        return self.start_reduce_scatter(average=average, into=into).wait()
+        return self.start_reduce_scatter(average=average, into=into, workspace=workspace).wait()
 
     def start_reduce_scatter(
-        self, *, average: bool = True, accumulate: bool = False, into: Chunk | None = None
+        self,
+        *,
+        average: bool = True,
+        accumulate: bool = False,
+        into: Chunk | None = None,
+        workspace: SparePayloads | None = None,
     ) -> PendingReduce:
         """``reduce_scatter`` as an async collective: states change now, the shard when the
         returned handle's ``wait()`` runs (call it before reading the shard or reducing again).
         ``accumulate`` adds the result to the shard instead of overwriting it (with one rank the
         buffer *is* the shard, so the caller accumulates into it directly). With ``into`` the
         result goes to that chunk's shard, wherever it lives when the collective finishes, and
-        this chunk's shard is left as it is; one rank: only the states change."""
+        this chunk's shard is left as it is; one rank: only the states change. ``workspace``:
+        where a collective's scratch buffer comes from ([Note: reduce-scatter on gloo])."""
         if self._counts[READY] != len(self.records):
             waiting = [r.name for r in self.records.values() if r.code != READY]
             raise StateTransitionError(
@@ -318,7 +329,8 @@ class Chunk(ChunkLayout):
                 f"chunk {self.chunk_id} cannot reduce into chunk {into.chunk_id}: layouts differ"
             )
         out = torch.empty_like(self.shard, device=self.full.device)
-        work = launch_reduce_scatter(out, self.full, self.group)  # [Note: reduce-scatter on gloo]
+        # [Note: reduce-scatter on gloo]
+        work = launch_reduce_scatter(out, self.full, self.group, workspace=workspace)
         pending = PendingReduce(self, out, work, average=average, accumulate=accumulate, into=into)
         self._inflight = pending
         self._move(Lifecycle.REDUCING)

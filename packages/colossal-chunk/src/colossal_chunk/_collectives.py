@@ -104,9 +104,10 @@ class Collectives:
         elif c.world_size > 1 and c.tier is not ACC:  # gathered from the host: the result lands
             self._placement.moves.count_copy(ACC, c.current_tier, c.shard_bytes)
         if async_op:
-            c.start_reduce_scatter(average=average, into=dst)
+            c.start_reduce_scatter(average=average, into=dst, workspace=self._placement.workspace)
             return
-        self._placement.drop_gathered(c, c.reduce_scatter(average=average, into=dst))
+        ws = self._placement.workspace
+        self._placement.drop_gathered(c, c.reduce_scatter(average=average, into=dst, workspace=ws))
         self._bind(c)
 
     def _reduce_target(self, dst: Chunk, *, read_on_host: bool = False) -> None:
@@ -168,7 +169,7 @@ class Collectives:
             self._hooks.before_collective("all-gather", c)
             pl.count_staging(c)
             acc.reserve(c.full_bytes, what=f"gathered chunk {c.chunk_id}")
-            started.append((c, acc.allocate_gathered(c.capacity, c.dtype)))
+            started.append((c, pl.gathered_buffer(c)))
         _start_gathers(started)
         return len(started)
 

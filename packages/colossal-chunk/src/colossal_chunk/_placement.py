@@ -81,6 +81,10 @@ class Placement:
         self.moves = MoveCounts()
         self._prefetcher: Prefetcher | None = None
         self.spares = SparePayloads()  # [Note: spare payloads]
+        # [Note: gathered buffer cache]: gathered and all-to-all receive buffers, no budget only
+        unlimited = tiers[ACC].capacity_bytes == UNLIMITED
+        self.gathered = SparePayloads(unlimited, per_size=None)
+        self.workspace = SparePayloads(unlimited, per_size=None)
         self.disk_copies = DiskCopies(tiers.get(DISK))  # [Note: disk copies]
         self.host_copies = HostCopies(tiers[HOST])  # [Note: host copies]
         self.frozen_written = 0  # bytes written into frozen chunks ([Note: frozen chunks])
@@ -213,14 +217,21 @@ class Placement:
             return
         if chunk.is_gathered:
             return
-        acc = self.tiers[ACC]
-        acc.reserve(chunk.full_bytes, what=f"gathered chunk {chunk.chunk_id}")
-        full = acc.allocate_gathered(chunk.capacity, chunk.dtype)
+        self.tiers[ACC].reserve(chunk.full_bytes, what=f"gathered chunk {chunk.chunk_id}")
+        full = self.gathered_buffer(chunk)
         if zero:
             chunk.materialize(full)
         else:
             self.count_staging(chunk)
             chunk.gather(full)
+
+    def gathered_buffer(self, chunk: Chunk) -> torch.Tensor:
+        """An uninitialized buffer to gather ``chunk`` into: a kept one ([Note: gathered buffer
+        cache]) or a new one from the compute tier. Does not reserve."""
+        kept = self.gathered.take(chunk.capacity, chunk.dtype)
+        if kept is not None:
+            return kept
+        return self.tiers[ACC].allocate_gathered(chunk.capacity, chunk.dtype)
 
     def count_staging(self, chunk: Chunk) -> None:
         """A gather of ``chunk`` from its shard off the compute tier copies the shard in (into
@@ -240,6 +251,8 @@ class Placement:
             return False
         self._rebind(chunk)  # [Note: books follow storage]
         self.tiers[ACC].free(chunk.full_bytes)
+        self.gathered.give(dropped, self.tiers[ACC])
+        del dropped
         if copies:
             self.moves.count(ACC, chunk.current_tier, chunk.shard_bytes)
         return True
@@ -269,10 +282,12 @@ class Placement:
         chunk.shard = chunk.full = None
 
     def drop_gathered(self, chunk: Chunk, dropped: torch.Tensor | None) -> None:
-        """Account for a gathered buffer ``chunk`` gave up (from ``release``/``reduce_scatter``)."""
+        """Account for a gathered buffer ``chunk`` gave up (from ``release``/``reduce_scatter``),
+        and keep it ([Note: gathered buffer cache]): pass it without holding it under a name."""
         if dropped is not None:
             self._rebind(chunk)  # [Note: books follow storage]
             self.tiers[ACC].free(chunk.full_bytes)
+            self.gathered.give(dropped, self.tiers[ACC])
 
     # ----- prefetch -----------------------------------------------------------------------------
     def prefetch(
@@ -333,10 +348,17 @@ class Placement:
         if self._prefetcher is not None:
             self._prefetcher.close()
         self.spares.clear()
+        self.drop_kept_buffers()
         for t in self.tiers.values():
             if t.store is not None:
                 with suppress(Exception):
                     t.store.close()
+
+    def drop_kept_buffers(self) -> None:
+        """Free the gathered and receive buffers kept for the next gather or reduce-scatter
+        ([Note: gathered buffer cache])."""
+        self.gathered.clear()
+        self.workspace.clear()
 
     def _fits(self, chunk: Chunk, name: TierName) -> bool:
         """Whether ``chunk``'s shard fits on tier ``name`` (on disk: its kept payload, or room

@@ -26,16 +26,22 @@ made and used with torch's dispatch modes off, so a tracer of live tensors (memt
 not count it as non-model data, nor a chunk manager's budget as model data. On an emulated
 accelerator it stands in for a collective that on the device needs no such buffer; on a CPU
 that is the device it is transient host memory, at most one gathered buffer per reduce-scatter
-in flight. Every other backend or device (NCCL on GPUs) runs its own reduce-scatter.
+in flight; a chunk manager without a budget keeps it for the next one, as it keeps gathered
+buffers ([Note: gathered buffer cache] in ``_spare.py``). Every other backend or device (NCCL on GPUs) runs its own reduce-scatter.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ._pending import _Work
+
+if TYPE_CHECKING:
+    from ._spare import SparePayloads
 
 __all__ = ["SummedAllToAll", "all_to_all_is_faster", "launch_reduce_scatter"]
 
@@ -56,36 +62,44 @@ def launch_reduce_scatter(
     group: dist.ProcessGroup | None,
     *,
     all_to_all: bool | None = None,
+    workspace: SparePayloads | None = None,
 ) -> _Work:
     """Start reducing (summing) ``full`` over ``group``'s ranks into this rank's slice ``out``
     (``full``'s ``1 / ws``, contiguous); the result is in ``out`` once the returned handle's
     ``wait()`` ran. ``full`` must stay alive and unchanged until then. ``all_to_all``: as an
     all-to-all and a local sum (a receive buffer of ``full``'s size until ``wait()``), or the
     backend's own collective; None: whichever ``all_to_all_is_faster`` says. Collective: every
-    rank must choose the same."""
+    rank must choose the same. ``workspace``: where the receive buffer is taken from and given
+    back to (None: a new one each time)."""
     if all_to_all is None:
         all_to_all = all_to_all_is_faster(full, group)
     if all_to_all:
-        return SummedAllToAll(out, full, group)
+        return SummedAllToAll(out, full, group, workspace=workspace)
     return _native(out, full, group=group, async_op=True)
 
 
 class SummedAllToAll:
     """A reduce-scatter as an all-to-all in flight; ``wait()`` sums the received slices into
-    ``out`` ([Note: reduce-scatter on gloo]) and drops the receive buffer. ``wait()`` may be
-    called more than once."""
+    ``out`` ([Note: reduce-scatter on gloo]) and drops the receive buffer (gives it back to
+    ``workspace``, when one was given). ``wait()`` may be called more than once."""
 
     def __init__(
-        self, out: torch.Tensor, full: torch.Tensor, group: dist.ProcessGroup | None
+        self,
+        out: torch.Tensor,
+        full: torch.Tensor,
+        group: dist.ProcessGroup | None,
+        *,
+        workspace: SparePayloads | None = None,
     ) -> None:
         if full.numel() != out.numel() * dist.get_world_size(group):
             raise ValueError(
                 f"reduce-scatter of {full.numel()} elements into {out.numel()} per rank over "
                 f"{dist.get_world_size(group)} ranks: the buffer must be world size x the slice"
             )
-        self._out = out
+        self._out, self._workspace = out, workspace
+        kept = None if workspace is None else workspace.take(full.numel(), full.dtype)
         with _disable_current_modes():  # workspace: no tracer sees it
-            self._received: torch.Tensor | None = torch.empty_like(full)
+            self._received: torch.Tensor | None = torch.empty_like(full) if kept is None else kept
             self._work: _Work | None = dist.all_to_all_single(
                 self._received, full, group=group, async_op=True
             )
@@ -97,4 +111,7 @@ class SummedAllToAll:
             with _disable_current_modes():
                 work.wait()
                 torch.sum(received.view(-1, self._out.numel()), dim=0, out=self._out.view(-1))
+            del work  # the collective's own hold on ``received``
+            if self._workspace is not None:
+                self._workspace.give(received, None)
         return True

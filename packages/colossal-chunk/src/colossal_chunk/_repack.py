@@ -50,6 +50,7 @@ class OldChunks:
         self._full: dict[int, torch.Tensor] = {}
         # the tiers count them no more: new chunks are placed as if they were gone already
         self._tier = {c.chunk_id: placement.give_up_room(c) for c in chunks}
+        placement.drop_kept_buffers()  # sized for the old chunks
 
     def value(self, kind: str, name: str) -> torch.Tensor:
         """The full value of tensor ``name`` of ``kind`` (a view of its old chunk's values)."""
