@@ -11,7 +11,7 @@ from _zero_model import reference
 from test_gemini import BATCH, STEPS, assert_losses_close, rel_err
 
 from colossal_zero import GeminiConfig
-from colossal_zero.gemini._fit import _ladder
+from colossal_zero.gemini._fit import _ladder, _layout, _tight
 from colossal_zero.gemini._fit_cost import COLLECTIVE_HOP_BYTES, step_cost
 
 # 16384-element fp32 chunks break the rule at 280 kB on 2 ranks (20 kB reserve); halving took
@@ -31,6 +31,21 @@ def test_the_ladder_steps_between_halvings_and_ends_where_halving_ends():
     assert sizes == [14336, 12288, 10240, 8192, 6144, 4096]
     # each kind stops at its own largest tensor (rounded up to a multiple of the world size)
     assert _ladder((16384, 8192), (5000, 8192), 2)[-1] == (5000, 8192)
+
+
+def test_a_tight_size_packs_every_tensor_as_the_size_it_tightens():
+    """[Note: tight sizes]: three 3000-element fp32 tensors in 8192-element chunks on 2 ranks go
+    two and one; 6144 (6000 rounded up to 2048) packs them so, 4096 would not."""
+    fp32 = torch.float32
+    tensors = {"a": (3000, fp32, False), "b": (3000, fp32, False), "c": (3000, fp32, False)}
+    tensors |= {"f": (5000, fp32, True)}  # a frozen kind tightens on its own
+    names = list(tensors)
+    assert _tight(names, tensors, (8192, 8192), 2) == (6144, 6144)
+    assert _layout(names, tensors, (6144, 6144)) == _layout(names, tensors, (8192, 8192))
+    assert _layout(names, tensors, (4096, 6144)) != _layout(names, tensors, (8192, 8192))
+    # a kind without tensors keeps its size
+    del tensors["f"]
+    assert _tight(names[:3], tensors, (8192, 16384), 2) == (6144, 16384)
 
 
 def test_step_cost_counts_gathers_per_run_reduce_scatters_and_belady_moves():
@@ -78,3 +93,21 @@ def test_the_fit_takes_fewer_collectives_than_halving_and_trains_exactly(world):
         assert coll < HALVING_COLLECTIVES
         assert_losses_close(losses, ref_losses, 1e-5)
         assert rel_err(weights, ref_weights) <= 1e-5
+
+
+def _fit_and_pack(config: GeminiConfig) -> tuple[int, int, int]:
+    """The chunk size the fit took, its fullest chunk's elements, and the world size."""
+    import torch.distributed as dist
+
+    model, opt = checks.make(config)
+    checks.train(model, opt, 3, BATCH)
+    m = model.runtime.manager
+    fullest = max(sum(r.numel for r in g.param.records.values()) for g in m.groups.values())
+    return m.registry.chunk_numel, fullest, dist.get_world_size()
+
+
+def test_the_fit_takes_the_tightest_size_that_packs_the_same(world):
+    """[Note: tight sizes]: no smaller size (a multiple of 1024 x ws) holds the fullest chunk."""
+    for numel, fullest, ws in world(2).run(_fit_and_pack, CFG):
+        assert numel < 16384  # the fit re-packed
+        assert numel - 1024 * ws < fullest <= numel

@@ -22,15 +22,6 @@ it. A chunk has at most one in flight. Reading the gathered buffer (``view``, ``
 for a gather first; ``release`` finishes a reduce-scatter (its result is the release), and moving
 the shard while one is in flight is an error. Where the gathered buffer is, is the chunk's
 ``Lifecycle`` (``_group.py``), changed in one place per move against its table of legal moves.
-
-[Note: chunk residency] Where a chunk's payload is, and what is under way for it, is on the
-chunk ([Note: one record per chunk] in ``_group.py``): ``tier`` (where the shard lives),
-``prefetch`` (a copy to the compute tier in flight and the tier it comes from: the shard counts
-on the compute tier already), ``kept`` (stays on the compute tier: [Note: kept chunks] in
-``_placement.py``) and ``read_ahead_bytes`` (its disk pages read ahead within the window:
-[Note: read-ahead window] in ``disk/_read_ahead.py``), ``dead`` (its values consumed: [Note:
-dead shards] in ``_shard_io.py``). ``Placement`` sets them; nothing else keeps a set of chunks
-beside them.
 """
 
 from __future__ import annotations
@@ -283,11 +274,7 @@ class Chunk(ChunkLayout):
         return old
 
     def reduce_scatter(
-        self,
-        *,
-        average: bool = True,
-        into: Chunk | None = None,
-        workspace: SparePayloads | None = None,
+        self, *, average: bool = True, into: Chunk | None = None
     ) -> torch.Tensor | None:
         """Reduce-scatter the gathered buffer into this rank's shard (or ``into``'s: a chunk of
         the same layout and dtype, [Note: chunk gradients]) and drop it.
@@ -295,7 +282,7 @@ class Chunk(ChunkLayout):
         Every tensor must be READY_FOR_REDUCE; afterwards they are HOLD (one rank) or FREE (sharded).
         Collective. Returns the dropped buffer (None with one rank, where the shard is the buffer).
         """
-        return self.start_reduce_scatter(average=average, into=into, workspace=workspace).wait()
+        return self.start_reduce_scatter(average=average, into=into).wait()
 
     def start_reduce_scatter(
         self,

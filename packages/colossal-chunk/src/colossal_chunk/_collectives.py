@@ -107,7 +107,8 @@ class Collectives:
             c.start_reduce_scatter(average=average, into=dst, workspace=self._placement.workspace)
             return
         ws = self._placement.workspace
-        self._placement.drop_gathered(c, c.reduce_scatter(average=average, into=dst, workspace=ws))
+        pending = c.start_reduce_scatter(average=average, into=dst, workspace=ws)
+        self._placement.drop_gathered(c, pending.wait())
         self._bind(c)
 
     def _reduce_target(self, dst: Chunk, *, read_on_host: bool = False) -> None:

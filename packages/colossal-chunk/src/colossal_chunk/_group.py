@@ -10,6 +10,15 @@ holds a chunk's state: "is a collective in flight" is ``chunk.lifecycle``, "is i
 are caches and schedules: disk payloads kept for reuse, an overlap schedule, an optimizer's shard
 views.) The manager's registry owns the groups (``ChunkManager.groups``, ``registry.group_of``); a
 re-pack makes new ones.
+
+[Note: chunk residency] Where a chunk's payload is, and what is under way for it, is on the
+chunk ([Note: one record per chunk] in ``_group.py``): ``tier`` (where the shard lives),
+``prefetch`` (a copy to the compute tier in flight and the tier it comes from: the shard counts
+on the compute tier already), ``kept`` (stays on the compute tier: [Note: kept chunks] in
+``_placement.py``) and ``read_ahead_bytes`` (its disk pages read ahead within the window:
+[Note: read-ahead window] in ``disk/_read_ahead.py``), ``dead`` (its values consumed: [Note:
+dead shards] in ``_shard_io.py``). ``Placement`` sets them; nothing else keeps a set of chunks
+beside them.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ budget; ``_room.py``), its disk side (``disk``: read-ahead, write-out, kept disk
 [Note: kept chunks] A ``kept`` chunk stays on the compute tier: eviction and prefetch never
 pick it (an optimizer placed its states there for the whole run, in room the plan showed free).
 Only an explicit ``move`` takes it off; ``give_up_room`` clears the flag. Residency is on the chunk
-([Note: chunk residency] in ``_chunk.py``).
+([Note: chunk residency] in ``_group.py``).
 
 [Note: inline prefetch] On an emulated accelerator a prefetch of a host shard of at most
 ``inline_copy_bytes`` (1 MiB) is made at once by the calling thread, as a move: there the copy is

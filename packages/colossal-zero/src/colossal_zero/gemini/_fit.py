@@ -104,6 +104,25 @@ def _layout(
     return chunk_of
 
 
+def _tight(
+    names: Sequence[str], tensors: Mapping[str, _Tensor], sizes: tuple[int, int], ws: int
+) -> tuple[int, int]:
+    """The smallest (trainable, frozen) sizes that pack as ``sizes`` do ([Note: tight sizes] in
+    ``_fit_cost.py``): per kind, its fullest chunk's elements rounded up to ``1024 * ws``."""
+    used: dict[int, int] = {}
+    kind_of: dict[int, bool] = {}
+    for n, c in _layout(names, tensors, sizes).items():
+        used[c] = used.get(c, 0) + tensors[n][0]
+        kind_of[c] = tensors[n][2]
+    unit = 1024 * ws
+
+    def one(kind: bool) -> int:
+        fullest = max((u for c, u in used.items() if kind_of[c] is kind), default=None)
+        return sizes[kind] if fullest is None else min(sizes[kind], -(-fullest // unit) * unit)
+
+    return one(False), one(True)
+
+
 def _ladder(
     numels: tuple[int, int], largest: Sequence[int], ws: int, *, halving_only: bool = False
 ) -> list[tuple[int, int]]:
@@ -214,16 +233,20 @@ def fit_chunk_size(
     if need <= capacity:
         return None
     halvings = _ladder(numels, largest, ws, halving_only=True)
-    for cand in halvings:  # when none keeps the rule, the figures of the smallest size stay
+    for i, cand in enumerate(
+        halvings
+    ):  # when none keeps the rule, the smallest size's figures stay
         need, floor = budgets(cand)
         if need <= capacity:
-            if ws > 1:  # [Note: fit objective]: the cheapest size down to this halving
-                keeping = [
-                    c
+            if ws > 1:  # [Note: fit objective]: the cheapest size down to the next halving
+                low = halvings[i + 1] if i + 1 < len(halvings) else cand
+                keeping = {
+                    _tight(names, tensors, c, ws)
                     for c in _ladder(numels, largest, ws)
-                    if c[0] >= cand[0] and c[1] >= cand[1] and budgets(c)[0] <= capacity
-                ]
-                cand = min(keeping, key=lambda c: _cost(c).cost)  # a tie: the larger size
+                    if c[0] >= low[0] and c[1] >= low[1] and budgets(c)[0] <= capacity
+                }
+                # a tie: the larger size
+                cand = min(sorted(keeping, reverse=True), key=lambda c: _cost(c).cost)
             kinds = {t[2] for t in tensors.values()}  # the sizes of the kinds there are
             sizes = {"chunk_numel": cand[0]} if False in kinds else {}
             return sizes | ({"frozen_chunk_numel": cand[1]} if True in kinds else {})

@@ -1,8 +1,8 @@
 """What a chunk size costs one step under a budget: the fit's objective among the sizes it allows.
 
 [Note: fit objective] On several ranks, of the chunk sizes between the current one and the
-first halving that keeps [Note: feasibility rule] (``_fit.py``) that keep it, the fit takes the
-one whose step costs least:
+halving after the first halving that keeps [Note: feasibility rule] (``_fit.py``) that keep it,
+each made tight ([Note: tight sizes]), the fit takes the one whose step costs least:
 
     cost = collectives x (ws - 1) x COLLECTIVE_HOP_BYTES + moved + exposed
 
@@ -18,12 +18,21 @@ rank's ``(ws - 1) / ws`` of its chunk beyond ``OVERLAP_BYTES``, and all of the f
 all-gathers and the last one's reductions ([Note: overlap] in ``_comm.py``). Bigger chunks:
 fewer collectives, more held at each moment (less room, more moves) and more exposed. Halving
 alone takes the largest size on the halving ladder, often far more chunks than a size between
-two halvings; the fewest chunks alone waits on big gathers (``exposed``). Sizes below that
+two halvings; the fewest chunks alone waits on big gathers (``exposed``). Sizes below the next
 halving are not tried: there the replay over-counts what smaller chunks save (a size of 0.85
 steps that kept the rule where no halving did took 14 chunks where the run had gone on with 6,
-and was slower). The choice is a pure function of the warmup's trace, the same on every rank. On
+and was slower). Down to the first halving only, a stock-module GPT mini on 2 ranks under a
+quarter of its resident bytes took 18 chunks of 1,576,960 elements, a third of each padding
+(a stock ``nn.TransformerEncoderLayer``'s three 1M-element matrices do not go two to a chunk),
+where 19 of 1,183,744 cost less by this objective and stepped faster. The choice is a pure function of the warmup's trace, the same on every rank. On
 one rank there are no collectives and the fit takes that halving (fewer chunks: fewer hooks and
 copies, which ``moved`` does not count). Measurements: docs/gemini.md, Figures.
+
+[Note: tight sizes] Tensors are packed whole and in order (colossal-chunk's [Note: packing]), so
+a chunk size ``n`` and the fullest chunk's elements rounded up to ``1024 x ws`` (the size's
+unit) pack every tensor into the same chunk: the smaller size's chunks hold the same tensors with
+less padding, so every moment holds fewer bytes (the rule's need only falls), and gathers,
+reductions and moves carry fewer. The fit takes each candidate at its tight size.
 """
 
 from __future__ import annotations
