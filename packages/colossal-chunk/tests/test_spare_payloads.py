@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from colossal_chunk import AutoPolicy, ChunkConfig, ChunkManager
+from colossal_chunk._spare import SPARE_BYTES
 from colossal_contracts import TierName
 
 ACC, HOST = TierName.ACCELERATOR, TierName.HOST
@@ -68,3 +69,23 @@ def test_disabled_spares_keep_nothing():
     old = weakref.ref(a.shard)
     m.move(a, HOST)
     assert old() is None and m._placement.spares.nbytes == 0
+
+
+
+@pytest.mark.parametrize(("spare_bytes", "kept"), [(SPARE_BYTES, 2), (0, 1)])
+def test_small_payloads_keep_as_many_spares_as_fit_in_spare_bytes(spare_bytes, kept):
+    """[Note: spare payloads]: two 1 KiB payloads freed before the next allocations (copies in
+    flight settle later than their destinations are allocated) are both kept and both reused;
+    with one spare per size the second is freed."""
+    m = _manager()
+    spares, host = m._placement.spares, m.books.tiers[HOST]
+    spares.spare_bytes = spare_bytes
+    first, second = torch.empty(NUMEL), torch.empty(NUMEL)
+    ids = {id(first), id(second)}
+    spares.give(first, host)
+    del first
+    spares.give(second, host)
+    del second
+    assert spares.nbytes == kept * 4 * NUMEL
+    taken = [spares.take(NUMEL, torch.float32) for _ in range(2)]
+    assert len(ids & {id(t) for t in taken if t is not None}) == kept

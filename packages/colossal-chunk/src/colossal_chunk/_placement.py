@@ -41,7 +41,7 @@ from ._group import Lifecycle
 from ._host_copies import HostCopies, down
 from ._prefetch import Prefetcher
 from ._room import ComputeRoom
-from ._spare import SparePayloads
+from ._spare import SPARE_BYTES, SparePayloads
 from ._tier import UNLIMITED, Tier
 from .disk._copies import DiskCopies
 from .disk._read_ahead import ReadAheadWindow
@@ -80,7 +80,7 @@ class Placement:
         self._rebind = rebind
         self.moves = MoveCounts()
         self._prefetcher: Prefetcher | None = None
-        self.spares = SparePayloads()  # [Note: spare payloads]
+        self.spares = SparePayloads(spare_bytes=SPARE_BYTES)  # [Note: spare payloads]
         # [Note: gathered buffer cache]: gathered and all-to-all receive buffers, no budget only
         unlimited = tiers[ACC].capacity_bytes == UNLIMITED
         self.gathered = SparePayloads(unlimited, per_size=None)

@@ -5,9 +5,13 @@
 zero-fill for every page of the destination, then unmap the source: under a budget that makes
 chunks move every step, the faults cost about as much as the copies. Every move frees a payload
 of exactly the size it allocates, so the payload a move frees is kept as a spare (one per size
-and dtype) and the next move of that size copies into it: its pages are already mapped. Host
-memory then exceeds the tiers' accounting by at most one payload per chunk size (a move held
-that much for a moment anyway: the destination is allocated before the source is freed).
+and dtype, or as many as fit in ``SPARE_BYTES``) and the next move of that size copies into it:
+its pages are already mapped. Host memory then exceeds the tiers' accounting by at most one
+payload per chunk size (a move held that much for a moment anyway: the destination is allocated
+before the source is freed), or ``SPARE_BYTES`` for payloads smaller than that: under a quarter
+budget small chunks move several at a time (stock-module GPT tiny on one rank at a quarter of
+its resident bytes, 14 chunks of 1 MB: 126.5 ms a step with one spare per size, 122.2 with up
+to eight, side by side).
 
 A storage is kept only when nothing else can see it: no other tensor views it (its storage's use
 count) and no other Python name holds the tensor; otherwise it is left to be freed as before.
@@ -48,16 +52,20 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)  # absent: nothing is
 # the loop's name, ``_alone``'s argument and ``getrefcount``'s
 _GIVE_REFS = 4
 _LISTED_REFS = 4
+SPARE_BYTES = 8 << 20  # spares of a size smaller than this: as many as fit ([Note: spare payloads])
 _WAITING = 8  # released buffers still viewed, waited for by a cache ([Note: gathered buffer cache])
 
 
 class SparePayloads:
-    """Spare 1-D CPU payloads by (numel, dtype): at most ``per_size`` of each (None: any number);
-    see [Note: spare payloads] and [Note: gathered buffer cache]."""
+    """Spare 1-D CPU payloads by (numel, dtype): at most ``per_size`` of each, or as many as fit
+    in ``spare_bytes`` (None: any number); see [Note: spare payloads] and [Note: gathered buffer
+    cache]."""
 
-    def __init__(self, enabled: bool = True, *, per_size: int | None = 1):
+    def __init__(
+        self, enabled: bool = True, *, per_size: int | None = 1, spare_bytes: int = 0
+    ) -> None:
         self.enabled = enabled and _use_count is not None
-        self.per_size = per_size
+        self.per_size, self.spare_bytes = per_size, spare_bytes
         self._spare: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
         self._waiting: list[torch.Tensor] = []  # a cache's (``per_size`` None) still-viewed ones
 
@@ -106,10 +114,12 @@ class SparePayloads:
             return
         if tier is None and (payload.device.type != "cpu" or payload.is_pinned()):
             return
-        if payload.untyped_storage().nbytes() != payload.nbytes:
+        nbytes = payload.nbytes
+        if nbytes == 0 or payload.untyped_storage().nbytes() != nbytes:
             return
         kept = self._spare.setdefault((payload.numel(), payload.dtype), [])
-        if self.per_size is not None and len(kept) >= self.per_size:
+        most = None if self.per_size is None else max(self.per_size, self.spare_bytes // nbytes)
+        if most is not None and len(kept) >= most:
             return
         if tier is None or _alone(payload, _GIVE_REFS):
             kept.append(payload)

@@ -12,7 +12,8 @@ are gathered ahead and one the next moment reads again stays gathered, so up to
 chunks: three at the peak). On one rank the shard is the buffer: nothing is gathered. A move
 between tiers keeps the payload it freed for the next move of its size (colossal-chunk's
 [Note: spare payloads]): one parameter shard lives on the host beside the tiers' books (the fp32
-masters and moments are made where they stay).
+masters and moments are made where they stay); shards under 8 MiB keep up to 8 MiB of spares
+when several moves are in flight, not counted here (at most 8 MiB).
 
 The tiers' accelerator budget (``colossal train --layout``'s, [Note: layout flags]) is
 ``tier_budget`` of the layout's predicted peak, and the chunk size the runtime picks depends on
