@@ -1,6 +1,7 @@
-"""Gathered and receive buffers kept for the next gather or reduce-scatter when the compute
-tier has no budget ([Note: gathered buffer cache] in ``_spare.py``): reused only when nothing
-else views them, counted as model data while kept, and never kept under a budget."""
+"""Gathered buffers' mappings and receive buffers kept for the next gather or reduce-scatter
+when the compute tier has no budget ([Note: gathered buffer cache] in ``_gathered_cache.py``):
+reused only when nothing else views them, reserved memory (neither live tensors nor model data)
+while kept, and never kept under a budget."""
 
 import sys
 from pathlib import Path
@@ -18,14 +19,10 @@ def test_a_gather_takes_the_buffer_the_last_release_freed_only_without_a_budget(
     budget = 2 * 4 * N if budgeted else None  # room for both gathered buffers
     for out in world(2).run(checks.gathers_reuse_a_released_buffer, budget):
         assert out["p0 equal"] and out["p1 equal"]
-        if budgeted:
-            assert out["kept bytes"] == 0 and not out["reused"]
-            assert out["model bytes over used"] == 0
-        else:
-            assert out["kept bytes"] == out["full"] and out["reused"]
-            # kept: model data for a tracer of live tensors, not activations
-            assert out["model bytes over used"] == out["full"]
-            assert out["kept among model tensors"]
+        assert out["kept bytes"] == (0 if budgeted else out["full"])
+        assert out["reused"] is not budgeted
+        # kept: reserved memory, as a caching allocator's, neither model data nor a tensor
+        assert out["model bytes over used"] == 0 and not out["kept among model tensors"]
         assert out["kept after close"] == 0
 
 

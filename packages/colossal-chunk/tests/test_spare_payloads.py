@@ -71,7 +71,6 @@ def test_disabled_spares_keep_nothing():
     assert old() is None and m._placement.spares.nbytes == 0
 
 
-
 @pytest.mark.parametrize(("spare_bytes", "kept"), [(SPARE_BYTES, 2), (0, 1)])
 def test_small_payloads_keep_as_many_spares_as_fit_in_spare_bytes(spare_bytes, kept):
     """[Note: spare payloads]: two 1 KiB payloads freed before the next allocations (copies in

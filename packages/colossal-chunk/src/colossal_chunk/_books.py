@@ -123,8 +123,7 @@ class Books:
         """Chunk payload bytes on ``tier`` now (what a memory tracer counts as model data: not
         the host bytes reserved for the read-ahead window, which hold no payload; the spare
         payloads kept for the next move ([Note: spare payloads]) count on the host tier, or on
-        the compute tier when there is no host tier; kept gathered buffers on the compute tier:
-        [Note: gathered buffer cache])."""
+        the compute tier when there is no host tier)."""
         name = TierName(tier)
         t = self.tiers.get(name)
         if t is None:
@@ -133,9 +132,7 @@ class Books:
         if name is TierName.HOST:
             return t.used_bytes - pl.read_ahead_window.reserved_bytes + pl.spares.nbytes
         if name is TierName.ACCELERATOR and TierName.HOST not in self.tiers:
-            return t.used_bytes + pl.spares.nbytes + pl.gathered.nbytes
-        if name is TierName.ACCELERATOR:
-            return t.used_bytes + pl.gathered.nbytes
+            return t.used_bytes + pl.spares.nbytes
         return t.used_bytes
 
     def payload_bytes(self) -> dict[str, int]:
@@ -154,8 +151,7 @@ class Books:
 
     def model_tensors(self) -> list[torch.Tensor]:
         """Every chunk payload (shards, and gathered buffers where they are separate), and the spare
-        payloads and kept gathered buffers ([Note: spare payloads], [Note: gathered buffer
-        cache])."""
+        payloads ([Note: spare payloads])."""
         out = []
         for c in self._chunks().values():
             if c.shard is not None:
@@ -163,7 +159,6 @@ class Books:
             if c.full is not None and c.full is not c.shard:
                 out.append(c.full)
         out.extend(self._placement.spares.tensors())
-        out.extend(self._placement.gathered.tensors())
         out.extend(self._placement.host_copies.tensors())
         return out
 

@@ -36,7 +36,7 @@ import sys
 
 import torch
 
-__all__ = ["host_empty", "map_large_host_blocks", "trim_host_heap"]
+__all__ = ["host_empty", "host_mapping", "map_large_host_blocks", "trim_host_heap"]
 
 _HUGE = 2 << 20  # a transparent huge page: payloads this large are advised to use them
 _M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
@@ -50,11 +50,18 @@ def host_empty(numel: int, dtype: torch.dtype, *, huge: bool = True) -> torch.Te
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0:
         return torch.empty(0, dtype=dtype)
+    buf = host_mapping(nbytes, huge=huge)
+    return torch.frombuffer(buf, dtype=dtype, count=numel)  # keeps ``buf`` mapped while alive
+
+
+def host_mapping(nbytes: int, *, huge: bool = True) -> mmap.mmap:
+    """An anonymous private mapping of ``nbytes`` (> 0) zero bytes; with ``huge``, one of 2 MiB
+    or more advised to use transparent huge pages ([Note: host payloads])."""
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if huge and nbytes >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):  # a kernel without transparent huge pages
             buf.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(buf, dtype=dtype, count=numel)  # keeps ``buf`` mapped while alive
+    return buf
 
 
 def trim_host_heap() -> None:

@@ -37,6 +37,7 @@ from colossal_contracts import (
 
 from ._accounting import MoveCounts
 from ._chunk import Chunk
+from ._gathered_cache import GatheredCache
 from ._group import Lifecycle
 from ._host_copies import HostCopies, down
 from ._prefetch import Prefetcher
@@ -82,9 +83,9 @@ class Placement:
         self._prefetcher: Prefetcher | None = None
         self.spares = SparePayloads(spare_bytes=SPARE_BYTES)  # [Note: spare payloads]
         # [Note: gathered buffer cache]: gathered and all-to-all receive buffers, no budget only
-        unlimited = tiers[ACC].capacity_bytes == UNLIMITED
-        self.gathered = SparePayloads(unlimited, per_size=None)
-        self.workspace = SparePayloads(unlimited, per_size=None)
+        cached = tiers[ACC].capacity_bytes == UNLIMITED and SparePayloads.serves(tiers[ACC])
+        self.gathered = GatheredCache(cached)
+        self.workspace = SparePayloads(cached, per_size=None)
         self.disk_copies = DiskCopies(tiers.get(DISK))  # [Note: disk copies]
         self.host_copies = HostCopies(tiers[HOST])  # [Note: host copies]
         self.frozen_written = 0  # bytes written into frozen chunks ([Note: frozen chunks])
@@ -228,9 +229,9 @@ class Placement:
     def gathered_buffer(self, chunk: Chunk) -> torch.Tensor:
         """An uninitialized buffer to gather ``chunk`` into: a kept one ([Note: gathered buffer
         cache]) or a new one from the compute tier. Does not reserve."""
-        kept = self.gathered.take(chunk.capacity, chunk.dtype)
-        if kept is not None:
-            return kept
+        cached = self.gathered.allocate(chunk.capacity, chunk.dtype)
+        if cached is not None:
+            return cached
         return self.tiers[ACC].allocate_gathered(chunk.capacity, chunk.dtype)
 
     def count_staging(self, chunk: Chunk) -> None:
@@ -251,7 +252,7 @@ class Placement:
             return False
         self._rebind(chunk)  # [Note: books follow storage]
         self.tiers[ACC].free(chunk.full_bytes)
-        self.gathered.give(dropped, self.tiers[ACC])
+        self.gathered.give(dropped)
         del dropped
         if copies:
             self.moves.count(ACC, chunk.current_tier, chunk.shard_bytes)
@@ -287,7 +288,7 @@ class Placement:
         if dropped is not None:
             self._rebind(chunk)  # [Note: books follow storage]
             self.tiers[ACC].free(chunk.full_bytes)
-            self.gathered.give(dropped, self.tiers[ACC])
+            self.gathered.give(dropped)
 
     # ----- prefetch -----------------------------------------------------------------------------
     def prefetch(

@@ -113,5 +113,6 @@ class SummedAllToAll:
                 torch.sum(received.view(-1, self._out.numel()), dim=0, out=self._out.view(-1))
             del work  # the collective's own hold on ``received``
             if self._workspace is not None:
-                self._workspace.give(received, None)
+                with _disable_current_modes():  # (give inspects it: still no tracer may see it)
+                    self._workspace.give(received, None)
         return True

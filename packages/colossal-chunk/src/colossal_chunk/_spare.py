@@ -19,21 +19,9 @@ A spare's values are whatever it held: only callers that overwrite the whole pay
 or zero what must be zero (a move without copy zeroes its padding) take one. CUDA memory and
 pinned host memory are cached by their allocators already and never pass through here.
 
-[Note: gathered buffer cache] Gathered buffers (and the receive buffers of reduce-scatters run
-as all-to-alls, [Note: reduce-scatter on gloo]) come from the C heap and go back to it every
-step. Alone in a process, the heap hands the same blocks back; beside other allocations of
-similar sizes (another trainer in the process, a benchmark's peers), it fragments and a buffer
-lands on pages touched for the first time every few steps: 4,105 page faults per 16.8 MB buffer,
-and 4-rank steps of GPT mini 30-70% slower. So when the compute tier has no budget, a released
-buffer is kept (any number per size: ``per_size=None``) and the next gather of that size takes
-it, as CUDA's caching allocator keeps a GPU's blocks. A buffer is only kept after it was used,
-so what is kept plus what is in use never exceeds the most ever in use at once. A released
-buffer that something still views is not reused; the cache waits for it (up to ``_WAITING``
-buffers), and takes it once its last outside view is gone: gloo's worker thread holds a finished
-collective's tensors a moment after ``wait()`` returns, so a buffer released right after its
-gather would otherwise be missed. Until then it counts as whatever holds it. Under a budget
-they are freed as before: the budget's accounting is the emulated device's memory, and a cache
-it does not count would hold bytes the budget gave to activations.
+A chunk manager without a budget keeps the receive buffers of reduce-scatters run as
+all-to-alls ([Note: reduce-scatter on gloo]) the same way, any number of each size
+(``per_size=None``): workspace that no tracer sees.
 """
 
 from __future__ import annotations
@@ -47,19 +35,15 @@ from ._tier import Tier
 __all__ = ["SparePayloads"]
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)  # absent: nothing is ever kept
-# references to a tensor ``_alone`` counts as its inspectors': from ``give``, the caller's name,
-# ``give``'s and ``_alone``'s arguments and ``getrefcount``'s; for a waited-for one, the list's,
-# the loop's name, ``_alone``'s argument and ``getrefcount``'s
+# references to a tensor while ``give`` inspects it: the caller's name, ``give``'s and
+# ``_alone``'s arguments and ``getrefcount``'s
 _GIVE_REFS = 4
-_LISTED_REFS = 4
 SPARE_BYTES = 8 << 20  # spares of a size smaller than this: as many as fit ([Note: spare payloads])
-_WAITING = 8  # released buffers still viewed, waited for by a cache ([Note: gathered buffer cache])
 
 
 class SparePayloads:
     """Spare 1-D CPU payloads by (numel, dtype): at most ``per_size`` of each, or as many as fit
-    in ``spare_bytes`` (None: any number); see [Note: spare payloads] and [Note: gathered buffer
-    cache]."""
+    in ``spare_bytes`` (None: any number); see [Note: spare payloads]."""
 
     def __init__(
         self, enabled: bool = True, *, per_size: int | None = 1, spare_bytes: int = 0
@@ -67,7 +51,6 @@ class SparePayloads:
         self.enabled = enabled and _use_count is not None
         self.per_size, self.spare_bytes = per_size, spare_bytes
         self._spare: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
-        self._waiting: list[torch.Tensor] = []  # a cache's (``per_size`` None) still-viewed ones
 
     @staticmethod
     def serves(tier: Tier) -> bool:
@@ -78,18 +61,11 @@ class SparePayloads:
         """A kept spare of ``numel`` ``dtype`` values (uninitialized), or None."""
         kept = self._spare.get((numel, dtype)) if self.enabled else None
         if not kept:
-            return self._take_waiting(numel, dtype)
+            return None
         spare = kept.pop()
         if not kept:
             del self._spare[(numel, dtype)]
         return spare
-
-    def _take_waiting(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
-        for i in range(len(self._waiting)):  # (no enumerate: its cached tuple holds a reference)
-            t = self._waiting[i]
-            if t.numel() == numel and t.dtype == dtype and _alone(t, _LISTED_REFS):
-                return self._waiting.pop(i)
-        return None
 
     def allocate(self, tier: Tier, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A payload of ``numel`` ``dtype`` values on ``tier``: a spare (uninitialized) when one
@@ -104,8 +80,7 @@ class SparePayloads:
     def give(self, payload: torch.Tensor, tier: Tier | None) -> None:
         """Keep ``payload`` (just freed from ``tier``) as a spare if nothing else can see it and
         fewer than ``per_size`` of its size are kept; otherwise drop the reference (it is freed
-        with its last view), or, in a cache (``per_size`` None), wait for its views to go.
-        ``tier`` None: a CPU workspace buffer only a finished collective used, kept whatever
+        with its last view). ``tier`` None: a CPU workspace buffer only a finished collective used, kept whatever
         that collective's thread still holds (it never writes the buffer again). The caller
         must hold ``payload`` under one name only and drop it after this call."""
         if not self.enabled or payload.storage_offset() != 0:
@@ -123,22 +98,18 @@ class SparePayloads:
             return
         if tier is None or _alone(payload, _GIVE_REFS):
             kept.append(payload)
-        elif self.per_size is None and len(self._waiting) < _WAITING:
-            self._waiting.append(payload)
 
     def clear(self) -> None:
         """Drop every spare (their storage is freed)."""
         self._spare.clear()
-        self._waiting.clear()
 
     def tensors(self) -> list[torch.Tensor]:
         """The spares kept now (live CPU storages: a memory tracer counts them as model data)."""
-        kept = [t for k in self._spare.values() for t in k]
-        return kept + [t for t in self._waiting if _alone(t, _LISTED_REFS)]
+        return [t for kept in self._spare.values() for t in kept]
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by spares now (released buffers waited for once nothing else views them)."""
+        """Bytes held by spares now."""
         return sum(t.nbytes for t in self.tensors())
 
 
