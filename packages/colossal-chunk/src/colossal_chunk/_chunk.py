@@ -47,8 +47,8 @@ from ._records import FREE, HOLD, READY, TensorRecord
 from ._reduce_scatter import launch_reduce_scatter
 
 if TYPE_CHECKING:
+    from ._gathered_cache import GatheredCache
     from ._prefetch import PendingCopy
-    from ._spare import SparePayloads
     from ._tier import Tier
 
 __all__ = ["Chunk", "PendingReduce", "TensorRecord"]
@@ -290,7 +290,7 @@ class Chunk(ChunkLayout):
         average: bool = True,
         accumulate: bool = False,
         into: Chunk | None = None,
-        workspace: SparePayloads | None = None,
+        workspace: GatheredCache | None = None,
     ) -> PendingReduce:
         """``reduce_scatter`` as an async collective: states change now, the shard when the
         returned handle's ``wait()`` runs (call it before reading the shard or reducing again).

@@ -103,11 +103,10 @@ class Collectives:
             self._reduce_target(dst, read_on_host=read_on_host)
         elif c.world_size > 1 and c.tier is not ACC:  # gathered from the host: the result lands
             self._placement.moves.count_copy(ACC, c.current_tier, c.shard_bytes)
-        if async_op:
-            c.start_reduce_scatter(average=average, into=dst, workspace=self._placement.workspace)
-            return
         ws = self._placement.workspace
         pending = c.start_reduce_scatter(average=average, into=dst, workspace=ws)
+        if async_op:
+            return
         self._placement.drop_gathered(c, pending.wait())
         self._bind(c)
 

@@ -1,4 +1,4 @@
-"""Gathered buffers' memory, kept between uses for the next gather of its size.
+"""Gathered buffers' memory, kept between uses for the next buffer of its size.
 
 [Note: gathered buffer cache] Gathered buffers came from the C heap and went back to it at every
 release. Alone in a process the heap hands the same blocks back; beside other allocations of
@@ -15,7 +15,9 @@ plus what is in use never exceeds the most ever in use at once. A released buffe
 taken again only once the buffer's storage is gone (a weak reference to it, as memtrace's
 tracker keeps): something may still view it (a saved tensor, or gloo's worker thread, which
 holds a finished collective's tensors a moment after ``wait()`` returns). A buffer dropped
-without being given back takes its mapping with it. Under a
+without being given back takes its mapping with it. The receive buffers of reduce-scatters run
+as all-to-alls ([Note: reduce-scatter on gloo] in ``_reduce_scatter.py``), the size of a
+gathered buffer, come from a cache of their own the same way. Under a
 budget the cache is off: the budget's accounting is the emulated device's memory, and memory it
 does not count would hold bytes the budget gave to activations. CUDA buffers never pass here.
 """
@@ -64,11 +66,13 @@ class GatheredCache:
 
     def _collect(self) -> None:
         """Free the mappings of given-back buffers whose storage is gone."""
-        if any(ref() is None for ref, _ in self._given):
-            for ref, m in self._given:
-                if ref() is None:
-                    self._free.setdefault(len(m), []).append(m)
-            self._given = [(ref, m) for ref, m in self._given if ref() is not None]
+        alive = []
+        for ref, m in self._given:
+            if ref() is None:
+                self._free.setdefault(len(m), []).append(m)
+            else:
+                alive.append((ref, m))
+        self._given = alive
 
     def clear(self) -> None:
         """Unmap every kept mapping (buffers in use keep theirs until they are dropped)."""

@@ -85,7 +85,7 @@ class Placement:
         # [Note: gathered buffer cache]: gathered and all-to-all receive buffers, no budget only
         cached = tiers[ACC].capacity_bytes == UNLIMITED and SparePayloads.serves(tiers[ACC])
         self.gathered = GatheredCache(cached)
-        self.workspace = SparePayloads(cached, per_size=None)
+        self.workspace = GatheredCache(cached)
         self.disk_copies = DiskCopies(tiers.get(DISK))  # [Note: disk copies]
         self.host_copies = HostCopies(tiers[HOST])  # [Note: host copies]
         self.frozen_written = 0  # bytes written into frozen chunks ([Note: frozen chunks])
@@ -253,7 +253,6 @@ class Placement:
         self._rebind(chunk)  # [Note: books follow storage]
         self.tiers[ACC].free(chunk.full_bytes)
         self.gathered.give(dropped)
-        del dropped
         if copies:
             self.moves.count(ACC, chunk.current_tier, chunk.shard_bytes)
         return True
@@ -284,7 +283,7 @@ class Placement:
 
     def drop_gathered(self, chunk: Chunk, dropped: torch.Tensor | None) -> None:
         """Account for a gathered buffer ``chunk`` gave up (from ``release``/``reduce_scatter``),
-        and keep it ([Note: gathered buffer cache]): pass it without holding it under a name."""
+        and keep its memory ([Note: gathered buffer cache])."""
         if dropped is not None:
             self._rebind(chunk)  # [Note: books follow storage]
             self.tiers[ACC].free(chunk.full_bytes)

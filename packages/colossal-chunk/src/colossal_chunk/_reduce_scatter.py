@@ -26,8 +26,9 @@ made and used with torch's dispatch modes off, so a tracer of live tensors (memt
 not count it as non-model data, nor a chunk manager's budget as model data. On an emulated
 accelerator it stands in for a collective that on the device needs no such buffer; on a CPU
 that is the device it is transient host memory, at most one gathered buffer per reduce-scatter
-in flight; a chunk manager without a budget keeps it for the next one, as it keeps gathered
-buffers ([Note: gathered buffer cache] in ``_spare.py``). Every other backend or device (NCCL on GPUs) runs its own reduce-scatter.
+in flight; a chunk manager without a budget keeps its memory for the next one, as it keeps
+gathered buffers' ([Note: gathered buffer cache] in ``_gathered_cache.py``). Every other
+backend or device (NCCL on GPUs) runs its own reduce-scatter.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ._pending import _Work
 
 if TYPE_CHECKING:
-    from ._spare import SparePayloads
+    from ._gathered_cache import GatheredCache
 
 __all__ = ["SummedAllToAll", "all_to_all_is_faster", "launch_reduce_scatter"]
 
@@ -62,7 +63,7 @@ def launch_reduce_scatter(
     group: dist.ProcessGroup | None,
     *,
     all_to_all: bool | None = None,
-    workspace: SparePayloads | None = None,
+    workspace: GatheredCache | None = None,
 ) -> _Work:
     """Start reducing (summing) ``full`` over ``group``'s ranks into this rank's slice ``out``
     (``full``'s ``1 / ws``, contiguous); the result is in ``out`` once the returned handle's
@@ -89,7 +90,7 @@ class SummedAllToAll:
         full: torch.Tensor,
         group: dist.ProcessGroup | None,
         *,
-        workspace: SparePayloads | None = None,
+        workspace: GatheredCache | None = None,
     ) -> None:
         if full.numel() != out.numel() * dist.get_world_size(group):
             raise ValueError(
@@ -97,8 +98,8 @@ class SummedAllToAll:
                 f"{dist.get_world_size(group)} ranks: the buffer must be world size x the slice"
             )
         self._out, self._workspace = out, workspace
-        kept = None if workspace is None else workspace.take(full.numel(), full.dtype)
         with _disable_current_modes():  # workspace: no tracer sees it
+            kept = None if workspace is None else workspace.allocate(full.numel(), full.dtype)
             self._received: torch.Tensor | None = torch.empty_like(full) if kept is None else kept
             self._work: _Work | None = dist.all_to_all_single(
                 self._received, full, group=group, async_op=True
@@ -111,8 +112,6 @@ class SummedAllToAll:
             with _disable_current_modes():
                 work.wait()
                 torch.sum(received.view(-1, self._out.numel()), dim=0, out=self._out.view(-1))
-            del work  # the collective's own hold on ``received``
-            if self._workspace is not None:
-                with _disable_current_modes():  # (give inspects it: still no tracer may see it)
-                    self._workspace.give(received, None)
+            if self._workspace is not None:  # its mapping is free once gloo lets go of it
+                self._workspace.give(received)
         return True

@@ -1,4 +1,4 @@
-"""Spare payloads: CPU storage a move (or a gather) freed, reused by the next one of its size.
+"""Spare payloads: the CPU storage a move freed, reused by the next move of the same size.
 
 [Note: spare payloads] A host or emulated-accelerator payload is its own fresh mapping
 ([Note: host payloads]), so a move between those tiers used to pay a page fault and a kernel
@@ -18,10 +18,6 @@ count) and no other Python name holds the tensor; otherwise it is left to be fre
 A spare's values are whatever it held: only callers that overwrite the whole payload (a copy)
 or zero what must be zero (a move without copy zeroes its padding) take one. CUDA memory and
 pinned host memory are cached by their allocators already and never pass through here.
-
-A chunk manager without a budget keeps the receive buffers of reduce-scatters run as
-all-to-alls ([Note: reduce-scatter on gloo]) the same way, any number of each size
-(``per_size=None``): workspace that no tracer sees.
 """
 
 from __future__ import annotations
@@ -42,14 +38,12 @@ SPARE_BYTES = 8 << 20  # spares of a size smaller than this: as many as fit ([No
 
 
 class SparePayloads:
-    """Spare 1-D CPU payloads by (numel, dtype): at most ``per_size`` of each, or as many as fit
-    in ``spare_bytes`` (None: any number); see [Note: spare payloads]."""
+    """Spare 1-D CPU payloads by (numel, dtype): one of each, or as many as fit in
+    ``spare_bytes``; see [Note: spare payloads]."""
 
-    def __init__(
-        self, enabled: bool = True, *, per_size: int | None = 1, spare_bytes: int = 0
-    ) -> None:
+    def __init__(self, enabled: bool = True, *, spare_bytes: int = 0) -> None:
         self.enabled = enabled and _use_count is not None
-        self.per_size, self.spare_bytes = per_size, spare_bytes
+        self.spare_bytes = spare_bytes
         self._spare: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
 
     @staticmethod
@@ -77,27 +71,21 @@ class SparePayloads:
                 return spare
         return tier.allocate(key, numel, dtype)
 
-    def give(self, payload: torch.Tensor, tier: Tier | None) -> None:
+    def give(self, payload: torch.Tensor, tier: Tier) -> None:
         """Keep ``payload`` (just freed from ``tier``) as a spare if nothing else can see it and
-        fewer than ``per_size`` of its size are kept; otherwise drop the reference (it is freed
-        with its last view). ``tier`` None: a CPU workspace buffer only a finished collective used, kept whatever
-        that collective's thread still holds (it never writes the buffer again). The caller
-        must hold ``payload`` under one name only and drop it after this call."""
-        if not self.enabled or payload.storage_offset() != 0:
-            return
-        if tier is not None and not self.serves(tier):
-            return
-        if tier is None and (payload.device.type != "cpu" or payload.is_pinned()):
+        fewer of its size are kept than ``spare_bytes`` holds (at least one); otherwise drop the
+        reference (it is freed with its last view). The caller must hold ``payload`` under one
+        name only and drop it after this call."""
+        if not self.enabled or not self.serves(tier) or payload.storage_offset() != 0:
             return
         nbytes = payload.nbytes
         if nbytes == 0 or payload.untyped_storage().nbytes() != nbytes:
             return
-        kept = self._spare.setdefault((payload.numel(), payload.dtype), [])
-        most = None if self.per_size is None else max(self.per_size, self.spare_bytes // nbytes)
-        if most is not None and len(kept) >= most:
+        key = (payload.numel(), payload.dtype)
+        if len(self._spare.get(key, ())) >= max(1, self.spare_bytes // nbytes):
             return
-        if tier is None or _alone(payload, _GIVE_REFS):
-            kept.append(payload)
+        if _alone(payload, _GIVE_REFS):
+            self._spare.setdefault(key, []).append(payload)
 
     def clear(self) -> None:
         """Drop every spare (their storage is freed)."""

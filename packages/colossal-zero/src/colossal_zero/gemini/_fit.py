@@ -233,9 +233,8 @@ def fit_chunk_size(
     if need <= capacity:
         return None
     halvings = _ladder(numels, largest, ws, halving_only=True)
-    for i, cand in enumerate(
-        halvings
-    ):  # when none keeps the rule, the smallest size's figures stay
+    # when none keeps the rule, the smallest size's figures stay
+    for i, cand in enumerate(halvings):
         need, floor = budgets(cand)
         if need <= capacity:
             if ws > 1:  # [Note: fit objective]: the cheapest size down to the next halving
